@@ -1,0 +1,135 @@
+"""LMDB storage: one environment directory, one key per sample, metadata under ``__meta__``.
+
+Layout (docs/FORMATS.md, "LMDB"): the key of sample ``i`` is ``b"%010d" % i``; its value is a
+16-byte little-endian header (label int32, height uint32, width uint32, channels uint16,
+reserved uint16) followed by the payload: raw planar pixels, or the encoded jpeg/png file.
+The writer, ``packer/writers/lmdb.py``, imports these constants; ``readers/lmdb.py`` wraps
+:class:`LMDBStore` as a torch Dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import weakref
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import lmdb
+
+from .._process import PerProcess
+from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
+from .base import Record, Store
+
+__all__ = ["LMDBStore", "META_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
+
+META_KEY = b"__meta__"
+SAMPLE_HEADER = struct.Struct("<iIIHH")
+DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+#: Key of sample ``i``: zero-padded decimal, so keys sort in sample order.
+KEY_FORMAT = b"%010d"
+
+
+def sample_key(index: int) -> bytes:
+    """The LMDB key of sample ``index``."""
+    return KEY_FORMAT % index
+
+
+class LMDBStore(Store):
+    """A packer LMDB, read-only.
+
+    The environment opens without lock file or readahead, once per process, shared by every
+    store over the same file (LMDB forbids opening one file twice in a process). A batch of
+    indices is read in one transaction.
+    """
+
+    format_name = "lmdb"
+
+    def __init__(self, path: str | Path) -> None:
+        self._env = PerProcess(_EnvOpener(str(path)))
+        super().__init__(path)
+
+    def _read_metadata(self) -> Metadata:
+        with self._env.get().env.begin() as txn:
+            raw = txn.get(META_KEY)
+        if raw is None:
+            raise IncompleteDatasetError(
+                f"{self.path}: no {META_KEY.decode()} record: the conversion did not finish or this is "
+                "not a packer LMDB; convert again"
+            )
+        return Metadata.from_json(raw, where=str(self.path)).expect_format("lmdb", where=str(self.path))
+
+    def _records(self, indices: Sequence[int]) -> Iterator[Record]:
+        header, key_format = SAMPLE_HEADER, KEY_FORMAT
+        with self._env.get().env.begin(buffers=True) as txn:
+            get = txn.get
+            for i in indices:
+                value = get(key_format % i)
+                if value is None or len(value) < header.size:
+                    raise PackedFormatError(f"{self.path}: sample {int(i)} is missing or truncated")
+                label, height, width, channels, _reserved = header.unpack_from(value)
+                yield label, (channels, height, width), value[header.size:]
+
+
+class _EnvOpener:
+    """Picklable opener: the shared read-only environment of one path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> "_SharedEnv":
+        return open_shared_env(self.path)
+
+
+class _SharedEnv:
+    """One open environment of this process; closed when the last dataset lets go of it."""
+
+    def __init__(self, env: lmdb.Environment) -> None:
+        self.env = env
+        self.pid = os.getpid()
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        except lmdb.Error:  # pragma: no cover - already closed
+            pass
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_shared: "weakref.WeakValueDictionary[tuple[int, int], _SharedEnv]" = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+
+
+def open_shared_env(path: str) -> _SharedEnv:
+    """The read-only environment of ``path`` for this process, opened once.
+
+    An environment inherited through fork is closed (in this process only: with lock=False,
+    that unmaps our copy and closes our file descriptor) and opened afresh.
+    """
+    data_file = os.path.join(path, DATA_FILE)
+    try:
+        st = os.stat(data_file)
+    except FileNotFoundError:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such LMDB dataset") from None
+        raise PackedFormatError(f"{path}: not an LMDB dataset (no {DATA_FILE} inside)") from None
+    key = (st.st_dev, st.st_ino)
+    with _shared_lock:
+        shared = _shared.get(key)
+        if shared is not None and shared.pid == os.getpid():
+            return shared
+        if shared is not None:
+            shared.close()
+            del _shared[key]
+        try:
+            env = lmdb.open(
+                path, readonly=True, lock=False, readahead=False, meminit=False, subdir=True, max_readers=1024
+            )
+        except lmdb.Error as exc:
+            raise PackedFormatError(f"{path}: cannot open as LMDB ({exc})") from None
+        shared = _shared[key] = _SharedEnv(env)
+        return shared

@@ -1,0 +1,187 @@
+"""The on-disk metadata record shared by every packer format.
+
+The writer builds one :class:`Metadata`, serialises it with :meth:`Metadata.to_json` and stores
+it *last* (a dataset without it is incomplete); the reader parses it with
+:meth:`Metadata.from_json`, which validates the format version and every field before any
+sample is touched. `docs/FORMATS.md` documents the fields; this module is the single source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = [
+    "FORMAT_VERSION",
+    "FORMATS",
+    "ENCODINGS",
+    "LAYOUT",
+    "Metadata",
+    "Skipped",
+    "PackedFormatError",
+    "IncompleteDatasetError",
+    "UnsupportedVersionError",
+]
+
+#: Version of the on-disk layout this code writes and the newest it can read. Bump it when a
+#: change would make an older reader misread a newer file.
+FORMAT_VERSION = 1
+
+#: Format names, as recorded in metadata and accepted by ``packer convert --format``.
+FORMATS = ("lmdb", "hdf5", "webdataset", "blob")
+
+#: How image samples are stored: ``raw`` uint8 pixels, or one encoded file per sample.
+ENCODINGS = ("raw", "jpeg", "png")
+
+#: Pixel order of raw samples: planar (channels, height, width). See docs/FORMATS.md, "Layout".
+LAYOUT = "CHW"
+
+KINDS = ("image",)
+
+
+class PackedFormatError(ValueError):
+    """A packed dataset cannot be read: its metadata is missing, corrupt or unsupported."""
+
+
+class IncompleteDatasetError(PackedFormatError):
+    """The dataset has no metadata record: the conversion did not finish."""
+
+
+class UnsupportedVersionError(PackedFormatError):
+    """The dataset was written with a newer format version than this reader understands."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An input the conversion did not write, and why."""
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """Everything a reader needs to know about a packed dataset, and how it was made.
+
+    ``shape`` is ``(channels, height, width)`` when every sample has that shape, ``None`` when
+    shapes vary (``resize_mode`` ``shorter`` or ``none``); per-sample shapes then live in the
+    format's own sample records.
+    """
+
+    format: str
+    count: int
+    channels: int
+    shape: tuple[int, int, int] | None
+    encoding: str = "raw"
+    classes: tuple[str, ...] = ()
+    labeled: bool = True
+    kind: str = "image"
+    dtype: str = "uint8"
+    layout: str = LAYOUT
+    preprocessing: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+    skipped: tuple[Skipped, ...] = ()
+    tool_version: str = ""
+    created: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    tool: str = "packer"
+
+    def __post_init__(self) -> None:
+        _check(self.format in FORMATS, f"unknown format {self.format!r} (known: {', '.join(FORMATS)})")
+        _check(self.kind in KINDS, f"unknown kind {self.kind!r}")
+        _check(self.encoding in ENCODINGS, f"unknown encoding {self.encoding!r} (known: {', '.join(ENCODINGS)})")
+        _check(_is_int(self.count) and self.count >= 0, f"count must be a non-negative integer, got {self.count!r}")
+        _check(self.channels in (1, 3), f"channels must be 1 or 3, got {self.channels!r}")
+        _check(self.dtype == "uint8", f"dtype must be 'uint8', got {self.dtype!r}")
+        _check(self.layout == LAYOUT, f"layout must be {LAYOUT!r}, got {self.layout!r}")
+        if self.shape is not None:
+            _check(
+                len(self.shape) == 3 and all(_is_int(d) and d > 0 for d in self.shape),
+                f"shape must be three positive integers (C, H, W), got {self.shape!r}",
+            )
+            _check(self.shape[0] == self.channels, f"shape {self.shape} disagrees with channels={self.channels}")
+        _check(all(isinstance(c, str) for c in self.classes), "classes must be strings")
+        _check(self.labeled or not self.classes, "an unlabeled dataset cannot have classes")
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def fixed_shape(self) -> bool:
+        """True when every sample has :attr:`shape`, so batches stack into one array."""
+        return self.shape is not None
+
+    @property
+    def sample_nbytes(self) -> int | None:
+        """Bytes of one raw sample when shapes are fixed, else ``None``."""
+        return math.prod(self.shape) if self.shape is not None else None
+
+    # -- serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["shape"] = list(self.shape) if self.shape is not None else None
+        out["classes"] = list(self.classes)
+        out["skipped"] = [s.to_dict() for s in self.skipped]
+        out["preprocessing"] = dict(self.preprocessing)
+        out["extra"] = dict(self.extra)
+        return out
+
+    def to_json(self) -> str:
+        """UTF-8-safe JSON (non-ASCII and undecodable file names are escaped)."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=True)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "dataset") -> "Metadata":
+        """Validate and build from a parsed record; errors name ``where`` and what is wrong."""
+        if not isinstance(data, dict):
+            raise PackedFormatError(f"{where}: metadata is not a JSON object")
+        if data.get("tool") != "packer":
+            raise PackedFormatError(f"{where}: not a packer dataset (metadata has no tool='packer')")
+        version = data.get("format_version")
+        if not _is_int(version):
+            raise PackedFormatError(f"{where}: metadata has no integer format_version")
+        if version > FORMAT_VERSION:
+            raise UnsupportedVersionError(
+                f"{where} uses packer format version {version}, but this reader understands up to "
+                f"version {FORMAT_VERSION}: upgrade packer (pip install -U packer)"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        try:
+            shape = kwargs.get("shape")
+            kwargs["shape"] = tuple(shape) if shape is not None else None
+            kwargs["classes"] = tuple(kwargs.get("classes", ()))
+            kwargs["skipped"] = tuple(Skipped(str(s["path"]), str(s["reason"])) for s in kwargs.get("skipped", ()))
+            return cls(**kwargs)
+        except PackedFormatError as exc:
+            raise PackedFormatError(f"{where}: invalid metadata: {exc}") from None
+        except (TypeError, KeyError, ValueError) as exc:
+            raise PackedFormatError(f"{where}: invalid metadata: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, where: str = "dataset") -> "Metadata":
+        try:
+            data = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PackedFormatError(f"{where}: metadata is not valid JSON ({exc})") from None
+        return cls.from_dict(data, where=where)
+
+    def expect_format(self, fmt: str, *, where: str) -> "Metadata":
+        """Return self, or raise if this record describes another format."""
+        if self.format != fmt:
+            raise PackedFormatError(f"{where}: metadata says format {self.format!r}, expected {fmt!r}")
+        return self
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise PackedFormatError(message)
