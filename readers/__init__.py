@@ -1,0 +1,52 @@
+"""packer's training-side readers: torch Datasets over packed files and on-device modules.
+
+Importing ``readers`` is cheap and loads nothing but this index; each name is imported on
+first use. It never imports click, OpenCV or the conversion code (``packer``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "LMDBDataset",
+    "Normalize",
+    "Metadata",
+    "PackedDataset",
+    "PackedFormatError",
+    "IncompleteDatasetError",
+    "UnsupportedVersionError",
+    "FORMAT_VERSION",
+]
+
+_EXPORTS = {
+    "LMDBDataset": "readers.lmdb",
+    "Normalize": "readers.gpu",
+    "PackedDataset": "readers.dataset",
+    "Metadata": "readers.schema",
+    "PackedFormatError": "readers.schema",
+    "IncompleteDatasetError": "readers.schema",
+    "UnsupportedVersionError": "readers.schema",
+    "FORMAT_VERSION": "readers.schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'readers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .dataset import PackedDataset
+    from .gpu import Normalize
+    from .lmdb import LMDBDataset
+    from .schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError

@@ -1,0 +1,79 @@
+"""``PackedDataset``: the torch Dataset every map-style packer reader is.
+
+It wraps a torch-free :class:`~readers.formats.base.Store` and turns its numpy arrays into
+tensors without copying. ``__getitems__`` is the DataLoader's batched path: one read of the
+whole batch into one array, so a plain ``DataLoader(ds, batch_size=64)`` is fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .formats.base import Store
+from .schema import Metadata
+
+__all__ = ["PackedDataset"]
+
+Transform = Callable[[torch.Tensor], Any]
+
+
+class PackedDataset(Dataset):
+    """A map-style dataset of ``(uint8 tensor (C, H, W), int label)`` samples.
+
+    ``label`` is -1 for unlabeled datasets. ``transform``, if given, is applied to each image
+    tensor. The dataset pickles without open handles, so DataLoader workers under fork and
+    spawn each open their own.
+    """
+
+    store_class: ClassVar[type[Store]] = Store
+
+    def __init__(self, path: str | Path, transform: Transform | None = None) -> None:
+        self.store = self.store_class(path)
+        self.transform = transform
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    @property
+    def meta(self) -> Metadata:
+        return self.store.meta
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.store.meta.classes)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image, label = self.store.read(index)
+        return self._sample(torch.from_numpy(image), label)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+        if self.store.meta.fixed_shape:
+            images, labels = self.store.read_batch(indices)
+            batch = torch.from_numpy(images)
+            return [self._sample(batch[j], int(labels[j])) for j in range(len(labels))]
+        return [self._sample(torch.from_numpy(image), label) for image, label in self.store.read_samples(indices)]
+
+    def read_batch(self, indices: Sequence[int], out: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole batch as one ``(N, C, H, W)`` uint8 tensor and ``(N,)`` int64 labels."""
+        images, labels = self.store.read_batch(indices, out)
+        return torch.from_numpy(images), torch.from_numpy(labels)
+
+    def __repr__(self) -> str:
+        meta = self.store.meta
+        shape = "x".join(map(str, meta.shape)) if meta.shape else "variable"
+        return (
+            f"{type(self).__name__}({str(self.path)!r}, count={meta.count}, shape={shape}, "
+            f"encoding={meta.encoding}, classes={len(meta.classes)})"
+        )
+
+    def _sample(self, image: torch.Tensor, label: int) -> tuple[Any, int]:
+        return (self.transform(image) if self.transform is not None else image), label
