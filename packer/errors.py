@@ -1,0 +1,34 @@
+"""packer's exceptions. A :class:`PackerError` is a user-facing problem: the CLI prints its
+message as one line (no traceback) and exits with :attr:`PackerError.exit_code`."""
+
+from __future__ import annotations
+
+__all__ = ["PackerError", "OptionError", "SourceError", "OutputExistsError", "OutputError", "InputError"]
+
+
+class PackerError(Exception):
+    """A problem the user can fix; the message names the file or value and the fix."""
+
+    exit_code = 1
+
+
+class OptionError(PackerError, ValueError):
+    """An option value is invalid or options contradict each other."""
+
+    exit_code = 2
+
+
+class SourceError(PackerError):
+    """The source is missing, unreadable or has nothing to convert."""
+
+
+class OutputExistsError(PackerError):
+    """The destination exists and ``overwrite`` was not given."""
+
+
+class OutputError(PackerError):
+    """The destination cannot be written (disk full, permissions, ...)."""
+
+
+class InputError(PackerError):
+    """An input could not be converted and ``on_error='fail'`` was asked for."""

@@ -1,0 +1,61 @@
+"""``packer info``: a packed dataset's metadata, for a person or as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from readers.formats import open_store
+from readers.schema import Metadata
+
+__all__ = ["read_metadata", "describe", "disk_usage"]
+
+MAX_LISTED = 20
+
+
+def read_metadata(path: str | Path) -> Metadata:
+    """Open any packed dataset (without torch) and return its validated metadata."""
+    return open_store(path).meta
+
+
+def disk_usage(path: str | Path) -> int:
+    """Bytes on disk of a file or of every file under a folder."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(p) for f in files)
+
+
+def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
+    """Render ``meta`` as aligned text (or JSON with the on-disk size added)."""
+    size = disk_usage(path)
+    if as_json:
+        data = meta.to_dict()
+        data["path"] = str(path)
+        data["bytes_on_disk"] = size
+        return json.dumps(data, indent=2, sort_keys=True)
+    pre = meta.preprocessing
+    shape = "x".join(map(str, meta.shape)) + " (C x H x W)" if meta.shape else "variable"
+    classes = f"{len(meta.classes)}: " + ", ".join(meta.classes[:MAX_LISTED]) if meta.classes else "none (unlabeled)"
+    if len(meta.classes) > MAX_LISTED:
+        classes += f", ... ({len(meta.classes) - MAX_LISTED} more)"
+    size_text = "x".join(map(str, pre.get("size") or [])) or "original"
+    rows = [
+        ("format", f"{meta.format}, format version {meta.format_version}, written by packer {meta.tool_version}"),
+        ("created", meta.created),
+        ("samples", f"{meta.count:,}"),
+        ("shape", shape),
+        ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}"),
+        ("classes", classes),
+        ("preprocess", f"size {size_text}, {pre.get('resize_mode')}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
+        ("source", meta.source),
+        ("on disk", f"{size:,} bytes"),
+        ("skipped", f"{len(meta.skipped):,}"),
+    ]
+    lines = [str(path)] + [f"  {key:<11}{value}" for key, value in rows]
+    for entry in meta.skipped[:MAX_LISTED]:
+        lines.append(f"    {entry.path}: {entry.reason}")
+    if len(meta.skipped) > MAX_LISTED:
+        lines.append(f"    ... {len(meta.skipped) - MAX_LISTED} more (see --json)")
+    return "\n".join(lines)

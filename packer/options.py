@@ -1,0 +1,113 @@
+"""Conversion options as frozen dataclasses, validated when they are built.
+
+The CLI parses strings into these; the Python API takes them directly. An invalid value raises
+:class:`~packer.errors.OptionError` naming the option, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from readers.schema import ENCODINGS
+
+from .errors import OptionError
+from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
+
+__all__ = ["ImageOptions", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS"]
+
+#: What to do with an input that cannot be converted: skip it (and record it), or stop.
+ON_ERROR = ("skip", "fail")
+
+#: Images with more pixels are skipped instead of decoded (a decompression bomb guard);
+#: the same limit Pillow warns at.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?$")
+
+
+def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``224`` -> (224, 224); ``"160x224"`` -> (160, 224) as (height, width)."""
+    if text is None:
+        return None
+    if isinstance(text, bool):
+        raise OptionError(f"--size: expected N or HxW, got {text!r}")
+    if isinstance(text, int):
+        h = w = text
+    elif isinstance(text, (tuple, list)):
+        if len(text) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in text):
+            raise OptionError(f"--size: expected (height, width) integers, got {text!r}")
+        h, w = text
+    else:
+        match = _SIZE_RE.match(str(text))
+        if not match:
+            raise OptionError(f"--size: expected N or HxW (for example 224 or 160x224), got {text!r}")
+        h = int(match.group(1))
+        w = int(match.group(2)) if match.group(2) else h
+    if not (1 <= h <= 65535 and 1 <= w <= 65535):
+        raise OptionError(f"--size: sides must be between 1 and 65535 pixels, got {h}x{w}")
+    return (h, w)
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How each image is preprocessed and stored.
+
+    ``size``: N, (height, width) or ``"HxW"``; ``None`` keeps the original size.
+    ``resize_mode``: one of :data:`~packer.preprocess.geometry.RESIZE_MODES`; defaults to
+    ``center-crop`` when a size is given, else ``none``.
+    ``encoding``: ``raw`` (uint8 pixels, nothing to decode when reading), ``jpeg`` (lossy,
+    ``quality``) or ``png`` (lossless).
+    """
+
+    size: Any = None
+    resize_mode: str | None = None
+    grayscale: bool = False
+    encoding: str = "raw"
+    quality: int = 90
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        size = parse_size(self.size)
+        object.__setattr__(self, "size", size)
+        mode = self.resize_mode
+        if mode is None:
+            mode = "center-crop" if size is not None else "none"
+            object.__setattr__(self, "resize_mode", mode)
+        if mode not in RESIZE_MODES:
+            raise OptionError(f"--resize-mode: unknown mode {mode!r} (choose from: {', '.join(RESIZE_MODES)})")
+        if mode == "none" and size is not None:
+            raise OptionError("--resize-mode none keeps the original size: drop --size, or pick another mode")
+        if mode != "none" and size is None:
+            raise OptionError(f"--resize-mode {mode} needs --size")
+        if mode == "shorter" and size[0] != size[1]:
+            raise OptionError(f"--resize-mode shorter takes one number (--size N), got {size[0]}x{size[1]}")
+        if self.encoding not in ENCODINGS:
+            raise OptionError(f"--encoding: unknown encoding {self.encoding!r} (choose from: {', '.join(ENCODINGS)})")
+        if not (isinstance(self.quality, int) and 1 <= self.quality <= 100):
+            raise OptionError(f"--quality: must be an integer from 1 to 100, got {self.quality!r}")
+        if not (isinstance(self.max_pixels, int) and self.max_pixels > 0):
+            raise OptionError(f"--max-pixels: must be a positive integer, got {self.max_pixels!r}")
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.grayscale else 3
+
+    @property
+    def output_size(self) -> tuple[int, int] | None:
+        """(height, width) of every output, or ``None`` when sizes vary."""
+        return self.size if self.resize_mode in FIXED_SIZE_MODES else None
+
+    def describe(self) -> dict[str, Any]:
+        """The preprocessing record stored in metadata."""
+        return {
+            "size": list(self.size) if self.size is not None else None,
+            "resize_mode": self.resize_mode,
+            "grayscale": self.grayscale,
+            "encoding": self.encoding,
+            "quality": self.quality if self.encoding == "jpeg" else None,
+            "max_pixels": self.max_pixels,
+            "resample": "antialiased (area)",
+            "exif_orientation": "applied",
+        }

@@ -1,0 +1,1 @@
+"""Preprocessing: decode, orient, resize and encode images (picklable work units in task.py)."""

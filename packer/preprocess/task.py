@@ -1,0 +1,57 @@
+"""The unit of work a conversion worker runs: one input file in, one stored sample out.
+
+Work units are small picklable objects (they travel to spawned workers); errors come back as
+values (:class:`Failed`) so one bad file never kills the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..options import ImageOptions
+from ..sources.images import ImageItem
+from .decode import DecodeError
+from .encode import encode
+from .image import preprocess_image
+
+__all__ = ["Encoded", "Failed", "ImageTask"]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A converted sample: its label, stored (C, H, W) shape and payload bytes."""
+
+    label: int
+    shape: tuple[int, int, int]
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An input that could not be converted, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ImageTask:
+    """Read, preprocess and encode one image file."""
+
+    options: ImageOptions
+
+    def __call__(self, item: ImageItem) -> Encoded | Failed:
+        try:
+            with open(item.path, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            return Failed(item.path, f"cannot read ({exc.strerror or exc})")
+        try:
+            pixels = preprocess_image(data, self.options)
+            payload = encode(pixels, self.options.encoding, self.options.quality)
+        except DecodeError as exc:
+            return Failed(item.path, str(exc))
+        except Exception as exc:  # noqa: BLE001 - hostile files break decoders in odd ways; recorded, not hidden
+            return Failed(item.path, f"cannot decode ({type(exc).__name__}: {exc})")
+        height, width, channels = pixels.shape
+        return Encoded(item.label, (channels, height, width), payload)

@@ -1,0 +1,1 @@
+"""Input discovery: image folders -> (path, label) items."""
