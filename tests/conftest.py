@@ -1,0 +1,28 @@
+"""Shared fixtures: small generated image folders and conversions of them (nothing is shipped)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from packer import ImageOptions, convert
+from packer.samples import make_image_folder
+
+CLASSES = 3
+PER_CLASS = 6
+SOURCE_SIZE = (60, 80)  # height, width: small so tests stay fast
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 classes x 6 JPEGs of 80x60: class_00 .. class_02."""
+    return make_image_folder(tmp_path_factory.mktemp("src") / "images", classes=CLASSES, per_class=PER_CLASS, size=SOURCE_SIZE)
+
+
+@pytest.fixture(scope="session")
+def lmdb_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``image_folder`` converted to LMDB at 32x32, raw, one worker."""
+    dst = tmp_path_factory.mktemp("lmdb") / "data.lmdb"
+    convert(image_folder, dst, image=ImageOptions(size=32), workers=1)
+    return dst

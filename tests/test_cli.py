@@ -1,0 +1,124 @@
+"""The CLI as a user drives it: click's runner for the details, a real subprocess for the whole."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from imagefiles import gradient, jpeg_bytes, write
+from packer.cli import cli
+from readers import LMDBDataset
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_convert_then_info(tmp_path, image_folder):
+    dst = tmp_path / "out.lmdb"
+    result = run("convert", image_folder, dst, "--size", "24", "--workers", "2", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "wrote 18 images (3x24x24, raw)" in result.stdout and "img/s" in result.stdout
+    assert len(LMDBDataset(dst)) == 18
+    info = run("info", dst)
+    assert info.exit_code == 0
+    assert "samples    18" in info.stdout and "class_00, class_01, class_02" in info.stdout
+    as_json = json.loads(run("info", dst, "--json").stdout)
+    assert as_json["count"] == 18 and as_json["shape"] == [3, 24, 24] and as_json["bytes_on_disk"] > 18 * 3 * 24 * 24
+
+
+def test_format_flag_and_options(tmp_path, image_folder):
+    dst = tmp_path / "noext"
+    result = run("convert", image_folder, dst, "--format", "lmdb", "--size", "16x24", "--resize-mode", "pad", "--grayscale", "--encoding", "png", "-q")
+    assert result.exit_code == 0, result.output
+    meta = LMDBDataset(dst).meta
+    assert (meta.shape, meta.encoding) == ((1, 16, 24), "png")
+
+
+def test_progress_bar_and_summary(tmp_path, image_folder):
+    result = run("convert", image_folder, tmp_path / "p.lmdb", "--size", "8", "-j", "1")
+    assert result.exit_code == 0
+    assert "/18 [" in result.stderr and "img/s" in result.stderr  # the bar, on stderr
+    assert result.stdout.count("\n") == 1  # one summary line
+
+
+@pytest.mark.parametrize(
+    "args, message, code",
+    [
+        (["convert", "{tmp}/missing", "{tmp}/o.lmdb"], "no such folder", 1),
+        (["convert", "{tmp}/empty", "{tmp}/o.lmdb"], "no images found", 1),
+        (["convert", "{src}", "{tmp}/o.zip"], "cannot tell the format", 2),
+        (["convert", "{src}", "{tmp}/o.lmdb", "--size", "big"], "N or HxW", 2),
+        (["convert", "{src}", "{tmp}/o.lmdb", "--resize-mode", "pad"], "needs --size", 2),
+        (["convert", "{src}", "{tmp}/o.lmdb", "--format", "zip"], "Invalid value for '--format'", 2),
+        (["convert", "{src}", "{tmp}/o.lmdb", "--workers", "0"], "Invalid value for '--workers'", 2),
+        (["convert", "{src}", "{tmp}/nodir/o.lmdb"], "does not exist; create it first", 1),
+        (["info", "{tmp}/missing.lmdb"], "no such packed dataset", 1),
+        (["info", "{tmp}/empty"], "not a packer dataset", 1),
+    ],
+)
+def test_user_mistakes_are_one_line_errors(tmp_path, image_folder, args, message, code):
+    (tmp_path / "empty").mkdir()
+    args = [a.format(tmp=tmp_path, src=image_folder) for a in args]
+    result = run(*args)
+    assert result.exit_code == code, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and message in last  # one line (click adds a usage hint above parse errors)
+    assert "Traceback" not in result.output
+
+
+def test_existing_output_is_refused_unless_overwrite(tmp_path, image_folder):
+    dst = tmp_path / "o.lmdb"
+    assert run("convert", image_folder, dst, "--size", "8", "-q").exit_code == 0
+    again = run("convert", image_folder, dst, "--size", "12", "-q")
+    assert again.exit_code == 1 and "already exists; pass --overwrite" in again.stderr
+    assert LMDBDataset(dst).meta.shape == (3, 8, 8)  # untouched
+    assert run("convert", image_folder, dst, "--size", "12", "-q", "--overwrite").exit_code == 0
+    assert LMDBDataset(dst).meta.shape == (3, 12, 12)
+
+
+def test_bad_files_are_skipped_warned_and_recorded(tmp_path):
+    src = tmp_path / "src"
+    good = jpeg_bytes(gradient(20, 20))
+    write(src / "a/good.jpg", good)
+    write(src / "a/truncated.jpg", good[: len(good) // 2])
+    write(src / "b/empty.jpg", b"")
+    write(src / "b/text.png", b"this is not a png")
+    write(src / "b/good.jpg", good)
+    dst = tmp_path / "o.lmdb"
+    result = run("convert", src, dst, "--size", "8")
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 images" in result.stdout and "skipped 3" in result.stdout
+    for name in ("a/truncated.jpg", "b/empty.jpg", "b/text.png"):
+        assert f"warning: skipped {name}" in result.stderr
+    meta = LMDBDataset(dst).meta
+    assert {s.path for s in meta.skipped} == {"a/truncated.jpg", "b/empty.jpg", "b/text.png"}
+    assert "empty file" in {s.path: s.reason for s in meta.skipped}["b/empty.jpg"]
+    assert "a/truncated.jpg" in run("info", dst).stdout
+
+    failing = run("convert", src, tmp_path / "f.lmdb", "--size", "8", "--on-error", "fail", "-j", "1")
+    assert failing.exit_code == 1
+    assert "truncated.jpg" in failing.stderr and "--on-error skip" in failing.stderr
+    assert not (tmp_path / "f.lmdb").exists() and not (tmp_path / "f.lmdb.partial").exists()
+
+
+def test_all_inputs_bad_is_an_error(tmp_path):
+    write(tmp_path / "src/a/x.jpg", b"nope")
+    result = run("convert", tmp_path / "src", tmp_path / "o.lmdb", "-q")
+    assert result.exit_code == 1 and "none of the 1 images could be converted" in result.stderr
+    assert not (tmp_path / "o.lmdb").exists()
+
+
+def test_as_a_subprocess(tmp_path, image_folder):
+    dst = tmp_path / "sub.lmdb"
+    env = dict(os.environ, PYTHONWARNINGS="error::DeprecationWarning")
+    done = subprocess.run([sys.executable, "-m", "packer", "convert", str(image_folder), str(dst), "--size", "16"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "wrote 18 images" in done.stdout
+    info = subprocess.run([sys.executable, "-m", "packer", "info", str(dst)], capture_output=True, text=True)
+    assert info.returncode == 0 and "samples    18" in info.stdout
+    missing = subprocess.run([sys.executable, "-m", "packer", "convert", str(tmp_path / "nope"), str(dst)], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.startswith("Error: ") and "Traceback" not in missing.stderr

@@ -1,0 +1,76 @@
+import pytest
+
+from packer.preprocess.geometry import RESIZE_MODES, plan_for
+from packer.options import ImageOptions
+from packer.errors import OptionError
+
+SOURCES = [(375, 500), (500, 375), (100, 100), (31, 997), (1, 1)]
+
+
+@pytest.mark.parametrize("h, w", SOURCES)
+@pytest.mark.parametrize("size", [(224, 224), (160, 224), (224, 160)])
+def test_center_crop_pad_stretch_give_exactly_the_size(h, w, size):
+    for mode in ("center-crop", "pad", "stretch"):
+        assert plan_for(mode, h, w, size).output == size, mode
+
+
+@pytest.mark.parametrize("h, w", SOURCES)
+def test_center_crop_keeps_aspect_and_centres(h, w):
+    plan = plan_for("center-crop", h, w, (224, 224))
+    top, left, ch, cw = plan.crop
+    assert ch == cw or ch == h or cw == w  # a square region of the source (clipped to it)
+    assert abs(top - (h - ch - top)) <= 1 and abs(left - (w - cw - left)) <= 1
+
+
+@pytest.mark.parametrize("h, w", SOURCES)
+def test_pad_fits_inside_keeping_aspect(h, w):
+    plan = plan_for("pad", h, w, (224, 224))
+    rh, rw = plan.resize
+    assert rh <= 224 and rw <= 224 and max(rh, rw) == 224
+    assert abs(rh / rw - h / w) <= max(h / w, w / h) * 0.05 + 1 / min(rh, rw)
+
+
+@pytest.mark.parametrize("h, w", SOURCES)
+def test_shorter_sets_the_shorter_side(h, w):
+    rh, rw = plan_for("shorter", h, w, (64, 64)).output
+    assert min(rh, rw) == 64
+    assert (rh >= rw) == (h >= w)
+
+
+def test_none_keeps_the_original():
+    assert plan_for("none", 123, 45, None).output == (123, 45)
+
+
+def test_every_mode_is_documented_in_the_options():
+    for mode in RESIZE_MODES:
+        ImageOptions(size=None if mode == "none" else 32, resize_mode=mode)
+
+
+def test_unknown_mode_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="center-crop, pad, stretch, shorter, none"):
+        plan_for("zoom", 10, 10, (5, 5))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(size=0), "between 1 and 65535"),
+        (dict(size="12y4"), "N or HxW"),
+        (dict(size=32, resize_mode="none"), "drop --size"),
+        (dict(resize_mode="pad"), "needs --size"),
+        (dict(size="32x48", resize_mode="shorter"), "one number"),
+        (dict(size=32, encoding="gif"), "unknown encoding"),
+        (dict(size=32, quality=0), "quality"),
+        (dict(size=32, resize_mode="zoom"), "unknown mode"),
+    ],
+)
+def test_bad_options_raise_option_error(kwargs, message):
+    with pytest.raises(OptionError, match=message):
+        ImageOptions(**kwargs)
+
+
+def test_size_parsing():
+    assert ImageOptions(size="160x224").size == (160, 224)
+    assert ImageOptions(size=64).size == (64, 64)
+    assert ImageOptions(size=64).resize_mode == "center-crop"
+    assert ImageOptions().resize_mode == "none"

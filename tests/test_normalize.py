@@ -1,0 +1,100 @@
+import pytest
+import torch
+
+from readers import Normalize
+from readers.gpu import IMAGENET_MEAN, IMAGENET_STD
+
+
+def reference(images: torch.Tensor, mean, std) -> torch.Tensor:
+    x = images.double() / 255
+    m = torch.tensor(mean, dtype=torch.float64).reshape(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float64).reshape(-1, 1, 1)
+    return (x - m) / s
+
+
+@pytest.fixture
+def batch():
+    return torch.randint(0, 256, (4, 3, 17, 19), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+
+def test_matches_float64_reference_to_float32_rounding(batch):
+    out = Normalize()(batch)
+    want = reference(batch, IMAGENET_MEAN, IMAGENET_STD)
+    assert out.dtype == torch.float32 and out.shape == batch.shape
+    # within a few float32 ulps of the exact value (|values| < 2.7, ulp there ~2.4e-7)
+    assert (out.double() - want).abs().max().item() < 1e-6
+    # every uint8 value, every channel
+    every = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 1, 256).expand(1, 3, 1, 256)
+    assert (Normalize()(every).double() - reference(every, IMAGENET_MEAN, IMAGENET_STD)).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_output_dtypes_round_once(batch, dtype):
+    out = Normalize(dtype=dtype)(batch)
+    want = reference(batch, IMAGENET_MEAN, IMAGENET_STD)
+    assert out.dtype == dtype
+    assert torch.equal(out, want.to(dtype)) or (out.double() - want).abs().max() <= torch.finfo(dtype).eps * 4
+
+
+def test_single_image_and_grayscale():
+    image = torch.full((1, 5, 5), 255, dtype=torch.uint8)
+    out = Normalize(mean=[0.5], std=[0.25])(image)
+    assert out.shape == (1, 5, 5) and torch.allclose(out, torch.full_like(out, 2.0))
+
+
+def test_channels_last_output(batch):
+    out = Normalize(channels_last=True)(batch)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, Normalize()(batch))
+
+
+def test_buffers_move_with_the_module(batch):
+    module = Normalize()
+    assert {name for name, _ in module.named_buffers()} == {"scale", "shift"}
+    assert set(module.state_dict()) == {"scale", "shift"}
+    moved = module.to("cpu")
+    assert torch.equal(moved(batch), module(batch))
+
+
+def test_channels_last_input_is_fine(batch):
+    assert torch.equal(Normalize()(batch.contiguous(memory_format=torch.channels_last)), Normalize()(batch))
+
+
+@pytest.mark.parametrize(
+    "kwargs, images, error",
+    [
+        ({}, torch.zeros(3, 4, 4), TypeError),
+        ({}, torch.zeros(2, 4, 4, dtype=torch.uint8), ValueError),
+        ({}, torch.zeros(4, 4, dtype=torch.uint8), ValueError),
+    ],
+)
+def test_bad_input_is_refused(kwargs, images, error):
+    with pytest.raises(error):
+        Normalize(**kwargs)(images)
+
+
+def test_bad_construction_is_refused():
+    with pytest.raises(ValueError, match="positive"):
+        Normalize(std=[0.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="3 values but std has 2"):
+        Normalize(mean=[0.1, 0.2, 0.3], std=[1.0, 1.0])
+    with pytest.raises(ValueError, match="floating"):
+        Normalize(dtype=torch.int32)
+
+
+def test_repr_shows_parameters():
+    assert "mean=[0.485, 0.456, 0.406]" in repr(Normalize())
+
+
+def test_captures_as_one_graph(batch):
+    compiled = torch.compile(Normalize(), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(batch), Normalize()(batch))
+
+
+@pytest.mark.slow
+def test_compiles_with_inductor(batch):
+    """The real compiler (C++ codegen on the CPU, Triton on CUDA): fused, within an ulp."""
+    compiled = torch.compile(Normalize(channels_last=True), fullgraph=True)
+    out = compiled(batch)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert (out.double() - reference(batch, IMAGENET_MEAN, IMAGENET_STD)).abs().max().item() < 1e-6

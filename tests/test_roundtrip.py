@@ -1,0 +1,108 @@
+"""Convert -> read back, for every format: pixels, labels, shapes and metadata survive."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imagefiles import gradient, jpeg_bytes, png_bytes, write
+
+from packer import ImageOptions, convert
+from packer.preprocess.image import preprocess_image
+from packer.sources.images import scan_image_folder
+from packer.writers import WRITERS
+from readers.formats import open_store
+
+FORMATS = sorted(WRITERS)
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": "", "blob": ".blob"}
+
+
+def convert_to(tmp_path: Path, src: Path, fmt: str, workers: int = 1, **image) -> Path:
+    dst = tmp_path / f"out-{fmt}{SUFFIX[fmt]}"
+    convert(src, dst, format=fmt, image=ImageOptions(**image), workers=workers)
+    return dst
+
+
+def expected(src: Path, options: ImageOptions) -> list[tuple[np.ndarray, int]]:
+    """What preprocessing produces for every input, as (C, H, W) arrays."""
+    return [
+        (preprocess_image(Path(item.path).read_bytes(), options).transpose(2, 0, 1), item.label)
+        for item in scan_image_folder(src).items
+    ]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("image", [dict(size=32), dict(size="24x40", resize_mode="pad", grayscale=True), dict(size=20, resize_mode="stretch")])
+def test_raw_pixels_round_trip_exactly(tmp_path, image_folder, fmt, image):
+    dst = convert_to(tmp_path, image_folder, fmt, **image)
+    store = open_store(dst)
+    want = expected(image_folder, ImageOptions(**image))
+    assert len(store) == len(want)
+    images, labels = store.read_batch(range(len(store)))
+    for j, (pixels, label) in enumerate(want):
+        assert np.array_equal(images[j], pixels)
+        assert labels[j] == label
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_labels_classes_and_metadata_match_the_folder(tmp_path, image_folder, fmt):
+    dst = convert_to(tmp_path, image_folder, fmt, size=16, grayscale=True)
+    meta = open_store(dst).meta
+    assert meta.format == fmt
+    assert meta.classes == ("class_00", "class_01", "class_02")
+    assert meta.count == 18 and meta.labeled
+    assert meta.shape == (1, 16, 16) and meta.channels == 1
+    assert meta.preprocessing["resize_mode"] == "center-crop" and meta.preprocessing["grayscale"] is True
+    assert meta.tool_version and meta.created and meta.source == str(image_folder.resolve())
+    assert meta.skipped == ()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+def test_variable_shapes(tmp_path, fmt, encoding):
+    src = tmp_path / "mixed"
+    for name, (h, w) in {"a/wide.jpg": (40, 60), "a/tall.jpg": (60, 40), "b/square.png": (50, 50)}.items():
+        write(src / name, jpeg_bytes(gradient(h, w)) if name.endswith("jpg") else png_bytes(Image.fromarray(gradient(h, w))))
+    dst = convert_to(tmp_path, src, fmt, size=24, resize_mode="shorter", encoding=encoding)
+    store = open_store(dst)
+    assert store.meta.shape is None and not store.meta.fixed_shape
+    samples = store.read_samples(range(3))
+    assert [s[0].shape for s in samples] == [(3, 36, 24), (3, 24, 36), (3, 24, 24)]
+    assert [s[1] for s in samples] == [0, 0, 1]
+    for (pixels, _), (want, _) in zip(samples, expected(src, ImageOptions(size=24, resize_mode="shorter"))):
+        assert np.array_equal(pixels, want)
+    with pytest.raises(ValueError, match="different shapes"):
+        store.read_batch([0, 1])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("encoding", ["png", "jpeg"])
+def test_encoded_samples_decode_back(tmp_path, image_folder, fmt, encoding):
+    dst = convert_to(tmp_path, image_folder, fmt, size=32, encoding=encoding, quality=95)
+    store = open_store(dst)
+    assert store.meta.encoding == encoding
+    want = expected(image_folder, ImageOptions(size=32))
+    images, labels = store.read_batch(range(len(store)))
+    for j, (pixels, label) in enumerate(want):
+        if encoding == "png":
+            assert np.array_equal(images[j], pixels)
+        else:
+            error = np.abs(images[j].astype(int) - pixels.astype(int)).mean()
+            assert error < 6
+        assert labels[j] == label
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_output_is_identical_whatever_the_worker_count(tmp_path, image_folder, fmt):
+    one = open_store(convert_to(tmp_path / "one", image_folder, fmt, workers=1, size=16))
+    two = open_store(convert_to(tmp_path / "two", image_folder, fmt, workers=2, size=16))
+    a, la = one.read_batch(range(len(one)))
+    b, lb = two.read_batch(range(len(two)))
+    assert np.array_equal(a, b) and np.array_equal(la, lb)
+
+
+@pytest.fixture(autouse=True)
+def _mkdirs(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
