@@ -104,8 +104,12 @@ def convert(
         log.warning("skipped %s: %s", entry.path, entry.reason)
 
     started = time.perf_counter()
-    with get_writer(fmt)(dst) as writer, progress_bar(len(folder.items), enabled=progress) as bar:
-        for item, result in zip(folder.items, ordered_map(ImageTask(image), folder.items, workers=workers)):
+    with (
+        get_writer(fmt)(dst) as writer,
+        ordered_map(ImageTask(image), folder.items, workers=workers) as results,
+        progress_bar(len(folder.items), enabled=progress) as bar,  # after the pool: see packer/parallel.py
+    ):
+        for item, result in zip(folder.items, results):
             if isinstance(result, Encoded):
                 writer.add(result)
             else:

@@ -1,16 +1,23 @@
 """Write a packer LMDB (layout owned by ``readers/formats/lmdb.py``).
 
 Samples are appended in large write transactions (keys are increasing, so ``append=True``
-skips B-tree searches); the memory map starts from an estimate and doubles whenever it fills.
+skips B-tree searches). LMDB writes straight into its memory map (``writemap``), 7x faster here
+than its default of copying every page through malloc'd buffers. A write into a memory map
+cannot report a full disk (the process would get SIGBUS instead), so the file's blocks are
+reserved with ``posix_fallocate`` before the map grows over them: a full disk is an ordinary
+``ENOSPC`` error. The map grows by half whenever it fills, and the file is cut back to the pages
+in use when the dataset is finished. Where the filesystem cannot preallocate, LMDB's default
+buffered writes are used.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 import lmdb
 
-from readers.formats.lmdb import LOCK_FILE, META_KEY, SAMPLE_HEADER, sample_key
+from readers.formats.lmdb import DATA_FILE, LOCK_FILE, META_KEY, SAMPLE_HEADER, sample_key
 from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
@@ -18,8 +25,10 @@ from .base import Writer
 
 __all__ = ["LMDBWriter"]
 
-INITIAL_MAP_SIZE = 256 << 20
+INITIAL_MAP_SIZE = 64 << 20
 TRANSACTION_BYTES = 64 << 20
+GROWTH = 1.5
+_ALIGN = 16 << 20
 
 
 class LMDBWriter(Writer):
@@ -29,18 +38,25 @@ class LMDBWriter(Writer):
     def _open(self) -> None:
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
-        options = {"lib_version": 0} if int(lmdb.__version__.split(".")[0]) >= 3 else {}  # readable by any py-lmdb
+        self.tmp.mkdir()
+        self._preallocate = _can_preallocate(self.tmp / ".probe")
+        self._map_size = INITIAL_MAP_SIZE
+        version = {"lib_version": 0} if int(lmdb.__version__.split(".")[0]) >= 3 else {}  # readable by any py-lmdb
         self._env = _lmdb_call(
             lmdb.open,
             str(self.tmp),
-            map_size=INITIAL_MAP_SIZE,
+            map_size=self._map_size,
             subdir=True,
             sync=False,
             metasync=False,
             meminit=False,
+            writemap=self._preallocate,
+            map_async=self._preallocate,
             max_dbs=0,
-            **options,
+            **version,
         )
+        self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)
+        self._reserve(self._map_size)  # before the first write transaction touches the map
 
     def _write(self, index: int, sample: Encoded) -> None:
         channels, height, width = sample.shape
@@ -60,17 +76,32 @@ class LMDBWriter(Writer):
                         txn.put(key, value, append=True)
                 break
             except lmdb.MapFullError:
-                self._env.set_mapsize(max(2 * self._env.info()["map_size"], 2 * self._pending_bytes))
+                self._grow()
             except lmdb.Error as exc:
                 raise _as_os_error(exc) from None
         self._pending.clear()
         self._pending_bytes = 0
 
+    def _grow(self) -> None:
+        wanted = max(int(self._map_size * GROWTH), self._map_size + 2 * self._pending_bytes)
+        wanted = -(-wanted // _ALIGN) * _ALIGN
+        self._reserve(wanted)  # blocks first: the map must never cover unallocated space
+        _lmdb_call(self._env.set_mapsize, wanted)
+        self._map_size = wanted
+
+    def _reserve(self, size: int) -> None:
+        if self._preallocate:
+            os.posix_fallocate(self._fd, 0, size)
+
     def _write_metadata(self, meta: Metadata) -> None:
         self._pending.append((META_KEY, meta.to_json().encode()))
         self._flush()
         _lmdb_call(self._env.sync, True)
+        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         self._env.close()
+        os.ftruncate(self._fd, used)  # drop the preallocated tail: the pages in use are all LMDB reads
+        os.close(self._fd)
+        self._fd = -1
         lock = self.tmp / LOCK_FILE  # readers open with lock=False: the lock file is not part of the data
         if lock.exists():
             os.unlink(lock)
@@ -79,6 +110,25 @@ class LMDBWriter(Writer):
         env = getattr(self, "_env", None)
         if env is not None:
             env.close()
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            os.close(fd)
+            self._fd = -1
+
+
+def _can_preallocate(probe: os.PathLike) -> bool:
+    """Whether the filesystem under ``probe`` supports posix_fallocate."""
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, 4096)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    return True
 
 
 def _as_os_error(exc: lmdb.Error) -> OSError:

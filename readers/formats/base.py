@@ -13,6 +13,7 @@ batches (one gather from an array, a chunked HDF5 read) also override :meth:`Sto
 from __future__ import annotations
 
 import math
+import operator
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
 
@@ -125,7 +126,7 @@ class Store:
     def check_index(self, index: int) -> int:
         n = len(self)
         try:
-            i = int(index)
+            i = operator.index(index)
         except TypeError:
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
         if i < 0:
