@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "LMDBDataset",
+    "HDF5Dataset",
+    "RAMDataset",
+    "ShardDataset",
+    "StreamingShards",
+    "open_dataset",
+    "Loader",
+    "CUDAPrefetcher",
     "Normalize",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
     "Metadata",
     "PackedDataset",
     "PackedFormatError",
@@ -22,7 +31,16 @@ __all__ = [
 
 _EXPORTS = {
     "LMDBDataset": "readers.lmdb",
+    "HDF5Dataset": "readers.hdf5",
+    "RAMDataset": "readers.blob",
+    "ShardDataset": "readers.webdataset",
+    "StreamingShards": "readers.webdataset",
+    "open_dataset": "readers.open",
+    "Loader": "readers.loader",
+    "CUDAPrefetcher": "readers.loader",
     "Normalize": "readers.gpu",
+    "RandomHorizontalFlip": "readers.gpu",
+    "RandomResizedCrop": "readers.gpu",
     "PackedDataset": "readers.dataset",
     "Metadata": "readers.schema",
     "PackedFormatError": "readers.schema",

@@ -26,3 +26,22 @@ def lmdb_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     dst = tmp_path_factory.mktemp("lmdb") / "data.lmdb"
     convert(image_folder, dst, image=ImageOptions(size=32), workers=1)
     return dst
+
+
+#: Destination name suffix per format (webdataset: a folder of shards).
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": ".shards", "blob": ".blob"}
+
+
+@pytest.fixture(scope="session")
+def packed_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A function ``fmt -> path``: ``image_folder`` converted to ``fmt`` at 32x32 raw (cached)."""
+    made: dict[str, Path] = {}
+
+    def get(fmt: str) -> Path:
+        if fmt not in made:
+            dst = tmp_path_factory.mktemp(fmt) / f"data{SUFFIX[fmt]}"
+            convert(image_folder, dst, format=fmt, image=ImageOptions(size=32), workers=1)
+            made[fmt] = dst
+        return made[fmt]
+
+    return get

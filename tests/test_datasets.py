@@ -14,13 +14,13 @@ from packer import ImageOptions, convert
 from readers import IncompleteDatasetError, LMDBDataset, PackedFormatError, UnsupportedVersionError
 from readers.formats.lmdb import META_KEY, sample_key
 
+#: Every map-style reader, by format. (The streaming WebDataset reader has its own tests.)
 DATASETS = {"lmdb": LMDBDataset}
 
 
 @pytest.fixture(params=sorted(DATASETS))
-def packed(request, lmdb_32):
-    paths = {"lmdb": lmdb_32}
-    return DATASETS[request.param], paths[request.param]
+def packed(request, packed_32):
+    return DATASETS[request.param], packed_32(request.param)
 
 
 def all_samples(ds):

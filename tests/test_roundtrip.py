@@ -11,11 +11,11 @@ from imagefiles import gradient, jpeg_bytes, png_bytes, write
 from packer import ImageOptions, convert
 from packer.preprocess.image import preprocess_image
 from packer.sources.images import scan_image_folder
+from conftest import SUFFIX
 from packer.writers import WRITERS
 from readers.formats import open_store
 
 FORMATS = sorted(WRITERS)
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": "", "blob": ".blob"}
 
 
 def convert_to(tmp_path: Path, src: Path, fmt: str, workers: int = 1, **image) -> Path:

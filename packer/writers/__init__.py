@@ -1,28 +1,36 @@
-"""Writers, one module per format, and the name -> class registry."""
+"""Writers, one module per format (mirroring ``readers/formats/``), and the name -> class registry."""
 
 from __future__ import annotations
+
+import importlib
 
 from readers.schema import FORMATS
 
 from ..errors import OptionError
 from .base import Writer
-from .lmdb import LMDBWriter
 
 __all__ = ["WRITERS", "get_writer", "format_for_path", "SUFFIXES"]
 
-WRITERS: dict[str, type[Writer]] = {"lmdb": LMDBWriter}
+#: Format name -> (module, class) of its writer, imported on first use.
+WRITERS: dict[str, tuple[str, str]] = {
+    "lmdb": ("packer.writers.lmdb", "LMDBWriter"),
+    "hdf5": ("packer.writers.hdf5", "HDF5Writer"),
+    "blob": ("packer.writers.blob", "BlobWriter"),
+    "webdataset": ("packer.writers.webdataset", "ShardWriter"),
+}
+assert set(WRITERS) == set(FORMATS)
 
 #: Destination suffixes that select a format when ``--format`` is not given.
-SUFFIXES: dict[str, str] = {".lmdb": "lmdb"}
+SUFFIXES: dict[str, str] = {".lmdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5", ".blob": "blob"}
 
 
 def get_writer(name: str) -> type[Writer]:
+    """The writer class of a format name; the error lists the valid names."""
     try:
-        return WRITERS[name]
+        module, cls = WRITERS[name]
     except KeyError:
-        known = ", ".join(WRITERS)
-        hint = " (not implemented yet)" if name in FORMATS else ""
-        raise OptionError(f"--format: unknown format {name!r}{hint} (choose from: {known})") from None
+        raise OptionError(f"--format: unknown format {name!r} (choose from: {', '.join(WRITERS)})") from None
+    return getattr(importlib.import_module(module), cls)
 
 
 def format_for_path(path: str) -> str | None:

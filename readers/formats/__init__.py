@@ -1,28 +1,39 @@
 """Torch-free storage access, one module per packer format (each owns its on-disk layout).
 
-:func:`detect_format` tells the format of a path; :func:`open_store` opens it.
+:data:`STORES` maps a format name to the module and class that read it (imported on first use,
+so reading LMDB never imports h5py); :func:`detect_format` tells the format of a path from its
+name and contents (each store class's ``recognises``); :func:`open_store` opens it.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from ..schema import IncompleteDatasetError, PackedFormatError
+from ..schema import FORMATS, IncompleteDatasetError, PackedFormatError
 from .base import Store
-from .lmdb import DATA_FILE as LMDB_DATA_FILE
 
-__all__ = ["detect_format", "open_store", "store_class"]
+__all__ = ["detect_format", "open_store", "store_class", "STORES", "PARTIAL_SUFFIX"]
 
 PARTIAL_SUFFIX = ".partial"
+
+#: Format name -> (module, class) of its store. Detection tries them in this order.
+STORES: dict[str, tuple[str, str]] = {
+    "lmdb": ("readers.formats.lmdb", "LMDBStore"),
+    "hdf5": ("readers.formats.hdf5", "HDF5Store"),
+    "blob": ("readers.formats.blob", "BlobStore"),
+    "webdataset": ("readers.formats.webdataset", "ShardStore"),
+}
+assert set(STORES) == set(FORMATS)
 
 
 def store_class(format_name: str) -> type[Store]:
     """The store class of a format name (imports only that format's library)."""
-    if format_name == "lmdb":
-        from .lmdb import LMDBStore
-
-        return LMDBStore
-    raise PackedFormatError(f"unknown packed format {format_name!r}")
+    try:
+        module, name = STORES[format_name]
+    except KeyError:
+        raise PackedFormatError(f"unknown packed format {format_name!r} (known: {', '.join(STORES)})") from None
+    return getattr(importlib.import_module(module), name)
 
 
 def detect_format(path: str | Path) -> str:
@@ -35,9 +46,12 @@ def detect_format(path: str | Path) -> str:
         if partial.exists():
             raise IncompleteDatasetError(f"{p}: does not exist; {partial.name} is an unfinished conversion: convert again")
         raise FileNotFoundError(f"{p}: no such packed dataset")
-    if p.is_dir() and (p / LMDB_DATA_FILE).exists():
-        return "lmdb"
-    raise PackedFormatError(f"{p}: not a packer dataset (expected an LMDB folder)")
+    for name in STORES:
+        if store_class(name).recognises(p):
+            return name
+    raise PackedFormatError(
+        f"{p}: not a packer dataset (expected an LMDB folder, an HDF5 file, a .blob file or a folder of WebDataset shards)"
+    )
 
 
 def open_store(path: str | Path) -> Store:

@@ -41,6 +41,11 @@ class Store:
         self.meta: Metadata = self._read_metadata()
 
     # -- what a format supplies ---------------------------------------------------------
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        """Whether ``path`` (which exists) looks like this format, from its name or first bytes."""
+        raise NotImplementedError
+
     def _read_metadata(self) -> Metadata:
         raise NotImplementedError
 

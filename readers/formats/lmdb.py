@@ -51,6 +51,10 @@ class LMDBStore(Store):
         self._env = PerProcess(_EnvOpener(str(path)))
         super().__init__(path)
 
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        return path.is_dir() and (path / DATA_FILE).exists()
+
     def _read_metadata(self) -> Metadata:
         with self._env.get().env.begin() as txn:
             raw = txn.get(META_KEY)
