@@ -11,6 +11,6 @@ from __future__ import annotations
 from ._version import __version__
 from .api import ConversionReport, convert
 from .errors import PackerError
-from .options import ImageOptions
+from .options import ImageOptions, StorageOptions
 
-__all__ = ["__version__", "convert", "ConversionReport", "ImageOptions", "PackerError"]
+__all__ = ["__version__", "convert", "ConversionReport", "ImageOptions", "StorageOptions", "PackerError"]

@@ -12,7 +12,7 @@ from readers.schema import Metadata, Skipped
 
 from ._version import __version__
 from .errors import InputError, OptionError
-from .options import ON_ERROR, ImageOptions
+from .options import ON_ERROR, ImageOptions, StorageOptions
 from .parallel import default_workers, ordered_map
 from .preprocess.task import Encoded, ImageTask
 from .progress import progress_bar
@@ -74,6 +74,7 @@ def convert(
     *,
     format: str | None = None,
     image: ImageOptions | None = None,
+    storage: StorageOptions | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     on_error: str = "skip",
@@ -84,8 +85,9 @@ def convert(
     Class sub-folders of ``src`` become labels. Each image is decoded, oriented, resized and
     encoded once, by ``workers`` processes (default: all cores); the output is identical
     whatever the worker count. Undecodable inputs are skipped and recorded in the metadata
-    (``on_error="skip"``) or stop the conversion (``"fail"``). The output appears at ``dst``
-    only when complete.
+    (``on_error="skip"``) or stop the conversion (``"fail"``). ``storage`` holds format-specific
+    writer options (HDF5 compression, shard bounds). The output appears at ``dst`` only when
+    complete.
     """
     fmt = resolve_format(dst, format)
     image = image if image is not None else ImageOptions()
@@ -105,7 +107,7 @@ def convert(
 
     started = time.perf_counter()
     with (
-        get_writer(fmt)(dst) as writer,
+        get_writer(fmt)(dst, storage) as writer,
         ordered_map(ImageTask(image), folder.items, workers=workers) as results,
         progress_bar(len(folder.items), enabled=progress) as bar,  # after the pool: see packer/parallel.py
     ):

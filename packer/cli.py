@@ -18,7 +18,7 @@ from . import api
 from ._version import __version__
 from .errors import PackerError
 from .info import describe, read_metadata
-from .options import DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions
+from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions
 from .preprocess.geometry import RESIZE_MODES
 from .writers import WRITERS
 
@@ -82,7 +82,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's suffix, e.g. .lmdb).")
+@click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's suffix: .lmdb, .h5/.hdf5, .blob).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size: N (square) or HEIGHTxWIDTH.")
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="center-crop (default with --size), pad, stretch, shorter (shorter side to N), none (default without --size).")
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
@@ -91,6 +91,9 @@ def cli() -> None:
 @click.option("--max-pixels", type=click.IntRange(1), default=DEFAULT_MAX_PIXELS, show_default=True, help="Skip images with more pixels.")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Worker processes (default: all cores).")
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True, help="Skip and record undecodable inputs, or stop at the first.")
+@click.option("--compression", type=click.Choice(COMPRESSIONS), help="HDF5 only: lossless compression filter (default: none).")
+@click.option("--shard-size", type=click.IntRange(1), help="WebDataset only: samples per shard.")
+@click.option("--shard-bytes", type=click.IntRange(1), help="WebDataset only: payload bytes per shard (at most).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or warnings.")
 def convert(
@@ -105,6 +108,9 @@ def convert(
     max_pixels: int,
     workers: int | None,
     on_error: str,
+    compression: str | None,
+    shard_size: int | None,
+    shard_bytes: int | None,
     overwrite: bool,
     quiet: bool,
 ) -> None:
@@ -119,13 +125,14 @@ def convert(
     image = ImageOptions(
         size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality, max_pixels=max_pixels
     )
+    storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     printer = _WarningPrinter(0 if quiet else MAX_WARNINGS)
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
     try:
         report = api.convert(
-            src, dst, format=format_name, image=image, workers=workers, overwrite=overwrite, on_error=on_error, progress=not quiet
+            src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error, progress=not quiet
         )
     except KeyboardInterrupt:
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None

@@ -15,7 +15,7 @@ from readers.schema import ENCODINGS
 from .errors import OptionError
 from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
-__all__ = ["ImageOptions", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS"]
+__all__ = ["ImageOptions", "StorageOptions", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS", "COMPRESSIONS"]
 
 #: What to do with an input that cannot be converted: skip it (and record it), or stop.
 ON_ERROR = ("skip", "fail")
@@ -23,6 +23,9 @@ ON_ERROR = ("skip", "fail")
 #: Images with more pixels are skipped instead of decoded (a decompression bomb guard);
 #: the same limit Pillow warns at.
 DEFAULT_MAX_PIXELS = 89_478_485
+
+#: HDF5 lossless compression filters (``--compression``), all shipped with h5py's wheels.
+COMPRESSIONS = ("gzip", "lzf")
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?$")
 
@@ -111,3 +114,24 @@ class ImageOptions:
             "resample": "antialiased (area)",
             "exif_orientation": "applied",
         }
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """Format-specific knobs of the writer (each format ignores the ones that are not its own).
+
+    ``compression``: HDF5 lossless filter (``gzip`` or ``lzf``), off by default.
+    ``shard_size`` / ``shard_bytes``: WebDataset shard bounds in samples / payload bytes.
+    """
+
+    compression: str | None = None
+    shard_size: int | None = None
+    shard_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.compression is not None and self.compression not in COMPRESSIONS:
+            raise OptionError(f"--compression: unknown filter {self.compression!r} (choose from: {', '.join(COMPRESSIONS)})")
+        for name in ("shard_size", "shard_bytes"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise OptionError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")

@@ -17,6 +17,7 @@ from typing import ClassVar
 from readers.schema import Metadata
 
 from ..errors import OutputError, OutputExistsError
+from ..options import StorageOptions
 from ..preprocess.task import Encoded
 
 __all__ = ["Writer", "partial_path", "check_destination", "remove_path", "fsync_tree", "publish"]
@@ -89,8 +90,9 @@ class Writer:
     #: Whether the output is a folder (True) or a single file (False).
     is_directory: ClassVar[bool] = False
 
-    def __init__(self, dst: Path) -> None:
+    def __init__(self, dst: Path, storage: StorageOptions | None = None) -> None:
         self.dst = Path(dst)
+        self.storage = storage if storage is not None else StorageOptions()
         self.tmp = partial_path(self.dst)
         self.count = 0
         self.payload_bytes = 0
