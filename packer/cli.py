@@ -156,6 +156,24 @@ def info(path: Path, as_json: bool) -> None:
     click.echo(describe(path, read_metadata(path), as_json=as_json))
 
 
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("preview.png"), show_default=True, help="Image file to write (.png or .jpg).")
+@click.option("--count", "-n", type=click.IntRange(1, 1024), default=16, show_default=True, help="Number of random samples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Which random samples.")
+@click.option("--tile", type=click.IntRange(16, 1024), default=128, show_default=True, help="Cell size in pixels.")
+def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
+    """Save a contact sheet of random samples, captioned with index and class.
+
+    \b
+    Example:
+      packer preview train.lmdb -o grid.png --count 25
+    """
+    from .preview import preview as make_preview
+
+    click.echo(f"wrote {make_preview(path, output, count=count, seed=seed, tile=tile)}")
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="packer")

@@ -1,0 +1,82 @@
+"""``packer preview``: a contact sheet of random samples, to see at a glance that a conversion
+looks right (orientation, colour, crop). Works for every format through the torch-free stores.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from readers.formats import open_store
+
+from .errors import OptionError, OutputError
+
+__all__ = ["contact_sheet", "preview"]
+
+CAPTION_HEIGHT = 14
+PADDING = 4
+BACKGROUND = (32, 32, 32)
+
+
+def contact_sheet(path: str | Path, *, count: int = 16, seed: int = 0, tile: int = 128) -> Image.Image:
+    """A grid of ``count`` random samples of the dataset at ``path``, each captioned ``index: class``.
+
+    Samples are drawn without replacement with ``seed``; each is scaled to fit a ``tile`` x
+    ``tile`` cell, keeping its aspect ratio (small images are enlarged without smoothing).
+    """
+    if count < 1:
+        raise OptionError(f"--count: must be at least 1, got {count}")
+    if tile < 16:
+        raise OptionError(f"--tile: must be at least 16 pixels, got {tile}")
+    store = open_store(path)
+    n = len(store)
+    indices = sorted(np.random.default_rng(seed).choice(n, size=min(count, n), replace=False).tolist())
+    columns = math.ceil(math.sqrt(len(indices)))
+    rows = math.ceil(len(indices) / columns)
+    cell_w, cell_h = tile + PADDING, tile + CAPTION_HEIGHT + PADDING
+    sheet = Image.new("RGB", (columns * cell_w + PADDING, rows * cell_h + PADDING), BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    font = ImageFont.load_default()
+    classes = store.meta.classes
+    for slot, (index, (pixels, label)) in enumerate(zip(indices, store.read_samples(indices))):
+        image = Image.fromarray(pixels[0] if pixels.shape[0] == 1 else pixels.transpose(1, 2, 0)).convert("RGB")
+        image = _fit_image(image, tile)
+        x = PADDING + (slot % columns) * cell_w
+        y = PADDING + (slot // columns) * cell_h
+        sheet.paste(image, (x + (tile - image.width) // 2, y + (tile - image.height) // 2))
+        name = classes[label] if 0 <= label < len(classes) else "unlabeled"
+        draw.text((x, y + tile + 1), _fit(draw, f"{index}: {name}", font, tile), fill=(230, 230, 230), font=font)
+    return sheet
+
+
+def preview(path: str | Path, out: str | Path, *, count: int = 16, seed: int = 0, tile: int = 128) -> Path:
+    """Write :func:`contact_sheet` of ``path`` to the image file ``out`` (PNG or JPEG by suffix)."""
+    out = Path(out)
+    sheet = contact_sheet(path, count=count, seed=seed, tile=tile)
+    try:
+        sheet.save(out)
+    except ValueError:
+        raise OptionError(f"{out}: unknown image type; use a .png or .jpg name") from None
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
+    return out
+
+
+def _fit_image(image: Image.Image, tile: int) -> Image.Image:
+    """Scale to fit a ``tile`` square: antialiased down, nearest up (stored pixels stay visible)."""
+    scale = min(tile / image.width, tile / image.height)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
+    return image.resize(size, resample)
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.ImageFont, width: int) -> str:
+    """``text`` cut with an ellipsis to fit ``width`` pixels."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "...", font=font) > width:
+        text = text[:-1]
+    return text + "..."
