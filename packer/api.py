@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 from readers.schema import Metadata, Skipped
 
@@ -14,11 +16,11 @@ from ._version import __version__
 from .errors import InputError, OptionError
 from .options import ON_ERROR, ImageOptions, StorageOptions
 from .parallel import default_workers, ordered_map
-from .preprocess.task import Encoded, ImageTask
+from .preprocess.task import Encoded, Failed, ImageTask
 from .progress import progress_bar
-from .sources.images import scan_image_folder
+from .sources.images import ImageItem, scan_image_folder
 from .writers import format_for_path, get_writer
-from .writers.base import check_destination
+from .writers.base import Writer, check_destination
 
 __all__ = ["convert", "ConversionReport", "resolve_format"]
 
@@ -97,7 +99,7 @@ def convert(
     if not isinstance(workers, int) or workers < 1:
         raise OptionError(f"--workers: must be a positive integer, got {workers!r}")
     dst = Path(dst)
-    check_destination(dst, overwrite=overwrite)
+    check_destination(get_writer(fmt).destination(dst), overwrite=overwrite)
     folder = scan_image_folder(src)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
@@ -108,13 +110,13 @@ def convert(
     started = time.perf_counter()
     with (
         get_writer(fmt)(dst, storage) as writer,
-        ordered_map(ImageTask(image), folder.items, workers=workers) as results,
+        _outcomes(writer, image, folder.items, workers) as results,
         progress_bar(len(folder.items), enabled=progress) as bar,  # after the pool: see packer/parallel.py
     ):
         for item, result in zip(folder.items, results):
             if isinstance(result, Encoded):
                 writer.add(result)
-            else:
+            elif isinstance(result, Failed):
                 reason = result.reason
                 relative = folder.relative(item.path)
                 if on_error == "fail":
@@ -135,6 +137,7 @@ def convert(
             skipped=tuple(skipped),
             tool_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            extra=writer.extra(),
         )
         if writer.count == 0:
             first = skipped[len(folder.skipped)]
@@ -144,7 +147,7 @@ def convert(
             )
         writer.finish(meta)
     return ConversionReport(
-        dst=dst,
+        dst=writer.dst,
         format=fmt,
         inputs=len(folder.items) + len(folder.skipped),
         written=writer.count,
@@ -155,6 +158,24 @@ def convert(
         shape=writer.shape,
         encoding=image.encoding,
     )
+
+
+@contextmanager
+def _outcomes(writer: Writer, image: ImageOptions, items: list[ImageItem], workers: int) -> Iterator[Iterator[Encoded | Failed | None]]:
+    """Each input's outcome, in input order, computed by ``workers`` processes.
+
+    Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here. A writer
+    that ``writes_pieces`` has its workers convert and write whole pieces (shards); it is
+    handed each finished piece in order, and its inputs come back as ``None`` (written) or
+    :class:`Failed`.
+    """
+    if not writer.writes_pieces:
+        with ordered_map(ImageTask(image), items, workers=workers) as results:
+            yield results
+        return
+    pieces = writer.pieces(items, image)  # type: ignore[attr-defined]
+    with ordered_map(writer.piece_task(image), pieces, workers=workers, chunksize=1) as results:  # type: ignore[attr-defined]
+        yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
 
 
 def _human_bytes(n: float) -> str:

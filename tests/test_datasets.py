@@ -11,11 +11,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer import ImageOptions, convert
-from readers import IncompleteDatasetError, LMDBDataset, PackedFormatError, UnsupportedVersionError
+from readers import (
+    HDF5Dataset,
+    IncompleteDatasetError,
+    LMDBDataset,
+    PackedFormatError,
+    RAMDataset,
+    ShardDataset,
+    UnsupportedVersionError,
+)
 from readers.formats.lmdb import META_KEY, sample_key
 
 #: Every map-style reader, by format. (The streaming WebDataset reader has its own tests.)
-DATASETS = {"lmdb": LMDBDataset}
+DATASETS = {"lmdb": LMDBDataset, "hdf5": HDF5Dataset, "webdataset": ShardDataset, "blob": RAMDataset}
 
 
 @pytest.fixture(params=sorted(DATASETS))

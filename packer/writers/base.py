@@ -12,7 +12,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from readers.schema import Metadata
 
@@ -89,6 +89,15 @@ class Writer:
     format_name: ClassVar[str] = ""
     #: Whether the output is a folder (True) or a single file (False).
     is_directory: ClassVar[bool] = False
+    #: Whether worker processes write the output, a piece of consecutive inputs each, instead
+    #: of this process through :meth:`add` (then the class supplies ``pieces``, ``piece_task``
+    #: and ``add_piece``: see ``packer/writers/webdataset.py``).
+    writes_pieces: ClassVar[bool] = False
+
+    @classmethod
+    def destination(cls, dst: Path) -> Path:
+        """The path the finished output will have, for a DST as given (the same, for most formats)."""
+        return Path(dst)
 
     def __init__(self, dst: Path, storage: StorageOptions | None = None) -> None:
         self.dst = Path(dst)
@@ -118,6 +127,10 @@ class Writer:
 
     def _close(self) -> None:
         """Close handles without finishing (used by :meth:`abort`)."""
+
+    def extra(self) -> dict[str, Any]:
+        """Format-specific details for :attr:`Metadata.extra` (none by default)."""
+        return {}
 
     # -- driving --------------------------------------------------------------------------
     def add(self, sample: Encoded) -> None:

@@ -1,0 +1,93 @@
+"""Write a packer blob (layout owned by ``readers/formats/blob.py``).
+
+Payloads stream to the file as they come, after a zeroed header page; only labels, offsets and
+shapes (a few int64 per sample) are kept until the end, when they are written as aligned
+sections, followed by the metadata record. Everything is then synced, and only after that is
+the header (with its magic) written at offset 0: a file cut short at any point before has no
+magic, and readers refuse it as unfinished. For fixed-shape raw samples the data section is
+already one ``(N, C, H, W)`` array, so offsets and shapes are not written at all.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+
+from readers.formats.blob import (
+    ALIGNMENT,
+    LABEL_DTYPE,
+    OFFSET_DTYPE,
+    SHAPE_DTYPE,
+    SECTIONS,
+    BlobHeader,
+    align,
+)
+from readers.schema import FORMAT_VERSION, Metadata
+
+from ..preprocess.task import Encoded
+from .base import Writer
+
+__all__ = ["BlobWriter"]
+
+#: ``array`` typecode of a little-endian int64 on this machine (checked: numpy reads the bytes).
+_INT64 = "q"
+
+
+class BlobWriter(Writer):
+    """Streams samples into ``DST.partial``; sections, metadata and finally the header at the end."""
+
+    format_name = "blob"
+    is_directory = False
+
+    def _open(self) -> None:
+        self._file = open(self.tmp, "xb")
+        self._file.write(bytes(ALIGNMENT))  # the header page, filled in last
+        self._labels = array(_INT64)
+        self._offsets = array(_INT64, [0])
+        self._shapes = array(_INT64)
+
+    def _write(self, index: int, sample: Encoded) -> None:
+        self._file.write(sample.payload)
+        self._labels.append(sample.label)
+        self._offsets.append(self._offsets[-1] + len(sample.payload))
+        self._shapes.extend(sample.shape)
+
+    def _write_metadata(self, meta: Metadata) -> None:
+        handle = self._file
+        fixed_raw = meta.fixed_shape and meta.encoding == "raw"
+        sections: dict[str, tuple[int, int]] = {"data": (ALIGNMENT, self._offsets[-1])}
+        position = ALIGNMENT + self._offsets[-1]
+
+        def put(name: str, payload: bytes) -> None:
+            nonlocal position
+            start = align(position)
+            handle.write(bytes(start - position))
+            handle.write(payload)
+            sections[name] = (start, len(payload))
+            position = start + len(payload)
+
+        put("labels", _little_endian(self._labels, LABEL_DTYPE.itemsize))
+        put("offsets", b"" if fixed_raw else _little_endian(self._offsets, OFFSET_DTYPE.itemsize))
+        put("shapes", b"" if fixed_raw else _little_endian(self._shapes, SHAPE_DTYPE.itemsize))
+        put("metadata", meta.to_json().encode())
+        assert set(sections) == set(SECTIONS)
+        handle.flush()
+        os.fsync(handle.fileno())  # everything is on disk before the header says it is complete
+        handle.seek(0)
+        handle.write(BlobHeader(FORMAT_VERSION, ALIGNMENT, self.count, sections).pack())
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+
+    def _close(self) -> None:
+        handle = getattr(self, "_file", None)
+        if handle is not None and not handle.closed:
+            handle.close()
+
+
+def _little_endian(values: array, itemsize: int) -> bytes:
+    assert values.itemsize == itemsize
+    if array("H", [1]).tobytes() != b"\x01\x00":  # pragma: no cover - big-endian machine
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()

@@ -1,0 +1,175 @@
+"""Write a packer HDF5 file (layout owned by ``readers/formats/hdf5.py``).
+
+The sample count is not known up front (inputs may be skipped), so the pixel dataset is
+resizable and grows block by block: samples are buffered and appended about
+:data:`BLOCK_BYTES` at a time (one h5py call per block; per-sample calls are slow). The layout
+is chosen when the first block is written: *fixed* (``images`` (N, C, H, W)) when every
+sample so far is raw with one shape, else *flat* (``payload`` + ``offsets`` + ``shapes``). If a
+later sample breaks the fixed layout (another shape), or the metadata says the samples are
+encoded, what was written moves to the flat layout. Labels, offsets and shapes are kept in
+memory and written once at the end, then the metadata attribute, last.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any
+
+import h5py
+import numpy as np
+
+from readers.formats.hdf5 import IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES
+from readers.schema import Metadata
+
+from ..preprocess.task import Encoded
+from .base import Writer
+
+__all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
+
+#: Buffered payload bytes per append to the file.
+BLOCK_BYTES = 32 << 20
+#: Chunk length (bytes) of the flat ``payload`` dataset.
+PAYLOAD_CHUNK = 64 << 10
+#: HDF5 file-format bounds: the oldest structures that hold the data, readable by HDF5 >= 1.8.
+LIBVER = ("earliest", "v108")
+
+_H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError)
+
+
+class HDF5Writer(Writer):
+    format_name = "hdf5"
+    is_directory = False
+
+    def _open(self) -> None:
+        self._pending: list[Encoded] = []
+        self._pending_bytes = 0
+        self._layout: str | None = None  # "fixed" or "flat", chosen at the first flush
+        self._written = 0
+        self._labels = array("q")
+        self._shapes = array("q")  # flat (C, H, W) triples, of every sample written
+        self._offsets = array("q", [0])
+        self._file = _h5_call(h5py.File, self.tmp, "w", libver=LIBVER)
+
+    def extra(self) -> dict[str, Any]:
+        return {"compression": self.storage.compression}
+
+    # -- appending --------------------------------------------------------------------------
+    def _write(self, index: int, sample: Encoded) -> None:
+        self._pending.append(sample)
+        self._pending_bytes += len(sample.payload)
+        if self._pending_bytes >= BLOCK_BYTES:
+            self._flush()
+
+    def _flush(self, raw: bool | None = None) -> None:
+        """Append the pending samples; ``raw`` is False when the metadata says they are encoded."""
+        block = self._pending
+        if self._layout is None and (block or raw is not None):
+            self._layout = "fixed" if raw is not False and block and _fits_fixed(block, block[0].shape) else "flat"
+            _h5_call(self._create_fixed if self._layout == "fixed" else self._create_flat, block)
+        elif self._layout == "fixed" and (raw is False or not _fits_fixed(block, self._fixed_shape)):
+            _h5_call(self._fixed_to_flat)
+        if block:
+            _h5_call(self._append_fixed if self._layout == "fixed" else self._append_flat, block)
+        self._pending = []
+        self._pending_bytes = 0
+
+    def _compression(self) -> dict[str, Any]:
+        return {"compression": self.storage.compression} if self.storage.compression else {}
+
+    def _create_fixed(self, block: list[Encoded]) -> None:
+        self._fixed_shape = block[0].shape
+        self._file.create_dataset(
+            IMAGES,
+            shape=(0, *self._fixed_shape),
+            maxshape=(None, *self._fixed_shape),
+            chunks=(1, *self._fixed_shape),  # one sample per chunk: a random read touches only its sample
+            dtype=np.uint8,
+            **self._compression(),
+        )
+
+    def _create_flat(self, block: list[Encoded] | None = None) -> None:
+        self._file.create_dataset(
+            PAYLOAD, shape=(0,), maxshape=(None,), chunks=(PAYLOAD_CHUNK,), dtype=np.uint8, **self._compression()
+        )
+
+    def _append_fixed(self, block: list[Encoded]) -> None:
+        images = self._file[IMAGES]
+        rows = np.empty((len(block), *self._fixed_shape), np.uint8)
+        for j, sample in enumerate(block):
+            rows[j] = np.frombuffer(sample.payload, np.uint8).reshape(self._fixed_shape)
+            self._labels.append(sample.label)
+        start = self._written
+        images.resize(start + len(block), axis=0)
+        images[start:] = rows
+        self._written += len(block)
+
+    def _append_flat(self, block: list[Encoded]) -> None:
+        payload = self._file[PAYLOAD]
+        data = np.frombuffer(b"".join(s.payload for s in block), np.uint8)
+        start = self._offsets[-1]
+        for sample in block:
+            self._labels.append(sample.label)
+            self._shapes.extend(sample.shape)
+            self._offsets.append(self._offsets[-1] + len(sample.payload))
+        payload.resize(start + len(data), axis=0)
+        if len(data):
+            payload[start:] = data
+        self._written += len(block)
+
+    def _fixed_to_flat(self) -> None:
+        """Move the samples written so far from ``images`` into the flat layout."""
+        images = self._file[IMAGES]
+        self._create_flat()
+        payload = self._file[PAYLOAD]
+        nbytes = math.prod(self._fixed_shape)
+        payload.resize(self._written * nbytes, axis=0)
+        step = max(1, BLOCK_BYTES // nbytes)
+        for start in range(0, self._written, step):
+            rows = images[start : start + step]
+            payload[start * nbytes : start * nbytes + rows.size] = rows.reshape(-1)
+        self._shapes.extend(self._fixed_shape * self._written)
+        self._offsets.extend(range(nbytes, (self._written + 1) * nbytes, nbytes))
+        del self._file[IMAGES]
+        self._layout = "flat"
+
+    # -- finishing ---------------------------------------------------------------------------
+    def _write_metadata(self, meta: Metadata) -> None:
+        self._flush(raw=meta.encoding == "raw")
+        _h5_call(self._write_index, meta)
+        self._file = None
+
+    def _write_index(self, meta: Metadata) -> None:
+        file = self._file
+        file.create_dataset(LABELS, data=np.frombuffer(self._labels, np.int64))
+        if self._layout == "flat":
+            file.create_dataset(OFFSETS, data=np.frombuffer(self._offsets, np.int64))
+            file.create_dataset(SHAPES, data=np.frombuffer(self._shapes, np.int64).reshape(-1, 3))
+        file.flush()
+        file.attrs[META_ATTR] = meta.to_json()  # last: a file without it is unfinished
+        file.close()
+
+    def _close(self) -> None:
+        file = getattr(self, "_file", None)
+        if file is not None:
+            try:
+                file.close()
+            except _H5_ERRORS:
+                pass
+            self._file = None
+
+
+def _fits_fixed(block: list[Encoded], shape: tuple[int, int, int]) -> bool:
+    """Whether every sample has ``shape`` and a raw payload of that many bytes."""
+    nbytes = math.prod(shape)
+    return all(s.shape == shape and len(s.payload) == nbytes for s in block)
+
+
+def _h5_call(fn, *args, **kwargs):
+    """Call into h5py; its failures become OSError (errno kept where HDF5 gave one)."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError:
+        raise
+    except _H5_ERRORS as exc:
+        raise OSError(f"HDF5 error: {exc}") from None

@@ -1,0 +1,343 @@
+"""Write WebDataset shards (layout owned by ``readers/formats/webdataset.py``), in parallel.
+
+The input list is cut into consecutive *pieces* (:meth:`ShardWriter.pieces`); a worker runs
+:class:`PieceTask` on a piece: it converts each input with :class:`ImageTask` and writes the
+piece's shard file(s) under temporary names inside ``DST.partial``, rolling into a new shard
+whenever ``shard_size`` samples or ``shard_bytes`` member bytes would be exceeded. It returns
+only bookkeeping (:class:`PieceResult`). The parent (:meth:`ShardWriter.add_piece`, in input
+order) gives the shards their final numbers and names and records the member index.
+
+Sample keys are dense (``0 .. count-1``) even when inputs fail: a worker keys its samples as if
+nothing before its piece had failed (first key = the piece's first input index); when earlier
+inputs did fail, the parent rewrites the (fixed-width) member names in the 512-byte tar headers
+in place before renaming the shard. A shard so renumbered is byte-identical to one written
+with the right keys to begin with, and piece boundaries depend only on the options, never on
+the worker count: the output is identical whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from readers.formats.webdataset import (
+    BLOCK,
+    DEFAULT_PATTERN,
+    EXTENSIONS,
+    INDEX_COLUMNS,
+    INDEX_FILE,
+    LABEL_EXTENSION,
+    META_FILE,
+    RECORD,
+    check_pattern,
+    npy_header,
+    sample_key,
+    tar_header,
+)
+from readers.schema import Metadata, PackedFormatError
+
+from ..errors import OptionError
+from ..options import ImageOptions, StorageOptions
+from ..preprocess.task import Encoded, Failed, ImageTask
+from ..sources.images import ImageItem
+from .base import Writer
+
+__all__ = ["ShardWriter", "PieceTask", "Piece", "PieceResult", "split_destination", "DEFAULT_SHARD_SIZE"]
+
+#: Inputs per piece (and so at most samples per shard) when neither bound is given.
+DEFAULT_SHARD_SIZE = 1000
+_TMP_PREFIX = ".piece-"
+#: Typical size reduction by encoding, to size pieces for ``--shard-bytes`` (a guess: a piece
+#: that turns out larger rolls into sub-shards, so the bound holds either way).
+_COMPRESSION = {"raw": 1, "jpeg": 10, "png": 2}
+
+# Columns of the bookkeeping a worker returns per sample (the index columns minus ``shard``,
+# plus where the two tar headers are, for renumbering).
+_OFFSET, _NBYTES, _LABEL, _C, _H, _W, _IMG_HEADER, _IMG_SIZE, _CLS_HEADER, _CLS_SIZE = range(10)
+
+
+def split_destination(dst: Path) -> tuple[Path, str]:
+    """``(folder, shard name pattern)`` of a DST: a folder, or ``folder/name-%06d.tar``."""
+    dst = Path(dst)
+    if "%" not in dst.name:
+        if dst.name.endswith(".tar"):
+            raise OptionError(f"{dst}: WebDataset output is a folder of shards: name a folder, or a pattern like out/train-%06d.tar")
+        return dst, DEFAULT_PATTERN
+    try:
+        pattern = check_pattern(dst.name)
+    except PackedFormatError as exc:
+        raise OptionError(f"{dst}: {exc}") from None
+    if not str(dst.parent) or str(dst.parent) == ".":
+        raise OptionError(f"{dst}: put the shard pattern inside a folder of its own, for example out/{dst.name}")
+    return dst.parent, pattern
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of consecutive inputs, converted and written by one worker."""
+
+    number: int
+    start: int
+    items: tuple[ImageItem, ...]
+
+
+@dataclass(frozen=True)
+class ShardPart:
+    """One shard file a worker wrote: its temporary name, size and per-sample bookkeeping."""
+
+    tmp_name: str
+    size: int
+    rows: np.ndarray  # (samples, 10) int64, columns _OFFSET .. _CLS_SIZE
+
+
+@dataclass(frozen=True)
+class PieceResult:
+    """What a worker did with a piece: shards written and inputs that failed (offset in piece)."""
+
+    piece: int
+    start: int
+    inputs: int
+    parts: tuple[ShardPart, ...] = ()
+    failed: tuple[tuple[int, Failed], ...] = ()
+    payload_bytes: int = 0
+    error: tuple[int, str] | None = None  # an OSError while writing, as (errno, message)
+
+
+class _ShardFile:
+    """One tar file being written sequentially, with the bookkeeping of its members."""
+
+    def __init__(self, path: Path, encoding: str) -> None:
+        self.path = path
+        self.extension = EXTENSIONS[encoding]
+        self.raw = encoding == "raw"
+        self.handle = open(path, "wb")
+        self.position = 0
+        self.member_bytes = 0
+        self.rows: list[tuple[int, ...]] = []
+
+    @staticmethod
+    def sample_bytes(sample: Encoded, raw: bool) -> int:
+        label_size = len(str(sample.label))
+        return (len(npy_header(sample.shape)) if raw else 0) + len(sample.payload) + label_size
+
+    def add(self, index: int, sample: Encoded) -> None:
+        key = sample_key(index)
+        head = npy_header(sample.shape) if self.raw else b""
+        image_size = len(head) + len(sample.payload)
+        image_header = self.position
+        self._member(f"{key}.{self.extension}", image_size, head, sample.payload)
+        label = str(sample.label).encode("ascii")
+        label_header = self.position
+        self._member(f"{key}.{LABEL_EXTENSION}", len(label), label)
+        channels, height, width = sample.shape
+        offset = image_header + BLOCK + len(head)
+        self.rows.append(
+            (offset, len(sample.payload), sample.label, channels, height, width, image_header, image_size, label_header, len(label))
+        )
+        self.member_bytes += image_size + len(label)
+
+    def _member(self, name: str, size: int, *chunks: bytes) -> None:
+        write = self.handle.write
+        write(tar_header(name, size))
+        for chunk in chunks:
+            write(chunk)
+        padding = -size % BLOCK
+        if padding:
+            write(bytes(padding))
+        self.position += BLOCK + size + padding
+
+    def close(self) -> ShardPart:
+        end = self.position + 2 * BLOCK
+        end += -end % RECORD
+        self.handle.write(bytes(end - self.position))
+        self.handle.close()
+        rows = np.array(self.rows, np.int64).reshape(-1, 10)
+        return ShardPart(self.path.name, end, rows)
+
+    def discard(self) -> None:
+        self.handle.close()
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class PieceTask:
+    """Convert the inputs of a :class:`Piece` and write its shard file(s) into ``folder``.
+
+    Picklable (options and a path only); each worker opens its own files.
+    """
+
+    image: ImageOptions
+    folder: str
+    shard_size: int | None = None
+    shard_bytes: int | None = None
+
+    def __call__(self, piece: Piece) -> PieceResult:
+        task = ImageTask(self.image)
+        parts: list[ShardPart] = []
+        failed: list[tuple[int, Failed]] = []
+        shard: _ShardFile | None = None
+        payload_bytes = 0
+        written = 0
+        raw = self.image.encoding == "raw"
+        try:
+            for offset, item in enumerate(piece.items):
+                result = task(item)
+                if isinstance(result, Failed):
+                    failed.append((offset, result))
+                    continue
+                if shard is not None and self._full(shard, _ShardFile.sample_bytes(result, raw)):
+                    parts.append(shard.close())
+                    shard = None
+                if shard is None:
+                    name = f"{_TMP_PREFIX}{piece.number:06d}-{len(parts):04d}.tar"
+                    shard = _ShardFile(Path(self.folder) / name, self.image.encoding)
+                shard.add(piece.start + written, result)
+                written += 1
+                payload_bytes += len(result.payload)
+            if shard is not None:
+                parts.append(shard.close())
+                shard = None
+        except OSError as exc:
+            if shard is not None:
+                shard.discard()
+            return PieceResult(piece.number, piece.start, len(piece.items), error=(exc.errno or 0, exc.strerror or str(exc)))
+        return PieceResult(piece.number, piece.start, len(piece.items), tuple(parts), tuple(failed), payload_bytes)
+
+    def _full(self, shard: _ShardFile, incoming: int) -> bool:
+        if self.shard_size is not None and len(shard.rows) >= self.shard_size:
+            return True
+        return self.shard_bytes is not None and shard.member_bytes + incoming > self.shard_bytes
+
+
+class ShardWriter(Writer):
+    """Writes a folder of WebDataset shards, the shards themselves in worker processes.
+
+    ``convert()`` drives it through :meth:`pieces`, :meth:`piece_task` and :meth:`add_piece`
+    (``writes_pieces``), not through :meth:`add`.
+    """
+
+    format_name = "webdataset"
+    is_directory = True
+    writes_pieces = True
+
+    def __init__(self, dst: Path, storage: StorageOptions | None = None) -> None:
+        folder, self.pattern = split_destination(Path(dst))
+        super().__init__(folder, storage)
+
+    @classmethod
+    def destination(cls, dst: Path) -> Path:
+        """The folder a DST names (a shard name pattern lives inside it)."""
+        return split_destination(Path(dst))[0]
+
+    # -- the parallel path -----------------------------------------------------------------
+    def piece_inputs(self, image: ImageOptions) -> int:
+        """Inputs per piece: ``shard_size``, else as many expected samples as fit ``shard_bytes``."""
+        if self.storage.shard_size is not None:
+            return self.storage.shard_size
+        if self.storage.shard_bytes is not None and image.output_size is not None:
+            height, width = image.output_size
+            shape = (image.channels, height, width)
+            expected = len(npy_header(shape)) + height * width * image.channels // _COMPRESSION[image.encoding] + 2
+            return max(1, self.storage.shard_bytes // expected)
+        return DEFAULT_SHARD_SIZE
+
+    def pieces(self, items: Sequence[ImageItem], image: ImageOptions) -> list[Piece]:
+        """The inputs cut into consecutive pieces (depends on the options only, never on workers)."""
+        size = self.piece_inputs(image)
+        return [Piece(n, start, tuple(items[start : start + size])) for n, start in enumerate(range(0, len(items), size))]
+
+    def piece_task(self, image: ImageOptions) -> PieceTask:
+        """The picklable work unit that writes one piece's shards into ``DST.partial``."""
+        self.encoding = image.encoding
+        return PieceTask(image, str(self.tmp), self.storage.shard_size, self.storage.shard_bytes)
+
+    def add_piece(self, result: PieceResult) -> list[Failed | None]:
+        """Number, rename and index a finished piece's shards (call in input order).
+
+        Returns each input's outcome in the piece: ``None`` when written, else its
+        :class:`Failed` (for the caller to record, or raise with ``--on-error fail``).
+        """
+        if result.error is not None:
+            raise self.output_error(OSError(*result.error))
+        assumed = result.start  # the key the worker gave its first sample
+        try:
+            for part in result.parts:
+                self._publish_shard(part, renumber=assumed != self.count)
+                assumed += len(part.rows)
+        except OSError as exc:
+            raise self.output_error(exc) from None
+        self.payload_bytes += result.payload_bytes
+        outcomes: list[Failed | None] = [None] * result.inputs
+        for offset, failure in result.failed:
+            outcomes[offset] = failure
+        return outcomes
+
+    def _publish_shard(self, part: ShardPart, *, renumber: bool) -> None:
+        rows = part.rows
+        if renumber:  # earlier inputs failed: the worker's keys are too high by that many
+            self._renumber(self.tmp / part.tmp_name, rows, self.count)
+        number = len(self.shards)
+        name = self.pattern % number
+        os.replace(self.tmp / part.tmp_name, self.tmp / name)
+        self._index.append(np.hstack([np.full((len(rows), 1), number, np.int64), rows[:, : _W + 1]]))
+        self.shards.append(name)
+        self.shard_counts.append(len(rows))
+        self.shard_sizes.append(part.size)
+        for shape in sorted({tuple(r) for r in rows[:, _C : _W + 1].tolist()}):
+            self._note_shape(shape)  # type: ignore[arg-type]
+        self.count += len(rows)
+
+    def _renumber(self, path: Path, rows: np.ndarray, first: int) -> None:
+        extension = EXTENSIONS[self.encoding]
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for j, row in enumerate(rows.tolist()):
+                key = sample_key(first + j)
+                os.pwrite(fd, tar_header(f"{key}.{extension}", row[_IMG_SIZE]), row[_IMG_HEADER])
+                os.pwrite(fd, tar_header(f"{key}.{LABEL_EXTENSION}", row[_CLS_SIZE]), row[_CLS_HEADER])
+        finally:
+            os.close(fd)
+
+    def _note_shape(self, shape: tuple[int, int, int]) -> None:
+        if self.common_shape is None and not self._mixed_shapes:
+            self.common_shape = shape
+        elif shape != self.common_shape:
+            self.common_shape, self._mixed_shapes = None, True
+
+    def _write(self, index: int, sample: Encoded) -> None:
+        raise NotImplementedError("ShardWriter writes its shards in worker processes: drive it with packer.convert()")
+
+    # -- Writer hooks ------------------------------------------------------------------------
+    def _open(self) -> None:
+        self.tmp.mkdir()
+        self.encoding = "raw"
+        self.shards: list[str] = []
+        self.shard_counts: list[int] = []
+        self.shard_sizes: list[int] = []
+        self._index: list[np.ndarray] = []
+
+    def extra(self) -> dict[str, Any]:
+        """Shard names, samples and bytes per shard, and the index file's name and columns."""
+        return {
+            "shards": list(self.shards),
+            "shard_counts": list(self.shard_counts),
+            "shard_sizes": list(self.shard_sizes),
+            "shard_pattern": self.pattern,
+            "index": INDEX_FILE,
+            "index_columns": list(INDEX_COLUMNS),
+        }
+
+    def _write_metadata(self, meta: Metadata) -> None:
+        meta = dataclasses.replace(meta, extra={**meta.extra, **self.extra()})
+        index = np.concatenate(self._index) if self._index else np.empty((0, len(INDEX_COLUMNS)), np.int64)
+        np.save(self.tmp / INDEX_FILE, np.ascontiguousarray(index, np.int64), allow_pickle=False)
+        leftovers = [p.name for p in self.tmp.iterdir() if p.name.startswith(_TMP_PREFIX)]
+        if leftovers:  # pragma: no cover - internal invariant
+            raise OSError(errno.EIO, f"unpublished shard files {leftovers}")
+        (self.tmp / META_FILE).write_text(meta.to_json(), encoding="ascii")

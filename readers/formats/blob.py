@@ -1,0 +1,347 @@
+"""The RAM-resident blob: one file, a fixed header, then page-aligned numpy-described sections.
+
+Layout (docs/FORMATS.md, "RAM-resident blob"). The first :data:`ALIGNMENT` bytes are the header
+page: :data:`HEADER` (little-endian ``<8sIIQ10Q``: magic, format version, alignment, sample
+count, then offset and length in bytes of five sections), zero-padded. The sections follow, each
+starting on a multiple of :data:`ALIGNMENT`:
+
+* ``data``: the samples' payloads back to back. For fixed-shape ``raw`` storage this is exactly
+  one C-contiguous uint8 array ``(N, C, H, W)``, so ``np.memmap`` maps it directly.
+* ``labels``: ``(N,)`` little-endian int64.
+* ``offsets``: ``(N + 1,)`` int64 byte offsets of each payload within ``data`` (empty for
+  fixed-shape raw storage: sample ``i`` starts at ``i * C * H * W``).
+* ``shapes``: ``(N, 3)`` int64 ``(C, H, W)`` of each sample (empty for fixed-shape raw storage).
+* ``metadata``: the UTF-8 JSON record (:class:`readers.schema.Metadata`).
+
+The writer (``packer/writers/blob.py``, which imports these constants) writes the header page
+as zeros first and fills it in *last*, after everything else is on disk: a file without the
+magic is an unfinished conversion. ``readers/blob.py`` wraps :class:`BlobStore` as a torch
+Dataset.
+
+Holding the bytes: a store either maps the file (``in_memory=False``; the page cache is shared
+by every process) or copies it once into anonymous shared memory (``in_memory=True``, a Linux
+``memfd``): a forked DataLoader worker inherits that mapping, and a spawned one receives its
+file descriptor (``multiprocessing``'s ``DupFd``) when the dataset is pickled by
+``multiprocessing``'s ``ForkingPickler``, so the pixels exist once in RAM however many workers
+read them. A plain ``pickle.dumps`` carries only the path: the receiving process loads its own
+copy on first use.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import weakref
+from dataclasses import dataclass
+from multiprocessing.reduction import DupFd, ForkingPickler
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .._process import PerProcess
+from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
+from .base import Record, Store
+
+__all__ = [
+    "BlobStore",
+    "BlobHeader",
+    "MemoryCopy",
+    "shared_copy",
+    "MAGIC",
+    "HEADER",
+    "ALIGNMENT",
+    "SECTIONS",
+    "LABEL_DTYPE",
+    "OFFSET_DTYPE",
+    "SHAPE_DTYPE",
+    "align",
+]
+
+#: First bytes of a finished blob (written last).
+MAGIC = b"PACKBLOB"
+#: The header: magic, format version (uint32), alignment (uint32), count (uint64), then an
+#: (offset, length) uint64 pair per section, in :data:`SECTIONS` order. Little-endian.
+HEADER = struct.Struct("<8sIIQ10Q")
+#: Sections start on multiples of this; the header page is this long, so data starts here.
+ALIGNMENT = 4096
+#: Section names, in header and file order.
+SECTIONS = ("data", "labels", "offsets", "shapes", "metadata")
+LABEL_DTYPE = np.dtype("<i8")
+OFFSET_DTYPE = np.dtype("<i8")
+SHAPE_DTYPE = np.dtype("<i8")
+
+
+def align(position: int) -> int:
+    """``position`` rounded up to the next multiple of :data:`ALIGNMENT`."""
+    return -(-position // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(frozen=True)
+class BlobHeader:
+    """The parsed header: version, alignment, count and ``{section: (offset, length)}``."""
+
+    version: int
+    alignment: int
+    count: int
+    sections: dict[str, tuple[int, int]]
+
+    def pack(self) -> bytes:
+        """The header bytes (:data:`HEADER`), as written at offset 0."""
+        pairs = [v for name in SECTIONS for v in self.sections[name]]
+        return HEADER.pack(MAGIC, self.version, self.alignment, self.count, *pairs)
+
+    @property
+    def end(self) -> int:
+        """Where the last section ends: the file is at least this long."""
+        return max(offset + length for offset, length in self.sections.values())
+
+    @classmethod
+    def unpack(cls, raw: bytes, *, where: str, file_size: int) -> "BlobHeader":
+        """Parse and check the header bytes of a file of ``file_size`` bytes."""
+        if len(raw) < HEADER.size or raw[: len(MAGIC)] == bytes(len(MAGIC)):
+            raise IncompleteDatasetError(
+                f"{where}: no blob header: the conversion did not finish (the header is written last); convert again"
+            )
+        magic, version, alignment, count, *pairs = HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            raise PackedFormatError(f"{where}: not a packer blob (starts with {magic!r}, expected {MAGIC!r})")
+        if version > FORMAT_VERSION:
+            raise UnsupportedVersionError(
+                f"{where} uses packer format version {version}, but this reader understands up to "
+                f"version {FORMAT_VERSION}: upgrade packer (pip install -U packer)"
+            )
+        sections = {name: (pairs[2 * k], pairs[2 * k + 1]) for k, name in enumerate(SECTIONS)}
+        header = cls(version, alignment, count, sections)
+        if header.end > file_size:
+            raise IncompleteDatasetError(
+                f"{where}: truncated: it has {file_size:,} bytes but its header describes {header.end:,}; "
+                "the copy or conversion did not finish: copy or convert it again"
+            )
+        return header
+
+
+class BlobStore(Store):
+    """A packer blob, read-only: mapped from the file, or copied once into shared memory.
+
+    ``in_memory=True`` loads the whole file into RAM now (in this process) and shares that copy
+    with DataLoader workers (fork: inherited; spawn: its descriptor is sent). Stores over the
+    same unchanged file in one process share one copy. ``in_memory=False`` (the default here;
+    :class:`readers.RAMDataset` defaults to loading) maps the file lazily, once per process.
+    """
+
+    format_name = "blob"
+
+    def __init__(self, path: str | Path, *, in_memory: bool = False) -> None:
+        self.in_memory = in_memory
+        self.header: BlobHeader | None = None
+        super().__init__(path)
+        source: Callable[[], np.ndarray] = shared_copy(str(self.path)) if in_memory else _MapFile(str(self.path))
+        self._view = PerProcess(_Opener(str(self.path), self.header, self.meta, source))  # type: ignore[arg-type]
+        if in_memory:
+            self._view.get()  # load here, before workers start, so they share this copy
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        if not path.is_file():
+            return False
+        if path.suffix == ".blob":  # an unfinished one too, so it gets a clear "incomplete" error
+            return True
+        with open(path, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+
+    def _read_metadata(self) -> Metadata:
+        where = str(self.path)
+        if not self.path.is_file():
+            raise PackedFormatError(f"{where}: not a blob (a blob is a single file)")
+        with open(self.path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            header = BlobHeader.unpack(handle.read(HEADER.size), where=where, file_size=size)
+            meta_offset, meta_length = header.sections["metadata"]
+            if meta_length == 0:
+                raise IncompleteDatasetError(f"{where}: no metadata record: the conversion did not finish; convert again")
+            handle.seek(meta_offset)
+            raw = handle.read(meta_length)
+        meta = Metadata.from_json(raw, where=where).expect_format("blob", where=where)
+        _check_sections(header, meta, where)
+        self.header = header
+        return meta
+
+    def _records(self, indices: Sequence[int]) -> Iterator[Record]:
+        view = self._view.get()
+        if view.images is not None:
+            shape, flat, labels = self.meta.shape, view.flat, view.labels
+            for i in indices:
+                yield int(labels[i]), shape, flat[i]  # type: ignore[misc]
+            return
+        data, offsets, shapes, labels = view.data, view.offsets, view.shapes, view.labels
+        for i in indices:
+            c, h, w = shapes[i]
+            yield int(labels[i]), (int(c), int(h), int(w)), data[offsets[i] : offsets[i + 1]]
+
+    def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
+        """One gather: ``np.take`` of the (N, C, H, W) array straight into ``out``."""
+        view = self._view.get()
+        if view.images is None:  # pragma: no cover - fixed-shape raw blobs always have images
+            super()._fill_raw(indices, out, labels)
+            return
+        np.take(view.images, indices, axis=0, out=out, mode="clip")  # indices are checked already
+        np.take(view.labels, indices, out=labels, mode="clip")
+
+
+def _check_sections(header: BlobHeader, meta: Metadata, where: str) -> None:
+    """The header's sections agree with the metadata record."""
+    n = meta.count
+    if header.count != n:
+        raise PackedFormatError(f"{where}: header says {header.count} samples, metadata says {n}: the file is corrupt")
+    expected = {"labels": n * LABEL_DTYPE.itemsize}
+    if meta.fixed_shape and meta.encoding == "raw":
+        expected.update(data=n * meta.sample_nbytes, offsets=0, shapes=0)  # type: ignore[operator]
+    else:
+        expected.update(offsets=(n + 1) * OFFSET_DTYPE.itemsize, shapes=3 * n * SHAPE_DTYPE.itemsize)
+    for name, length in expected.items():
+        if header.sections[name][1] != length:
+            raise PackedFormatError(
+                f"{where}: section {name!r} has {header.sections[name][1]:,} bytes, expected {length:,}: the file is corrupt"
+            )
+
+
+@dataclass
+class _View:
+    """This process's numpy views of one blob's sections."""
+
+    flat: np.ndarray  # (N, C*H*W) for fixed-shape raw, else unused
+    images: np.ndarray | None  # (N, C, H, W) for fixed-shape raw storage
+    data: np.ndarray
+    labels: np.ndarray
+    offsets: np.ndarray
+    shapes: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Opener:
+    """Picklable: the section views over the bytes ``source()`` returns (the whole file)."""
+
+    path: str
+    header: BlobHeader
+    meta: Metadata
+    source: Callable[[], np.ndarray]
+
+    def __call__(self) -> _View:
+        buffer = self.source()
+        if len(buffer) < self.header.end or bytes(buffer[: HEADER.size]) != self.header.pack():
+            raise PackedFormatError(f"{self.path}: the file changed since it was opened; open the dataset again")
+
+        def section(name: str, dtype: np.dtype) -> np.ndarray:
+            offset, length = self.header.sections[name]
+            return buffer[offset : offset + length].view(dtype)
+
+        data = section("data", np.dtype(np.uint8))
+        labels = section("labels", LABEL_DTYPE)
+        offsets = section("offsets", OFFSET_DTYPE)
+        shapes = section("shapes", SHAPE_DTYPE).reshape(-1, 3)
+        images = flat = None
+        if self.meta.fixed_shape and self.meta.encoding == "raw":
+            images = data.reshape(self.meta.count, *self.meta.shape)  # type: ignore[misc]
+            flat = data.reshape(self.meta.count, -1)
+        return _View(flat, images, data, labels, offsets, shapes)  # type: ignore[arg-type]
+
+
+class _MapFile:
+    """Picklable: the file mapped read-only (pages come from, and stay in, the page cache)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> np.ndarray:
+        with open(self.path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(mapped, np.uint8)
+
+
+class MemoryCopy:
+    """The whole file, copied once into anonymous shared memory (a Linux ``memfd``).
+
+    Call it for a read-only uint8 array of the file's bytes. A forked process inherits the
+    mapping; ``ForkingPickler`` (what spawned DataLoader workers are started with) sends the
+    memfd's descriptor, and the receiver maps the same pages; plain pickle sends the path only,
+    and the receiver loads its own copy when first called.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> np.ndarray:
+        if self._map is None:
+            with self._lock:
+                if self._map is None:
+                    self._load()
+        return np.frombuffer(self._map, np.uint8)  # type: ignore[arg-type]
+
+    def _load(self) -> None:
+        if not hasattr(os, "memfd_create"):  # pragma: no cover - not Linux
+            raise PackedFormatError(
+                f"{self.path}: sharing an in-memory blob with workers needs Linux (memfd_create); "
+                "use in_memory=False to map the file instead"
+            )
+        with open(self.path, "rb", buffering=0) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            fd = os.memfd_create(f"packer-blob:{os.path.basename(self.path)}", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+                with mmap.mmap(fd, size, access=mmap.ACCESS_WRITE) as target:
+                    view, position = memoryview(target), 0
+                    while position < size:
+                        got = handle.readinto(view[position : position + (64 << 20)])
+                        if not got:
+                            raise PackedFormatError(f"{self.path}: the file shrank while being loaded; open it again")
+                        position += got
+                    view.release()
+                self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            except BaseException:
+                os.close(fd)
+                raise
+        self._fd = fd
+
+    def __reduce__(self):
+        return (MemoryCopy, (self.path,))
+
+    def _reduce_shared(self):
+        """ForkingPickler's reduction: the memfd travels as a descriptor, not as bytes."""
+        self()  # loaded, so there is something to share
+        return (_attach, (self.path, len(self._map), DupFd(self._fd)))  # type: ignore[arg-type]
+
+    def __del__(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _attach(path: str, size: int, dupfd) -> MemoryCopy:
+    """Rebuild a :class:`MemoryCopy` in the receiving process over the sent memfd."""
+    copy = MemoryCopy(path)
+    copy._fd = dupfd.detach()
+    copy._map = mmap.mmap(copy._fd, size, access=mmap.ACCESS_READ)
+    return copy
+
+
+ForkingPickler.register(MemoryCopy, MemoryCopy._reduce_shared)  # our own class only, like torch's tensors
+
+_copies: "weakref.WeakValueDictionary[tuple[int, int, int, int], MemoryCopy]" = weakref.WeakValueDictionary()
+_copies_lock = threading.Lock()
+
+
+def shared_copy(path: str) -> MemoryCopy:
+    """The in-memory copy of ``path`` for this process: one per unchanged file, shared by stores."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _copies_lock:
+        copy = _copies.get(key)
+        if copy is None:
+            copy = _copies[key] = MemoryCopy(path)
+        return copy

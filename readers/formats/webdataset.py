@@ -1,0 +1,313 @@
+"""WebDataset shards: a folder of POSIX tar files, a member index and the metadata record.
+
+Layout (docs/FORMATS.md, "WebDataset shards"): the folder holds shards named by a ``%d``
+pattern (default ``shard-%06d.tar``), numbered from 0. Sample ``i`` is two consecutive tar
+members, ``KEY.EXT`` (``npy`` for raw pixels as a standard (C, H, W) uint8 ``.npy`` file, or
+``jpg``/``png``) then ``KEY.cls`` (the label in ASCII decimal), with ``KEY = "%010d" % i``;
+samples are stored in index order across shards. Beside the shards, :data:`INDEX_FILE` (a
+plain int64 ``.npy`` array, one row per sample, columns :data:`INDEX_COLUMNS`) locates every
+payload inside its shard, and :data:`META_FILE` holds the metadata record, written last.
+
+This module owns the layout: ``packer/writers/webdataset.py`` imports these constants, and
+``readers/webdataset.py`` builds its torch datasets on :class:`ShardStore` (random access by
+index) and :func:`iter_tar` (streaming). Nothing here imports torch or the webdataset library.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import re
+import tarfile
+from functools import lru_cache
+from pathlib import Path
+from typing import BinaryIO, Iterator, Sequence
+
+import numpy as np
+
+from .._process import PerProcess
+from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
+from .base import Record, Store
+
+__all__ = [
+    "ShardStore",
+    "META_FILE",
+    "INDEX_FILE",
+    "INDEX_COLUMNS",
+    "DEFAULT_PATTERN",
+    "EXTENSIONS",
+    "LABEL_EXTENSION",
+    "sample_key",
+    "tar_header",
+    "npy_header",
+    "read_metadata",
+    "check_pattern",
+    "iter_tar",
+]
+
+#: The metadata record (UTF-8 JSON), written last: without it the folder is unfinished.
+META_FILE = "packer.json"
+#: Where each sample's payload lies: an int64 array of shape (count, len(INDEX_COLUMNS)).
+INDEX_FILE = "packer-index.npy"
+#: Columns of :data:`INDEX_FILE`. ``offset``/``nbytes``: the payload inside the shard file,
+#: i.e. the pixel bytes after the .npy header for raw samples, the whole .jpg/.png member
+#: otherwise.
+INDEX_COLUMNS = ("shard", "offset", "nbytes", "label", "channels", "height", "width")
+#: Shard file names when DST is a folder; a DST like ``out/train-%06d.tar`` picks its own.
+DEFAULT_PATTERN = "shard-%06d.tar"
+#: Member extension of the image of a sample, by metadata ``encoding``.
+EXTENSIONS = {"raw": "npy", "jpeg": "jpg", "png": "png"}
+LABEL_EXTENSION = "cls"
+#: Sample keys: the zero-padded sample index (fixed width: keys sort in sample order).
+KEY_FORMAT = "%010d"
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar files end with zero blocks up to a multiple of this, as tarfile writes
+
+_PATTERN_RE = re.compile(r"[^%/\\]*%0?\d*d[^%/\\]*\.tar")
+
+
+def sample_key(index: int) -> str:
+    """The tar member key (name without extension) of sample ``index``."""
+    return KEY_FORMAT % index
+
+
+def check_pattern(pattern: str) -> str:
+    """Return ``pattern`` if it is a valid shard file name pattern (one ``%d``, ends in .tar)."""
+    if not _PATTERN_RE.fullmatch(pattern):
+        raise PackedFormatError(
+            f"{pattern!r}: a shard name pattern needs exactly one %d field and the .tar suffix, "
+            "for example train-%06d.tar"
+        )
+    return pattern
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """The 512-byte ustar header of a regular file (mode 0644, mtime 0, no owner): deterministic."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+
+
+@lru_cache(maxsize=64)
+def npy_header(shape: tuple[int, ...]) -> bytes:
+    """The .npy (version 1.0) header of a C-ordered uint8 array of ``shape`` (a multiple of 64 bytes)."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": tuple(shape)})
+    return buffer.getvalue()
+
+
+@lru_cache(maxsize=64)
+def _parse_npy_header(header: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
+    stream = io.BytesIO(header)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    else:
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    if fortran:
+        raise ValueError("Fortran-ordered arrays are not packer samples")
+    return tuple(shape), dtype, stream.tell()
+
+
+def parse_npy(data: bytes | memoryview | np.ndarray) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of an .npy file held in ``data`` (headers are cached)."""
+    view = memoryview(data).cast("B")
+    if len(view) < 10 or bytes(view[:6]) != b"\x93NUMPY":
+        raise PackedFormatError("not an .npy file")
+    major = view[6]
+    size = int.from_bytes(view[8:10], "little") + 10 if major == 1 else int.from_bytes(view[8:12], "little") + 12
+    try:
+        return _parse_npy_header(bytes(view[:size]))
+    except (ValueError, SyntaxError) as exc:
+        raise PackedFormatError(f"bad .npy header ({exc})") from None
+
+
+def read_metadata(folder: str | Path) -> Metadata:
+    """The validated metadata record of a shard folder."""
+    folder = Path(folder)
+    try:
+        raw = (folder / META_FILE).read_bytes()
+    except FileNotFoundError:
+        raise IncompleteDatasetError(
+            f"{folder}: no {META_FILE}: the conversion did not finish or this is not a packer shard folder; "
+            "convert again"
+        ) from None
+    meta = Metadata.from_json(raw, where=str(folder)).expect_format("webdataset", where=str(folder))
+    extra = meta.extra
+    shards, counts, sizes = extra.get("shards"), extra.get("shard_counts"), extra.get("shard_sizes")
+    if not (
+        isinstance(shards, list)
+        and isinstance(counts, list)
+        and isinstance(sizes, list)
+        and len(shards) == len(counts) == len(sizes)
+        and all(isinstance(s, str) and "/" not in s for s in shards)
+        and sum(counts) == meta.count
+    ):
+        raise PackedFormatError(f"{folder}: metadata 'extra' does not list the shards and their sample counts")
+    return meta
+
+
+class ShardStore(Store):
+    """Random access to the samples of a packer shard folder, by index.
+
+    The member index (:data:`INDEX_FILE`) gives each sample's shard and byte range; shards are
+    memory-mapped read-only, lazily, once per process (a forked or spawned DataLoader worker maps
+    its own), so a batch is a few memory copies.
+    """
+
+    format_name = "webdataset"
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self.shards: tuple[str, ...] = tuple(self.meta.extra["shards"])
+        self._files = PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"])))
+        self._check_files()
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        if not path.is_dir():
+            return False
+        if (path / META_FILE).exists() or (path / INDEX_FILE).exists():
+            return True
+        with os.scandir(path) as entries:
+            return any(e.name.endswith(".tar") for e in entries)
+
+    def _read_metadata(self) -> Metadata:
+        return read_metadata(self.path)
+
+    def _check_files(self) -> None:
+        index = _load_index(self.path)
+        if index.shape != (self.meta.count, len(INDEX_COLUMNS)):
+            raise PackedFormatError(
+                f"{self.path / INDEX_FILE}: has shape {index.shape}, expected ({self.meta.count}, {len(INDEX_COLUMNS)}): "
+                "the folder is corrupt; convert again"
+            )
+        for name, size in zip(self.shards, self.meta.extra["shard_sizes"]):
+            _check_shard_size(self.path / name, size)
+
+    def _records(self, indices: Sequence[int]) -> Iterator[Record]:
+        files = self._files.get()
+        rows = files.index[np.asarray(indices, dtype=np.int64)]
+        for shard, offset, nbytes, label, channels, height, width in rows.tolist():
+            data = files.map(shard)
+            yield label, (channels, height, width), data[offset : offset + nbytes]
+
+    def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
+        files = self._files.get()
+        rows = files.index[indices]
+        expected = out[0].nbytes if len(out) else 0
+        bad = np.flatnonzero(rows[:, 2] != expected)
+        if bad.size:
+            j = int(bad[0])
+            raise PackedFormatError(
+                f"{self.path}: sample {int(indices[j])} has {int(rows[j, 2])} bytes, expected {expected}: the index is corrupt"
+            )
+        labels[:] = rows[:, 3]
+        flat = out.reshape(len(out), -1)
+        for j, (shard, offset) in enumerate(rows[:, :2].tolist()):
+            flat[j] = np.frombuffer(files.map(shard), np.uint8, expected, offset)
+
+
+def _load_index(folder: Path) -> np.ndarray:
+    try:
+        index = np.load(folder / INDEX_FILE, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise IncompleteDatasetError(f"{folder}: no {INDEX_FILE}: the folder is incomplete; convert again") from None
+    except ValueError as exc:
+        raise PackedFormatError(f"{folder / INDEX_FILE}: not a valid .npy index ({exc}); convert again") from None
+    if index.dtype != np.int64 or index.ndim != 2:
+        raise PackedFormatError(f"{folder / INDEX_FILE}: expected a 2-D int64 array, got {index.dtype} {index.shape}")
+    return index
+
+
+def _check_shard_size(path: Path, expected: int) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise PackedFormatError(f"{path}: shard is missing; the folder is incomplete, convert again") from None
+    if size != expected:
+        raise PackedFormatError(
+            f"{path}: shard has {size:,} bytes, the metadata says {expected:,}: it is truncated or was changed; convert again"
+        )
+
+
+class _ShardFiles:
+    """Picklable opener and, once opened, this process's index and shard maps."""
+
+    def __init__(self, folder: str, shards: tuple[str, ...], sizes: tuple[int, ...]) -> None:
+        self.folder, self.shards, self.sizes = folder, shards, sizes
+        self.index: np.ndarray = np.empty((0, len(INDEX_COLUMNS)), np.int64)
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def __call__(self) -> "_ShardFiles":
+        opened = _ShardFiles(self.folder, self.shards, self.sizes)
+        opened.index = _load_index(Path(self.folder))
+        return opened
+
+    def map(self, shard: int) -> mmap.mmap:
+        data = self._maps.get(shard)
+        if data is None:
+            path = Path(self.folder) / self.shards[shard]
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size != self.sizes[shard]:
+                    _check_shard_size(path, self.sizes[shard])
+                data = self._maps[shard] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        return data
+
+
+# -- streaming ------------------------------------------------------------------------------
+def iter_tar(stream: BinaryIO, where: str) -> Iterator[tuple[str, np.ndarray]]:
+    """``(member name, data)`` of each regular file of a tar stream, data in a fresh uint8 array.
+
+    A minimal ustar reader for packer's own shards (and any plain tar without long names):
+    headers are parsed directly, so a member costs one read of its bytes. A truncated stream
+    or a damaged header raises :class:`PackedFormatError` naming ``where``.
+    """
+    readinto = getattr(stream, "readinto", None)
+    while True:
+        header = _read_exact(stream, readinto, BLOCK, where, allow_eof=True)
+        if header is None or not header.any():
+            return  # end of archive (zero block) or of the stream
+        block = header.tobytes()
+        try:
+            size = tarfile.nti(block[124:136])
+            stored = tarfile.nti(block[148:156])
+        except tarfile.InvalidHeaderError:
+            raise PackedFormatError(f"{where}: damaged tar header") from None
+        if stored not in tarfile.calc_chksums(block):
+            raise PackedFormatError(f"{where}: damaged tar header (bad checksum)")
+        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+        prefix = block[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
+        if prefix:
+            name = f"{prefix}/{name}"
+        kind = block[156:157]
+        data = _read_exact(stream, readinto, size, where)
+        padding = -size % BLOCK
+        if padding:
+            _read_exact(stream, readinto, padding, where)
+        if kind in (b"0", b"\0"):
+            yield name, data  # type: ignore[misc]
+
+
+def _read_exact(stream: BinaryIO, readinto, size: int, where: str, allow_eof: bool = False) -> np.ndarray | None:
+    out = np.empty(size, np.uint8)
+    view = memoryview(out)
+    done = 0
+    while done < size:
+        if readinto is not None:
+            n = readinto(view[done:])
+        else:
+            chunk = stream.read(size - done)
+            n = len(chunk)
+            view[done : done + n] = chunk
+        if not n:
+            if allow_eof and done == 0:
+                return None
+            raise PackedFormatError(f"{where}: the shard is truncated (ends inside a tar member); convert again")
+        done += n
+    return out

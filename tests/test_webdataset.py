@@ -1,0 +1,239 @@
+"""WebDataset shards: bounds, determinism, dense keys, the plain library, streaming, CLI, damage."""
+
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from torch.utils.data import DataLoader
+
+from packer import ImageOptions, StorageOptions, convert
+from packer.cli import cli
+from packer.errors import InputError
+from packer.writers.webdataset import ShardWriter
+from readers import IncompleteDatasetError, PackedFormatError, ShardDataset, StreamingShards, UnsupportedVersionError
+from readers.formats import open_store
+from readers.formats.webdataset import INDEX_FILE, META_FILE, sample_key
+
+
+def make(src: Path, dst: Path, *, workers: int = 1, size: int = 16, **storage) -> Path:
+    convert(src, dst, format="webdataset", image=ImageOptions(size=size), storage=StorageOptions(**storage), workers=workers)
+    return dst
+
+
+def members(path: Path) -> list[tarfile.TarInfo]:
+    with tarfile.open(path) as tar:
+        return tar.getmembers()
+
+
+def tars(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.tar"))
+
+
+@pytest.fixture(scope="module")
+def with_bad(image_folder, tmp_path_factory) -> Path:
+    """``image_folder`` plus two undecodable files (inputs 3 and 13 in scan order)."""
+    src = tmp_path_factory.mktemp("bad") / "src"
+    shutil.copytree(image_folder, src)
+    (src / "class_00" / "000_bad.jpg").write_bytes(b"not an image")
+    (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image either")
+    return src
+
+
+@pytest.fixture(scope="module")
+def small_shards(image_folder, tmp_path_factory) -> Path:
+    """18 samples of 16x16 in 9 shards of 2: enough shards to split over 2 ranks x 2 workers."""
+    return make(image_folder, tmp_path_factory.mktemp("wds") / "small", shard_size=2)
+
+
+def test_shards_bounded_by_sample_count(tmp_path, image_folder):
+    dst = make(image_folder, tmp_path / "out", shard_size=5)
+    meta = open_store(dst).meta
+    assert meta.extra["shards"] == [f"shard-{i:06d}.tar" for i in range(4)]
+    assert meta.extra["shard_counts"] == [5, 5, 5, 3]
+    names = [m.name for path in tars(dst) for m in members(path)]
+    assert names[:4] == ["0000000000.npy", "0000000000.cls", "0000000001.npy", "0000000001.cls"]
+    assert [len(members(p)) // 2 for p in tars(dst)] == [5, 5, 5, 3]
+    assert sorted(os.listdir(dst)) == sorted([INDEX_FILE, META_FILE, *meta.extra["shards"]])
+    assert [p.stat().st_size for p in tars(dst)] == meta.extra["shard_sizes"]
+
+
+def test_shards_bounded_by_bytes_and_a_name_pattern(tmp_path, image_folder):
+    per_sample = 128 + 3 * 16 * 16 + 1  # .npy header + pixels, + one label digit
+    dst = tmp_path / "out" / "train-%04d.tar"
+    report = convert(
+        image_folder, dst, format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_bytes=2 * per_sample + 10), workers=1
+    )
+    folder = tmp_path / "out"
+    assert report.dst == folder
+    meta = open_store(folder).meta
+    assert meta.extra["shards"][:2] == ["train-0000.tar", "train-0001.tar"] and meta.extra["shard_counts"] == [2] * 9
+    for path in tars(folder):
+        assert sum(m.size for m in members(path)) <= 2 * per_sample + 10
+    # Both bounds: pieces of 5 inputs, each rolled into sub-shards of at most 2 samples.
+    both = make(image_folder, tmp_path / "both", shard_size=5, shard_bytes=2 * per_sample)
+    assert open_store(both).meta.extra["shard_counts"] == [2, 2, 1] * 3 + [2, 1]
+    assert len(ShardDataset(both)) == 18
+
+
+def test_output_is_byte_identical_whatever_the_worker_count(tmp_path, with_bad):
+    one = make(with_bad, tmp_path / "one", workers=1, shard_size=4)
+    two = make(with_bad, tmp_path / "two", workers=2, shard_size=4)
+    names = [p.name for p in tars(one)]
+    assert names == [p.name for p in tars(two)] and len(names) == 5
+    for name in [*names, INDEX_FILE]:
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+
+
+def test_skipped_inputs_keep_keys_dense_and_are_recorded(tmp_path, with_bad, image_folder):
+    dst = make(with_bad, tmp_path / "out", shard_size=4, workers=2)
+    ds = ShardDataset(dst)
+    assert len(ds) == 18
+    assert sorted(s.path for s in ds.meta.skipped) == ["class_00/000_bad.jpg", "class_01/zzz_bad.jpg"]
+    keys = [m.name.split(".")[0] for path in tars(dst) for m in members(path)][::2]
+    assert keys == [sample_key(i) for i in range(18)]
+    clean = ShardDataset(make(image_folder, tmp_path / "clean", shard_size=4))
+    a, la = ds.read_batch(range(18))
+    b, lb = clean.read_batch(range(18))
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    with pytest.raises(InputError, match="000_bad.jpg"):
+        convert(with_bad, tmp_path / "fail", format="webdataset", image=ImageOptions(size=8), workers=1, on_error="fail")
+    assert not (tmp_path / "fail").exists() and not (tmp_path / "fail.partial").exists()
+
+
+def test_the_webdataset_library_reads_our_shards(small_shards):
+    import webdataset as wds
+
+    ds = ShardDataset(small_shards)
+    pipeline = wds.WebDataset(str(small_shards / "shard-{000000..000008}.tar"), shardshuffle=False).decode()
+    samples = list(pipeline)
+    assert [s["__key__"] for s in samples] == [sample_key(i) for i in range(18)]
+    for i, sample in enumerate(samples):
+        assert isinstance(sample["npy"], np.ndarray) and sample["npy"].shape == (3, 16, 16)
+        assert np.array_equal(sample["npy"], ds[i][0].numpy()) and sample["cls"] == ds[i][1]
+
+
+def fingerprints(ds: ShardDataset) -> dict[bytes, int]:
+    table = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    assert len(table) == len(ds), "test images must differ"
+    return table
+
+
+def test_streaming_reads_every_sample_once_over_ranks_and_workers(small_shards):
+    table = fingerprints(ShardDataset(small_shards))
+    for epoch in range(2):
+        seen = []
+        for rank in range(2):
+            stream = StreamingShards(small_shards, shuffle=True, buffer=4, seed=7, rank=rank, world_size=2)
+            stream.set_epoch(epoch)
+            loader = DataLoader(stream, batch_size=None, num_workers=2)
+            got = [table[x.numpy().tobytes()] for x, _ in loader]
+            assert len(got) == len(stream)
+            seen += got
+        assert sorted(seen) == list(range(18))
+
+
+def test_streaming_order_is_reproducible_per_seed_and_epoch(small_shards):
+    table = fingerprints(ShardDataset(small_shards))
+
+    def order(seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+        stream = StreamingShards(small_shards, shuffle=shuffle, buffer=6, seed=seed)
+        stream.set_epoch(epoch)
+        return [table[x.numpy().tobytes()] for x, _ in stream]
+
+    assert order(0, 0, shuffle=False) == list(range(18))
+    assert order(1, 0) == order(1, 0) and sorted(order(1, 0)) == list(range(18))
+    assert order(1, 0) != order(1, 1) and order(1, 0) != order(2, 0)
+    labels = [y for _, y in StreamingShards(small_shards)]
+    assert labels == [y for _, y in ShardDataset(small_shards)]
+
+
+def test_brace_patterns_and_pipe_urls(small_shards):
+    ds = ShardDataset(small_shards)
+    braces = StreamingShards(str(small_shards / "shard-{000002..000003}.tar"))
+    assert len(braces) == 4
+    got = list(braces)
+    assert all(torch.equal(x, ds[4 + j][0]) and y == ds[4 + j][1] for j, (x, y) in enumerate(got)) and len(got) == 4
+    piped = StreamingShards([f"pipe:cat {small_shards / 'shard-000001.tar'}"])
+    got = list(piped)
+    assert len(got) == 2 and torch.equal(got[1][0], ds[3][0])
+    with pytest.raises(TypeError, match="unknown"):
+        len(piped)
+
+
+def test_cli_convert_and_info(tmp_path, image_folder):
+    dst = tmp_path / "out_dir"
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--format", "webdataset", "--shard-size", "5", "--size", "12", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 18 images (3x12x12, raw)" in result.stdout
+    assert len(tars(dst)) == 4
+    info = CliRunner().invoke(cli, ["info", str(dst)])
+    assert info.exit_code == 0 and "webdataset" in info.stdout and "samples    18" in info.stdout
+    bad = CliRunner().invoke(cli, ["convert", str(image_folder), "train-%d.tar", "--format", "webdataset"])
+    assert bad.exit_code == 2 and "folder of its own" in bad.stderr
+
+
+def test_interrupted_conversion_leaves_no_output(tmp_path, image_folder, monkeypatch):
+    keep = make(image_folder, tmp_path / "keep", shard_size=5)
+    before = {p.name: p.read_bytes() for p in keep.iterdir()}
+    original = ShardWriter.add_piece
+    calls = {"n": 0}
+
+    def interrupted(self, result):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(self, result)
+
+    monkeypatch.setattr(ShardWriter, "add_piece", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        make(image_folder, tmp_path / "new", shard_size=5, workers=2)
+    calls["n"] = 0
+    with pytest.raises(KeyboardInterrupt):
+        convert(image_folder, keep, format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=5), workers=1, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["keep"]
+    assert {p.name: p.read_bytes() for p in keep.iterdir()} == before
+
+
+def damaged(src: Path, dst: Path, change) -> Path:
+    shutil.copytree(src, dst)
+    change(dst)
+    return dst
+
+
+def test_missing_metadata_means_incomplete(tmp_path, small_shards):
+    path = damaged(small_shards, tmp_path / "nometa", lambda p: (p / META_FILE).unlink())
+    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+        ShardDataset(path)
+    with pytest.raises(IncompleteDatasetError):
+        open_store(path)
+
+
+def test_newer_format_version_is_refused(tmp_path, small_shards):
+    def bump(p: Path) -> None:
+        meta = json.loads((p / META_FILE).read_text())
+        meta["format_version"] += 1
+        (p / META_FILE).write_text(json.dumps(meta))
+
+    path = damaged(small_shards, tmp_path / "new", bump)
+    with pytest.raises(UnsupportedVersionError, match="upgrade packer"):
+        ShardDataset(path)
+    with pytest.raises(UnsupportedVersionError):
+        StreamingShards(path)
+
+
+def test_truncated_shard_is_a_clear_error(tmp_path, small_shards):
+    def cut(p: Path) -> None:
+        with open(p / "shard-000003.tar", "r+b") as handle:
+            handle.truncate(1500)
+
+    path = damaged(small_shards, tmp_path / "cut", cut)
+    with pytest.raises(PackedFormatError, match=r"shard-000003.tar: shard has 1,500 bytes.*truncated"):
+        ShardDataset(path)
+    with pytest.raises(PackedFormatError, match=r"shard-000003.tar: the shard is truncated"):
+        list(StreamingShards(path))
