@@ -65,6 +65,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dataset import PackedDataset
-    from .gpu import Normalize
+    from .gpu import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from .loader import CUDAPrefetcher, Loader
     from .lmdb import LMDBDataset
     from .schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError

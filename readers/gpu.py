@@ -3,16 +3,24 @@
 Packed datasets hand over uint8 pixels (4x smaller than float32 on the host-to-device copy);
 the cast, scaling and normalisation happen here, fused in one expression, on the GPU when the
 batch is there. The same code runs on the CPU.
+
+The random augmentations draw per-sample parameters for the whole batch at once and apply them
+in one batched operation. Randomness comes from ``generator`` (a ``torch.Generator``, or an int
+seed for a private CPU generator: reproducible runs) or, when it is ``None``, from torch's global
+RNG on the batch's device. Drawing from a generator is kept out of ``torch.compile`` graphs
+(it cannot be traced); the batched image work compiles.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Normalize", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["Normalize", "RandomHorizontalFlip", "RandomResizedCrop", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -81,3 +89,163 @@ class Normalize(nn.Module):
         mean = [round(v, 4) for v in (-self.shift / (self.scale * 255)).reshape(-1).tolist()]
         std = [round(v, 4) for v in (1 / (self.scale * 255)).reshape(-1).tolist()]
         return f"mean={mean}, std={std}, dtype={self.dtype}, channels_last={self.channels_last}"
+
+
+
+def _generator(generator: torch.Generator | int | None) -> torch.Generator | None:
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(generator, bool) or not isinstance(generator, int):
+        raise TypeError(f"generator must be a torch.Generator, an int seed or None, got {type(generator).__name__}")
+    return torch.Generator().manual_seed(generator)
+
+
+@torch.compiler.disable
+def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Uniform [0, 1) float32 draws: from ``generator`` (on its device) or the global RNG on ``device``."""
+    if generator is None:
+        return torch.rand(shape, device=device)
+    return torch.rand(shape, generator=generator, device=generator.device).to(device, non_blocking=True)
+
+
+def _check_images(images: torch.Tensor, who: str) -> None:
+    if images.dim() not in (3, 4):
+        raise ValueError(f"{who} expects (C, H, W) or (N, C, H, W), got shape {tuple(images.shape)}")
+
+
+class RandomHorizontalFlip(nn.Module):
+    """Mirror each image of a batch left-right with probability ``p``, independently, in one op.
+
+    Works on any dtype and device; (C, H, W) input is one sample. :meth:`sample` draws the
+    per-sample decisions and :meth:`flip` applies given ones (``forward`` is both).
+    """
+
+    def __init__(self, p: float = 0.5, generator: torch.Generator | int | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {p}")
+        self.p = float(p)
+        self.generator = _generator(generator)
+
+    def sample(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Which of ``n`` samples to flip: a bool tensor (n,) on ``device``."""
+        return _uniform((n,), self.generator, torch.device(device)) < self.p
+
+    @staticmethod
+    def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``images`` (N, C, H, W) with the samples where ``mask`` (N,) is true mirrored."""
+        return torch.where(mask.reshape(-1, 1, 1, 1), images.flip(-1), images)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        _check_images(images, "RandomHorizontalFlip")
+        if images.dim() == 3:
+            return self.forward(images.unsqueeze(0)).squeeze(0)
+        return self.flip(images, self.sample(images.shape[0], images.device))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, generator={'seeded' if self.generator is not None else 'global'}"
+
+
+class RandomResizedCrop(nn.Module):
+    """Crop a random box out of each image and resize it to ``size``: the whole batch in one
+    ``F.grid_sample`` (bilinear, ``align_corners=False``, edge pixels repeated; no antialiasing,
+    so strong downscaling aliases, as GPU resizes usually do).
+
+    Boxes follow torchvision's ``RandomResizedCrop``: area a ``scale`` share of the image, aspect
+    ratio log-uniform in ``ratio``, integer pixel sides and position, 10 tries per sample and a
+    centre crop (ratio clamped) for samples where none fits; every box lies inside its image.
+
+    dtype: uint8 in -> uint8 out (interpolated in float32, rounded, clamped); float in -> the
+    same float dtype out. (C, H, W) input is one sample. :meth:`sample` draws boxes and
+    :meth:`crop` applies given ones (``forward`` is both).
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        generator: torch.Generator | int | None = None,
+        *,
+        attempts: int = 10,
+    ) -> None:
+        super().__init__()
+        height, width = (size, size) if isinstance(size, int) else tuple(size)
+        if height < 1 or width < 1:
+            raise ValueError(f"RandomResizedCrop: size must be positive, got {size}")
+        lo, hi = (float(v) for v in scale)
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"RandomResizedCrop: scale must satisfy 0 < min <= max <= 1, got {tuple(scale)}")
+        rlo, rhi = (float(v) for v in ratio)
+        if not 0 < rlo <= rhi:
+            raise ValueError(f"RandomResizedCrop: ratio must satisfy 0 < min <= max, got {tuple(ratio)}")
+        if attempts < 1:
+            raise ValueError(f"RandomResizedCrop: attempts must be at least 1, got {attempts}")
+        self.size = (int(height), int(width))
+        self.scale = (lo, hi)
+        self.ratio = (rlo, rhi)
+        self.attempts = int(attempts)
+        self.generator = _generator(generator)
+
+    def sample(self, n: int, height: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Boxes for ``n`` images of ``height`` x ``width``: float32 (n, 4) of ``(x, y, w, h)`` in pixels
+        (integer-valued; the box covers columns x .. x+w-1 and rows y .. y+h-1)."""
+        draws = _uniform((n, self.attempts, 4), self.generator, torch.device(device))
+        area = float(height * width)
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * draws[..., 0])
+        aspect = torch.exp(log_lo + (log_hi - log_lo) * draws[..., 1])
+        w = torch.round(torch.sqrt(target * aspect))
+        h = torch.round(torch.sqrt(target / aspect))
+        fits = (w >= 1) & (h >= 1) & (w <= width) & (h <= height)
+        first = torch.argmax(fits.to(torch.uint8), dim=1, keepdim=True)  # first try that fits (0 if none)
+        found = fits.gather(1, first).squeeze(1)
+        w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
+        x = torch.floor(draws[..., 2].gather(1, first).squeeze(1) * (width - w + 1))
+        y = torch.floor(draws[..., 3].gather(1, first).squeeze(1) * (height - h + 1))
+        # fallback: the largest centred box whose aspect is clamped into `ratio`
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            fw, fh = float(width), float(round(width / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            fw, fh = float(round(height * self.ratio[1])), float(height)
+        else:
+            fw, fh = float(width), float(height)
+        fx, fy = float((width - fw) // 2), float((height - fh) // 2)
+        boxes = torch.stack([x, y, w, h], dim=1)
+        fallback = torch.tensor([fx, fy, fw, fh], dtype=boxes.dtype, device=boxes.device)
+        return torch.where(found.unsqueeze(1), boxes, fallback)
+
+    def crop(self, images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """Each image's box (``(x, y, w, h)`` pixels, (N, 4)) resized to ``size``, one batched op."""
+        n, _c, height, width = images.shape
+        boxes = boxes.to(torch.float32)
+        x, y, w, h = boxes.unbind(1)
+        # affine_grid maps output pixel centres (normalised, align_corners=False) into the input:
+        # input_x_norm = (w / W) * out_x_norm + (2x + w) / W - 1, and the same for y.
+        theta = torch.zeros(n, 2, 3, dtype=torch.float32, device=images.device)
+        theta[:, 0, 0] = w / width
+        theta[:, 0, 2] = (2 * x + w) / width - 1
+        theta[:, 1, 1] = h / height
+        theta[:, 1, 2] = (2 * y + h) / height - 1
+        work = torch.float32 if images.dtype == torch.uint8 else images.dtype
+        grid = F.affine_grid(theta.to(work), [n, 1, *self.size], align_corners=False)
+        out = F.grid_sample(images.to(work), grid, mode="bilinear", padding_mode="border", align_corners=False)
+        if images.dtype == torch.uint8:
+            return out.round_().clamp_(0, 255).to(torch.uint8)
+        return out
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        _check_images(images, "RandomResizedCrop")
+        if images.dim() == 3:
+            return self.forward(images.unsqueeze(0)).squeeze(0)
+        if images.dtype != torch.uint8 and not images.is_floating_point():
+            raise TypeError(f"RandomResizedCrop expects uint8 or float images, got {images.dtype}")
+        n, _c, height, width = images.shape
+        return self.crop(images, self.sample(n, height, width, images.device))
+
+    def extra_repr(self) -> str:
+        scale = tuple(round(v, 4) for v in self.scale)
+        ratio = tuple(round(v, 4) for v in self.ratio)
+        seeded = "seeded" if self.generator is not None else "global"
+        return f"size={self.size}, scale={scale}, ratio={ratio}, attempts={self.attempts}, generator={seeded}"

@@ -1,0 +1,632 @@
+"""``Loader``: whole batches of a map-style dataset, filled ahead by threads, optionally on CUDA.
+
+Why threads and not DataLoader worker processes: a batch of packed raw pixels needs no
+decoding, only copying (an LMDB read, a numpy gather, a file read), and those release the GIL.
+Worker processes must send every batch through shared memory to the training process, which
+caps them at about 1.1 GB/s on our machines (~7,800 images/s of 224x224x3 uint8, even for a
+dataset that does nothing). Threads of the training process fill preallocated batch arrays in
+place instead, so one batch costs one copy out of storage and nothing else.
+
+Pipeline: the epoch's index plan (shuffled by ``seed`` and the epoch, split between
+distributed ranks) is cut into batches; ``threads`` threads each fill a whole batch, at most
+``prefetch`` batches ahead of the consumer, into a small pool of reused buffers, through the
+dataset's ``read_batch(indices, out)`` (a :class:`~readers.formats.base.Store` reads the whole
+batch in one call, straight into the buffer). On CUDA the buffers are pinned and each filled
+batch is copied to the device asynchronously on a separate stream (:class:`CUDAPrefetcher`
+offers that part alone, over any iterable of batches).
+
+The buffer contract (``buffers=``), for CPU batches; CUDA batches are always fresh device
+tensors that nothing overwrites:
+
+* ``"checked"`` (default, safe): a buffer is refilled only when nothing references the batch
+  that was handed out of it any more (every tensor, view and ``.numpy()`` array of a batch
+  keeps the buffer's reference count up, which is checked before reuse); a batch you keep is
+  simply not reused, and a new buffer takes its place. Costs nothing in a normal loop.
+* ``"recycle"`` (fast, by contract): a yielded batch stays valid until you ask for the batch
+  after the next one (so ``for images, labels in loader`` with work on the current batch is
+  fine; ``.clone()`` anything you keep longer); a finished iteration's last batches stay valid
+  until the next iteration starts. No check at all.
+* ``"fresh"``: a new buffer for every batch, never reused (what DataLoader does).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["Loader", "CUDAPrefetcher", "BUFFER_MODES", "default_threads"]
+
+BUFFER_MODES = ("checked", "recycle", "fresh")
+BufferMode = Literal["checked", "recycle", "fresh"]
+
+#: Formats whose reads serialise on one process-wide lock (h5py's), so more than one filling
+#: thread only adds contention; they still fill in the background, overlapping training.
+_SERIAL_FORMATS = frozenset({"hdf5"})
+
+#: Most threads ever chosen by default. Measured (benchmarks/loader.py, 2 shared cores, batch
+#: 256 of 224x224x3): LMDB 26.8k img/s at 1 thread, 39.7k at 2, 28.4k at 3, 23.5k at 4 -- more
+#: threads than cores only add contention, and a few threads already reach memory bandwidth.
+_MAX_DEFAULT_THREADS = 4
+
+
+def default_threads(dataset: Any = None) -> int:
+    """Filling threads used when ``threads`` is not given: one per core (up to 4), 1 for HDF5."""
+    store = getattr(dataset, "store", dataset)
+    if getattr(store, "format_name", "") in _SERIAL_FORMATS:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(_MAX_DEFAULT_THREADS, cores))
+
+
+# -- the batch source ------------------------------------------------------------------------
+class _Source:
+    """What the loader reads from: ``fill(indices, out, labels)``, the sample shape and dtype.
+
+    In order of preference: the dataset's torch-free ``.store`` (``read_batch(indices, out)``
+    into a numpy array), the dataset's own ``read_batch(indices, out)`` (any batch source, e.g.
+    token datasets later), or, slowly, ``__getitems__`` / ``__getitem__`` one sample at a time.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.length = len(dataset)
+        store = getattr(dataset, "store", None)
+        target = store if store is not None and hasattr(store, "read_batch") else dataset
+        meta = getattr(target, "meta", None)
+        if meta is not None and getattr(meta, "fixed_shape", True) is False:
+            raise ValueError(
+                f"{getattr(target, 'path', dataset)}: samples have different shapes, so they cannot fill one batch "
+                "array: convert with --resize-mode center-crop, pad or stretch, or use a DataLoader with a collate_fn"
+            )
+        self._read_batch: Callable[..., Any] | None = getattr(target, "read_batch", None)
+        self._dataset = dataset
+        self.batched = self._read_batch is not None
+        self.format_name = getattr(target, "format_name", "")
+        if meta is not None and getattr(meta, "shape", None) and self.batched:
+            self.shape, self.dtype = tuple(int(d) for d in meta.shape), np.dtype(np.uint8)
+        elif self.length == 0:
+            self.shape, self.dtype = (0,), np.dtype(np.uint8)
+        elif self.batched:
+            images, _labels = self._read_batch([0])  # type: ignore[misc]
+            images = _as_numpy(images)
+            self.shape, self.dtype = tuple(images.shape[1:]), images.dtype
+        else:
+            image, _label = dataset[0]
+            image = _as_numpy(image)
+            self.shape, self.dtype = tuple(image.shape), image.dtype
+
+    def fill(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
+        """Write the samples of ``indices`` into ``out`` (N, ...) and their labels into ``labels``."""
+        if self._read_batch is not None:
+            _images, got = self._read_batch(indices, out)
+            labels[...] = _as_numpy(got)
+            return
+        getitems = getattr(self._dataset, "__getitems__", None)
+        samples = getitems(indices.tolist()) if getitems is not None else [self._dataset[int(i)] for i in indices]
+        for j, (image, label) in enumerate(samples):
+            out[j] = _as_numpy(image)
+            labels[j] = int(label)
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+# -- buffers ---------------------------------------------------------------------------------
+class _Slot:
+    """One batch buffer: images (B, ...) and labels (B,), pinned on CUDA, with the copy event."""
+
+    __slots__ = ("images", "labels", "images_np", "labels_np", "base_images", "base_labels", "copied")
+
+    def __init__(self, batch_size: int, shape: tuple[int, ...], dtype: np.dtype, pinned: bool) -> None:
+        if pinned:
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+            self.images: torch.Tensor | None = torch.empty((batch_size, *shape), dtype=torch_dtype, pin_memory=True)
+            self.labels: torch.Tensor | None = torch.empty(batch_size, dtype=torch.int64, pin_memory=True)
+            self.images_np = self.images.numpy()
+            self.labels_np = self.labels.numpy()
+        else:
+            self.images = self.labels = None
+            self.images_np = np.empty((batch_size, *shape), dtype)
+            self.labels_np = np.empty(batch_size, np.int64)
+        self.copied: Any = None  # the CUDA event recorded after the last copy out of this slot
+        self.base_images = sys.getrefcount(self.images_np)
+        self.base_labels = sys.getrefcount(self.labels_np)
+
+    @property
+    def nbytes(self) -> int:
+        return self.images_np.nbytes + self.labels_np.nbytes
+
+    def in_use(self) -> bool:
+        """Whether a batch handed out of this slot (or a view of it) is still alive somewhere."""
+        return sys.getrefcount(self.images_np) > self.base_images or sys.getrefcount(self.labels_np) > self.base_labels
+
+
+class _Pool:
+    """Free buffers shared by the iterations of one Loader (so epochs reuse them)."""
+
+    def __init__(self, make: Callable[[], _Slot], mode: str, capacity: int) -> None:
+        self._make = make
+        self._mode = mode
+        self._free: list[_Slot] = []
+        self._lock = threading.Lock()
+        self.capacity = capacity
+        self.allocated = 0  # buffers ever made
+        self.replaced = 0  # times a free buffer was passed over because a batch of it was still alive
+
+    def acquire(self) -> _Slot:
+        with self._lock:
+            for k, slot in enumerate(self._free):
+                if self._mode != "checked" or not slot.in_use():
+                    return self._free.pop(k)
+            if self._free:
+                self.replaced += 1
+            self.allocated += 1
+        return self._make()
+
+    def release(self, slot: _Slot) -> None:
+        if self._mode == "fresh":
+            return
+        with self._lock:
+            self._free.append(slot)
+            while len(self._free) > self.capacity:
+                # let go of buffers still held by the consumer first (they are the consumer's now)
+                busy = next((k for k, s in enumerate(self._free) if s.in_use()), 0)
+                del self._free[busy]
+
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(slot.nbytes for slot in self._free)
+
+
+# -- CUDA transfer ---------------------------------------------------------------------------
+class _CudaTransfer:
+    """Host -> device copies on a side stream, handed over with stream synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def issue(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
+        """Start copying (pinned) host tensors; returns the device tensors and the done-event.
+
+        Callable from any thread. Until the event has completed the host memory is still
+        being read: wait on it (``event.synchronize()``) before writing into that memory.
+        """
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            out = [t.to(self.device, non_blocking=True) for t in tensors]
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event
+
+    def hand_over(self, tensors: Sequence[torch.Tensor], event: Any) -> None:
+        """Make the consumer's current stream wait for the copy, and tell the caching allocator
+        that the consumer's stream uses the tensors (they were allocated on the copy stream)."""
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)  # exactly this batch's copy (wait_stream would wait for later ones too)
+        for t in tensors:
+            t.record_stream(current)
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device | None:
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r}: CUDA is not available here; pass device=None or 'cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"device={str(device)!r}: the loader supports 'cpu' and 'cuda[:N]'")
+    return dev
+
+
+# -- the loader ------------------------------------------------------------------------------
+class Loader:
+    """Batches ``(images, labels)`` of a map-style dataset: uint8 ``(N, C, H, W)`` and int64 ``(N,)``.
+
+    ``dataset`` is any packer reader (anything with ``.store`` or ``read_batch(indices, out)``);
+    a plain torch Dataset works too, slowly, through ``__getitems__``/``__getitem__``.
+
+    * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle`` (call
+      :meth:`set_epoch` before each epoch, like ``DistributedSampler``: same seed and epoch,
+      same order), else index order.
+    * Distributed: ``rank`` and ``world_size`` (default: from ``torch.distributed`` when it is
+      initialised, else one process) give each rank every ``world_size``-th sample of the
+      epoch's order. Every rank gets the same number of samples and batches: without
+      ``drop_last`` the order is padded by repeating its first samples (at most
+      ``world_size - 1``), and a shorter last batch is kept; with ``drop_last`` the tail that
+      does not divide evenly is dropped, and so is a shorter last batch.
+    * Background: ``threads`` threads (default :func:`default_threads`) fill whole batches at
+      most ``prefetch`` batches ahead (default: ``2 * threads``) into reused buffers; the
+      ``buffers`` contract (``"checked"``, ``"recycle"``, ``"fresh"``) is in the module docstring.
+      Errors raised while filling a batch are raised by the iteration at that batch.
+    * ``device``: ``None``/``"cpu"``: CPU tensors. ``"cuda[:N]"``: batches are filled into
+      pinned host buffers, copied asynchronously on a side stream, and yielded as device tensors
+      that the current stream may use at once.
+
+    Threads stop when an iteration ends, is abandoned (``break``, garbage collection) or
+    :meth:`close` is called.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        device: str | torch.device | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int | None = None,
+        threads: int | None = None,
+        buffers: BufferMode = "checked",
+    ) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if buffers not in BUFFER_MODES:
+            raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")
+        if world_size is None or rank is None:
+            dist_rank, dist_size = _distributed()
+            world_size = dist_size if world_size is None else world_size
+            rank = dist_rank if rank is None else rank
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} and world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
+        if getattr(dataset, "transform", None) is not None:
+            raise ValueError(
+                f"{type(dataset).__name__} has a per-sample transform, which the batch path skips: open the dataset "
+                "without one and transform whole batches (readers.gpu), or use a torch DataLoader"
+            )
+        self.dataset = dataset
+        self.source = _Source(dataset)
+        self.threads = default_threads(dataset) if threads is None else int(threads)
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.prefetch = 2 * self.threads if prefetch is None else int(prefetch)
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.device = _resolve_device(device)
+        self.buffers = buffers
+        self.epoch = 0
+        cuda = self.device is not None and self.device.type == "cuda"
+        self._transfer = _CudaTransfer(self.device) if cuda else None  # type: ignore[arg-type]
+        shape, dtype = self.source.shape, self.source.dtype
+        # in flight (prefetch) + the batch in use + the one before it (still in the loop variable)
+        self._pool = _Pool(lambda: _Slot(batch_size, shape, dtype, pinned=cuda), buffers, self.prefetch + 2)
+        self._iterators: "weakref.WeakSet[_LoaderIterator]" = weakref.WeakSet()
+
+    # -- the plan ----------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration follows (shuffled per ``seed`` and epoch)."""
+        self.epoch = int(epoch)
+
+    def _samples_per_rank(self) -> int:
+        n, w = self.source.length, self.world_size
+        return n // w if self.drop_last else -(-n // w)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        per_rank = self._samples_per_rank()
+        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+
+    def batch_indices(self, epoch: int | None = None) -> list[np.ndarray]:
+        """The dataset indices of each batch this rank yields in ``epoch`` (default: the current one)."""
+        n = self.source.length
+        epoch = self.epoch if epoch is None else epoch
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(n)
+        else:
+            order = np.arange(n, dtype=np.int64)
+        total = self._samples_per_rank() * self.world_size
+        if total > n:  # pad by repeating from the start (every rank the same count)
+            order = np.concatenate([order, np.resize(order, total - n)]) if n else order
+        order = order[:total][self.rank :: self.world_size]
+        count = len(self)
+        return [order[k * self.batch_size : (k + 1) * self.batch_size] for k in range(count)]
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        it = _LoaderIterator(self.batch_indices(), self.source, self._pool, self._transfer, self.threads, self.prefetch)
+        self._iterators.add(it)
+        return it
+
+    def close(self) -> None:
+        """Stop the threads of every unfinished iteration (they also stop on their own when abandoned)."""
+        for it in list(self._iterators):
+            it.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of batch buffers this loader holds now (free ones and those of live iterations)."""
+        return self._pool.free_bytes + sum(it.held_bytes for it in list(self._iterators))
+
+    @property
+    def buffers_allocated(self) -> int:
+        """How many batch buffers were ever allocated (stays at ``prefetch + 1``-ish when reuse works)."""
+        return self._pool.allocated
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({type(self.dataset).__name__}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+            f"seed={self.seed}, drop_last={self.drop_last}, device={self.device}, rank={self.rank}, "
+            f"world_size={self.world_size}, prefetch={self.prefetch}, threads={self.threads}, buffers={self.buffers!r})"
+        )
+
+
+def _distributed() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _Work:
+    """State shared by an iteration and its threads (the threads never see the iterator itself,
+    so an abandoned iterator is garbage-collected and stops them)."""
+
+    def __init__(self, batches: list[np.ndarray], source: _Source, transfer: _CudaTransfer | None) -> None:
+        self.batches = batches
+        self.source = source
+        self.transfer = transfer
+        self.tasks: "collections.deque[tuple[int, _Slot] | None]" = collections.deque()
+        self.done: dict[int, tuple[_Slot, Any]] = {}
+        self.cond = threading.Condition()
+        self.stopped = False
+
+
+def _fill_loop(work: _Work) -> None:
+    """A filling thread: take (batch number, buffer), fill it, start its copy on CUDA, report."""
+    while True:
+        with work.cond:
+            while not work.tasks and not work.stopped:
+                work.cond.wait()
+            if work.stopped:
+                return
+            task = work.tasks.popleft()
+        assert task is not None
+        number, slot = task
+        result: Any
+        try:
+            if slot.copied is not None:
+                slot.copied.synchronize()  # the previous copy out of this pinned buffer has finished
+                slot.copied = None
+            indices = work.batches[number]
+            n = len(indices)
+            work.source.fill(indices, slot.images_np[:n], slot.labels_np[:n])
+            if work.transfer is not None:
+                assert slot.images is not None and slot.labels is not None
+                tensors, event = work.transfer.issue([slot.images[:n], slot.labels[:n]])
+                slot.copied = event
+                result = (tensors, event)
+            else:
+                result = n
+        except BaseException as exc:  # handed to the consumer, raised there
+            result = exc
+        with work.cond:
+            work.done[number] = (slot, result)
+            work.cond.notify_all()
+
+
+class _LoaderIterator:
+    """One pass over a plan of batches; owns its threads."""
+
+    def __init__(
+        self,
+        batches: list[np.ndarray],
+        source: _Source,
+        pool: _Pool,
+        transfer: _CudaTransfer | None,
+        threads: int,
+        prefetch: int,
+    ) -> None:
+        self._work = _Work(batches, source, transfer)
+        self._pool = pool
+        self._prefetch = prefetch
+        self._next = 0  # next batch to yield
+        self._submitted = 0  # batches handed to the threads
+        self._lent: collections.deque[_Slot] = collections.deque()  # CPU batches handed out, newest last
+        self._in_flight: dict[int, _Slot] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        for k in range(min(threads, len(batches))):
+            t = threading.Thread(target=_fill_loop, args=(self._work,), name=f"packer-loader-{k}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def __iter__(self) -> "_LoaderIterator":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._work.batches) - self._next
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.nbytes for s in list(self._lent) + list(self._in_flight.values()))
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        work = self._work
+        if self._closed or self._next >= len(work.batches):
+            self.close()
+            raise StopIteration
+        # The batch before the previous one is no longer in the loop variable: its buffer may go back.
+        while len(self._lent) > 1:
+            self._pool.release(self._lent.popleft())
+        while self._submitted < min(self._next + self._prefetch, len(work.batches)):
+            slot = self._pool.acquire()
+            self._in_flight[self._submitted] = slot
+            with work.cond:
+                work.tasks.append((self._submitted, slot))
+                work.cond.notify()
+            self._submitted += 1
+        number = self._next
+        with work.cond:
+            while number not in work.done:
+                work.cond.wait()
+            slot, result = work.done.pop(number)
+        del self._in_flight[number]
+        self._next += 1
+        if isinstance(result, BaseException):
+            self._pool.release(slot)
+            self.close()
+            raise result
+        if work.transfer is not None:
+            tensors, event = result
+            work.transfer.hand_over(tensors, event)
+            self._pool.release(slot)  # refilled only after `event` (checked by the filling thread)
+            return tensors[0], tensors[1]
+        n = result
+        self._lent.append(slot)
+        return torch.from_numpy(slot.images_np[:n]), torch.from_numpy(slot.labels_np[:n])
+
+    def close(self) -> None:
+        """Stop and join the threads; return the buffers to the pool."""
+        if self._closed:
+            return
+        self._closed = True
+        work = self._work
+        with work.cond:
+            work.stopped = True
+            work.tasks.clear()
+            work.cond.notify_all()
+        current = threading.current_thread()
+        for t in self._threads:
+            if t is not current:
+                t.join()
+        self._threads = []
+        work.done.clear()  # their buffers are all in _in_flight (submitted, not yet yielded)
+        for slot in self._in_flight.values():
+            self._pool.release(slot)  # on CUDA, a pending copy is waited for before any refill
+        self._in_flight.clear()
+        while self._lent:
+            self._pool.release(self._lent.popleft())
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+# -- CUDAPrefetcher --------------------------------------------------------------------------
+class CUDAPrefetcher:
+    """Wrap any iterable of batches (a :class:`Loader`, a torch DataLoader) to copy each batch to
+    ``device`` one batch ahead, asynchronously, on a side CUDA stream.
+
+    Batches may be tensors or tuples/lists/dicts of them; other values pass through. Tensors
+    in pinned memory (``DataLoader(pin_memory=True)``) are copied directly; others are first
+    copied into reused pinned staging buffers (each refilled only after its previous copy has
+    finished, by CUDA event). The consumer's current stream waits for each batch's copy and the
+    device tensors are recorded on it, so they are safe to use and to free at once. An iterable
+    that recycles its own pinned buffers must not refill one until the batch after next is
+    requested (``Loader`` on the CPU with ``buffers="recycle"`` meets this).
+
+    ``device=None`` picks the current CUDA device when CUDA is available. On the CPU
+    (``device="cpu"``, or no CUDA) batches pass through unchanged, so the same training loop
+    runs everywhere.
+    """
+
+    def __init__(self, iterable: Iterable[Any], device: str | torch.device | None = None) -> None:
+        self.iterable = iterable
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = _resolve_device(device)
+        self._transfer = _CudaTransfer(self.device) if self.device is not None and self.device.type == "cuda" else None  # type: ignore[arg-type]
+        self._staging: dict[tuple[tuple[int, ...], torch.dtype], collections.deque[list[Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._transfer is None:
+            yield from self.iterable
+            return
+        transfer = self._transfer
+        pending: collections.deque[tuple[Any, list[torch.Tensor], Any]] = collections.deque()
+        source = iter(self.iterable)
+        exhausted = False
+        while True:
+            while not exhausted and len(pending) < 2:  # the batch to hand out, and the next one in flight
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    exhausted = True
+                    break
+                pending.append(self._issue(batch))
+            if not pending:
+                return
+            structure, tensors, event = pending.popleft()
+            transfer.hand_over(tensors, event)
+            yield structure
+
+    def _issue(self, batch: Any) -> tuple[Any, list[torch.Tensor], Any]:
+        assert self._transfer is not None
+        hosts: list[torch.Tensor] = []
+        _map_tensors(batch, hosts.append)
+        staged: list[list[Any]] = []
+        sources = []
+        for t in hosts:
+            if t.device.type == "cpu" and not t.is_pinned():
+                entry = self._stage(t)
+                staged.append(entry)
+                sources.append(entry[0])
+            else:
+                sources.append(t)
+        devices, event = self._transfer.issue(sources)
+        for entry in staged:
+            entry[1] = event
+        it = iter(devices)
+        structure = _map_tensors(batch, lambda _t: next(it))
+        return structure, devices, event
+
+    def _stage(self, t: torch.Tensor) -> list[Any]:
+        """A pinned staging buffer holding a copy of ``t`` (a ring of 3 per shape and dtype)."""
+        key = (tuple(t.shape), t.dtype)
+        ring = self._staging.setdefault(key, collections.deque())
+        if len(ring) < 3:
+            entry = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True), None]
+        else:
+            entry = ring.popleft()
+            if entry[1] is not None:
+                entry[1].synchronize()  # its last copy to the device has finished
+        ring.append(entry)
+        entry[0].copy_(t)
+        return entry
+
+
+def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``batch`` with every tensor replaced by ``fn(tensor)``, walking tuples, lists and dicts in order."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(_map_tensors(b, fn) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_map_tensors(b, fn) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _map_tensors(v, fn) for k, v in batch.items()}
+    return batch

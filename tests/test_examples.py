@@ -1,0 +1,22 @@
+"""The examples run end to end (as a user would start them), briefly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_classifier_runs_a_few_steps(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_classifier.py"), "--steps", "3", "--device", "cpu"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped after 3 steps" in result.stdout
+    assert "RandomResizedCrop" in result.stdout and "Loader(LMDBDataset" in result.stdout
+    assert not any(tmp_path.glob("packer-train-*"))  # the temporary dataset is removed

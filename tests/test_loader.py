@@ -1,0 +1,278 @@
+"""readers.Loader and readers.CUDAPrefetcher, on the CPU (the CUDA paths need a GPU)."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from readers import CUDAPrefetcher, LMDBDataset, Loader
+from readers.open import DATASETS, open_dataset
+
+FORMATS = ["lmdb", "hdf5", "blob", "webdataset"]
+
+
+def packed_dataset(packed_32, fmt: str):
+    """The 18-sample 32x32 dataset in ``fmt``, or a skip while that format's modules are being written."""
+    writer = f"packer.writers.{fmt}"
+    reader = DATASETS[fmt][0]
+    missing = [m for m in (writer, reader) if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{fmt}: {', '.join(missing)} not written yet")
+    return open_dataset(packed_32(fmt))
+
+
+def loader_threads() -> int:
+    return sum(t.name.startswith("packer-loader") for t in threading.enumerate())
+
+
+def wait_for_threads(count: int, timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    while loader_threads() > count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return loader_threads()
+
+
+@pytest.fixture
+def ds(lmdb_32):
+    return LMDBDataset(lmdb_32)
+
+
+def seen(loader: Loader, epoch: int | None = None) -> list[int]:
+    return [int(i) for batch in loader.batch_indices(epoch) for i in batch]
+
+
+# -- contents and order ----------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_sample_once_with_its_pixels(packed_32, fmt):
+    ds = packed_dataset(packed_32, fmt)
+    loader = Loader(ds, 4, shuffle=True, seed=1, threads=2, prefetch=2)
+    assert len(loader) == 5  # 18 samples: 4+4+4+4+2
+    got = []
+    for (images, labels), indices in zip(loader, loader.batch_indices()):
+        assert images.dtype == torch.uint8 and images.shape == (len(indices), 3, 32, 32) and images.is_contiguous()
+        assert labels.dtype == torch.int64
+        for j, i in enumerate(indices):
+            image, label = ds[int(i)]
+            assert torch.equal(images[j], image) and int(labels[j]) == label
+        got.extend(int(i) for i in indices)
+    assert sorted(got) == list(range(len(ds)))
+
+
+def test_unshuffled_is_index_order(ds):
+    loader = Loader(ds, 5, shuffle=False)
+    assert seen(loader) == list(range(18))
+    images, labels = next(iter(loader))
+    assert torch.equal(images, torch.stack([ds[i][0] for i in range(5)]))
+
+
+def test_shuffle_is_seeded_and_changes_per_epoch(ds):
+    a, b, c = Loader(ds, 4, seed=0), Loader(ds, 4, seed=0), Loader(ds, 4, seed=1)
+    assert seen(a) == seen(b) != seen(c)
+    first = seen(a)
+    a.set_epoch(1)
+    assert seen(a) != first and sorted(seen(a)) == list(range(18))
+    a.set_epoch(0)
+    assert seen(a) == first
+    # the yielded batches follow the plan
+    labels = torch.cat([lab for _img, lab in a])
+    assert labels.tolist() == [ds[i][1] for i in first]
+
+
+def test_drop_last(ds):
+    loader = Loader(ds, 4, drop_last=True, shuffle=False)
+    assert len(loader) == 4 and [len(x) for x, _ in loader] == [4, 4, 4, 4]
+    assert [len(x) for x, _ in Loader(ds, 4, shuffle=False)] == [4, 4, 4, 4, 2]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_two_ranks_split_the_epoch(ds, drop_last):
+    # 18 samples: 2 ranks x 3 batches of 3 cover it exactly; 4 ranks must pad or drop 2 samples
+    ranks = [Loader(ds, 3, seed=3, rank=r, world_size=2, drop_last=drop_last) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == sum(1 for _ in ranks[0])
+    parts = [seen(r) for r in ranks]
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == list(range(18))
+    uneven = [Loader(ds, 1, seed=3, rank=r, world_size=4, drop_last=drop_last) for r in range(4)]
+    counts = {len(seen(r)) for r in uneven}
+    assert len(counts) == 1 and len({len(r) for r in uneven}) == 1
+    union = [i for r in uneven for i in seen(r)]
+    if drop_last:  # 16 of 18: the tail is dropped, nothing repeats
+        assert len(union) == len(set(union)) == 16
+    else:  # 20: two samples repeat, everything is covered
+        assert len(union) == 20 and set(union) == set(range(18))
+
+
+def test_bad_arguments(ds):
+    with pytest.raises(ValueError, match="batch_size"):
+        Loader(ds, 0)
+    with pytest.raises(ValueError, match="rank"):
+        Loader(ds, 4, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="buffers"):
+        Loader(ds, 4, buffers="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="transform"):
+        Loader(LMDBDataset(ds.path, transform=lambda x: x), 4)
+
+
+# -- threads ---------------------------------------------------------------------------------
+def test_threads_stop_when_the_loop_breaks(ds):
+    before = threading.active_count()
+    loader = Loader(ds, 2, threads=2, prefetch=3)
+    for _images, _labels in loader:
+        assert loader_threads() == 2
+        break
+    gc.collect()
+    assert wait_for_threads(0) == 0 and threading.active_count() == before
+    # a full pass ends its threads too, and a new pass works after an abandoned one
+    assert sum(len(x) for x, _ in loader) == 18
+    assert wait_for_threads(0) == 0
+
+
+def test_threads_stop_when_the_loader_is_collected(ds):
+    before = threading.active_count()
+    loader = Loader(ds, 2, threads=2)
+    it = iter(loader)
+    next(it)
+    del it, loader
+    gc.collect()
+    assert wait_for_threads(0) == 0 and threading.active_count() == before
+
+
+def test_close_stops_a_live_iteration(ds):
+    loader = Loader(ds, 2, threads=2)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert wait_for_threads(0) == 0
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+class Failing(Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int):
+        if i == 7:
+            raise KeyError("sample 7 is broken")
+        return torch.full((1, 2, 2), i, dtype=torch.uint8), i
+
+
+def test_an_error_while_filling_is_raised_by_the_iteration():
+    loader = Loader(Failing(), 2, shuffle=False, threads=2)
+    it = iter(loader)
+    assert [int(lab[0]) for _x, lab in (next(it), next(it), next(it))] == [0, 2, 4]
+    with pytest.raises(KeyError, match="sample 7"):
+        next(it)
+    assert wait_for_threads(0) == 0
+
+
+def test_plain_torch_dataset_fallback():
+    class Plain(Dataset):
+        def __len__(self) -> int:
+            return 7
+
+        def __getitem__(self, i: int):
+            return np.full((2, 3), i, np.int32), i % 3
+
+    batches = list(Loader(Plain(), 3, shuffle=False))
+    assert [tuple(x.shape) for x, _ in batches] == [(3, 2, 3), (3, 2, 3), (1, 2, 3)]
+    assert batches[1][0].dtype == torch.int32 and batches[1][0][:, 0, 0].tolist() == [3, 4, 5]
+    assert batches[2][1].tolist() == [0]
+
+
+def test_any_read_batch_source(ds):
+    """A source that is only ``read_batch(indices, out)`` (tokens later): the store itself."""
+    images, labels = next(iter(Loader(ds.store, 4, shuffle=False)))
+    assert torch.equal(images, torch.stack([ds[i][0] for i in range(4)]))
+
+
+# -- buffers ---------------------------------------------------------------------------------
+def test_buffers_are_reused_not_reallocated(ds):
+    loader = Loader(ds, 2, threads=1, prefetch=2)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            pass
+    assert loader.buffers_allocated <= loader.prefetch + 2
+    assert loader.buffer_bytes == loader.buffers_allocated * (2 * 3 * 32 * 32 + 2 * 8)
+
+
+def test_checked_buffers_never_overwrite_a_kept_batch(ds):
+    """Default: keeping batches (or views of them) is safe; their buffers are simply not reused."""
+    loader = Loader(ds, 2, shuffle=False, threads=2, prefetch=1)
+    kept = [(images[1:], labels.numpy()) for images, labels in loader]  # views and numpy arrays only
+    for k, (images, labels) in enumerate(kept):
+        assert torch.equal(images[0], ds[2 * k + 1][0])
+        assert labels.tolist() == [ds[2 * k][1], ds[2 * k + 1][1]]
+    assert loader.buffers_allocated == 9
+    del kept
+    # released batches make their buffers reusable again: a new epoch allocates nothing
+    before = loader.buffers_allocated
+    for _ in loader:
+        pass
+    assert loader.buffers_allocated == before
+
+
+def test_recycle_contract(ds):
+    """``recycle``: a batch is valid until the batch after next is requested, then reused."""
+    loader = Loader(ds, 2, shuffle=False, threads=1, prefetch=1, buffers="recycle")
+    it = iter(loader)
+    first, _ = next(it)
+    snapshot = first.clone()
+    second, _ = next(it)
+    assert torch.equal(first, snapshot)  # still valid while the next batch is in use
+    for _ in it:
+        pass
+    assert loader.buffers_allocated == 2  # prefetch + the batch in use
+    assert not torch.equal(first, snapshot)  # by contract: overwritten later
+
+
+def test_fresh_buffers(ds):
+    loader = Loader(ds, 2, shuffle=False, buffers="fresh")
+    batches = [images for images, _ in loader]
+    assert loader.buffers_allocated == 9
+    assert all(torch.equal(b[0], ds[2 * k][0]) for k, b in enumerate(batches))
+
+
+# -- devices ---------------------------------------------------------------------------------
+def test_device_cpu(ds):
+    images, labels = next(iter(Loader(ds, 4, device="cpu", shuffle=False)))
+    assert images.device.type == "cpu" and torch.equal(images[0], ds[0][0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(ds):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        Loader(ds, 4, device="cuda")
+
+
+def test_cuda_prefetcher_on_cpu_passes_batches_through(ds):
+    plain = DataLoader(ds, batch_size=4)
+    prefetched = list(CUDAPrefetcher(plain, "cpu"))
+    assert len(prefetched) == len(CUDAPrefetcher(plain, "cpu")) == 5
+    for (a, la), (b, lb) in zip(prefetched, plain):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader = Loader(ds, 4, shuffle=False)
+    assert sum(len(x) for x, _ in CUDAPrefetcher(loader, device="cpu")) == 18
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("buffers", ["checked", "recycle"])
+def test_cuda_loader_and_prefetcher(ds, buffers):
+    loader = Loader(ds, 4, device="cuda", seed=2, buffers=buffers)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for (images, labels), indices in zip(loader, loader.batch_indices()):
+            assert images.is_cuda and labels.is_cuda
+            want = torch.stack([ds[int(i)][0] for i in indices])
+            assert torch.equal(images.cpu(), want)
+    assert loader.buffers_allocated <= loader.prefetch + 2
+    for (a, la), (b, lb) in zip(CUDAPrefetcher(DataLoader(ds, batch_size=4)), DataLoader(ds, batch_size=4)):
+        assert a.is_cuda and torch.equal(a.cpu(), b) and torch.equal(la.cpu(), lb)
