@@ -1,36 +1,76 @@
-"""The one process-pool wrapper: ordered results from picklable work units.
+"""The one process-pool wrapper: ordered results from picklable work units, crash- and hang-proof.
 
-Units run in ``workers`` worker processes (a single unit runs in this process); results come
-back in input order, so the output is identical whatever the worker count, and this process is
-free to write them meanwhile. Workers ignore SIGINT (Ctrl-C reaches only the parent, which
-stops the pool and cleans up), leave parallelism to the pool (OpenCV runs single-threaded), and
-keep freed memory for reuse: glibc's default returns each large temporary (a decoded photo is
-~0.5 MB) to the kernel, and zeroing fresh pages for the next one cost ~0.85 ms of kernel time
-per image here, a quarter of the whole conversion (`benchmarks/RESULTS.md`).
+:func:`ordered_map` runs ``fn`` over items in ``workers`` worker processes (a single item runs in
+this process) and yields the results in input order, so the output is identical whatever the
+worker count, and this process is free to write them meanwhile.
 
-Start method: ``fork`` when this process runs no other Python thread (fast: nothing is
-re-imported), otherwise ``forkserver``: forking copies only the calling thread, and a lock held
-by another (a progress bar's monitor, a data loader's threads) could deadlock the child. Native
-pools are safe here: OpenBLAS re-initialises after fork and workers pin OpenCV to one thread.
-:func:`packer.convert` opens the pool before it starts its progress bar.
+Why not ``multiprocessing.Pool``: a worker killed by a signal (a decoder segfault on a hostile
+file) makes ``Pool.imap`` wait forever for its result, a decoder stuck in a loop hangs it
+forever too, and ``Pool.terminate()`` after Ctrl-C can deadlock (it takes the shared task
+queue's reader lock, which an idle worker blocked in ``recv`` holds). Here each worker has its
+own pair of pipes (nothing shared, no locks), and the parent waits on the result pipes and the
+process sentinels together with a deadline. A worker that dies or overruns its deadline
+(``item_timeout`` seconds per item of its chunk) is killed with SIGKILL and replaced, and its
+chunk's items are retried one by one; the item that kills or hangs a worker on its own becomes
+``on_crash(item, reason)`` (without ``on_crash``: a :class:`WorkerCrash` error). An exception
+raised by ``fn`` is a bug, raised here as :class:`WorkerError` with the worker's traceback.
+
+Workers ignore SIGINT (Ctrl-C reaches only the parent, which kills them), leave parallelism to
+the pool (OpenCV runs single-threaded), and keep freed memory for reuse: glibc's default returns
+each large temporary (a decoded photo is ~0.5 MB) to the kernel, and zeroing fresh pages for the
+next one cost ~0.85 ms of kernel time per image here, a quarter of the whole conversion
+(`benchmarks/RESULTS.md`).
+
+Start method: ``forkserver`` (``spawn`` where it does not exist). Workers are forked from a
+clean single-threaded server process that has imported the decoders once, never from this
+process: forking copies only the calling thread, and a lock held by another thread of this
+process deadlocks the child. Python threads can be counted, native ones cannot be trusted:
+OpenCV starts its thread pool on import, and a worker forked after this process had run OpenCV
+code hung inside ``cv2.setNumThreads`` (seen in ``packer bench``). The server costs ~0.3 s once
+per conversion; the usual multiprocessing rule follows: a script that converts must be a file
+(or guard its work with ``if __name__ == "__main__":``), not code piped to ``python -``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import multiprocessing
 import os
+import pickle
 import signal
-import threading
+import time
+import traceback
+from collections import deque
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence, TypeVar
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import cv2
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["ordered_map", "default_workers"]
+__all__ = ["ordered_map", "default_workers", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
+
+#: Seconds one item may take before its worker is considered hung (a photo takes milliseconds).
+DEFAULT_ITEM_TIMEOUT = 120.0
+#: A second chunk is queued behind the running one only if it pickles to at most this many
+#: bytes: it then fits the pipe's buffer, so sending it never blocks on a busy worker.
+_PREFETCH_BYTES = 16 << 10
+
+
+class WorkerError(RuntimeError):
+    """``fn`` raised instead of returning a value: a bug, reported with the worker's traceback."""
+
+
+class WorkerCrash(RuntimeError):
+    """An item killed or hung its worker and no ``on_crash`` was given."""
+
+    def __init__(self, item: Any, reason: str) -> None:
+        super().__init__(f"{reason}: {item!r}")
+        self.item, self.reason = item, reason
 
 
 def default_workers() -> int:
@@ -42,33 +82,216 @@ def default_workers() -> int:
 
 
 @contextmanager
-def ordered_map(fn: Callable[[T], R], items: Sequence[T], *, workers: int, chunksize: int | None = None) -> Iterator[Iterator[R]]:
+def ordered_map(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    workers: int,
+    chunksize: int | None = None,
+    on_crash: Callable[[T, str], R] | None = None,
+    item_timeout: float = DEFAULT_ITEM_TIMEOUT,
+) -> Iterator[Iterator[R]]:
     """Context giving an iterator of ``fn(item)`` for every item, in order, on ``workers`` processes.
 
-    The pool starts when the context is entered and is stopped (terminated if the caller
-    failed or was interrupted) when it exits.
+    Workers start when the context is entered and are stopped when it exits: killed at once if
+    the caller failed, broke off or was interrupted. An item that kills its worker (a signal)
+    or runs longer than ``item_timeout`` seconds gives ``on_crash(item, reason)`` in its place,
+    with ``reason`` like ``"crashed the decoder (SIGSEGV)"`` or ``"timed out after 120 s"``.
+    A single item runs in this process (no isolation: there is nothing to run beside it).
     """
     if len(items) <= 1:
         yield map(fn, items)
         return
+    if item_timeout <= 0:
+        raise ValueError(f"item_timeout must be positive, got {item_timeout!r}")
     if chunksize is None:
         chunksize = max(1, min(16, len(items) // (workers * 8)))
-    pool = _context().Pool(min(workers, len(items)), initializer=_init_worker)
+    pool = _Pool(fn, items, max(1, min(workers, len(items))), chunksize, on_crash, item_timeout)
     try:
-        yield pool.imap(fn, items, chunksize)
-    except BaseException:
-        pool.terminate()
-        raise
-    else:
-        pool.close()
+        yield pool.results()
     finally:
-        pool.join()
+        pool.close()
+
+
+# -- parent side ----------------------------------------------------------------------------
+@dataclass
+class _Chunk:
+    id: int
+    start: int  # index of the first item
+    count: int
+    isolated: bool = False  # a retry of a single item after its chunk was lost
+
+
+@dataclass
+class _Worker:
+    process: Any
+    tasks: Connection  # parent -> worker
+    results: Connection  # worker -> parent
+    in_flight: deque = field(default_factory=deque)  # chunks sent, oldest (running) first
+    deadline: float = float("inf")  # for in_flight[0]
+
+
+class _Pool(Generic[T, R]):
+    """Workers with private pipes; chunks dispatched in order, results reordered by chunk id."""
+
+    def __init__(self, fn: Callable[[T], R], items: Sequence[T], workers: int, chunksize: int,
+                 on_crash: Callable[[T, str], R] | None, item_timeout: float) -> None:
+        self.fn, self.items, self.on_crash, self.item_timeout = fn, items, on_crash, item_timeout
+        self.context = _context()
+        self.todo: deque[_Chunk] = deque(
+            _Chunk(i, start, min(chunksize, len(items) - start)) for i, start in enumerate(range(0, len(items), chunksize))
+        )
+        self.next_id = len(self.todo)
+        self.order: deque[int] = deque(c.id for c in self.todo)  # chunk ids in output order
+        self.done: dict[int, list[R]] = {}  # finished chunks waiting for their turn
+        self.window = 4 * workers + 2  # chunks dispatched beyond the oldest unconsumed one
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self.workers.append(self._start_worker())
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_worker(self) -> _Worker:
+        task_recv, task_send = self.context.Pipe(duplex=False)
+        result_recv, result_send = self.context.Pipe(duplex=False)
+        # A forked worker inherits the parent's ends too; it closes them, or it would keep its
+        # own task pipe open and never see EOF (and exit) when the parent dies.
+        inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
+        process = self.context.Process(target=_worker_main, args=(self.fn, task_recv, result_send, inherited), daemon=True)
+        process.start()
+        task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
+        result_send.close()
+        return _Worker(process, task_send, result_recv)
+
+    def results(self) -> Iterator[R]:
+        """The results in input order; dispatching and collecting happen as the caller asks."""
+        while self.order:
+            if self.order[0] in self.done:  # keep the workers fed while the caller consumes
+                self._dispatch()
+                self._collect(block=False)
+            while self.order[0] not in self.done:  # (a lost chunk's retries replace it in the order)
+                self._dispatch()
+                self._collect(block=True)
+            yield from self.done.pop(self.order.popleft())
+
+    def _dispatch(self) -> None:
+        limit = (self.order[0] + self.window) if self.order else 0
+        for worker in self.workers:
+            while self.todo and (self.todo[0].isolated or self.todo[0].id < limit):
+                if len(worker.in_flight) >= 2:
+                    break
+                chunk = self.todo[0]
+                message = pickle.dumps((chunk.id, self.items[chunk.start : chunk.start + chunk.count]), pickle.HIGHEST_PROTOCOL)
+                if worker.in_flight and (len(message) > _PREFETCH_BYTES or chunk.isolated or worker.in_flight[0].isolated):
+                    break  # big chunks go only to an idle worker (it is reading, so sending cannot block)
+                self.todo.popleft()
+                if not worker.in_flight:
+                    worker.deadline = time.monotonic() + self.item_timeout * chunk.count
+                worker.in_flight.append(chunk)
+                try:
+                    worker.tasks.send_bytes(message)
+                except OSError:  # it died; the sentinel reports it and its chunks are retried
+                    break
+
+    def _collect(self, *, block: bool) -> None:
+        busy = [w for w in self.workers if w.in_flight]
+        if not busy:
+            assert not block, "internal error: waiting for a result with no work in flight"
+            return
+        timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic()) if block else 0.0
+        ready = set(wait([w.results for w in busy] + [w.process.sentinel for w in busy], timeout=timeout))
+        now = time.monotonic()
+        for worker in busy:
+            if worker.results in ready or worker.process.sentinel in ready:
+                try:  # a result sent just before dying is still a result
+                    message = worker.results.recv_bytes() if worker.results.poll() else None
+                except (EOFError, OSError):
+                    message = None
+                if message is None:
+                    self._replace(worker, _death_reason(worker))
+                else:
+                    self._receive(worker, message)
+            elif now >= worker.deadline:
+                self._replace(worker, f"timed out after {self.item_timeout:g} s")
+
+    def _receive(self, worker: _Worker, message: bytes) -> None:
+        chunk = worker.in_flight.popleft()
+        kind, payload = pickle.loads(message)
+        if kind == "error":
+            raise WorkerError(f"a worker failed on item {chunk.start + payload[0]}: {payload[1]}")
+        self.done[chunk.id] = payload
+        worker.deadline = time.monotonic() + self.item_timeout * worker.in_flight[0].count if worker.in_flight else float("inf")
+
+    def _replace(self, worker: _Worker, reason: str) -> None:
+        """A worker died or hung: kill it, start another, and retry its chunks item by item."""
+        _kill(worker)
+        self.workers[self.workers.index(worker)] = self._start_worker()
+        retries: list[_Chunk] = []
+        for position, chunk in enumerate(worker.in_flight):
+            if chunk.isolated or chunk.count == 1:
+                if position == 0:  # it ran alone and was lost: it is the culprit
+                    self.done[chunk.id] = [self._crashed(self.items[chunk.start], reason)]
+                else:  # queued behind the culprit, never started
+                    retries.append(_Chunk(chunk.id, chunk.start, 1, isolated=True))
+                continue
+            # Split into single-item chunks that take the lost chunk's place in the output order.
+            where = self.order.index(chunk.id)
+            self.order.remove(chunk.id)
+            for i in range(chunk.count):
+                retries.append(_Chunk(self.next_id, chunk.start + i, 1, isolated=True))
+                self.order.insert(where + i, self.next_id)
+                self.next_id += 1
+        self.todo.extendleft(reversed(retries))
+
+    def _crashed(self, item: T, reason: str) -> R:
+        if self.on_crash is None:
+            raise WorkerCrash(item, reason)
+        return self.on_crash(item, reason)
+
+    def close(self) -> None:
+        """Stop the workers: ask idle ones to exit, kill the rest (SIGKILL; never a shared lock)."""
+        for worker in self.workers:
+            if not worker.in_flight:
+                try:
+                    worker.tasks.send_bytes(b"")
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 1.0
+        for worker in self.workers:
+            if not worker.in_flight:
+                worker.process.join(max(0.0, deadline - time.monotonic()))
+            _kill(worker)
+        self.workers.clear()
+
+
+def _kill(worker: _Worker) -> None:
+    if worker.process.is_alive():
+        worker.process.kill()
+    worker.process.join()
+    worker.tasks.close()
+    worker.results.close()
+    worker.process.close()
+
+
+def _death_reason(worker: _Worker) -> str:
+    worker.process.join(1.0)  # the sentinel or EOF may come a moment before the exit status
+    return crash_reason(worker.process.exitcode)
+
+
+def crash_reason(exitcode: int | None) -> str:
+    """The skip reason for a worker that ended with ``exitcode`` (negative: killed by that signal)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"crashed the decoder ({signal.Signals(-exitcode).name})"
+        except ValueError:  # pragma: no cover - a signal Python has no name for
+            return f"crashed the decoder (signal {-exitcode})"
+    return f"crashed the decoder (worker exited with status {exitcode})"
 
 
 def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
-        return multiprocessing.get_context("fork")
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["packer.preprocess.task"])
@@ -76,8 +299,36 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 
 
+# -- worker side ----------------------------------------------------------------------------
+def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...]) -> None:
+    """Run chunks until an empty message or EOF; results (or the first error) go back pickled."""
+    for connection in inherited:
+        connection.close()
+    _init_worker()
+    while True:
+        try:
+            message = tasks.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not message:
+            return
+        _chunk_id, items = pickle.loads(message)
+        values: list = []
+        try:
+            for item in items:
+                values.append(fn(item))
+            reply = pickle.dumps(("ok", values), pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
+            reply = pickle.dumps(("error", (len(values), traceback.format_exc())), pickle.HIGHEST_PROTOCOL)
+        try:
+            results.send_bytes(reply)
+        except OSError:  # the parent is gone
+            return
+
+
 def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.disable()  # a crash here is reported by the parent, as a skipped input
     cv2.setNumThreads(1)  # parallelism is across processes
     _keep_freed_memory()
 

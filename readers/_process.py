@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Generic, TypeVar
+import weakref
+from typing import Callable, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["PerProcess"]
+__all__ = ["PerProcess", "HandleCache", "file_key"]
 
 
 class PerProcess(Generic[T]):
@@ -44,3 +45,50 @@ class PerProcess(Generic[T]):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["_opener"])  # type: ignore[misc]
+
+
+def file_key(path: str) -> tuple[int, ...]:
+    """Identity of a file's current contents: a replaced file may reuse the inode, not its mtime."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class Handle(Protocol):
+    """An open storage handle: the process that opened it, and how to close it."""
+
+    pid: int
+
+    def close(self) -> None: ...
+
+
+H = TypeVar("H", bound=Handle)
+
+
+class HandleCache(Generic[H]):
+    """One open handle per file per process, shared by every store over that file.
+
+    LMDB refuses to open one file twice in a process, and HDF5 shares library state between
+    opens of one file, so stores over the same file (train/val views, a loader made anew each
+    epoch) share one handle, kept while any store holds it. A handle inherited through fork is
+    closed in the child (closing our copy only) and opened afresh.
+    """
+
+    def __init__(self) -> None:
+        self._handles: weakref.WeakValueDictionary[tuple[int, ...], H] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
+
+    def get(self, key: tuple[int, ...], open_handle: Callable[[], H]) -> H:
+        pid = os.getpid()
+        if self._lock_pid != pid:  # a lock inherited through fork may be held by a vanished thread
+            self._lock, self._lock_pid = threading.Lock(), pid
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is not None and handle.pid == pid:
+                return handle
+            if handle is not None:
+                handle.close()
+                del self._handles[key]
+            handle = open_handle()
+            self._handles[key] = handle
+            return handle

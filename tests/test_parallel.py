@@ -1,0 +1,190 @@
+"""The worker engine: order, crashes, hangs, errors, cleanup, start method and signals."""
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from packer import parallel
+from packer.parallel import WorkerCrash, WorkerError, ordered_map
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def crash_on_13(x: int) -> int:
+    if x == 13:
+        ctypes.string_at(0)  # a segfault, as a broken decoder would
+    return x
+
+
+def hang_on_5(x: int) -> int:
+    if x == 5:
+        time.sleep(60)
+    return x
+
+
+def fail_on_3(x: int) -> int:
+    if x == 3:
+        raise ValueError("boom")
+    return x
+
+
+def crashed(item, reason):
+    return ("crashed", item, reason)
+
+
+def sigint_ignored(_x: int) -> bool:
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def big(x: int) -> bytes:
+    return bytes([x % 251]) * 200_000  # larger than a pipe's buffer
+
+
+@pytest.mark.parametrize("workers, chunksize", [(1, None), (2, 1), (3, 4), (2, None), (4, 50)])
+def test_results_come_back_in_order(workers, chunksize):
+    items = list(range(101))
+    with ordered_map(square, items, workers=workers, chunksize=chunksize, on_crash=crashed) as results:
+        assert list(results) == [x * x for x in items]
+    assert multiprocessing.active_children() == []
+
+
+def test_large_results_and_large_chunks_travel_intact():
+    items = [tuple(range(i, i + 5000)) for i in range(6)]  # each chunk pickles larger than a pipe's buffer
+    with ordered_map(len, items, workers=2, chunksize=2) as results:
+        assert list(results) == [5000] * 6
+    with ordered_map(big, list(range(20)), workers=3, chunksize=3) as results:
+        assert [r == big(i) for i, r in enumerate(results)] == [True] * 20
+
+
+def test_a_single_item_runs_in_this_process():
+    with ordered_map(lambda _x: os.getpid(), [0], workers=4) as results:
+        assert list(results) == [os.getpid()]
+
+
+def test_a_segfault_costs_only_its_item():
+    with ordered_map(crash_on_13, list(range(40)), workers=2, chunksize=4, on_crash=crashed) as results:
+        out = list(results)
+    assert out[:13] == list(range(13)) and out[14:] == list(range(14, 40))
+    assert out[13] == ("crashed", 13, "crashed the decoder (SIGSEGV)")
+    assert multiprocessing.active_children() == []
+
+
+def test_a_segfault_without_on_crash_is_an_error():
+    with pytest.raises(WorkerCrash, match=r"SIGSEGV.*13"):
+        with ordered_map(crash_on_13, list(range(20)), workers=2, chunksize=1) as results:
+            list(results)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_hanging_item_times_out():
+    start = time.monotonic()
+    with ordered_map(hang_on_5, list(range(8)), workers=2, chunksize=2, on_crash=crashed, item_timeout=1) as results:
+        out = list(results)
+    assert out[5] == ("crashed", 5, "timed out after 1 s")
+    assert [x for i, x in enumerate(out) if i != 5] == [0, 1, 2, 3, 4, 6, 7]
+    assert time.monotonic() - start < 20
+    assert multiprocessing.active_children() == []
+
+
+def test_an_exception_in_the_function_is_a_worker_error_with_traceback():
+    with pytest.raises(WorkerError, match=r"(?s)item 3.*Traceback.*ValueError: boom"):
+        with ordered_map(fail_on_3, list(range(10)), workers=2, on_crash=crashed) as results:
+            list(results)
+    assert multiprocessing.active_children() == []
+
+
+def test_stopping_early_stops_the_workers():
+    with ordered_map(square, list(range(10_000)), workers=2) as results:
+        for i, _value in enumerate(results):
+            if i == 10:
+                break
+    assert multiprocessing.active_children() == []
+
+
+def test_an_error_in_the_caller_stops_the_workers():
+    with pytest.raises(KeyboardInterrupt):
+        with ordered_map(hang_on_5, list(range(10)), workers=2, chunksize=1) as results:
+            next(results)
+            raise KeyboardInterrupt
+    assert multiprocessing.active_children() == []
+
+
+def test_workers_always_come_from_a_fork_server():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert parallel._context().get_start_method() == "forkserver"
+        with ordered_map(crash_on_13, list(range(20)), workers=2, on_crash=crashed) as results:
+            out = list(results)
+        assert out[:13] == list(range(13)) and out[13][2] == "crashed the decoder (SIGSEGV)"
+    finally:
+        stop.set()
+        thread.join()
+    # Also with no other Python thread: native pools (OpenCV's) make forking this process unsafe.
+    assert parallel._context().get_start_method() == "forkserver"
+
+
+def test_workers_ignore_ctrl_c():
+    assert sigint_ignored(0) is False  # the parent keeps its handler
+    with ordered_map(sigint_ignored, [0, 1], workers=2, chunksize=1) as results:
+        assert list(results) == [True, True]
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="item_timeout"):
+        with ordered_map(square, [1, 2], workers=2, item_timeout=0):
+            pass
+
+
+_ORPHAN_SCRIPT = """
+import multiprocessing, time
+from packer.parallel import ordered_map
+
+def slow(x):
+    time.sleep(0.05)
+    return x
+
+if __name__ == "__main__":
+    with ordered_map(slow, list(range(100_000)), workers=3, chunksize=1) as results:
+        next(results)
+        print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+        time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_workers_exit_when_the_parent_is_killed(tmp_path):
+    script = tmp_path / "orphan.py"  # a file: fork-server workers import the main module by path
+    script.write_text(_ORPHAN_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in process.stdout.readline().split()]
+    finally:
+        process.kill()
+        process.wait()
+    assert len(pids) == 3
+    deadline = time.monotonic() + 10
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in pids if _alive(pid)]
+    for pid in survivors:  # do not leave them behind when this fails
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == []
