@@ -1,6 +1,5 @@
 """The RAM-resident blob: its documented layout, unfinished and damaged files, and memory sharing."""
 
-import io
 import pickle
 import re
 import shutil
@@ -12,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from PIL import Image
 from torch.utils.data import DataLoader
 
 from imagefiles import gradient, jpeg_bytes, write
@@ -22,7 +20,7 @@ from packer.preprocess.task import Encoded
 from packer.writers.blob import BlobWriter
 from readers import IncompleteDatasetError, PackedFormatError, RAMDataset, UnsupportedVersionError
 from readers.formats import open_store
-from readers.formats.blob import HEADER, MAGIC, BlobStore
+from readers.formats.blob import HEADER, BlobStore
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "FORMATS.md"
 

@@ -5,7 +5,6 @@ import pickle
 import shutil
 
 import lmdb
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader

@@ -8,15 +8,23 @@ removes the temporary output.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import logging
 import os
 import shutil
+import time
+from array import array
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping, Sequence
 
-from readers.schema import Metadata
+import numpy as np
 
-from ..errors import OutputError, OutputExistsError
+from readers.checksums import CHECKSUM, CHECKSUM_DTYPE, sample_checksum
+from readers.schema import Metadata, Skipped
+
+from . import journal as _journal
+from ..errors import OptionError, OutputError, OutputExistsError
 from ..options import StorageOptions
 from ..preprocess.task import Encoded
 
@@ -99,7 +107,12 @@ class Writer:
         """The path the finished output will have, for a DST as given (the same, for most formats)."""
         return Path(dst)
 
-    def __init__(self, dst: Path, storage: StorageOptions | None = None) -> None:
+    def __init__(
+        self, dst: Path, storage: StorageOptions | None = None, *, fingerprint: Mapping[str, Any] | None = None, resume: bool = False
+    ) -> None:
+        """Open ``DST.partial``. With a ``fingerprint`` the writer keeps a resume journal
+        (``packer/writers/journal.py``); with ``resume`` too, it carries on from the journal's
+        last checkpoint (:attr:`resumed_inputs` inputs done) instead of starting over."""
         self.dst = Path(dst)
         self.storage = storage if storage is not None else StorageOptions()
         self.tmp = partial_path(self.dst)
@@ -107,9 +120,31 @@ class Writer:
         self.payload_bytes = 0
         self.common_shape: tuple[int, int, int] | None = None
         self._mixed_shapes = False
-        remove_path(self.tmp)  # a stale leftover of an interrupted run
+        #: Per-sample checksums (readers/checksums.py), in sample order; the format stores them.
+        self.checksums = array("I")
+        #: Inputs an interrupted run had already dealt with (``resume``), and those it skipped.
+        self.resumed_inputs = 0
+        self.resumed_skipped: list[Skipped] = []
+        self._journal = _journal.Journal(self.tmp, fingerprint) if fingerprint is not None else None
+        self._new_rows: list[tuple[int, ...]] = []
+        self._last_checkpoint = time.monotonic()
+        self._bytes_since_checkpoint = 0
+        checkpoint = None
+        if resume and self._journal is not None and self.tmp.exists():
+            try:
+                checkpoint = self._journal.load()
+            except ValueError as exc:  # nothing is touched: the partial output stays for a correct --resume
+                raise OptionError(f"--resume: {exc}; run with the same options, or without --resume to start over") from None
+        if resume and checkpoint is None:
+            logging.getLogger("packer").warning("--resume: no interrupted conversion to %s to resume; starting over", self.dst)
         try:
-            self._open()
+            if checkpoint is None:
+                remove_path(self.tmp)  # a stale leftover of an interrupted run
+                if self._journal is not None:
+                    self._journal.start()
+                self._open()
+            else:
+                self._restore(checkpoint)
         except OSError as exc:
             self.abort()
             raise self.output_error(exc) from None
@@ -128,6 +163,18 @@ class Writer:
     def _close(self) -> None:
         """Close handles without finishing (used by :meth:`abort`)."""
 
+    def _sync(self) -> dict[str, Any]:
+        """Make every sample added so far durable; return the state :meth:`_reopen` needs (JSON)."""
+        raise NotImplementedError
+
+    def _reopen(self, checkpoint: _journal.Checkpoint) -> None:
+        """Open the partial output of an interrupted run, cut back to ``checkpoint``."""
+        raise NotImplementedError
+
+    def _checkpoint_ready(self, inputs: int) -> bool:
+        """Whether a checkpoint may be taken after ``inputs`` inputs (WebDataset: piece ends only)."""
+        return True
+
     def extra(self) -> dict[str, Any]:
         """Format-specific details for :attr:`Metadata.extra` (none by default)."""
         return {}
@@ -143,8 +190,48 @@ class Writer:
             self._write(self.count, sample)
         except OSError as exc:
             raise self.output_error(exc) from None
+        crc = sample_checksum(sample.label, sample.shape, sample.payload)
+        self.checksums.append(crc)
+        if self._journal is not None:
+            self._new_rows.append((0, 0, len(sample.payload), sample.label, *sample.shape, crc))
+            self._bytes_since_checkpoint += len(sample.payload)
         self.count += 1
         self.payload_bytes += len(sample.payload)
+
+    def progress(self, inputs: int, skipped: Sequence[Skipped]) -> None:
+        """``inputs`` inputs are dealt with (``skipped`` of them not written): commit a checkpoint
+        to the resume journal when one is due (every few seconds or hundreds of MB)."""
+        if self._journal is None:
+            return
+        due = time.monotonic() - self._last_checkpoint >= _journal.CHECKPOINT_SECONDS
+        if not (due or self._bytes_since_checkpoint >= _journal.CHECKPOINT_BYTES) or not self._checkpoint_ready(inputs):
+            return
+        try:
+            state = self._sync()
+            rows = np.array(self._new_rows, np.int64).reshape(-1, len(_journal.ROW_COLUMNS))
+            self._journal.commit(_journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state), rows)
+        except OSError as exc:
+            raise self.output_error(exc) from None
+        self._new_rows.clear()
+        self._last_checkpoint = time.monotonic()
+        self._bytes_since_checkpoint = 0
+
+    def _restore(self, checkpoint: _journal.Checkpoint) -> None:
+        """Take up an interrupted run's bookkeeping at ``checkpoint`` and reopen its output."""
+        rows = checkpoint.rows
+        self.count, self.payload_bytes = checkpoint.samples, checkpoint.payload_bytes
+        self.checksums = array("I", (rows[:, 7] & 0xFFFFFFFF).tolist())
+        shapes = {tuple(r) for r in rows[:, 4:7].tolist()}
+        if len(shapes) > 1:
+            self._mixed_shapes = True
+        elif shapes:
+            self.common_shape = tuple(int(d) for d in rows[0, 4:7])  # type: ignore[assignment]
+        self.resumed_inputs, self.resumed_skipped = checkpoint.inputs, list(checkpoint.skipped)
+        self._reopen(checkpoint)
+
+    def checksum_array(self) -> np.ndarray:
+        """The per-sample checksums as the little-endian uint32 array every format stores."""
+        return np.frombuffer(self.checksums, np.uint32).astype(CHECKSUM_DTYPE)
 
     @property
     def shape(self) -> tuple[int, int, int] | None:
@@ -153,12 +240,15 @@ class Writer:
 
     def finish(self, meta: Metadata) -> None:
         """Write metadata last, sync, and rename the output to its final name."""
+        meta = dataclasses.replace(meta, checksum=CHECKSUM)  # every writer stores per-sample checksums
         try:
             self._write_metadata(meta)
             publish(self.tmp, self.dst)
         except OSError as exc:
             self.abort()
             raise self.output_error(exc) from None
+        if self._journal is not None:
+            self._journal.remove()
 
     def abort(self) -> None:
         """Drop the unfinished output."""
@@ -166,6 +256,8 @@ class Writer:
             self._close()
         finally:
             remove_path(self.tmp)
+            if getattr(self, "_journal", None) is not None:
+                self._journal.remove()
 
     def output_error(self, exc: OSError) -> OutputError:
         if exc.errno == errno.ENOSPC:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from typing import Any
 
 from readers.formats.blob import (
     ALIGNMENT,
@@ -26,6 +27,7 @@ from readers.schema import FORMAT_VERSION, Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
+from .journal import Checkpoint
 
 __all__ = ["BlobWriter"]
 
@@ -45,6 +47,25 @@ class BlobWriter(Writer):
         self._labels = array(_INT64)
         self._offsets = array(_INT64, [0])
         self._shapes = array(_INT64)
+
+    def _sync(self) -> dict[str, Any]:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        return {"data_bytes": self._offsets[-1]}
+
+    def _reopen(self, checkpoint: Checkpoint) -> None:
+        """Cut the file back to the checkpoint's payload bytes and append from there."""
+        rows = checkpoint.rows
+        self._labels = array(_INT64, rows[:, 3].tolist())
+        self._offsets = array(_INT64, [0])
+        for nbytes in rows[:, 2].tolist():
+            self._offsets.append(self._offsets[-1] + nbytes)
+        self._shapes = array(_INT64, rows[:, 4:7].reshape(-1).tolist())
+        if self._offsets[-1] != checkpoint.state.get("data_bytes"):
+            raise OSError(0, "the resume journal disagrees with itself; run without --resume")
+        self._file = open(self.tmp, "r+b")
+        self._file.truncate(ALIGNMENT + self._offsets[-1])
+        self._file.seek(0, os.SEEK_END)
 
     def _write(self, index: int, sample: Encoded) -> None:
         self._file.write(sample.payload)
@@ -69,6 +90,7 @@ class BlobWriter(Writer):
         put("labels", _little_endian(self._labels, LABEL_DTYPE.itemsize))
         put("offsets", b"" if fixed_raw else _little_endian(self._offsets, OFFSET_DTYPE.itemsize))
         put("shapes", b"" if fixed_raw else _little_endian(self._shapes, SHAPE_DTYPE.itemsize))
+        put("checksums", self.checksum_array().tobytes())
         put("metadata", meta.to_json().encode())
         assert set(sections) == set(SECTIONS)
         handle.flush()

@@ -13,17 +13,19 @@ memory and written once at the end, then the metadata attribute, last.
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from typing import Any
 
 import h5py
 import numpy as np
 
-from readers.formats.hdf5 import IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES
+from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES
 from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
+from .journal import Checkpoint
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
 
@@ -42,6 +44,10 @@ class HDF5Writer(Writer):
     is_directory = False
 
     def _open(self) -> None:
+        self._open_bookkeeping()
+        self._file = _h5_call(h5py.File, self.tmp, "w", libver=LIBVER)
+
+    def _open_bookkeeping(self) -> None:
         self._pending: list[Encoded] = []
         self._pending_bytes = 0
         self._layout: str | None = None  # "fixed" or "flat", chosen at the first flush
@@ -49,10 +55,47 @@ class HDF5Writer(Writer):
         self._labels = array("q")
         self._shapes = array("q")  # flat (C, H, W) triples, of every sample written
         self._offsets = array("q", [0])
-        self._file = _h5_call(h5py.File, self.tmp, "w", libver=LIBVER)
 
     def extra(self) -> dict[str, Any]:
         return {"compression": self.storage.compression}
+
+    # -- resuming ------------------------------------------------------------------------------
+    def _sync(self) -> dict[str, Any]:
+        self._flush()
+        _h5_call(self._file.flush)
+        fd = os.open(self.tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        shape = getattr(self, "_fixed_shape", None)
+        return {"layout": self._layout, "fixed_shape": list(shape) if shape else None, "written": self._written}
+
+    def _reopen(self, checkpoint: Checkpoint) -> None:
+        """Reopen the file and cut its datasets back to the checkpoint.
+
+        HDF5 keeps its own structures in memory between flushes, so a file killed in the middle
+        of a block may not open any more: that is reported, and only a fresh start helps.
+        """
+        self._open_bookkeeping()
+        state, rows = checkpoint.state, checkpoint.rows
+        if state["written"] != checkpoint.samples:
+            raise OSError(0, "the resume journal disagrees with itself; run without --resume")
+        try:
+            # No lock: the killed run's workers, inherited its descriptor and still exiting, may hold one.
+            self._file = h5py.File(self.tmp, "r+", libver=LIBVER, locking=False)
+        except _H5_ERRORS as exc:
+            raise OSError(0, f"the partial HDF5 file was damaged by the interruption ({exc}); run without --resume") from None
+        self._layout, self._written = state["layout"], checkpoint.samples
+        self._labels.extend(rows[:, 3].tolist())
+        if self._layout == "fixed":
+            self._fixed_shape = tuple(state["fixed_shape"])
+            _h5_call(self._file[IMAGES].resize, self._written, axis=0)
+        elif self._layout == "flat":
+            self._shapes.extend(rows[:, 4:7].reshape(-1).tolist())
+            for nbytes in rows[:, 2].tolist():
+                self._offsets.append(self._offsets[-1] + nbytes)
+            _h5_call(self._file[PAYLOAD].resize, self._offsets[-1], axis=0)
 
     # -- appending --------------------------------------------------------------------------
     def _write(self, index: int, sample: Encoded) -> None:
@@ -142,6 +185,7 @@ class HDF5Writer(Writer):
     def _write_index(self, meta: Metadata) -> None:
         file = self._file
         file.create_dataset(LABELS, data=np.frombuffer(self._labels, np.int64))
+        file.create_dataset(CHECKSUMS, data=self.checksum_array())
         if self._layout == "flat":
             file.create_dataset(OFFSETS, data=np.frombuffer(self._offsets, np.int64))
             file.create_dataset(SHAPES, data=np.frombuffer(self._shapes, np.int64).reshape(-1, 3))

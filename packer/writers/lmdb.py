@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
 import lmdb
 
-from readers.formats.lmdb import DATA_FILE, LOCK_FILE, META_KEY, SAMPLE_HEADER, sample_key
+from readers.formats.lmdb import CHECKSUMS_KEY, DATA_FILE, LOCK_FILE, META_KEY, SAMPLE_HEADER, sample_key
 from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
+from .journal import Checkpoint
 
 __all__ = ["LMDBWriter"]
 
@@ -36,11 +38,33 @@ class LMDBWriter(Writer):
     is_directory = True
 
     def _open(self) -> None:
+        self.tmp.mkdir()
+        self._open_env(INITIAL_MAP_SIZE)
+
+    def _reopen(self, checkpoint: Checkpoint) -> None:
+        """Reopen the environment and delete what was committed after the checkpoint."""
+        size = os.path.getsize(self.tmp / DATA_FILE)
+        self._open_env(max(INITIAL_MAP_SIZE, -(-size // _ALIGN) * _ALIGN))
+        first = sample_key(checkpoint.samples)
+        try:
+            with self._env.begin(write=True) as txn:
+                cursor = txn.cursor()
+                while cursor.set_range(first):
+                    cursor.delete()
+        except lmdb.Error as exc:
+            raise _as_os_error(exc) from None
+
+    def _sync(self) -> dict[str, Any]:
+        self._flush()
+        _lmdb_call(self._env.sync, True)
+        return {}
+
+    def _open_env(self, map_size: int) -> None:
+        """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved."""
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
-        self.tmp.mkdir()
         self._preallocate = _can_preallocate(self.tmp / ".probe")
-        self._map_size = INITIAL_MAP_SIZE
+        self._map_size = map_size
         version = {"lib_version": 0} if int(lmdb.__version__.split(".")[0]) >= 3 else {}  # readable by any py-lmdb
         self._env = _lmdb_call(
             lmdb.open,
@@ -94,6 +118,7 @@ class LMDBWriter(Writer):
             os.posix_fallocate(self._fd, 0, size)
 
     def _write_metadata(self, meta: Metadata) -> None:
+        self._pending.append((CHECKSUMS_KEY, self.checksum_array().tobytes()))  # sorts before META_KEY
         self._pending.append((META_KEY, meta.to_json().encode()))
         self._flush()
         _lmdb_call(self._env.sync, True)

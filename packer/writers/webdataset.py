@@ -22,12 +22,13 @@ import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from readers.formats.webdataset import (
     BLOCK,
+    CHECKSUM_FILE,
     DEFAULT_PATTERN,
     EXTENSIONS,
     INDEX_COLUMNS,
@@ -37,9 +38,11 @@ from readers.formats.webdataset import (
     RECORD,
     check_pattern,
     npy_header,
+    sample_array_shape,
     sample_key,
     tar_header,
 )
+from readers.checksums import sample_checksum
 from readers.schema import Metadata, PackedFormatError
 
 from ..errors import OptionError
@@ -47,6 +50,7 @@ from ..options import ImageOptions, StorageOptions
 from ..preprocess.task import Encoded, Failed, ImageTask
 from ..sources.images import ImageItem
 from .base import Writer
+from .journal import Checkpoint
 
 __all__ = ["ShardWriter", "PieceTask", "Piece", "PieceResult", "split_destination", "DEFAULT_SHARD_SIZE"]
 
@@ -58,8 +62,14 @@ _TMP_PREFIX = ".piece-"
 _COMPRESSION = {"raw": 1, "jpeg": 10, "png": 2}
 
 # Columns of the bookkeeping a worker returns per sample (the index columns minus ``shard``,
-# plus where the two tar headers are, for renumbering).
-_OFFSET, _NBYTES, _LABEL, _C, _H, _W, _IMG_HEADER, _IMG_SIZE, _CLS_HEADER, _CLS_SIZE = range(10)
+# plus where the two tar headers are, for renumbering, and the sample's checksum).
+_OFFSET, _NBYTES, _LABEL, _C, _H, _W, _IMG_HEADER, _IMG_SIZE, _CLS_HEADER, _CLS_SIZE, _CRC = range(11)
+_ROW = 11
+
+
+def _npy_head(sample: Encoded) -> bytes:
+    """The .npy header of a raw sample's member (pixels, or a document's token ids)."""
+    return npy_header(sample_array_shape(sample.shape, sample.dtype), sample.dtype)
 
 
 def split_destination(dst: Path) -> tuple[Path, str]:
@@ -93,7 +103,7 @@ class ShardPart:
 
     tmp_name: str
     size: int
-    rows: np.ndarray  # (samples, 10) int64, columns _OFFSET .. _CLS_SIZE
+    rows: np.ndarray  # (samples, _ROW) int64, columns _OFFSET .. _CRC
 
 
 @dataclass(frozen=True)
@@ -124,11 +134,11 @@ class _ShardFile:
     @staticmethod
     def sample_bytes(sample: Encoded, raw: bool) -> int:
         label_size = len(str(sample.label))
-        return (len(npy_header(sample.shape)) if raw else 0) + len(sample.payload) + label_size
+        return (len(_npy_head(sample)) if raw else 0) + len(sample.payload) + label_size
 
     def add(self, index: int, sample: Encoded) -> None:
         key = sample_key(index)
-        head = npy_header(sample.shape) if self.raw else b""
+        head = _npy_head(sample) if self.raw else b""
         image_size = len(head) + len(sample.payload)
         image_header = self.position
         self._member(f"{key}.{self.extension}", image_size, head, sample.payload)
@@ -137,8 +147,9 @@ class _ShardFile:
         self._member(f"{key}.{LABEL_EXTENSION}", len(label), label)
         channels, height, width = sample.shape
         offset = image_header + BLOCK + len(head)
+        crc = sample_checksum(sample.label, sample.shape, sample.payload)
         self.rows.append(
-            (offset, len(sample.payload), sample.label, channels, height, width, image_header, image_size, label_header, len(label))
+            (offset, len(sample.payload), sample.label, channels, height, width, image_header, image_size, label_header, len(label), crc)
         )
         self.member_bytes += image_size + len(label)
 
@@ -157,7 +168,7 @@ class _ShardFile:
         end += -end % RECORD
         self.handle.write(bytes(end - self.position))
         self.handle.close()
-        rows = np.array(self.rows, np.int64).reshape(-1, 10)
+        rows = np.array(self.rows, np.int64).reshape(-1, _ROW)
         return ShardPart(self.path.name, end, rows)
 
     def discard(self) -> None:
@@ -169,16 +180,18 @@ class _ShardFile:
 class PieceTask:
     """Convert the inputs of a :class:`Piece` and write its shard file(s) into ``folder``.
 
-    Picklable (options and a path only); each worker opens its own files.
+    Picklable (options and a path only); each worker opens its own files. ``task`` converts one
+    input (default: :class:`ImageTask` of ``image``; a text conversion passes its tokenise task).
     """
 
     image: ImageOptions
     folder: str
     shard_size: int | None = None
     shard_bytes: int | None = None
+    task: Callable[[Any], Encoded | Failed] | None = None
 
     def __call__(self, piece: Piece) -> PieceResult:
-        task = ImageTask(self.image)
+        task = self.task if self.task is not None else ImageTask(self.image)
         parts: list[ShardPart] = []
         failed: list[tuple[int, Failed]] = []
         shard: _ShardFile | None = None
@@ -226,9 +239,9 @@ class ShardWriter(Writer):
     is_directory = True
     writes_pieces = True
 
-    def __init__(self, dst: Path, storage: StorageOptions | None = None) -> None:
+    def __init__(self, dst: Path, storage: StorageOptions | None = None, **journal: Any) -> None:
         folder, self.pattern = split_destination(Path(dst))
-        super().__init__(folder, storage)
+        super().__init__(folder, storage, **journal)
 
     @classmethod
     def destination(cls, dst: Path) -> Path:
@@ -248,14 +261,20 @@ class ShardWriter(Writer):
         return DEFAULT_SHARD_SIZE
 
     def pieces(self, items: Sequence[ImageItem], image: ImageOptions) -> list[Piece]:
-        """The inputs cut into consecutive pieces (depends on the options only, never on workers)."""
-        size = self.piece_inputs(image)
-        return [Piece(n, start, tuple(items[start : start + size])) for n, start in enumerate(range(0, len(items), size))]
+        """The inputs cut into consecutive pieces (depends on the options only, never on workers).
 
-    def piece_task(self, image: ImageOptions) -> PieceTask:
+        After a resume, ``items`` are the inputs left (from :attr:`resumed_inputs`, always a piece
+        boundary): the pieces keep the numbers and first keys of the uninterrupted run."""
+        size = self.piece_inputs(image)
+        done = self.resumed_inputs
+        return [
+            Piece((done + start) // size, done + start, tuple(items[start : start + size])) for start in range(0, len(items), size)
+        ]
+
+    def piece_task(self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None) -> PieceTask:
         """The picklable work unit that writes one piece's shards into ``DST.partial``."""
         self.encoding = image.encoding
-        return PieceTask(image, str(self.tmp), self.storage.shard_size, self.storage.shard_bytes)
+        return PieceTask(image, str(self.tmp), self.storage.shard_size, self.storage.shard_bytes, task)
 
     def add_piece(self, result: PieceResult) -> list[Failed | None]:
         """Number, rename and index a finished piece's shards (call in input order).
@@ -273,6 +292,8 @@ class ShardWriter(Writer):
         except OSError as exc:
             raise self.output_error(exc) from None
         self.payload_bytes += result.payload_bytes
+        self._bytes_since_checkpoint += result.payload_bytes
+        self._published_inputs = result.start + result.inputs
         outcomes: list[Failed | None] = [None] * result.inputs
         for offset, failure in result.failed:
             outcomes[offset] = failure
@@ -289,6 +310,10 @@ class ShardWriter(Writer):
         self.shards.append(name)
         self.shard_counts.append(len(rows))
         self.shard_sizes.append(part.size)
+        self.checksums.extend(rows[:, _CRC].tolist())
+        if self._journal is not None:
+            self._new_rows.extend(row + [crc] for row, crc in zip(self._index[-1].tolist(), rows[:, _CRC].tolist()))
+            self._unsynced.append(name)
         for shape in sorted({tuple(r) for r in rows[:, _C : _W + 1].tolist()}):
             self._note_shape(shape)  # type: ignore[arg-type]
         self.count += len(rows)
@@ -314,13 +339,54 @@ class ShardWriter(Writer):
         raise NotImplementedError("ShardWriter writes its shards in worker processes: drive it with packer.convert()")
 
     # -- Writer hooks ------------------------------------------------------------------------
-    def _open(self) -> None:
-        self.tmp.mkdir()
+    def _checkpoint_ready(self, inputs: int) -> bool:
+        return inputs == self._published_inputs  # only whole pieces are ever resumed
+
+    def _sync(self) -> dict[str, Any]:
+        for name in self._unsynced:
+            fd = os.open(self.tmp / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(self.tmp, os.O_RDONLY)  # the renames
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._unsynced.clear()
+        return {"shards": list(self.shards), "shard_counts": list(self.shard_counts), "shard_sizes": list(self.shard_sizes),
+                "encoding": self.encoding}
+
+    def _reopen(self, checkpoint: Checkpoint) -> None:
+        """Keep the shards the checkpoint lists; drop later shards and unpublished piece files."""
+        self._init_lists()
+        state = checkpoint.state
+        self.shards, self.shard_counts, self.shard_sizes = list(state["shards"]), list(state["shard_counts"]), list(state["shard_sizes"])
+        self.encoding = state["encoding"]
+        self._published_inputs = checkpoint.inputs
+        if checkpoint.rows.size:
+            self._index.append(np.ascontiguousarray(checkpoint.rows[:, : len(INDEX_COLUMNS)]))
+        keep = set(self.shards)
+        for path in self.tmp.iterdir():
+            if path.name not in keep:
+                path.unlink()
+        for name, size in zip(self.shards, self.shard_sizes):
+            if (self.tmp / name).stat().st_size != size:
+                raise OSError(0, f"shard {name} changed since the checkpoint; run without --resume")
+
+    def _init_lists(self) -> None:
         self.encoding = "raw"
         self.shards: list[str] = []
         self.shard_counts: list[int] = []
         self.shard_sizes: list[int] = []
         self._index: list[np.ndarray] = []
+        self._unsynced: list[str] = []
+        self._published_inputs = 0
+
+    def _open(self) -> None:
+        self.tmp.mkdir()
+        self._init_lists()
 
     def extra(self) -> dict[str, Any]:
         """Shard names, samples and bytes per shard, and the index file's name and columns."""
@@ -337,6 +403,7 @@ class ShardWriter(Writer):
         meta = dataclasses.replace(meta, extra={**meta.extra, **self.extra()})
         index = np.concatenate(self._index) if self._index else np.empty((0, len(INDEX_COLUMNS)), np.int64)
         np.save(self.tmp / INDEX_FILE, np.ascontiguousarray(index, np.int64), allow_pickle=False)
+        np.save(self.tmp / CHECKSUM_FILE, self.checksum_array(), allow_pickle=False)
         leftovers = [p.name for p in self.tmp.iterdir() if p.name.startswith(_TMP_PREFIX)]
         if leftovers:  # pragma: no cover - internal invariant
             raise OSError(errno.EIO, f"unpublished shard files {leftovers}")

@@ -53,6 +53,13 @@ class Store:
         """Yield the stored record of each (already checked) index, in order."""
         raise NotImplementedError
 
+    def stored_checksums(self) -> np.ndarray | None:
+        """The per-sample checksums stored with the data (``readers/checksums.py``), or ``None``.
+
+        One uint32 per sample, in index order; ``None`` when the metadata records no checksum.
+        """
+        return None
+
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """Fill ``out`` (N, C, H, W) and ``labels`` (N,) for fixed-shape raw storage."""
         for j, (label, shape, payload) in enumerate(self._records(indices)):

@@ -1,8 +1,8 @@
 """The RAM-resident blob: one file, a fixed header, then page-aligned numpy-described sections.
 
 Layout (docs/FORMATS.md, "RAM-resident blob"). The first :data:`ALIGNMENT` bytes are the header
-page: :data:`HEADER` (little-endian ``<8sIIQ10Q``: magic, format version, alignment, sample
-count, then offset and length in bytes of five sections), zero-padded. The sections follow, each
+page: :data:`HEADER` (little-endian ``<8sIIQ12Q``: magic, format version, alignment, sample
+count, then offset and length in bytes of six sections), zero-padded. The sections follow, each
 starting on a multiple of :data:`ALIGNMENT`:
 
 * ``data``: the samples' payloads back to back. For fixed-shape ``raw`` storage this is exactly
@@ -11,6 +11,8 @@ starting on a multiple of :data:`ALIGNMENT`:
 * ``offsets``: ``(N + 1,)`` int64 byte offsets of each payload within ``data`` (empty for
   fixed-shape raw storage: sample ``i`` starts at ``i * C * H * W``).
 * ``shapes``: ``(N, 3)`` int64 ``(C, H, W)`` of each sample (empty for fixed-shape raw storage).
+* ``checksums``: ``(N,)`` little-endian uint32, each sample's checksum (``readers/checksums.py``;
+  empty when the metadata records no ``checksum``).
 * ``metadata``: the UTF-8 JSON record (:class:`readers.schema.Metadata`).
 
 The writer (``packer/writers/blob.py``, which imports these constants) writes the header page
@@ -42,6 +44,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .._process import PerProcess
+from ..checksums import CHECKSUM_DTYPE
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from .base import Record, Store
 
@@ -64,11 +67,11 @@ __all__ = [
 MAGIC = b"PACKBLOB"
 #: The header: magic, format version (uint32), alignment (uint32), count (uint64), then an
 #: (offset, length) uint64 pair per section, in :data:`SECTIONS` order. Little-endian.
-HEADER = struct.Struct("<8sIIQ10Q")
+HEADER = struct.Struct("<8sIIQ12Q")
 #: Sections start on multiples of this; the header page is this long, so data starts here.
 ALIGNMENT = 4096
 #: Section names, in header and file order.
-SECTIONS = ("data", "labels", "offsets", "shapes", "metadata")
+SECTIONS = ("data", "labels", "offsets", "shapes", "checksums", "metadata")
 LABEL_DTYPE = np.dtype("<i8")
 OFFSET_DTYPE = np.dtype("<i8")
 SHAPE_DTYPE = np.dtype("<i8")
@@ -181,6 +184,15 @@ class BlobStore(Store):
             c, h, w = shapes[i]
             yield int(labels[i]), (int(c), int(h), int(w)), data[offsets[i] : offsets[i + 1]]
 
+    def stored_checksums(self) -> np.ndarray | None:
+        if not self.meta.checksum:
+            return None
+        offset, length = self.header.sections["checksums"]  # type: ignore[union-attr]
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            raw = handle.read(length)
+        return np.frombuffer(raw, CHECKSUM_DTYPE)  # length checked against the count on open
+
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """One gather: ``np.take`` of the (N, C, H, W) array straight into ``out``."""
         view = self._view.get()
@@ -196,7 +208,7 @@ def _check_sections(header: BlobHeader, meta: Metadata, where: str) -> None:
     n = meta.count
     if header.count != n:
         raise PackedFormatError(f"{where}: header says {header.count} samples, metadata says {n}: the file is corrupt")
-    expected = {"labels": n * LABEL_DTYPE.itemsize}
+    expected = {"labels": n * LABEL_DTYPE.itemsize, "checksums": n * CHECKSUM_DTYPE.itemsize if meta.checksum else 0}
     if meta.fixed_shape and meta.encoding == "raw":
         expected.update(data=n * meta.sample_nbytes, offsets=0, shapes=0)  # type: ignore[operator]
     else:

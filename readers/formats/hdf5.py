@@ -9,7 +9,8 @@ holds:
   dataset ``payload``; sample ``i`` is ``payload[offsets[i]:offsets[i + 1]]`` and has shape
   ``shapes[i]`` (C, H, W).
 
-Both have ``labels`` int64 ``(N,)`` (-1 when unlabeled) and the metadata record, JSON, as the
+Both have ``labels`` int64 ``(N,)`` (-1 when unlabeled), ``crc32`` uint32 ``(N,)`` (each sample's
+checksum, ``readers/checksums.py``) and the metadata record, JSON, as the
 file attribute ``packer_metadata``, written last. The writer, ``packer/writers/hdf5.py``,
 imports these constants; ``readers/hdf5.py`` wraps :class:`HDF5Store` as a torch Dataset.
 """
@@ -17,15 +18,13 @@ imports these constants; ``readers/hdf5.py`` wraps :class:`HDF5Store` as a torch
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import h5py
 import numpy as np
 
-from .._process import PerProcess
+from .._process import HandleCache, PerProcess, file_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
 
@@ -37,6 +36,7 @@ __all__ = [
     "PAYLOAD",
     "OFFSETS",
     "SHAPES",
+    "CHECKSUMS",
     "SIGNATURE",
     "open_shared_file",
 ]
@@ -53,6 +53,8 @@ PAYLOAD = "payload"
 OFFSETS = "offsets"
 #: Flat layout: int64 (N, 3): the (C, H, W) shape of every sample.
 SHAPES = "shapes"
+#: uint32 (N,): every sample's checksum (readers/checksums.py).
+CHECKSUMS = "crc32"
 #: The first 8 bytes of an HDF5 file (packer writes no user block, so it is at offset 0).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -98,6 +100,18 @@ class HDF5Store(Store):
         meta = Metadata.from_json(raw, where=str(self.path)).expect_format("hdf5", where=str(self.path))
         shared.check(meta)
         return meta
+
+    def stored_checksums(self) -> np.ndarray | None:
+        if not self.meta.checksum:
+            return None
+        file = self._file.get().file
+        try:
+            values = file[CHECKSUMS][()]
+        except _H5_ERRORS as exc:
+            raise PackedFormatError(f"{self.path}: cannot read the {CHECKSUMS} dataset ({exc})") from None
+        if values.shape != (self.meta.count,):
+            raise PackedFormatError(f"{self.path}: {CHECKSUMS} has shape {values.shape}, expected ({self.meta.count},)")
+        return values.astype(np.uint32, copy=False)
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         shared = self._file.get()
@@ -255,8 +269,7 @@ class _SharedFile:
             pass
 
 
-_shared: "weakref.WeakValueDictionary[tuple[int, int], _SharedFile]" = weakref.WeakValueDictionary()
-_shared_lock = threading.Lock()
+_handles: HandleCache[_SharedFile] = HandleCache()
 
 
 def open_shared_file(path: str) -> _SharedFile:
@@ -266,25 +279,19 @@ def open_shared_file(path: str) -> _SharedFile:
     otherwise hand the new open the inherited library state.
     """
     try:
-        st = os.stat(path)
+        key = file_key(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such HDF5 dataset") from None
-    key = (st.st_dev, st.st_ino)
-    with _shared_lock:
-        shared = _shared.get(key)
-        if shared is not None and shared.pid == os.getpid():
-            return shared
-        if shared is not None:
-            shared.close()
-            del _shared[key]
+
+    def open_file() -> _SharedFile:
         try:
             file = h5py.File(path, "r")  # HDF5's default locking: see HDF5Store
         except _H5_ERRORS as exc:
             raise PackedFormatError(f"{path}: cannot open as HDF5 ({exc})") from None
         try:
-            shared = _SharedFile(path, file)
+            return _SharedFile(path, file)
         except BaseException:
             file.close()
             raise
-        _shared[key] = shared
-        return shared
+
+    return _handles.get(key, open_file)

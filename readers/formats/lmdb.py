@@ -3,6 +3,7 @@
 Layout (docs/FORMATS.md, "LMDB"): the key of sample ``i`` is ``b"%010d" % i``; its value is a
 16-byte little-endian header (label int32, height uint32, width uint32, channels uint16,
 reserved uint16) followed by the payload: raw planar pixels, or the encoded jpeg/png file.
+``__crc32__`` holds every sample's checksum (``readers/checksums.py``), little-endian uint32s.
 The writer, ``packer/writers/lmdb.py``, imports these constants; ``readers/lmdb.py`` wraps
 :class:`LMDBStore` as a torch Dataset.
 """
@@ -11,20 +12,23 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
-import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import lmdb
+import numpy as np
 
-from .._process import PerProcess
+from .._process import HandleCache, PerProcess, file_key
+from ..checksums import CHECKSUM_DTYPE
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
 
-__all__ = ["LMDBStore", "META_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
+__all__ = ["LMDBStore", "META_KEY", "CHECKSUMS_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
 
 META_KEY = b"__meta__"
+#: Every sample's checksum, ``count`` little-endian uint32s (sorts before META_KEY: both are
+#: appended at the end, in key order).
+CHECKSUMS_KEY = b"__crc32__"
 SAMPLE_HEADER = struct.Struct("<iIIHH")
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
@@ -65,6 +69,16 @@ class LMDBStore(Store):
             )
         return Metadata.from_json(raw, where=str(self.path)).expect_format("lmdb", where=str(self.path))
 
+    def stored_checksums(self) -> np.ndarray | None:
+        if not self.meta.checksum:
+            return None
+        with self._env.get().env.begin() as txn:
+            raw = txn.get(CHECKSUMS_KEY)
+        if raw is None or len(raw) != 4 * self.meta.count:
+            size = "missing" if raw is None else f"{len(raw)} bytes"
+            raise PackedFormatError(f"{self.path}: {CHECKSUMS_KEY.decode()} is {size}, expected {4 * self.meta.count} bytes")
+        return np.frombuffer(raw, CHECKSUM_DTYPE)
+
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         header, key_format = SAMPLE_HEADER, KEY_FORMAT
         with self._env.get().env.begin(buffers=True) as txn:
@@ -104,8 +118,7 @@ class _SharedEnv:
         self.close()
 
 
-_shared: "weakref.WeakValueDictionary[tuple[int, int], _SharedEnv]" = weakref.WeakValueDictionary()
-_shared_lock = threading.Lock()
+_handles: HandleCache[_SharedEnv] = HandleCache()
 
 
 def open_shared_env(path: str) -> _SharedEnv:
@@ -114,26 +127,18 @@ def open_shared_env(path: str) -> _SharedEnv:
     An environment inherited through fork is closed (in this process only: with lock=False,
     that unmaps our copy and closes our file descriptor) and opened afresh.
     """
-    data_file = os.path.join(path, DATA_FILE)
     try:
-        st = os.stat(data_file)
+        key = file_key(os.path.join(path, DATA_FILE))
     except FileNotFoundError:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such LMDB dataset") from None
         raise PackedFormatError(f"{path}: not an LMDB dataset (no {DATA_FILE} inside)") from None
-    key = (st.st_dev, st.st_ino)
-    with _shared_lock:
-        shared = _shared.get(key)
-        if shared is not None and shared.pid == os.getpid():
-            return shared
-        if shared is not None:
-            shared.close()
-            del _shared[key]
+
+    def open_env() -> _SharedEnv:
         try:
-            env = lmdb.open(
-                path, readonly=True, lock=False, readahead=False, meminit=False, subdir=True, max_readers=1024
-            )
+            env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False, subdir=True, max_readers=1024)
         except lmdb.Error as exc:
             raise PackedFormatError(f"{path}: cannot open as LMDB ({exc})") from None
-        shared = _shared[key] = _SharedEnv(env)
-        return shared
+        return _SharedEnv(env)
+
+    return _handles.get(key, open_env)

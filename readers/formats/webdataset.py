@@ -6,7 +6,9 @@ members, ``KEY.EXT`` (``npy`` for raw pixels as a standard (C, H, W) uint8 ``.np
 ``jpg``/``png``) then ``KEY.cls`` (the label in ASCII decimal), with ``KEY = "%010d" % i``;
 samples are stored in index order across shards. Beside the shards, :data:`INDEX_FILE` (a
 plain int64 ``.npy`` array, one row per sample, columns :data:`INDEX_COLUMNS`) locates every
-payload inside its shard, and :data:`META_FILE` holds the metadata record, written last.
+payload inside its shard, :data:`CHECKSUM_FILE` (a little-endian uint32 ``.npy``) holds every
+sample's checksum (``readers/checksums.py``), and :data:`META_FILE` holds the metadata record,
+written last.
 
 This module owns the layout: ``packer/writers/webdataset.py`` imports these constants, and
 ``readers/webdataset.py`` builds its torch datasets on :class:`ShardStore` (random access by
@@ -27,6 +29,7 @@ from typing import BinaryIO, Iterator, Sequence
 import numpy as np
 
 from .._process import PerProcess
+from ..checksums import CHECKSUM_DTYPE
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
 
@@ -35,13 +38,16 @@ __all__ = [
     "META_FILE",
     "INDEX_FILE",
     "INDEX_COLUMNS",
+    "CHECKSUM_FILE",
     "DEFAULT_PATTERN",
     "EXTENSIONS",
     "LABEL_EXTENSION",
     "sample_key",
     "tar_header",
     "npy_header",
+    "sample_array_shape",
     "read_metadata",
+    "parse_metadata",
     "check_pattern",
     "iter_tar",
 ]
@@ -54,6 +60,8 @@ INDEX_FILE = "packer-index.npy"
 #: i.e. the pixel bytes after the .npy header for raw samples, the whole .jpg/.png member
 #: otherwise.
 INDEX_COLUMNS = ("shard", "offset", "nbytes", "label", "channels", "height", "width")
+#: Every sample's checksum (readers/checksums.py): a uint32 ``.npy`` array of shape (count,).
+CHECKSUM_FILE = "packer-crc32.npy"
 #: Shard file names when DST is a folder; a DST like ``out/train-%06d.tar`` picks its own.
 DEFAULT_PATTERN = "shard-%06d.tar"
 #: Member extension of the image of a sample, by metadata ``encoding``.
@@ -93,11 +101,21 @@ def tar_header(name: str, size: int) -> bytes:
 
 
 @lru_cache(maxsize=64)
-def npy_header(shape: tuple[int, ...]) -> bytes:
-    """The .npy (version 1.0) header of a C-ordered uint8 array of ``shape`` (a multiple of 64 bytes)."""
+def npy_header(shape: tuple[int, ...], dtype: str = "uint8") -> bytes:
+    """The .npy (version 1.0) header of a C-ordered array of ``shape`` (a multiple of 64 bytes).
+
+    Images are uint8 ``(C, H, W)``; a text document is a little-endian uint16/uint32 token array
+    ``(n,)`` (:func:`sample_array_shape`).
+    """
     buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": tuple(shape)})
+    descr = np.dtype(dtype).newbyteorder("<").str if np.dtype(dtype).itemsize > 1 else "|u1"
+    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": tuple(shape)})
     return buffer.getvalue()
+
+
+def sample_array_shape(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
+    """Shape of a sample's ``.npy`` member: ``(C, H, W)`` for pixels, ``(n,)`` for a token document."""
+    return tuple(shape) if dtype == "uint8" else (int(shape[-1]),)
 
 
 @lru_cache(maxsize=64)
@@ -136,6 +154,13 @@ def read_metadata(folder: str | Path) -> Metadata:
             f"{folder}: no {META_FILE}: the conversion did not finish or this is not a packer shard folder; "
             "convert again"
         ) from None
+    return parse_metadata(raw, str(folder))
+
+
+def parse_metadata(raw: bytes, where: str) -> Metadata:
+    """The validated metadata record of a shard folder, from the bytes of its :data:`META_FILE`
+    (``where`` names the folder in errors: a path or a URL)."""
+    folder = where
     meta = Metadata.from_json(raw, where=str(folder)).expect_format("webdataset", where=str(folder))
     extra = meta.extra
     shards, counts, sizes = extra.get("shards"), extra.get("shard_counts"), extra.get("shard_sizes")
@@ -188,6 +213,19 @@ class ShardStore(Store):
             )
         for name, size in zip(self.shards, self.meta.extra["shard_sizes"]):
             _check_shard_size(self.path / name, size)
+
+    def stored_checksums(self) -> np.ndarray | None:
+        if not self.meta.checksum:
+            return None
+        try:
+            values = np.load(self.path / CHECKSUM_FILE, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise PackedFormatError(f"{self.path / CHECKSUM_FILE}: cannot read the checksums ({exc})") from None
+        if values.dtype != CHECKSUM_DTYPE or values.shape != (self.meta.count,):
+            raise PackedFormatError(
+                f"{self.path / CHECKSUM_FILE}: expected uint32 ({self.meta.count},), got {values.dtype} {values.shape}"
+            )
+        return values
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         files = self._files.get()

@@ -1,0 +1,338 @@
+"""``packer verify``: check a packed dataset end to end, and optionally against its source.
+
+What is checked (each problem becomes a :class:`Fault` naming the sample index and, for
+WebDataset, the shard):
+
+* the metadata record parses and agrees with the storage (the store's own checks on open:
+  counts, section and dataset sizes, shard sizes);
+* format structure: LMDB holds exactly the expected keys; every WebDataset shard is a valid tar
+  whose members are the expected keys, at the offsets and sizes of the member index, with the
+  right labels in its ``.cls`` members;
+* every sample is present, its label is valid for ``classes``, its shape agrees with the
+  metadata, and its checksum (``readers/checksums.py``) matches the stored one;
+* every sample decodes (raw: the byte count; jpeg/png: a full decode), unless ``quick``;
+* with ``source``: the recorded preprocessing, re-run on the source folder, gives the same
+  samples in the same order (raw and png: identical pixels; jpeg: decoded pixels within
+  :data:`JPEG_TOLERANCE` on average, since encoders may differ between library builds).
+"""
+
+from __future__ import annotations
+
+import math
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from readers.checksums import sample_checksum
+from readers.codecs import decode_image
+from readers.formats import open_store
+from readers.formats.base import Store
+from readers.schema import Metadata, PackedFormatError
+
+__all__ = ["verify", "VerifyReport", "Fault", "JPEG_TOLERANCE"]
+
+#: Largest mean absolute pixel difference accepted between a stored jpeg sample and a fresh
+#: re-encoding of its source (``--source``).
+JPEG_TOLERANCE = 1.0
+#: Faults kept in the report (the rest are counted).
+MAX_FAULTS = 200
+_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One problem: where (``sample 12 (shard-000001.tar)``, ``metadata``, a file) and what."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` checked and found."""
+
+    path: Path
+    format: str = "?"
+    count: int = 0
+    checked: int = 0
+    decoded: int = 0
+    compared: int = 0
+    checksums: bool = False
+    faults: list[Fault] = field(default_factory=list)
+    fault_count: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.fault_count == 0
+
+    def add(self, where: str, message: str) -> None:
+        self.fault_count += 1
+        if len(self.faults) < MAX_FAULTS:
+            self.faults.append(Fault(where, message))
+
+    def summary(self) -> str:
+        """One line for a person."""
+        parts = [f"{self.checked:,} of {self.count:,} samples checked"]
+        parts.append("checksums matched" if self.checksums and self.ok else "checksums compared" if self.checksums else "no checksums stored")
+        if self.decoded:
+            parts.append(f"{self.decoded:,} decoded")
+        if self.compared:
+            parts.append(f"{self.compared:,} compared with the source")
+        head = f"{self.path}: OK" if self.ok else f"{self.path}: {self.fault_count:,} fault{'s' if self.fault_count != 1 else ''}"
+        return f"{head} ({self.format}; {', '.join(parts)}; {self.seconds:.1f} s)"
+
+
+def verify(
+    path: str | Path, *, source: str | Path | None = None, quick: bool = False, workers: int | None = None
+) -> VerifyReport:
+    """Check the dataset at ``path``; see the module docstring for what is checked.
+
+    ``quick`` skips decoding (checksums and structure are still checked); ``source`` re-runs
+    the recorded preprocessing on that folder with ``workers`` processes and compares.
+    Raises ``FileNotFoundError`` for a missing path; everything else is a fault in the report.
+    """
+    started = time.perf_counter()
+    report = VerifyReport(Path(path))
+    try:
+        store = open_store(path)
+    except PackedFormatError as exc:
+        report.add("dataset", str(exc))
+        report.seconds = time.perf_counter() - started
+        return report
+    meta = store.meta
+    report.format, report.count = meta.format, meta.count
+    _check_metadata(meta, report)
+    _check_structure(store, report)
+    try:
+        stored = store.stored_checksums()
+    except PackedFormatError as exc:
+        report.add("checksums", str(exc))
+        stored = None
+    report.checksums = stored is not None
+    locate = _locator(store)
+    for start in range(0, meta.count, _CHUNK):
+        _check_samples(store, range(start, min(start + _CHUNK, meta.count)), stored, quick, report, locate)
+    if source is not None:
+        _compare_source(store, Path(source), report, locate, workers)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# -- metadata and structure ------------------------------------------------------------------
+def _check_metadata(meta: Metadata, report: VerifyReport) -> None:
+    if meta.labeled and not meta.classes:
+        report.add("metadata", "labeled, but lists no classes")
+    paths = [s.path for s in meta.skipped]
+    if len(set(paths)) != len(paths):
+        report.add("metadata", "an input is listed as skipped more than once")
+
+
+def _check_structure(store: Store, report: VerifyReport) -> None:
+    if store.format_name == "lmdb":
+        _check_lmdb_keys(store, report)
+    elif store.format_name == "webdataset":
+        _check_shards(store, report)
+
+
+def _check_lmdb_keys(store: Store, report: VerifyReport) -> None:
+    from readers.formats.lmdb import CHECKSUMS_KEY, META_KEY, open_shared_env
+
+    expected = store.meta.count + 1 + (1 if store.meta.checksum else 0)
+    entries = open_shared_env(str(store.path)).env.stat()["entries"]
+    if entries != expected:
+        report.add("dataset", f"holds {entries:,} keys, expected {expected:,} ({store.meta.count:,} samples, "
+                   f"{META_KEY.decode()}{', ' + CHECKSUMS_KEY.decode() if store.meta.checksum else ''})")
+
+
+def _check_shards(store: Store, report: VerifyReport) -> None:
+    """Walk every shard's tar headers: valid, the expected member names, offsets and labels."""
+    from readers.formats.webdataset import EXTENSIONS, LABEL_EXTENSION, _load_index, sample_key
+
+    meta = store.meta
+    index = np.asarray(_load_index(store.path))
+    extension = EXTENSIONS[meta.encoding]
+    for number, name in enumerate(meta.extra["shards"]):
+        rows = np.flatnonzero(index[:, 0] == number)
+        where = f"shard {name}"
+        try:
+            data = (store.path / name).read_bytes()
+        except OSError as exc:
+            report.add(where, f"cannot read ({exc.strerror or exc})")
+            continue
+        members = list(_tar_members(data, where, report))
+        if len(members) != 2 * len(rows):
+            report.add(where, f"holds {len(members)} members, expected {2 * len(rows)} ({len(rows)} samples)")
+        for k, i in enumerate(rows.tolist()):
+            if 2 * k + 1 >= len(members):
+                break
+            (image_name, image_at, image_size), (label_name, label_at, label_size) = members[2 * k], members[2 * k + 1]
+            _, offset, nbytes, label = (int(v) for v in index[i, :4])
+            sample = f"sample {i} ({name})"
+            key = sample_key(i)
+            if image_name != f"{key}.{extension}" or label_name != f"{key}.{LABEL_EXTENSION}":
+                report.add(sample, f"members are {image_name!r}, {label_name!r}, expected {key}.{extension}, {key}.{LABEL_EXTENSION}")
+            if not (image_at <= offset and offset + nbytes == image_at + image_size):
+                report.add(sample, f"the index puts its payload at {offset}+{nbytes}, the tar member is at {image_at}+{image_size}")
+            text = data[label_at : label_at + label_size]
+            if text != str(label).encode("ascii"):
+                report.add(sample, f"its .{LABEL_EXTENSION} member says {text[:20]!r}, the index says {label}")
+        del data
+
+
+def _tar_members(data: bytes, where: str, report: VerifyReport) -> Iterator[tuple[str, int, int]]:
+    """``(name, data offset, size)`` of each member of an in-memory tar, checking each header."""
+    from readers.formats.webdataset import BLOCK
+
+    position = 0
+    while position + BLOCK <= len(data):
+        block = data[position : position + BLOCK]
+        if not any(block):
+            return
+        try:
+            size = tarfile.nti(block[124:136])
+            stored = tarfile.nti(block[148:156])
+        except tarfile.InvalidHeaderError:
+            report.add(where, f"damaged tar header at byte {position}")
+            return
+        if stored not in tarfile.calc_chksums(block):
+            report.add(where, f"damaged tar header at byte {position} (bad header checksum)")
+            return
+        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+        yield name, position + BLOCK, size
+        position += BLOCK + size + (-size % BLOCK)
+    report.add(where, "ends inside a tar member (truncated)")
+
+
+def _locator(store: Store):
+    """``index -> "sample i"`` text, naming the shard for WebDataset."""
+    if store.format_name != "webdataset":
+        return lambda i: f"sample {i}"
+    from readers.formats.webdataset import _load_index
+
+    shards = store.meta.extra["shards"]
+    column = np.asarray(_load_index(store.path)[:, 0])
+    return lambda i: f"sample {i} ({shards[int(column[i])]})" if 0 <= column[i] < len(shards) else f"sample {i}"
+
+
+# -- samples -------------------------------------------------------------------------------
+def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quick: bool, report: VerifyReport, locate) -> None:
+    try:
+        records = list(_copies(store._records(list(indices))))
+    except (PackedFormatError, ValueError, IndexError) as exc:
+        if len(indices) > 1:  # find which sample: one at a time
+            for i in indices:
+                _check_samples(store, range(i, i + 1), stored, quick, report, locate)
+            return
+        report.add(locate(indices[0]), str(exc))
+        return
+    meta = store.meta
+    for i, (label, shape, payload) in zip(indices, records):
+        where = locate(i)
+        report.checked += 1
+        if meta.labeled and not (0 <= label < max(len(meta.classes), 1)):
+            report.add(where, f"label {label} is not a class index (0..{len(meta.classes) - 1})")
+        elif not meta.labeled and label != -1:
+            report.add(where, f"label {label} in an unlabeled dataset (expected -1)")
+        if meta.kind == "image" and ((meta.shape is not None and tuple(shape) != tuple(meta.shape)) or shape[0] != meta.channels):
+            report.add(where, f"shape {tuple(shape)} disagrees with the metadata ({meta.shape or meta.channels})")
+        if stored is not None and sample_checksum(label, shape, payload) != int(stored[i]):
+            report.add(where, "checksum mismatch: the stored sample changed after it was written")
+        if meta.encoding == "raw":
+            expected = math.prod(shape) * np.dtype(meta.dtype).itemsize  # uint8 pixels, or token ids
+            if len(payload) != expected:
+                report.add(where, f"{len(payload)} bytes, expected {expected} for shape {tuple(shape)} of {meta.dtype}")
+        elif not quick:
+            try:
+                store.decode(payload, np.empty(shape, np.uint8), i)
+                report.decoded += 1
+            except PackedFormatError as exc:
+                report.add(where, f"does not decode: {exc}")
+
+
+def _copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
+    for label, shape, payload in records:
+        yield int(label), tuple(int(d) for d in shape), bytes(payload)
+
+
+# -- against the source ------------------------------------------------------------------------
+def _compare_source(store: Store, source: Path, report: VerifyReport, locate, workers: int | None) -> None:
+    from .errors import PackerError
+    from .options import ImageOptions
+    from .parallel import default_workers, ordered_map
+    from .preprocess.task import Encoded, ImageTask
+    from .sources.images import scan_image_folder
+
+    meta = store.meta
+    if meta.kind != "image":
+        report.add("source", f"--source compares image conversions only; this dataset holds {meta.kind}")
+        return
+    pre = meta.preprocessing
+    try:
+        image = ImageOptions(
+            size=tuple(pre["size"]) if pre.get("size") else None,
+            resize_mode=pre.get("resize_mode"),
+            grayscale=bool(pre.get("grayscale")),
+            encoding=pre.get("encoding", meta.encoding),
+            quality=pre.get("quality") or 90,
+            max_pixels=pre.get("max_pixels", ImageOptions().max_pixels),
+        )
+        folder = scan_image_folder(source)
+    except (PackerError, KeyError, TypeError) as exc:
+        report.add("source", f"cannot redo the recorded preprocessing: {exc}")
+        return
+    if list(folder.classes) != list(meta.classes):
+        report.add("source", f"{source} has classes {folder.classes[:5]}..., the dataset {list(meta.classes[:5])}...")
+    recorded = {s.path for s in meta.skipped}
+    items = [item for item in folder.items if folder.relative(item.path) not in recorded]
+    if len(items) != meta.count:
+        report.add("source", f"{source} has {len(items):,} inputs not recorded as skipped, the dataset has {meta.count:,} samples")
+    items = items[: meta.count]
+    with ordered_map(ImageTask(image), items, workers=workers or default_workers()) as results:
+        for i, (item, result) in enumerate(zip(items, results)):
+            where = f"{locate(i)} <- {folder.relative(item.path)}"
+            if not isinstance(result, Encoded):
+                report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
+                continue
+            try:
+                [(label, shape, payload)] = list(_copies(store._records([i])))
+            except (PackedFormatError, ValueError) as exc:
+                report.add(where, str(exc))
+                continue
+            report.compared += 1
+            problem = _difference(result, label, shape, payload, meta)
+            if problem:
+                report.add(where, problem)
+
+
+def _difference(expected, label: int, shape: Sequence[int], payload: bytes, meta: Metadata) -> str:
+    """Why a stored sample differs from the freshly converted ``expected``, or ""."""
+    if label != expected.label:
+        return f"label {label}, the source gives {expected.label}"
+    if tuple(shape) != tuple(expected.shape):
+        return f"shape {tuple(shape)}, the source gives {tuple(expected.shape)}"
+    if payload == expected.payload:
+        return ""
+    if meta.encoding == "raw":
+        diff = np.count_nonzero(np.frombuffer(payload, np.uint8) != np.frombuffer(expected.payload, np.uint8)) if len(payload) == len(expected.payload) else -1
+        return f"raw pixels differ from the source's ({diff} bytes)" if diff >= 0 else "raw payload size differs from the source's"
+    try:
+        mine = decode_image(payload, meta.channels).astype(np.int16)
+    except PackedFormatError as exc:
+        return f"does not decode: {exc}"
+    fresh = decode_image(expected.payload, meta.channels).astype(np.int16)
+    if mine.shape != fresh.shape:
+        return f"decodes to {mine.shape}, the source gives {fresh.shape}"
+    error = float(np.abs(mine - fresh).mean())
+    if meta.encoding == "png" and error > 0:
+        return f"png pixels differ from the source's (mean abs difference {error:.2f})"
+    if error > JPEG_TOLERANCE:
+        return f"jpeg pixels differ from the source's (mean abs difference {error:.2f} > {JPEG_TOLERANCE})"
+    return ""

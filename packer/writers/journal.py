@@ -1,0 +1,172 @@
+"""The resume journal: what an unfinished conversion has made durable, beside ``DST.partial``.
+
+A writer commits a *checkpoint* now and then (:data:`CHECKPOINT_SECONDS`, or after
+:data:`CHECKPOINT_BYTES` of payload): it makes everything written so far durable (its format's
+flush and ``fsync``), appends one row per sample written since the last checkpoint to
+``samples.i64`` and syncs it, then atomically replaces ``journal.json`` (write, ``fsync``,
+rename, ``fsync`` the folder). The journal records the inputs consumed, the samples written,
+the skipped inputs, the writer's own state (bytes of its data, shard list) and a
+*fingerprint* of the conversion (source listing and every option that changes the output).
+
+``convert(..., resume=True)`` reads the journal, refuses a different fingerprint (naming the
+option), truncates the sample rows (and the writer truncates its data) back to the checkpoint
+and carries on from the next input. Everything here is JSON and little-endian int64: no pickle.
+
+Journal folder: ``DST.partial-journal/`` (the output itself may be a single file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from readers.schema import Skipped
+
+__all__ = [
+    "Journal",
+    "Checkpoint",
+    "journal_path",
+    "listing_digest",
+    "conversion_fingerprint",
+    "fingerprint_difference",
+    "ROW_COLUMNS",
+    "CHECKPOINT_SECONDS",
+    "CHECKPOINT_BYTES",
+]
+
+#: A checkpoint is committed at most this often (seconds) ...
+CHECKPOINT_SECONDS = 2.0
+#: ... or once this much payload was written since the last one.
+CHECKPOINT_BYTES = 256 << 20
+#: One int64 row per sample written (``shard``/``offset``: WebDataset only, else 0).
+ROW_COLUMNS = ("shard", "offset", "nbytes", "label", "channels", "height", "width", "crc32")
+_ROW_BYTES = 8 * len(ROW_COLUMNS)
+JOURNAL_VERSION = 1
+
+
+def journal_path(tmp: Path) -> Path:
+    """The journal folder of the partial output ``tmp``."""
+    return tmp.with_name(tmp.name + "-journal")
+
+
+def listing_digest(entries: Iterable[tuple[str, int]]) -> str:
+    """SHA-256 over ``(path, label)`` plus each file's size and modification time."""
+    digest = hashlib.sha256()
+    for path, label in entries:
+        try:
+            st = os.stat(path)
+            stamp = f"{st.st_size}:{st.st_mtime_ns}"
+        except OSError:
+            stamp = "missing"
+        digest.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def conversion_fingerprint(
+    format: str, source: Path, items: Iterable[tuple[str, int]], image: Mapping[str, Any], storage: Mapping[str, Any], on_error: str, dst: Path
+) -> dict[str, Any]:
+    """Everything that decides an image conversion's output: options by their CLI names, the source listing."""
+    options = {f"--{k.replace('_', '-')}": v for k, v in {**dict(image), **dict(storage)}.items()}
+    return {"format": format, "source": str(Path(source).resolve()), "dst": str(dst), "--on-error": on_error,
+            "listing": listing_digest(items), **options}
+
+
+def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """The first difference between two fingerprints, for a person; ``None`` if they agree."""
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            if key == "listing":
+                return "the source folder changed since the interrupted run (files added, removed or modified)"
+            return f"{key} was {old.get(key)!r} in the interrupted run, now {new.get(key)!r}"
+    return None
+
+
+@dataclass
+class Checkpoint:
+    """What the journal says is durable."""
+
+    inputs: int
+    samples: int
+    payload_bytes: int
+    skipped: list[Skipped]
+    state: dict[str, Any]
+    rows: np.ndarray = field(default_factory=lambda: np.empty((0, len(ROW_COLUMNS)), np.int64))
+
+
+class Journal:
+    """Reads and commits the checkpoints of one partial output."""
+
+    def __init__(self, tmp: Path, fingerprint: Mapping[str, Any]) -> None:
+        self.folder = journal_path(tmp)
+        self.fingerprint = dict(fingerprint)
+        self._rows_file = self.folder / "samples.i64"
+        self._json_file = self.folder / "journal.json"
+
+    def remove(self) -> None:
+        """Drop the journal (a fresh start, or the output is finished)."""
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def start(self) -> None:
+        """Begin an empty journal (nothing durable yet)."""
+        self.remove()
+        self.folder.mkdir()
+        self._rows_file.touch()
+
+    def load(self) -> Checkpoint | None:
+        """The last checkpoint, or ``None`` if there is no usable journal.
+
+        Raises ``ValueError`` naming the differing option when the fingerprint differs.
+        """
+        try:
+            data = json.loads(self._json_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("version") != JOURNAL_VERSION:
+            return None
+        difference = fingerprint_difference(data.get("fingerprint", {}), self.fingerprint)
+        if difference is not None:
+            raise ValueError(difference)
+        samples = int(data["samples"])
+        with open(self._rows_file, "r+b") as handle:
+            handle.truncate(samples * _ROW_BYTES)  # rows after the checkpoint are not durable
+            raw = handle.read()
+        if len(raw) != samples * _ROW_BYTES:
+            return None
+        rows = np.frombuffer(raw, "<i8").astype(np.int64).reshape(samples, len(ROW_COLUMNS))
+        skipped = [Skipped(str(s["path"]), str(s["reason"])) for s in data["skipped"]]
+        return Checkpoint(int(data["inputs"]), samples, int(data["payload_bytes"]), skipped, dict(data["state"]), rows)
+
+    def commit(self, checkpoint: Checkpoint, new_rows: np.ndarray) -> None:
+        """Append ``new_rows``, sync, then atomically replace the journal record."""
+        with open(self._rows_file, "ab") as handle:
+            handle.write(np.ascontiguousarray(new_rows, "<i8").tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        record = {
+            "version": JOURNAL_VERSION,
+            "fingerprint": self.fingerprint,
+            "inputs": checkpoint.inputs,
+            "samples": checkpoint.samples,
+            "payload_bytes": checkpoint.payload_bytes,
+            "skipped": [s.to_dict() for s in checkpoint.skipped],
+            "state": checkpoint.state,
+        }
+        tmp = self._json_file.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self._json_file)
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

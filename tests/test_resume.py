@@ -1,0 +1,122 @@
+"""``--resume``: a conversion killed with SIGKILL carries on from its last checkpoint, and the
+result is sample-for-sample identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from imagefiles import jpeg_bytes, write
+from packer import ImageOptions, StorageOptions, convert
+from packer.errors import OptionError
+from packer.samples import natural_image
+from packer.verify import verify
+from packer.writers.journal import journal_path
+from readers.formats import open_store
+
+FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+SHARD_SIZE = 20
+#: The child commits a checkpoint this often (seconds), so a kill lands between checkpoints.
+CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """240 full-size JPEGs in 2 classes (a second or so of work), 2 of them broken."""
+    root = tmp_path_factory.mktemp("resume-src")
+    data = jpeg_bytes(natural_image(np.random.default_rng(0), 375, 500), quality=90)
+    for i in range(240):
+        write(root / f"c{i % 2}" / f"{i:04d}.jpg", data if i not in (33, 150) else b"not a jpeg")
+    return root
+
+
+def _options(fmt: str) -> tuple[list[str], dict]:
+    args = ["--size", "24", "--format", fmt]
+    kwargs = {"format": fmt, "image": ImageOptions(size=24)}
+    if fmt == "webdataset":
+        args += ["--shard-size", str(SHARD_SIZE)]
+        kwargs["storage"] = StorageOptions(shard_size=SHARD_SIZE)
+    return args, kwargs
+
+
+def _start(source: Path, dst: Path, *args: str) -> subprocess.Popen:
+    """``packer convert`` in a child process group of its own (it and its workers)."""
+    command = [sys.executable, "-c", CHILD, "convert", str(source), str(dst), "-j", "1", "-q", *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the conversion and its workers at once (as the OOM killer or a lost node would)."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _samples(path: Path) -> list[tuple[int, tuple, bytes]]:
+    store = open_store(path)
+    return [(label, tuple(shape), bytes(payload)) for label, shape, payload in store._records(range(len(store)))]
+
+
+def _meta(path: Path) -> dict:
+    data = open_store(path).meta.to_dict()
+    data.pop("created")
+    return data
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path, source, fmt):
+    args, kwargs = _options(fmt)
+    dst = tmp_path / f"out{SUFFIX[fmt]}"
+    partial = dst.with_name(dst.name + ".partial")
+    journal = journal_path(partial) / "journal.json"
+    proc = _start(source, dst, *args)
+    deadline = time.time() + 60
+    while not journal.exists():  # a first checkpoint is committed
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.005)
+    time.sleep(random.Random(fmt).uniform(0.0, 0.25))  # then a random point
+    assert proc.poll() is None, "the conversion finished before it could be killed"
+    _kill(proc)
+    assert not dst.exists() and partial.exists()
+    committed = json.loads(journal.read_text())["inputs"]
+    assert 0 < committed < 240  # resumed from the middle, not started over
+    report = convert(source, dst, workers=2, resume=True, **kwargs)
+    assert not partial.exists() and not journal.parent.exists()
+    reference = convert(source, tmp_path / f"ref{SUFFIX[fmt]}", workers=2, **kwargs)
+    assert report.written == reference.written == 238 and len(report.skipped) == 2
+    assert _samples(dst) == _samples(reference.dst)
+    assert _meta(dst) == _meta(reference.dst)
+    assert verify(dst).ok
+
+
+def test_resume_refuses_different_options_and_keeps_the_partial(tmp_path, source):
+    dst = tmp_path / "out.blob"
+    partial = dst.with_name("out.blob.partial")
+    proc = _start(source, dst, "--size", "24")
+    journal = journal_path(partial) / "journal.json"
+    deadline = time.time() + 60
+    while not journal.exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.005)
+    _kill(proc)
+    with pytest.raises(OptionError, match=r"--size was \[24, 24\] in the interrupted run, now \[32, 32\]"):
+        convert(source, dst, image=ImageOptions(size=32), workers=1, resume=True)
+    assert partial.exists() and journal.exists()
+    report = convert(source, dst, image=ImageOptions(size=24), workers=2, resume=True)
+    assert report.written == 238
+
+
+def test_resume_without_an_interrupted_run_starts_over(tmp_path, image_folder):
+    dst = tmp_path / "fresh.lmdb"
+    report = convert(image_folder, dst, image=ImageOptions(size=8), workers=1, resume=True)
+    assert report.written == 18 and not journal_path(dst.with_name("fresh.lmdb.partial")).exists()

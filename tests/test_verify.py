@@ -1,0 +1,156 @@
+"""``packer verify`` and the per-sample checksums: a flipped byte anywhere is found and located."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from packer import ImageOptions, StorageOptions, convert
+from packer.cli import cli
+from packer.verify import verify
+from readers.checksums import CHECKSUM, sample_checksum
+from readers.formats import open_store
+from readers.formats.blob import BlobHeader, HEADER
+from readers.formats.webdataset import INDEX_FILE
+
+FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+VICTIM = 7  # the sample whose bytes get flipped
+
+
+def _convert(src: Path, dst: Path, fmt: str, encoding: str = "raw") -> Path:
+    storage = StorageOptions(shard_size=5) if fmt == "webdataset" else None
+    convert(src, dst, format=fmt, image=ImageOptions(size=16, encoding=encoding), storage=storage, workers=1)
+    return dst
+
+
+@pytest.fixture()
+def packed(image_folder, tmp_path):
+    """A function ``(fmt, encoding) -> path``: a fresh 16x16 conversion to damage."""
+    return lambda fmt, encoding="raw": _convert(image_folder, tmp_path / f"d{SUFFIX[fmt]}", fmt, encoding)
+
+
+def _flip(path: Path, offset: int, xor: int = 0x01) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)[0]
+        handle.seek(offset)
+        handle.write(bytes([byte ^ xor]))
+
+
+def _payload_location(path: Path, fmt: str, index: int) -> tuple[Path, int]:
+    """The file holding sample ``index``'s payload and the payload's offset in it."""
+    store = open_store(path)
+    if fmt == "webdataset":
+        row = np.load(path / INDEX_FILE)[index]
+        return path / store.meta.extra["shards"][int(row[0])], int(row[1])
+    [payload] = [bytes(payload) for _label, _shape, payload in store._records([index])]  # copied inside the read
+    file = path / "data.mdb" if fmt == "lmdb" else path
+    data = file.read_bytes()
+    assert data.count(payload) == 1
+    return file, data.find(payload)
+
+
+def _label_location(path: Path, fmt: str, index: int) -> tuple[Path, int]:
+    """Where the low byte of sample ``index``'s label is stored."""
+    if fmt == "lmdb":
+        file, offset = _payload_location(path, fmt, index)
+        return file, offset - 16  # the 16-byte sample header: label int32 first
+    if fmt == "hdf5":
+        with h5py.File(path, "r") as f:
+            return path, f["labels"].id.get_offset() + 8 * index
+    if fmt == "blob":
+        with open(path, "rb") as handle:
+            header = BlobHeader.unpack(handle.read(HEADER.size), where="t", file_size=path.stat().st_size)
+        return path, header.sections["labels"][0] + 8 * index
+    index_file = path / INDEX_FILE
+    header_size = len(index_file.read_bytes()) - np.load(index_file).nbytes
+    return index_file, header_size + 8 * (7 * index + 3)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_checksums_are_recorded_and_match(packed, fmt):
+    path = packed(fmt)
+    store = open_store(path)
+    assert store.meta.checksum == CHECKSUM
+    stored = store.stored_checksums()
+    assert stored.dtype == np.dtype("<u4") and stored.shape == (len(store),)
+    expected = [sample_checksum(label, shape, bytes(payload)) for label, shape, payload in store._records(range(len(store)))]
+    assert stored.tolist() == expected
+    report = verify(path)
+    assert report.ok and report.checked == len(store), report.faults
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_flipped_pixel_byte_is_found(packed, fmt):
+    path = packed(fmt)
+    file, offset = _payload_location(path, fmt, VICTIM)
+    _flip(file, offset + 100)
+    report = verify(path)
+    assert not report.ok
+    assert [f.where.split(" (")[0] for f in report.faults] == [f"sample {VICTIM}"]
+    assert "checksum mismatch" in report.faults[0].message
+    if fmt == "webdataset":
+        assert "shard-000001.tar" in report.faults[0].where  # sample 7 is in the second shard of 5
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_flipped_label_is_found(packed, fmt):
+    path = packed(fmt)
+    file, offset = _label_location(path, fmt, VICTIM)
+    _flip(file, offset)  # label 1 <-> 0: still a valid class, only the checksum can tell
+    report = verify(path)
+    assert not report.ok
+    assert any(f.where.startswith(f"sample {VICTIM}") and "checksum mismatch" in f.message for f in report.faults), report.faults
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "blob", "webdataset"])
+def test_a_damaged_jpeg_is_found_and_cli_exits_non_zero(packed, fmt):
+    path = packed(fmt, "jpeg")
+    file, offset = _payload_location(path, fmt, VICTIM)
+    _flip(file, offset + 1, 0xFF)  # the JPEG marker: no longer a JPEG
+    result = CliRunner().invoke(cli, ["verify", str(path)])
+    assert result.exit_code == 1
+    assert f"fault: sample {VICTIM}" in result.output and "does not decode" in result.output
+    assert "2 faults" in result.stderr  # the checksum and the decode
+    assert "Traceback" not in result.output
+
+
+def test_a_damaged_tar_header_is_found(packed):
+    path = packed("webdataset")
+    shard = path / "shard-000000.tar"
+    _flip(shard, 3)  # inside the first member's name
+    report = verify(path)
+    assert any("shard-000000.tar" in f.where and "tar header" in f.message for f in report.faults), report.faults
+
+
+def test_cli_success_prints_one_summary_line(packed):
+    path = packed("blob")
+    result = CliRunner().invoke(cli, ["verify", str(path), "--quick"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines() == [f"{path}: OK (blob; 18 of 18 samples checked, checksums matched; " + result.output.split("; ")[-1].strip()]
+
+
+def test_source_comparison_finds_a_changed_input(packed, image_folder, tmp_path):
+    path = packed("lmdb")
+    assert verify(path, source=image_folder, workers=1).compared == 18
+    changed = tmp_path / "changed"
+    shutil.copytree(image_folder, changed)
+    files = sorted(p for p in changed.rglob("*") if p.is_file())
+    shutil.copyfile(files[0], files[VICTIM])  # another picture under the same name
+    report = verify(path, source=changed, workers=1)
+    assert [f.where for f in report.faults] == [f"sample {VICTIM} <- {files[VICTIM].relative_to(changed)}"]
+    assert "raw pixels differ" in report.faults[0].message
+
+
+def test_a_truncated_dataset_is_a_fault_not_a_crash(packed):
+    path = packed("blob")
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size - 10)
+    report = verify(path)
+    assert not report.ok and report.faults[0].where == "dataset" and "truncated" in report.faults[0].message
