@@ -35,6 +35,8 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         data["path"] = str(path)
         data["bytes_on_disk"] = size
         return json.dumps(data, indent=2, sort_keys=True)
+    if meta.kind == "text":
+        return _describe_text(path, meta, size)
     pre = meta.preprocessing
     shape = "x".join(map(str, meta.shape)) + " (C x H x W)" if meta.shape else "variable"
     classes = f"{len(meta.classes)}: " + ", ".join(meta.classes[:MAX_LISTED]) if meta.classes else "none (unlabeled)"
@@ -49,6 +51,30 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}"),
         ("classes", classes),
         ("preprocess", f"size {size_text}, {pre.get('resize_mode')}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
+        ("source", meta.source),
+        ("on disk", f"{size:,} bytes"),
+        ("skipped", f"{len(meta.skipped):,}"),
+    ]
+    lines = [str(path)] + [f"  {key:<11}{value}" for key, value in rows]
+    for entry in meta.skipped[:MAX_LISTED]:
+        lines.append(f"    {entry.path}: {entry.reason}")
+    if len(meta.skipped) > MAX_LISTED:
+        lines.append(f"    ... {len(meta.skipped) - MAX_LISTED} more (see --json)")
+    return "\n".join(lines)
+
+
+def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
+    """``packer info`` of a text dataset: tokenizer, documents and tokens."""
+    tok = meta.tokenizer
+    sha = str(tok.get("sha256") or "")
+    rows = [
+        ("format", f"{meta.format}, format version {meta.format_version}, written by packer {meta.tool_version}"),
+        ("created", meta.created),
+        ("documents", f"{meta.count:,}"),
+        ("tokens", f"{meta.tokens:,} ({meta.tokens / max(meta.count, 1):,.1f} per document, EOS included)"),
+        ("storage", f"{meta.dtype} {meta.layout}"),
+        ("tokenizer", f"{tok.get('kind')} {tok.get('name')}, vocab {tok.get('vocab_size'):,}, eos {tok.get('eos_id')}"
+                      + (f", sha256 {sha[:16]}..." if sha else "")),
         ("source", meta.source),
         ("on disk", f"{size:,} bytes"),
         ("skipped", f"{len(meta.skipped):,}"),

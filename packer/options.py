@@ -15,7 +15,7 @@ from readers.schema import ENCODINGS
 from .errors import OptionError
 from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
-__all__ = ["ImageOptions", "StorageOptions", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS", "COMPRESSIONS"]
+__all__ = ["ImageOptions", "StorageOptions", "TextOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS", "COMPRESSIONS"]
 
 #: What to do with an input that cannot be converted: skip it (and record it), or stop.
 ON_ERROR = ("skip", "fail")
@@ -135,3 +135,37 @@ class StorageOptions:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise OptionError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")
+
+
+#: ``--eos none``: store documents back to back with no separator token.
+NO_EOS = "none"
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How a text corpus is read and tokenised (``packer convert --kind text``).
+
+    ``tokenizer``: ``"bytes"`` (built in), a ``tokenizer.json`` or a SentencePiece ``.model``.
+    ``lines``: one document per non-empty line of ``.txt`` files. ``text_field``: the string
+    field of ``.jsonl`` records and Parquet rows. ``eos``: separator id after every document;
+    ``None`` = the tokenizer's own EOS (``bytes``: 256), ``"none"`` = no separator.
+    ``max_tokens``: keep at most this many tokens of each document (before its EOS).
+    """
+
+    tokenizer: str = "bytes"
+    lines: bool = False
+    text_field: str = "text"
+    eos: int | str | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.text_field:
+            raise OptionError("--text-field: must not be empty")
+        if self.eos is not None and self.eos != NO_EOS and not (isinstance(self.eos, int) and self.eos >= 0):
+            raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {self.eos!r}")
+        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens > 0):
+            raise OptionError(f"--max-tokens: must be a positive integer, got {self.max_tokens!r}")
+
+    def describe(self) -> dict[str, Any]:
+        """The options as recorded in the metadata's ``preprocessing``."""
+        return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens}

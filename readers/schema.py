@@ -19,6 +19,9 @@ __all__ = [
     "FORMATS",
     "ENCODINGS",
     "LAYOUT",
+    "KINDS",
+    "TOKEN_DTYPES",
+    "TOKEN_LAYOUT",
     "Metadata",
     "Skipped",
     "PackedFormatError",
@@ -39,7 +42,17 @@ ENCODINGS = ("raw", "jpeg", "png")
 #: Pixel order of raw samples: planar (channels, height, width). See docs/FORMATS.md, "Layout".
 LAYOUT = "CHW"
 
-KINDS = ("image",)
+#: What a dataset holds: images (uint8 CHW pixels) or text (token ids, see docs/FORMATS.md).
+KINDS = ("image", "text")
+
+#: Token id dtypes of a text dataset: uint16 when the vocabulary fits, else uint32.
+TOKEN_DTYPES = ("uint16", "uint32")
+
+#: Layout of a text dataset: documents of token ids, in one flat stream or one record each.
+TOKEN_LAYOUT = "tokens"
+
+#: Per-sample checksum algorithms a dataset may record ("" = none recorded).
+CHECKSUMS = ("", "crc32")
 
 
 class PackedFormatError(ValueError):
@@ -90,6 +103,12 @@ class Metadata:
     tool_version: str = ""
     created: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Per-sample checksum algorithm (``"crc32"``, see ``readers/checksums.py``), "" for none.
+    checksum: str = ""
+    #: Text datasets: the tokenizer's identity (kind, vocab_size, eos_id, sha256, name).
+    tokenizer: Mapping[str, Any] = field(default_factory=dict)
+    #: Text datasets: total stored tokens (EOS separators included).
+    tokens: int = 0
     format_version: int = FORMAT_VERSION
     tool: str = "packer"
 
@@ -98,6 +117,10 @@ class Metadata:
         _check(self.kind in KINDS, f"unknown kind {self.kind!r}")
         _check(self.encoding in ENCODINGS, f"unknown encoding {self.encoding!r} (known: {', '.join(ENCODINGS)})")
         _check(_is_int(self.count) and self.count >= 0, f"count must be a non-negative integer, got {self.count!r}")
+        _check(self.checksum in CHECKSUMS, f"unknown checksum {self.checksum!r} (known: {', '.join(CHECKSUMS[1:])})")
+        if self.kind == "text":
+            self._check_text()
+            return
         _check(self.channels in (1, 3), f"channels must be 1 or 3, got {self.channels!r}")
         _check(self.dtype == "uint8", f"dtype must be 'uint8', got {self.dtype!r}")
         _check(self.layout == LAYOUT, f"layout must be {LAYOUT!r}, got {self.layout!r}")
@@ -109,6 +132,19 @@ class Metadata:
             _check(self.shape[0] == self.channels, f"shape {self.shape} disagrees with channels={self.channels}")
         _check(all(isinstance(c, str) for c in self.classes), "classes must be strings")
         _check(self.labeled or not self.classes, "an unlabeled dataset cannot have classes")
+
+    def _check_text(self) -> None:
+        """A text dataset: token ids of a recorded tokenizer, one document per sample."""
+        _check(self.dtype in TOKEN_DTYPES, f"text dtype must be one of {', '.join(TOKEN_DTYPES)}, got {self.dtype!r}")
+        _check(self.layout == TOKEN_LAYOUT, f"text layout must be {TOKEN_LAYOUT!r}, got {self.layout!r}")
+        _check(self.shape is None and self.encoding == "raw", "a text dataset has no fixed shape and raw encoding")
+        _check(not self.classes and not self.labeled, "a text dataset has no classes")
+        _check(_is_int(self.tokens) and self.tokens >= 0, f"tokens must be a non-negative integer, got {self.tokens!r}")
+        vocab = self.tokenizer.get("vocab_size")
+        _check(_is_int(vocab) and vocab > 0, f"tokenizer record needs a positive vocab_size, got {vocab!r}")
+        limit = 1 << (16 if self.dtype == "uint16" else 32)
+        _check(vocab <= limit, f"vocab_size {vocab} does not fit dtype {self.dtype}")
+        _check(self.checksum in CHECKSUMS, f"unknown checksum {self.checksum!r} (known: {', '.join(CHECKSUMS[1:])})")
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -129,6 +165,7 @@ class Metadata:
         out["skipped"] = [s.to_dict() for s in self.skipped]
         out["preprocessing"] = dict(self.preprocessing)
         out["extra"] = dict(self.extra)
+        out["tokenizer"] = dict(self.tokenizer)
         return out
 
     def to_json(self) -> str:

@@ -6,11 +6,13 @@ values (:class:`Failed`) so one bad file never kills the pool.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 
 from ..options import ImageOptions
 from ..sources.images import ImageItem
-from .decode import DecodeError
+from .decode import DecodeError, describe_error
 from .encode import encode
 from .image import preprocess_image
 
@@ -19,11 +21,17 @@ __all__ = ["Encoded", "Failed", "ImageTask"]
 
 @dataclass(frozen=True)
 class Encoded:
-    """A converted sample: its label, stored (C, H, W) shape and payload bytes."""
+    """A converted sample: its label, stored (C, H, W) shape, payload bytes and their dtype.
+
+    Images are uint8 pixels. A tokenised document (``packer/preprocess/tokenize.py``) has label
+    -1, shape ``(1, 1, n)`` for its ``n`` token ids and ``dtype`` uint16/uint32 (little-endian
+    payload), so every format's per-sample (C, H, W) bookkeeping holds it unchanged.
+    """
 
     label: int
     shape: tuple[int, int, int]
     payload: bytes
+    dtype: str = "uint8"
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,11 @@ class ImageTask:
 
     def __call__(self, item: ImageItem) -> Encoded | Failed:
         try:
-            with open(item.path, "rb") as handle:
+            # Non-blocking open and a type check: a FIFO or device named like an image would
+            # otherwise block forever or read without end.
+            with open(os.open(item.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    return Failed(item.path, "not a regular file")
                 data = handle.read()
         except OSError as exc:
             return Failed(item.path, f"cannot read ({exc.strerror or exc})")
@@ -52,6 +64,6 @@ class ImageTask:
         except DecodeError as exc:
             return Failed(item.path, str(exc))
         except Exception as exc:  # noqa: BLE001 - hostile files break decoders in odd ways; recorded, not hidden
-            return Failed(item.path, f"cannot decode ({type(exc).__name__}: {exc})")
+            return Failed(item.path, f"cannot decode ({type(exc).__name__}: {describe_error(exc)})")
         height, width, channels = pixels.shape
         return Encoded(item.label, (channels, height, width), payload)

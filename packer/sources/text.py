@@ -1,0 +1,157 @@
+"""Find the documents of a text corpus: ``.txt``, ``.jsonl`` and (with pyarrow) Parquet files.
+
+A corpus is a file or a folder searched recursively (hidden names ignored), read in sorted
+relative-path order, so document order is deterministic. A ``.txt`` file is one document, or one
+per non-empty line with ``lines=True``; a ``.jsonl`` line and a Parquet row give the string under
+``text_field``. Inputs that cannot be used (a binary file, invalid UTF-8, a line that is not JSON
+or lacks the field, an empty document) are skipped and listed as :class:`Skipped`; the caller
+records them in the metadata or stops (``--on-error fail``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from readers.schema import Skipped
+
+from ..errors import SourceError
+
+__all__ = ["TextDoc", "TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS"]
+
+#: File extensions read as text corpora.
+TEXT_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+#: A file whose first bytes hold a NUL is binary, not text.
+_SNIFF = 8192
+
+
+@dataclass(frozen=True)
+class TextDoc:
+    """One document: where it came from (``file`` or ``file:line``) and its text."""
+
+    source: str
+    text: str
+
+
+@dataclass
+class TextCorpus:
+    """The documents of a corpus in order, and what was skipped."""
+
+    root: Path
+    docs: list[TextDoc]
+    skipped: list[Skipped] = field(default_factory=list)
+    files: int = 0
+
+
+def _text_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if not name.startswith(".") and os.path.splitext(name)[1].lower() in TEXT_EXTENSIONS:
+                found.append(Path(dirpath) / name)
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def is_text_corpus(root: str | os.PathLike[str]) -> bool:
+    """Whether ``root`` holds text files and no images (how ``packer convert`` tells a corpus)."""
+    from .images import IMAGE_EXTENSIONS
+
+    root = Path(root)
+    if root.is_file():
+        return root.suffix.lower() in TEXT_EXTENSIONS
+    has_text = False
+    for _dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            ext = os.path.splitext(name)[1].lower()
+            if ext in IMAGE_EXTENSIONS:
+                return False
+            has_text = has_text or ext in TEXT_EXTENSIONS
+    return has_text
+
+
+def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
+    """Read every document of ``root``; raises :class:`SourceError` if there are no text files."""
+    root = Path(root)
+    if not root.exists():
+        raise SourceError(f"{root}: no such file or folder")
+    files = _text_files(root)
+    if not files:
+        raise SourceError(f"{root}: no .txt, .jsonl or .parquet files found")
+    corpus = TextCorpus(root, [], files=len(files))
+    base = root if root.is_dir() else root.parent
+    for path in files:
+        name = path.relative_to(base).as_posix()
+        ext = path.suffix.lower()
+        if ext == ".parquet":
+            _read_parquet(path, name, text_field, corpus)
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            corpus.skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
+            continue
+        if b"\x00" in data[:_SNIFF]:
+            corpus.skipped.append(Skipped(name, "binary file (contains NUL bytes), not text"))
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            corpus.skipped.append(Skipped(name, f"invalid UTF-8 at byte {exc.start}"))
+            continue
+        if ext == ".jsonl":
+            _read_jsonl(text, name, text_field, corpus)
+        elif lines:
+            for number, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    corpus.docs.append(TextDoc(f"{name}:{number}", line))
+        else:
+            _add(corpus, name, text)
+    return corpus
+
+
+def _add(corpus: TextCorpus, source: str, text: str) -> None:
+    if text.strip():
+        corpus.docs.append(TextDoc(source, text))
+    else:
+        corpus.skipped.append(Skipped(source, "empty document"))
+
+
+def _read_jsonl(text: str, name: str, text_field: str, corpus: TextCorpus) -> None:
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            corpus.skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
+            continue
+        value = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
+            continue
+        _add(corpus, where, value)
+
+
+def _read_parquet(path: Path, name: str, text_field: str, corpus: TextCorpus) -> None:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise SourceError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        column = pq.read_table(path, columns=[text_field]).column(text_field).to_pylist()
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files; recorded
+        corpus.skipped.append(Skipped(name, f"cannot read Parquet column {text_field!r} ({exc})"))
+        return
+    for row, value in enumerate(column):
+        where = f"{name}:{row}"
+        if not isinstance(value, str):
+            corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
+        else:
+            _add(corpus, where, value)

@@ -1,0 +1,162 @@
+"""Token access over any packed text dataset, torch-free: documents, the flat stream, decoding.
+
+A text dataset stores each document as one sample (record shape ``(1, 1, n)``, payload ``n``
+little-endian uint16/uint32 token ids, EOS last). The *flat stream* is every document back to
+back; :class:`TokenStore` gives slices of it without building it:
+
+* blob: the data section *is* the flat stream, mapped (or in shared memory) and viewed as the
+  token dtype; a span is a zero-copy slice.
+* HDF5: the flat ``payload`` dataset is the stream too; a span is one ranged read.
+* LMDB, WebDataset: a span reads the (few) documents it touches and concatenates them.
+
+Document token offsets (``(N + 1,)`` int64) come from the format's own index (blob/HDF5 offsets,
+the WebDataset member index) or, for LMDB, one pass over the records, once per store and cached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..schema import Metadata, PackedFormatError
+from ..tokenizer import Tokenizer, TokenizerError, file_sha256, load_tokenizer
+from . import open_store
+from .base import Store
+
+__all__ = ["TokenStore", "check_tokenizer"]
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_tokenizer(meta: Metadata, expect: str | os.PathLike[str], *, where: str) -> None:
+    """Raise :class:`TokenizerError` unless ``expect`` (``"bytes"``, a file path or its sha256) is the dataset's tokenizer."""
+    record = meta.tokenizer
+    text = str(expect)
+    if text == "bytes":
+        ok, got = record.get("kind") == "bytes", "bytes"
+    else:
+        got = text.lower() if _SHA256.match(text.lower()) else file_sha256(text)
+        ok = got == record.get("sha256")
+    if not ok:
+        raise TokenizerError(
+            f"{where}: was tokenised with {record.get('kind')} tokenizer {record.get('name')!r} "
+            f"(sha256 {record.get('sha256') or '-'}), not {text} (sha256 {got}): use the tokenizer it was made with"
+        )
+
+
+class TokenStore:
+    """A text dataset's tokens; picklable, opens storage lazily per process."""
+
+    def __init__(self, path: str | Path, *, expect_tokenizer: str | os.PathLike[str] | None = None, in_memory: bool = False) -> None:
+        self.path = Path(path)
+        self.store: Store = _open(self.path, in_memory)
+        self.meta: Metadata = self.store.meta
+        if self.meta.kind != "text":
+            raise PackedFormatError(f"{self.path}: holds {self.meta.kind} samples, not text tokens; use open_dataset()")
+        if expect_tokenizer is not None:
+            check_tokenizer(self.meta, expect_tokenizer, where=str(self.path))
+        self.dtype = np.dtype(self.meta.dtype).newbyteorder("<")
+        self._offsets: np.ndarray | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    def __len__(self) -> int:
+        return self.meta.count
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the flat stream (EOS separators included)."""
+        return int(self.offsets[-1])
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``(N + 1,)`` int64: document ``i`` is tokens ``offsets[i]:offsets[i + 1]`` of the flat stream."""
+        if self._offsets is None:
+            self._offsets = self._token_offsets()
+        return self._offsets
+
+    def _token_offsets(self) -> np.ndarray:
+        fmt, size = self.meta.format, self.dtype.itemsize
+        if fmt == "blob":
+            byte_offsets = self.store._view.get().offsets  # type: ignore[attr-defined]
+        elif fmt == "hdf5":
+            byte_offsets = self.store._file.get().offsets  # type: ignore[attr-defined]
+        elif fmt == "webdataset":
+            nbytes = self.store._files.get().index[:, 2]  # type: ignore[attr-defined]
+            byte_offsets = np.concatenate([[0], np.cumsum(nbytes)])
+        else:
+            lengths = np.fromiter((len(p) for _l, _s, p in self.store._records(range(len(self)))), np.int64, len(self))
+            byte_offsets = np.concatenate([[0], np.cumsum(lengths)])
+        offsets = np.asarray(byte_offsets, np.int64) // size
+        if offsets.shape != (len(self) + 1,) or int(offsets[-1]) != self.meta.tokens:
+            raise PackedFormatError(f"{self.path}: document offsets disagree with the metadata's {self.meta.tokens} tokens: the dataset is corrupt")
+        return offsets
+
+    # -- reading ----------------------------------------------------------------------------
+    def document(self, index: int) -> np.ndarray:
+        """Document ``index``'s token ids (EOS included), as a new array of the stored dtype."""
+        i = self.store.check_index(index)
+        start, stop = self.offsets[i : i + 2]
+        return self.span(int(start), int(stop))
+
+    def span(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Tokens ``start:stop`` of the flat stream, into ``out`` (or a new array)."""
+        total = self.num_tokens
+        if not 0 <= start <= stop <= total:
+            raise IndexError(f"token span {start}:{stop} is outside the stream of {total} tokens")
+        if out is None:
+            out = np.empty(stop - start, self.dtype)
+        fmt, size = self.meta.format, self.dtype.itemsize
+        if fmt == "blob":
+            out[...] = self.store._view.get().data[start * size : stop * size].view(self.dtype)  # type: ignore[attr-defined]
+        elif fmt == "hdf5":
+            self.store._file.get().read_payload(start * size, stop * size, out.view(np.uint8))  # type: ignore[attr-defined]
+        else:
+            offsets = self.offsets
+            first = int(np.searchsorted(offsets, start, "right")) - 1
+            last = int(np.searchsorted(offsets, stop, "left"))
+            at = 0
+            for doc, (_label, _shape, payload) in zip(range(first, last), self.store._records(range(first, last))):
+                tokens = np.frombuffer(payload, self.dtype)
+                lo, hi = max(start, int(offsets[doc])) - int(offsets[doc]), min(stop, int(offsets[doc + 1])) - int(offsets[doc])
+                out[at : at + hi - lo] = tokens[lo:hi]
+                at += hi - lo
+        return out
+
+    # -- decoding ---------------------------------------------------------------------------
+    def tokenizer(self, spec: str | os.PathLike[str] | None = None) -> Tokenizer:
+        """The dataset's tokenizer: ``spec``, else the file recorded at conversion; checked by sha256."""
+        if spec is None and self._tokenizer is not None:
+            return self._tokenizer
+        record = self.meta.tokenizer
+        if spec is None:
+            spec = "bytes" if record.get("kind") == "bytes" else record.get("path")
+            if spec != "bytes" and (not spec or not Path(spec).is_file()):
+                raise TokenizerError(
+                    f"{self.path}: its tokenizer {record.get('name')!r} is not at {spec}; pass the tokenizer file"
+                )
+        check_tokenizer(self.meta, spec, where=str(self.path))
+        tokenizer = load_tokenizer(spec)
+        self._tokenizer = tokenizer
+        return tokenizer
+
+    def decode(self, ids: Sequence[int] | np.ndarray, tokenizer: str | os.PathLike[str] | None = None) -> str:
+        """Text of ``ids`` with the dataset's tokenizer (for inspection)."""
+        return self.tokenizer(tokenizer).decode(np.asarray(ids).reshape(-1).tolist())
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_tokenizer"] = None  # loaded again where needed
+        return state
+
+
+def _open(path: Path, in_memory: bool) -> Store:
+    if in_memory:
+        from .blob import BlobStore
+
+        if BlobStore.recognises(path):
+            return BlobStore(path, in_memory=True)
+    return open_store(path)

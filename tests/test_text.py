@@ -1,0 +1,179 @@
+"""Text corpora: tokenise, pack in every format, read back as documents and training blocks."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import packer
+from packer.cli import cli
+from packer.errors import InputError
+from packer.options import TextOptions
+from readers import Loader, TokenDataset, WidenTokens
+from readers.tokenizer import TokenizerError, file_sha256, load_tokenizer
+
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda omicron sigma omega".split()
+TARGETS = {"lmdb": "c.lmdb", "hdf5": "c.h5", "blob": "c.blob", "webdataset": "wds"}
+
+
+def _docs(n: int = 24, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))) + " ünï" for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory) -> Path:
+    """A small BPE tokenizer trained here on generated text (nothing downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(_docs(200, 1), trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", "<|endoftext|>"]))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    for i, text in enumerate(_docs()):
+        (root / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
+    return root
+
+
+def _convert(src: Path, dst: Path, fmt: str, **text) -> packer.api.ConversionReport:
+    return packer.convert(src, dst, format=fmt, text=TextOptions(**text), workers=2, storage=packer.options.StorageOptions(shard_size=7))
+
+
+@pytest.mark.parametrize("fmt", list(TARGETS))
+def test_round_trip_every_format(fmt: str, corpus: Path, bpe: Path, tmp_path: Path) -> None:
+    dst = tmp_path / TARGETS[fmt]
+    report = _convert(corpus, dst, fmt, tokenizer=str(bpe))
+    tok = load_tokenizer(bpe)
+    docs = _docs()
+    ds = TokenDataset(dst, expect_tokenizer=bpe)
+    assert len(ds) == len(docs) == report.written and ds.meta.dtype == "uint16"
+    eos = tok.eos_id
+    total = 0
+    for i, text in enumerate(docs):
+        ids = ds[i]
+        assert ids.dtype == torch.uint16 and int(ids[-1]) == eos
+        assert ids[:-1].tolist() == tok.encode(text)
+        assert ds.decode(ids[:-1]) == tok.decode(tok.encode(text))
+        total += len(ids)
+    assert total == ds.meta.tokens == report.tokens
+    assert ds.meta.tokenizer["sha256"] == file_sha256(bpe)
+
+
+def test_bytes_tokenizer_blocks_cover_stream(corpus: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "c.blob"
+    _convert(corpus, dst, "blob")
+    ds = TokenDataset(dst, block_size=32)
+    stream = np.concatenate([TokenDataset(dst).tokens.document(i) for i in range(len(ds.tokens))])
+    assert stream[-1] == 256 and ds.meta.tokenizer["vocab_size"] == 257
+    assert len(ds) == (len(stream) - 1) // 32
+    for i in range(len(ds)):
+        x, y = ds[i]
+        assert x.tolist() == stream[i * 32 : i * 32 + 32].tolist() and y.tolist() == stream[i * 32 + 1 : i * 32 + 33].tolist()
+    rnd = TokenDataset(dst, block_size=32, random_windows=True, seed=3)
+    starts = [rnd.window_start(i) for i in range(len(rnd))]
+    assert starts == [TokenDataset(dst, block_size=32, random_windows=True, seed=3).window_start(i) for i in range(len(rnd))]
+    assert max(starts) + 33 <= len(stream)
+    assert WidenTokens()(x).dtype == torch.int64
+    with pytest.raises(TokenizerError):
+        TokenDataset(dst, expect_tokenizer="0" * 64)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "webdataset"])
+def test_blocks_match_blob(fmt: str, corpus: Path, tmp_path: Path) -> None:
+    _convert(corpus, tmp_path / "ref.blob", "blob")
+    _convert(corpus, tmp_path / TARGETS[fmt], fmt)
+    ref, other = TokenDataset(tmp_path / "ref.blob", block_size=50), TokenDataset(tmp_path / TARGETS[fmt], block_size=50)
+    assert len(ref) == len(other)
+    for i in range(len(ref)):
+        assert torch.equal(ref[i][0], other[i][0])
+
+
+def test_uint32_for_large_vocab(corpus: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(WORDS)} | {"ünï": 70000, "[UNK]": 70001, "</s>": 70002}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "wl.json"
+    tok.save(str(path))
+    dst = tmp_path / "c.h5"
+    _convert(corpus, dst, "hdf5", tokenizer=str(path))
+    ds = TokenDataset(dst)
+    assert ds.meta.dtype == "uint32" and ds[0].dtype == torch.uint32
+    assert int(ds[0][-2]) == 70000 and int(ds[0][-1]) == 70002
+
+
+def test_loader_and_dataloader_workers(corpus: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "c.lmdb"
+    _convert(corpus, dst, "lmdb")
+    ds = TokenDataset(dst, block_size=16)
+    seen = 0
+    for windows, starts in Loader(ds, batch_size=8, shuffle=False):
+        assert windows.dtype == torch.uint16 and windows.shape[1] == 17
+        for w, s in zip(windows, starts.tolist()):
+            assert torch.equal(w[:-1], ds[s // 16][0])
+        seen += len(windows)
+    assert seen == len(ds)
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
+    xs = torch.cat([x for x, _y in dl])
+    assert torch.equal(xs, torch.stack([ds[i][0] for i in range(len(ds))]))
+
+
+def test_bad_inputs_skipped_and_recorded(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.txt").write_text("hello world", encoding="utf-8")
+    (src / "binary.txt").write_bytes(b"\x00\x01\x02binary")
+    (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (src / "empty.txt").write_text("  \n")
+    (src / "data.jsonl").write_text('{"text": "one"}\nnot json\n{"other": 1}\n{"text": "two"}\n', encoding="utf-8")
+    (src / "lines.txt").write_text("", encoding="utf-8")
+    report = packer.convert(src, tmp_path / "o.blob", workers=1)
+    ds = TokenDataset(tmp_path / "o.blob")
+    assert [ds.decode(ds[i][:-1]) for i in range(len(ds))] == ["one", "two", "hello world"]
+    reasons = {s.path: s.reason for s in ds.meta.skipped}
+    assert set(reasons) == {"binary.txt", "latin1.txt", "empty.txt", "lines.txt", "data.jsonl:2", "data.jsonl:3"}
+    assert "binary" in reasons["binary.txt"] and "UTF-8" in reasons["latin1.txt"] and "JSON" in reasons["data.jsonl:2"]
+    assert len(report.skipped) == 6
+    with pytest.raises(InputError):
+        packer.convert(src, tmp_path / "f.blob", workers=1, on_error="fail")
+
+
+def test_cli_convert_info_head_and_errors(corpus: Path, bpe: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    dst = tmp_path / "c.blob"
+    result = runner.invoke(cli, ["convert", str(corpus), str(dst), "--tokenizer", str(bpe), "-q", "-j", "1", "--max-tokens", "5"])
+    assert result.exit_code == 0, result.output
+    assert "tokens/s" in result.output
+    assert all(len(TokenDataset(dst)[i]) <= 6 for i in range(3))
+    info = runner.invoke(cli, ["info", str(dst)])
+    assert "tokenizer" in info.output and "huggingface" in info.output
+    head = runner.invoke(cli, ["head", str(dst), "-n", "2"])
+    assert head.exit_code == 0 and head.output.count("--- document") == 2
+    missing = runner.invoke(cli, ["convert", str(corpus), str(tmp_path / "m.blob"), "--tokenizer", str(tmp_path / "nope.json")])
+    assert missing.exit_code != 0 and "nope.json" in missing.output and len(missing.output.strip().splitlines()) == 1
+    lines = runner.invoke(cli, ["convert", str(corpus), str(tmp_path / "l.lmdb"), "--lines", "--eos", "none", "-q"])
+    assert lines.exit_code == 0, lines.output
+    assert TokenDataset(tmp_path / "l.lmdb").meta.tokenizer["eos_id"] is None
+
+
+def test_jsonl_field(tmp_path: Path) -> None:
+    src = tmp_path / "j"
+    src.mkdir()
+    (src / "a.jsonl").write_text("\n".join(json.dumps({"body": t}) for t in ["x y", "z"]), encoding="utf-8")
+    packer.convert(src, tmp_path / "j.blob", text=TextOptions(text_field="body"), workers=1)
+    ds = TokenDataset(tmp_path / "j.blob")
+    assert ds.decode(ds[1]) == "z\n" and ds.meta.kind == "text"
