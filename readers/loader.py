@@ -82,7 +82,7 @@ class _Source:
         store = getattr(dataset, "store", None)
         target = store if store is not None and hasattr(store, "read_batch") else dataset
         meta = getattr(target, "meta", None)
-        if meta is not None and getattr(meta, "fixed_shape", True) is False:
+        if meta is not None and getattr(meta, "fixed_shape", True) is False and getattr(meta, "kind", "image") == "image":
             raise ValueError(
                 f"{getattr(target, 'path', dataset)}: samples have different shapes, so they cannot fill one batch "
                 "array: convert with --resize-mode center-crop, pad or stretch, or use a DataLoader with a collate_fn"
@@ -258,6 +258,13 @@ class Loader:
       pinned host buffers, copied asynchronously on a side stream, and yielded as device tensors
       that the current stream may use at once.
 
+    * Resume: :meth:`state_dict` records the epoch and how many batches of it this rank has
+      consumed; a new Loader over the same dataset and settings given it by
+      :meth:`load_state_dict` yields exactly the remaining batches of that epoch on its next
+      iteration (the plan is a pure function of seed, epoch, rank and world size, so nothing
+      is repeated or skipped), then whole epochs again after :meth:`set_epoch`. Save it on
+      every rank (each rank's position is its own; they agree when ranks step together).
+
     Threads stop when an iteration ends, is abandoned (``break``, garbage collection) or
     :meth:`close` is called.
     """
@@ -308,6 +315,8 @@ class Loader:
         self.device = _resolve_device(device)
         self.buffers = buffers
         self.epoch = 0
+        self._progress = _Progress(0, 0)  # (epoch, batches consumed) of the latest iteration
+        self._start = 0  # batches of the current epoch to skip on the next iteration (a resume)
         cuda = self.device is not None and self.device.type == "cuda"
         self._transfer = _CudaTransfer(self.device) if cuda else None  # type: ignore[arg-type]
         shape, dtype = self.source.shape, self.source.dtype
@@ -317,8 +326,49 @@ class Loader:
 
     # -- the plan ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration follows (shuffled per ``seed`` and epoch)."""
+        """Choose the epoch whose order the next iteration follows (shuffled per ``seed`` and epoch).
+
+        A resume position loaded for another epoch is dropped: the next iteration is whole."""
+        if int(epoch) != self.epoch:
+            self._start = 0
         self.epoch = int(epoch)
+
+    # -- resuming ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: the epoch and the batches of it consumed so far, with the settings
+        that decide the plan (checked by :meth:`load_state_dict`). Plain ints and bools: JSON-safe."""
+        epoch, consumed = self._progress.epoch, self._progress.batches
+        if epoch != self.epoch:  # set_epoch was called after the last iteration: nothing of it consumed yet
+            epoch, consumed = self.epoch, self._start
+        return {
+            "epoch": epoch,
+            "batches": consumed,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "batch_size": self.batch_size,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "length": self.source.length,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`): the next iteration yields the rest of
+        that epoch. The plan-deciding settings must match, or a ``ValueError`` names the one that
+        differs (a different world size would split the epoch differently)."""
+        for key in ("seed", "shuffle", "drop_last", "batch_size", "rank", "world_size", "length"):
+            mine = self.state_dict()[key]
+            if key in state and state[key] != mine:
+                raise ValueError(
+                    f"load_state_dict: the state was saved with {key}={state[key]!r}, this loader has {key}={mine!r}; "
+                    "resume with the same dataset and settings"
+                )
+        batches = int(state["batches"])
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"load_state_dict: batches={batches} is outside 0..{len(self)} for this loader")
+        self.epoch = int(state["epoch"])
+        self._start = batches
+        self._progress = _Progress(self.epoch, batches)
 
     def _samples_per_rank(self) -> int:
         n, w = self.source.length, self.world_size
@@ -346,7 +396,10 @@ class Loader:
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        it = _LoaderIterator(self.batch_indices(), self.source, self._pool, self._transfer, self.threads, self.prefetch)
+        start, self._start = self._start, 0  # a resume applies to one iteration
+        self._progress = _Progress(self.epoch, start)
+        batches = self.batch_indices()[start:]
+        it = _LoaderIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, self._progress)
         self._iterators.add(it)
         return it
 
@@ -377,6 +430,15 @@ class Loader:
             f"seed={self.seed}, drop_last={self.drop_last}, device={self.device}, rank={self.rank}, "
             f"world_size={self.world_size}, prefetch={self.prefetch}, threads={self.threads}, buffers={self.buffers!r})"
         )
+
+
+class _Progress:
+    """The epoch an iteration follows and how many of its batches were handed out (shared with it)."""
+
+    __slots__ = ("epoch", "batches")
+
+    def __init__(self, epoch: int, batches: int) -> None:
+        self.epoch, self.batches = epoch, batches
 
 
 def _distributed() -> tuple[int, int]:
@@ -444,8 +506,10 @@ class _LoaderIterator:
         transfer: _CudaTransfer | None,
         threads: int,
         prefetch: int,
+        progress: _Progress | None = None,
     ) -> None:
         self._work = _Work(batches, source, transfer)
+        self._progress = progress
         self._pool = pool
         self._prefetch = prefetch
         self._next = 0  # next batch to yield
@@ -495,6 +559,8 @@ class _LoaderIterator:
             self._pool.release(slot)
             self.close()
             raise result
+        if self._progress is not None:  # handed out = consumed (what state_dict records)
+            self._progress.batches += 1
         if work.transfer is not None:
             tensors, event = result
             work.transfer.hand_over(tensors, event)

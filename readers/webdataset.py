@@ -25,8 +25,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .codecs import decode_image
 from .dataset import PackedDataset
-from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_npy, read_metadata
-from .schema import Metadata, PackedFormatError
+from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
+from .schema import IncompleteDatasetError, Metadata, PackedFormatError
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -59,9 +59,25 @@ class StreamingShards(IterableDataset):
     :meth:`set_epoch` before each epoch (as with ``DistributedSampler``) for a new order; with
     ``persistent_workers=True`` the workers do not see it.
 
+    Remote shards (readers/remote.py): http(s) URLs stream through ``gopen``, other fsspec URLs
+    (``s3://bucket/data/``, ...) through fsspec; a folder URL (or shards sharing one) has its
+    metadata fetched from there. ``cache_dir`` keeps downloaded shards on local disk, at most
+    ``cache_bytes`` (least recently used out), for later epochs.
+
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
     ``len()`` is the number of samples this rank reads per epoch, from the metadata (a packer
     folder, or the folder holding local shards); without metadata it raises ``TypeError``.
+
+    Resume mid-epoch (sample-exact, needs the metadata): the training process counts the
+    batches its ``DataLoader`` yielded this epoch and saves ``state_dict(batches,
+    batch_size=..., num_workers=...)``; after a restart, :meth:`load_state_dict` makes the next
+    iteration of that epoch yield exactly the samples not yet seen, in the same order. The
+    worker positions are derived from the DataLoader's in-order round robin over its workers
+    (the default ``in_order=True``, ``drop_last=False``), so the same ``batch_size`` and
+    ``num_workers`` must be used again. Whole shards already read are not opened again; a
+    partly read shard is read (not decoded) up to the position, and with ``shuffle`` the
+    shuffle buffer is replayed from the worker's first shard, undecoded (shuffling works on
+    the encoded bytes; decoding happens as a sample leaves the buffer).
     """
 
     def __init__(
@@ -74,8 +90,15 @@ class StreamingShards(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         transform: Transform | None = None,
+        cache_dir: str | Path | None = None,
+        cache_bytes: int = 10 << 30,
     ) -> None:
         self.urls, self.meta = _resolve(urls_or_path)
+        self.cache = None
+        if cache_dir is not None:
+            from .remote import ShardCache
+
+            self.cache = ShardCache(cache_dir, cache_bytes)
         if not self.urls:
             raise ValueError(f"{urls_or_path!r}: names no shards")
         if buffer < 1:
@@ -90,10 +113,70 @@ class StreamingShards(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.transform = transform
         self.epoch = 0
+        self._skip: list[int] | None = None  # samples each worker skips this epoch (a resume)
+        self._first = 0  # a resumed iteration's worker 0 continues this worker's part
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the shard and sample order of ``epoch`` (needs ``shuffle`` to change anything)."""
+        """Use the shard and sample order of ``epoch`` (needs ``shuffle`` to change anything).
+
+        A resume position loaded for another epoch is dropped."""
+        if epoch != self.epoch:
+            self._skip = None
         self.epoch = epoch
+
+    # -- resuming ----------------------------------------------------------------------------
+    def _worker_counts(self, num_workers: int) -> list[int]:
+        """Samples each of ``num_workers`` DataLoader workers (0: none, in-process) reads this epoch."""
+        if self.meta is None:
+            raise TypeError("StreamingShards: resuming needs the shard sample counts (no packer metadata beside these shards)")
+        counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
+        workers = max(1, num_workers)
+        return [sum(counts[_basename(url)] for url in self.shards_for(w, workers)) for w in range(workers)]
+
+    def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int = 0) -> dict[str, Any]:
+        """The position after this rank's ``DataLoader(self, batch_size=..., num_workers=...)``
+        yielded ``batches`` batches (samples, for ``batch_size=None``) of the current epoch.
+
+        Returns plain JSON-safe values: the epoch, the settings that decide the order, and how
+        many samples each worker has handed out (``skip``)."""
+        size = 1 if batch_size is None else int(batch_size)
+        if size < 1 or batches < 0:
+            raise ValueError(f"state_dict: need batches >= 0 and batch_size >= 1, got {batches!r}, {batch_size!r}")
+        counts = self._worker_counts(num_workers)
+        per_worker = [-(-n // size) for n in counts]  # batches each worker yields (the last may be short)
+        taken = [0] * len(counts)
+        left, following = int(batches), 0  # `following`: the worker whose batch comes next
+        while left > 0 and any(t < b for t, b in zip(taken, per_worker)):
+            for w in range(len(counts)):  # DataLoader's in-order round robin, skipping exhausted workers
+                if left and taken[w] < per_worker[w]:
+                    taken[w] += 1
+                    left -= 1
+                    following = (w + 1) % len(counts)
+        if left:
+            raise ValueError(f"state_dict: batches={batches} is more than this rank's {sum(per_worker)} batches per epoch")
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "buffer": self.buffer,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "shards": len(self.urls),
+            "skip": [min(n, t * size) for n, t in zip(counts, taken)],
+            "first": following,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
+        stopped; the order-deciding settings must match (a ``ValueError`` names the one that differs)."""
+        mine = {"seed": self.seed, "shuffle": self.shuffle, "buffer": self.buffer, "rank": self.rank,
+                "world_size": self.world_size, "shards": len(self.urls)}
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                raise ValueError(f"load_state_dict: the state was saved with {key}={state[key]!r}, this dataset has {key}={value!r}")
+        self.epoch = int(state["epoch"])
+        self._skip = [int(n) for n in state["skip"]]
+        self._first = int(state.get("first", 0))
 
     @property
     def classes(self) -> list[str]:
@@ -118,20 +201,40 @@ class StreamingShards(IterableDataset):
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        samples = self._samples(self.shards_for(worker, num_workers))
+        skip = 0
+        if self._skip is not None:
+            if len(self._skip) != num_workers:
+                raise ValueError(
+                    f"StreamingShards: the loaded state is for {len(self._skip)} DataLoader workers, this iteration has "
+                    f"{num_workers}; resume with the same num_workers"
+                )
+            # The DataLoader asks worker 0 first: rotate so that it continues the part whose batch was next.
+            worker = (worker + self._first) % num_workers
+            skip = self._skip[worker]
+        urls = self.shards_for(worker, num_workers)
+        if skip and not self.shuffle and self.meta is not None:  # whole shards already read are not opened
+            counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
+            while urls and counts.get(_basename(urls[0]), skip + 1) <= skip:
+                skip -= counts[_basename(urls[0])]
+                urls = urls[1:]
+        samples = self._samples(urls)
         if self.shuffle:
             rng = random.Random(_mix(self.seed, self.epoch, self.rank, worker))
             samples = _shuffled(samples, self.buffer, rng)
-        for image, label in samples:
+        channels = self.meta.channels if self.meta is not None else 3
+        for n, (encoded, label) in enumerate(samples):
+            if n < skip:
+                continue  # handed out before the restart: not decoded again
+            image = _decode(*encoded, channels)
             yield (self.transform(image) if self.transform is not None else image), label
 
-    def _samples(self, urls: list[str]) -> Iterator[tuple[torch.Tensor, int]]:
-        from webdataset.gopen import gopen
+    def _samples(self, urls: list[str]) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
+        """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded."""
+        from .remote import open_shard
 
-        channels = self.meta.channels if self.meta is not None else 3
         image_exts = set(EXTENSIONS.values())
         for url in urls:
-            stream = gopen(url, "rb")
+            stream = self.cache.open(url) if self.cache is not None else open_shard(url)
             try:
                 key, image, label = None, None, -1
                 for name, data in iter_tar(stream, url):
@@ -141,7 +244,7 @@ class StreamingShards(IterableDataset):
                             yield image, label
                         key, image, label = stem, None, -1
                     if ext in image_exts:
-                        image = _decode(data, ext, channels, url, name)
+                        image = (data, ext, url, name)
                     elif ext == LABEL_EXTENSION:
                         label = int(data.tobytes())
                 if image is not None:
@@ -156,7 +259,7 @@ class StreamingShards(IterableDataset):
         )
 
 
-def _decode(data: np.ndarray, ext: str, channels: int, url: str, name: str) -> torch.Tensor:
+def _decode(data: np.ndarray, ext: str, url: str, name: str, channels: int) -> torch.Tensor:
     try:
         if ext == "npy":
             shape, dtype, offset = parse_npy(data)
@@ -205,6 +308,15 @@ def _resolve(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | 
         folder = Path(source)
         meta = read_metadata(folder)
         return [str(folder / name) for name in meta.extra["shards"]], meta
+    from .remote import is_url, read_url
+
+    if isinstance(source, str) and is_url(source) and not source.endswith(".tar") and "{" not in source:
+        folder_url = source.rstrip("/")  # a remote shard folder: its metadata lists the shards
+        raw = read_url(f"{folder_url}/{META_FILE}")
+        if raw is None:
+            raise IncompleteDatasetError(f"{folder_url}: no {META_FILE}: the upload did not finish or this is not a packer shard folder")
+        meta = parse_metadata(raw, folder_url)
+        return [f"{folder_url}/{name}" for name in meta.extra["shards"]], meta
     if isinstance(source, str):
         from webdataset.shardlists import expand_urls
 
@@ -213,6 +325,10 @@ def _resolve(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | 
         urls = [str(url) for url in source]
     folders = {os.path.dirname(url) for url in urls if not urlparse(url).scheme}
     meta = None
+    remote_folders = {url.rsplit("/", 1)[0] for url in urls if is_url(url)}
+    if len(remote_folders) == 1 and all(is_url(u) for u in urls):
+        raw = read_url(f"{next(iter(remote_folders))}/{META_FILE}")
+        meta = parse_metadata(raw, next(iter(remote_folders))) if raw is not None else None
     if len(folders) == 1 and all(not urlparse(u).scheme for u in urls):
         folder = Path(next(iter(folders)) or ".")
         if (folder / META_FILE).exists():

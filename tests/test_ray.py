@@ -1,0 +1,191 @@
+"""Conversion on Ray (--executor ray): the same output as the local pool, skip-and-record, resume, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray executor needs: pip install 'packer[ray]'")
+
+import lmdb  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from packer import ImageOptions, StorageOptions, convert  # noqa: E402
+from packer.cli import cli  # noqa: E402
+from packer.errors import OptionError  # noqa: E402
+from packer.executors.ray import ray_ordered_map  # noqa: E402
+from packer.info import read_metadata  # noqa: E402
+from packer.parallel import WorkerError  # noqa: E402
+
+TIME_FIELDS = {"created"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray instance (2 CPUs) for the module, shut down afterwards."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def with_bad(image_folder, tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("raybad") / "src"
+    shutil.copytree(image_folder, src)
+    (src / "class_00" / "000_bad.jpg").write_bytes(b"not an image")
+    (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image either")
+    return src
+
+
+def meta_without_time(path: Path) -> dict:
+    meta = dataclasses.asdict(read_metadata(path))
+    return {k: v for k, v in meta.items() if k not in TIME_FIELDS}
+
+
+def lmdb_items(path: Path) -> list[tuple[bytes, bytes]]:
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=path.is_dir())
+    with env.begin() as txn:
+        items = list(txn.cursor())
+    env.close()
+    return items
+
+
+def crash_on_13(x: int) -> int:
+    if x == 13:
+        import ctypes
+
+        ctypes.string_at(0)  # a segfault, as a broken decoder would
+    return x
+
+
+def hang_on_5(x: int) -> int:
+    if x == 5:
+        import time
+
+        time.sleep(60)
+    return x
+
+
+def crashed(item, reason):
+    return ("crashed", item, reason)
+
+
+def test_a_crash_or_a_hang_on_ray_costs_only_its_item():
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this module
+    try:
+        with ray_ordered_map(crash_on_13, list(range(30)), workers=2, chunksize=4, on_crash=crashed) as results:
+            out = list(results)
+        assert out[:13] == list(range(13)) and out[14:] == list(range(14, 30))
+        assert out[13] == ("crashed", 13, "crashed the decoder (Ray worker died)")
+        with ray_ordered_map(hang_on_5, list(range(10)), workers=2, chunksize=3, on_crash=crashed, item_timeout=1.5) as results:
+            out = list(results)
+        assert out[:5] == list(range(5)) and out[6:] == list(range(6, 10))
+        assert out[5] == ("crashed", 5, "timed out after 1.5 s")
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def test_ray_map_keeps_input_order_in_chunks():
+    # builtins: Ray workers cannot import this test module
+    with ray_ordered_map(str, list(range(100)), workers=2, chunksize=7) as results:
+        assert list(results) == [str(x) for x in range(100)]
+    with pytest.raises(WorkerError, match="invalid literal"):
+        with ray_ordered_map(int, ["1", "2", "three", "4"], workers=2, chunksize=2) as results:
+            list(results)
+
+
+def test_lmdb_on_ray_is_identical_to_local(tmp_path, with_bad):
+    image = ImageOptions(size=16)
+    local = convert(with_bad, tmp_path / "local.lmdb", image=image, workers=2)
+    remote = convert(with_bad, tmp_path / "ray.lmdb", image=image, executor="ray")
+    assert remote.written == local.written == 18 and remote.workers == 2
+    assert [s.path for s in remote.skipped] == [s.path for s in local.skipped] == ["class_00/000_bad.jpg", "class_01/zzz_bad.jpg"]
+    meta_items = lambda p: [(k, v) for k, v in lmdb_items(p) if not k.startswith(b"__")]  # noqa: E731
+    assert meta_items(tmp_path / "local.lmdb") == meta_items(tmp_path / "ray.lmdb")
+    assert meta_without_time(tmp_path / "local.lmdb") == meta_without_time(tmp_path / "ray.lmdb")
+    assert "wrote 18 images" in remote.summary() and "skipped 2" in remote.summary()
+
+
+def test_webdataset_on_ray_is_identical_to_local(tmp_path, with_bad):
+    image, storage = ImageOptions(size=16), StorageOptions(shard_size=4)
+    convert(with_bad, tmp_path / "local", format="webdataset", image=image, storage=storage, workers=2)
+    convert(with_bad, tmp_path / "ray", format="webdataset", image=image, storage=storage, executor="ray")
+    names = sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "ray").iterdir()) and len(names) > 3
+    for name in names:
+        if name != "packer.json":
+            assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ray" / name).read_bytes(), name
+    assert meta_without_time(tmp_path / "local") == meta_without_time(tmp_path / "ray")
+
+
+def test_cli_executor_ray(tmp_path, image_folder):
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(tmp_path / "cli.lmdb"), "--size", "8", "--executor", "ray"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 18 images" in result.output
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(tmp_path / "x.lmdb"), "--ray-address", "127.0.0.1:1"])
+    assert result.exit_code != 0 and "--ray-address" in result.output
+    with pytest.raises(OptionError, match="executor"):
+        convert(image_folder, tmp_path / "y.lmdb", executor="spark")
+
+
+def test_resume_on_ray_converts_only_what_is_left(tmp_path, monkeypatch):
+    """A local run killed with SIGKILL after a checkpoint, resumed on Ray: finished pieces are not
+    redone, and the result equals an uninterrupted run's."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+
+    import packer.executors.ray as ray_executor
+    from imagefiles import jpeg_bytes, write
+    from packer.samples import natural_image
+    from packer.writers.journal import journal_path
+
+    src = tmp_path / "src"
+    data = jpeg_bytes(natural_image(np.random.default_rng(0), 375, 500), quality=90)
+    for i in range(240):
+        write(src / f"c{i % 2}" / f"{i:04d}.jpg", data if i != 33 else b"not a jpeg")
+    dst = tmp_path / "out.shards"
+    journal = journal_path(dst.with_name(dst.name + ".partial")) / "journal.json"
+    child = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child, "convert", str(src), str(dst), "-j", "1", "-q", "--size", "24", "-f", "webdataset", "--shard-size", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    deadline = time.time() + 60
+    while not journal.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.005)
+    time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    committed = json.loads(journal.read_text())["inputs"]
+    assert 0 < committed < 240
+
+    sizes: list[int] = []
+    real = ray_executor.ray_ordered_map
+
+    def spy(fn, items, **options):
+        sizes.append(sum(len(piece.items) for piece in items))
+        return real(fn, items, **options)
+
+    monkeypatch.setattr(ray_executor, "ray_ordered_map", spy)
+    kwargs = dict(format="webdataset", image=ImageOptions(size=24), storage=StorageOptions(shard_size=20))
+    report = convert(src, dst, resume=True, executor="ray", **kwargs)
+    assert sizes == [240 - committed]  # only the inputs after the checkpoint were converted
+    reference = convert(src, tmp_path / "ref.shards", workers=2, **kwargs)
+    assert report.written == reference.written == 239
+    for path in sorted(reference.dst.iterdir()):
+        if path.name != "packer.json":
+            assert (dst / path.name).read_bytes() == path.read_bytes(), path.name
+    assert meta_without_time(dst) == meta_without_time(reference.dst)
