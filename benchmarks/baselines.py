@@ -49,6 +49,37 @@ class TutorialFolder(Dataset):
         return (tensor - MEAN) / STD, label
 
 
+class FastFolder(Dataset):
+    """The raw folder with the best per-sample tricks a careful user writes by hand.
+
+    PIL ``draft()`` (JPEG decoded at 1/2, 1/4 or 1/8 scale in the DCT domain when the image stays
+    at least as large as needed), one resize straight from the centre box to 224x224 (the same
+    geometry as Resize(256) + CenterCrop(224), a quarter of the pixels resampled), uint8 output:
+    the float conversion and normalisation happen later, on the device. Same output as packer's.
+    """
+
+    def __init__(self, root: str | Path, *, shorter: int = 256, crop: int = 224) -> None:
+        folder = scan_image_folder(root)
+        self.items = [(item.path, item.label) for item in folder.items]
+        self.shorter, self.crop = shorter, crop
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.items[index]
+        with Image.open(path) as image:
+            w, h = image.size
+            scale = self.shorter / min(w, h)
+            image.draft("RGB", (round(w * scale), round(h * scale)))  # keeps >= the requested size
+            image = image.convert("RGB")
+            w2, h2 = image.size
+            side = self.crop / self.shorter * min(w2, h2)  # the centre box that becomes the crop
+            left, top = (w2 - side) / 2, (h2 - side) / 2
+            image = image.resize((self.crop, self.crop), Image.BILINEAR, box=(left, top, left + side, top + side))
+        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1), label
+
+
 def _naive_sample(job: tuple[str, int]) -> bytes:
     path, _label = job
     with Image.open(path) as image:

@@ -9,53 +9,18 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
+
+from packer.bench import Rate, for_at_least, measure  # one implementation, shared with `packer bench`
 
 HERE = Path(__file__).resolve().parent
 DATA_DIR = HERE / "data"
 OUT_DIR = HERE / "out"
+RESULTS_DIR = HERE / "results"
 
-
-@dataclass(frozen=True)
-class Rate:
-    """Items per second over repeated passes."""
-
-    min: float
-    median: float
-    max: float
-    runs: int
-
-    def __str__(self) -> str:
-        return f"{self.median:,.0f} ({self.min:,.0f}-{self.max:,.0f})"
-
-
-def measure(one_pass: Callable[[], int], *, repeats: int = 3, warmup: int = 1) -> Rate:
-    """Run ``one_pass`` (returns the number of items it processed) and time each run."""
-    for _ in range(warmup):
-        one_pass()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        items = one_pass()
-        rates.append(items / (time.perf_counter() - start))
-    return Rate(min(rates), statistics.median(rates), max(rates), len(rates))
-
-
-def for_at_least(seconds: float, epoch: Callable[[], int]) -> Callable[[], int]:
-    """A pass that repeats ``epoch`` until ``seconds`` have passed (stable figures for fast readers)."""
-
-    def one_pass() -> int:
-        start, items = time.perf_counter(), 0
-        while True:
-            items += epoch()
-            if time.perf_counter() - start >= seconds:
-                return items
-
-    return one_pass
+__all__ = ["Rate", "measure", "for_at_least", "imagenet_like", "folder_stats", "cpu_count", "machine", "markdown_table", "save_json"]
 
 
 def imagenet_like(images: int, *, classes: int = 10, workers: int | None = None) -> Path:
@@ -124,8 +89,9 @@ def markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> s
     return "\n".join(lines)
 
 
-def save_json(name: str, payload: dict) -> Path:
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"{name}.json"
+def save_json(name: str, payload: dict, directory: Path = OUT_DIR) -> Path:
+    """Write ``payload`` as ``directory/name.json`` (dataclasses as dicts)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
     return path
