@@ -8,14 +8,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, NoReturn
 
 from readers.schema import Metadata, Skipped
 
 from ._version import __version__
 from .errors import InputError, OptionError
-from .options import ON_ERROR, ImageOptions, StorageOptions
-from .parallel import default_workers, ordered_map
+from .options import ON_ERROR, ImageOptions, StorageOptions, TextOptions
+from .parallel import DEFAULT_ITEM_TIMEOUT, default_workers, ordered_map
 from .preprocess.task import Encoded, Failed, ImageTask
 from .progress import progress_bar
 from .sources.images import ImageItem, scan_image_folder
@@ -81,6 +81,12 @@ def convert(
     overwrite: bool = False,
     on_error: str = "skip",
     progress: bool = False,
+    timeout: float = DEFAULT_ITEM_TIMEOUT,
+    kind: str | None = None,
+    text: TextOptions | None = None,
+    resume: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ConversionReport:
     """Convert the image folder ``src`` into a packed dataset at ``dst``.
 
@@ -89,17 +95,48 @@ def convert(
     whatever the worker count. Undecodable inputs are skipped and recorded in the metadata
     (``on_error="skip"``) or stop the conversion (``"fail"``). ``storage`` holds format-specific
     writer options (HDF5 compression, shard bounds). The output appears at ``dst`` only when
-    complete.
+    complete. An input that crashes its worker (a decoder segfault) or takes longer than
+    ``timeout`` seconds is skipped like an undecodable one (see docs/RELIABILITY.md).
+    ``resume=True`` carries on from the last checkpoint of an interrupted run with the same
+    source and options (refused, naming the option, if they differ), with the same result.
+    ``executor="ray"`` runs the conversion as Ray tasks on the cluster at ``ray_address``
+    (default: a running one, else a local instance; ``workers`` defaults to its CPUs), with the
+    same output; SRC and DST must be on storage every node sees at the same path (docs/SCALING.md).
+    ``src``/``dst`` may be fsspec URLs (``s3://...``; WebDataset and blob DST): packer/remote.py.
     """
+    from .remote import is_url
+
+    if is_url(str(src)) or is_url(str(dst)):
+        from .remote import convert_remote
+
+        return convert_remote(
+            convert, src, dst, format=format, overwrite=overwrite, resume=resume, image=image, storage=storage, workers=workers,
+            on_error=on_error, progress=progress, timeout=timeout, kind=kind, text=text, executor=executor, ray_address=ray_address,
+        )
     fmt = resolve_format(dst, format)
+    from .executors import get_executor
+
+    run_map = get_executor(executor, ray_address=ray_address)
     image = image if image is not None else ImageOptions()
     if on_error not in ON_ERROR:
         raise OptionError(f"--on-error: must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
-    workers = default_workers() if workers is None else workers
-    if not isinstance(workers, int) or workers < 1:
+    workers = default_workers() if workers is None and executor == "local" else workers
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise OptionError(f"--workers: must be a positive integer, got {workers!r}")
-    dst = Path(dst)
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise OptionError(f"--timeout: must be a positive number of seconds, got {timeout!r}")
+    dst = Path(dst) if executor == "local" else Path(dst).resolve()  # tasks elsewhere see absolute paths
+    src = src if executor == "local" else Path(src).resolve()
     check_destination(get_writer(fmt).destination(dst), overwrite=overwrite)
+    if _resolve_kind(src, kind, text) == "text":  # a text corpus: packer/text.py
+        from .text import convert_text
+
+        if executor != "local":
+            raise OptionError(f"--executor {executor}: only image folders convert on {executor} so far; text corpora run locally")
+
+        return convert_text(
+            src, dst, format=fmt, text=text or TextOptions(), storage=storage, workers=workers, on_error=on_error, progress=progress
+        )
     folder = scan_image_folder(src)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
@@ -109,11 +146,12 @@ def convert(
 
     started = time.perf_counter()
     with (
-        get_writer(fmt)(dst, storage) as writer,
-        _outcomes(writer, image, folder.items, workers) as results,
-        progress_bar(len(folder.items), enabled=progress) as bar,  # after the pool: see packer/parallel.py
+        get_writer(fmt)(dst, storage, fingerprint=_fingerprint(fmt, src, dst, folder, image, storage, on_error), resume=resume) as writer,
+        _outcomes(writer, image, folder.items[writer.resumed_inputs :], workers, timeout, run_map) as results,
+        progress_bar(len(folder.items) - writer.resumed_inputs, enabled=progress) as bar,  # after the pool: see packer/parallel.py
     ):
-        for item, result in zip(folder.items, results):
+        skipped += writer.resumed_skipped[len(folder.skipped) :]
+        for done, (item, result) in enumerate(zip(folder.items[writer.resumed_inputs :], results), writer.resumed_inputs + 1):
             if isinstance(result, Encoded):
                 writer.add(result)
             elif isinstance(result, Failed):
@@ -124,6 +162,7 @@ def convert(
                 skipped.append(Skipped(relative, reason))
                 log.warning("skipped %s: %s", relative, reason)
             bar.update(1)
+            writer.progress(done, skipped)  # a resume checkpoint, when one is due
         meta = Metadata(
             format=fmt,
             count=writer.count,
@@ -154,28 +193,78 @@ def convert(
         skipped=skipped,
         payload_bytes=writer.payload_bytes,
         seconds=time.perf_counter() - started,
-        workers=workers,
+        workers=workers if workers is not None else getattr(run_map, "workers", None) or 1,
         shape=writer.shape,
         encoding=image.encoding,
     )
 
 
 @contextmanager
-def _outcomes(writer: Writer, image: ImageOptions, items: list[ImageItem], workers: int) -> Iterator[Iterator[Encoded | Failed | None]]:
+def _outcomes(
+    writer: Writer, image: ImageOptions, items: list[ImageItem], workers: int | None, timeout: float,
+    run_map: Any = ordered_map,
+) -> Iterator[Iterator[Encoded | Failed | None]]:
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
     Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here. A writer
     that ``writes_pieces`` has its workers convert and write whole pieces (shards); it is
     handed each finished piece in order, and its inputs come back as ``None`` (written) or
-    :class:`Failed`.
+    :class:`Failed`. ``run_map`` is the executor (``ordered_map``'s contract, packer/executors).
+
+    An input that kills or hangs its worker is a :class:`Failed` ("crashed the decoder
+    (SIGSEGV)", "timed out after 120 s"). A piece is converted whole, so a piece that does
+    (its inputs retried one by one would need the writer in this process) stops the
+    conversion with an error naming the piece's first input.
     """
     if not writer.writes_pieces:
-        with ordered_map(ImageTask(image), items, workers=workers) as results:
+        with run_map(ImageTask(image), items, workers=workers, on_crash=_crash_failure, item_timeout=timeout) as results:
             yield results
         return
     pieces = writer.pieces(items, image)  # type: ignore[attr-defined]
-    with ordered_map(writer.piece_task(image), pieces, workers=workers, chunksize=1) as results:  # type: ignore[attr-defined]
+    per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
+    with run_map(
+        writer.piece_task(image), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]
+    ) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
+
+
+def _crash_failure(item: ImageItem, reason: str) -> Failed:
+    """The outcome of an input that killed or hung its worker: skipped, with the reason."""
+    return Failed(item.path, reason)
+
+
+def _piece_crash(piece: Any, reason: str) -> NoReturn:
+    """A whole piece killed or hung its worker: stop, naming where to look."""
+    raise InputError(
+        f"{piece.items[0].path}: the worker converting the WebDataset piece of {len(piece.items):,} inputs that starts "
+        f"with this file {reason} (a piece is converted whole: convert the folder to .lmdb to find and skip the "
+        "input that does it, or raise --timeout)"
+    )
+
+
+def _resolve_kind(src: str | Path, kind: str | None, text: TextOptions | None) -> str:
+    """``kind`` if given, else ``"text"`` for a corpus (text files, no images) or when ``text`` options are given."""
+    from readers.schema import KINDS
+
+    from .sources.text import is_text_corpus
+
+    if kind is not None:
+        if kind not in KINDS:
+            raise OptionError(f"--kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+        return kind
+    if text is not None:
+        return "text"
+    return "text" if Path(src).exists() and is_text_corpus(src) else "image"
+
+
+def _fingerprint(fmt: str, src: str | Path, dst: Path, folder: Any, image: ImageOptions, storage: StorageOptions | None, on_error: str) -> dict[str, Any]:
+    """What ``--resume`` must find unchanged: source listing, format and every output-deciding option."""
+    import dataclasses
+
+    from .writers.journal import conversion_fingerprint
+
+    items = ((item.path, item.label) for item in folder.items)
+    return conversion_fingerprint(fmt, Path(src), items, image.describe(), dataclasses.asdict(storage or StorageOptions()), on_error, dst)
 
 
 def _human_bytes(n: float) -> str:

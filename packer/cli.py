@@ -12,13 +12,15 @@ from pathlib import Path
 
 import click
 
-from readers.schema import ENCODINGS, PackedFormatError
+from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
 from ._version import __version__
 from .errors import PackerError
+from .executors import EXECUTORS
 from .info import describe, read_metadata
-from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions
+from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions
+from .parallel import DEFAULT_ITEM_TIMEOUT
 from .preprocess.geometry import RESIZE_MODES
 from .writers import WRITERS
 
@@ -80,8 +82,8 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("src", type=click.Path())  # str: a path or an fsspec URL (s3://...), which a Path would mangle
+@click.argument("dst", type=click.Path())
 @click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's suffix: .lmdb, .h5/.hdf5, .blob).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size: N (square) or HEIGHTxWIDTH.")
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="center-crop (default with --size), pad, stretch, shorter (shorter side to N), none (default without --size).")
@@ -91,14 +93,24 @@ def cli() -> None:
 @click.option("--max-pixels", type=click.IntRange(1), default=DEFAULT_MAX_PIXELS, show_default=True, help="Skip images with more pixels.")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Worker processes (default: all cores).")
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True, help="Skip and record undecodable inputs, or stop at the first.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=DEFAULT_ITEM_TIMEOUT, show_default=True, help="Seconds one image may take; a slower one (a hung decoder) is skipped.")
 @click.option("--compression", type=click.Choice(COMPRESSIONS), help="HDF5 only: lossless compression filter (default: none).")
 @click.option("--shard-size", type=click.IntRange(1), help="WebDataset only: samples per shard.")
 @click.option("--shard-bytes", type=click.IntRange(1), help="WebDataset only: payload bytes per shard (at most).")
+@click.option("--kind", type=click.Choice(KINDS), help="image or text (default: text for a folder of .txt/.jsonl/.parquet files and no images).")
+@click.option("--tokenizer", default="bytes", show_default=True, help="Text: 'bytes' (UTF-8, EOS 256), a tokenizer.json, or a SentencePiece .model.")
+@click.option("--lines", is_flag=True, help="Text: one document per non-empty line of .txt files.")
+@click.option("--text-field", default="text", show_default=True, help="Text: the field of .jsonl records / Parquet rows.")
+@click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
+@click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage).")
+@click.option("--ray-address", metavar="ADDR", help="With --executor ray: the cluster to join (default: a running one, else a local instance).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or warnings.")
 def convert(
-    src: Path,
-    dst: Path,
+    src: str,
+    dst: str,
     format_name: str | None,
     size: str | None,
     resize_mode: str | None,
@@ -108,19 +120,30 @@ def convert(
     max_pixels: int,
     workers: int | None,
     on_error: str,
+    timeout: float,
     compression: str | None,
     shard_size: int | None,
     shard_bytes: int | None,
+    kind: str | None,
+    tokenizer: str,
+    lines: bool,
+    text_field: str,
+    eos: str | None,
+    max_tokens: int | None,
     overwrite: bool,
+    resume: bool,
+    executor: str,
+    ray_address: str | None,
     quiet: bool,
 ) -> None:
-    """Convert the image folder SRC (class sub-folders = labels) into DST.
+    """Convert the image folder SRC (class sub-folders = labels), or a text corpus, into DST.
 
     \b
     Examples:
       packer convert imagenet/train train.lmdb --size 224
       packer convert faces/ faces.lmdb --size 112x96 --resize-mode pad --grayscale
       packer convert photos/ photos.lmdb --size 256 --resize-mode shorter --encoding jpeg
+      packer convert /shared/imagenet /shared/train.shards -f webdataset --executor ray --ray-address auto
     """
     image = ImageOptions(
         size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality, max_pixels=max_pixels
@@ -132,7 +155,9 @@ def convert(
     logger.propagate = False
     try:
         report = api.convert(
-            src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error, progress=not quiet
+            src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error, progress=not quiet,
+            timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens), resume=resume,
+            executor=executor, ray_address=ray_address,
         )
     except KeyboardInterrupt:
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None
@@ -141,6 +166,41 @@ def convert(
         logger.propagate = True
         printer.close()
     click.echo(report.summary())
+
+
+def _text_options(kind: str | None, tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions | None:
+    """Text options when any text option is set or ``--kind text`` (else ``None``: the kind is guessed)."""
+    if kind != "text" and (tokenizer, lines, text_field, eos, max_tokens) == ("bytes", False, "text", None, None):
+        return None
+    if eos is not None and eos != NO_EOS:
+        if not eos.isdigit():
+            raise _UserError(f"--eos: must be a token id or {NO_EOS!r}, got {eos!r}")
+        eos = int(eos)  # type: ignore[assignment]
+    return TextOptions(tokenizer=tokenizer, lines=lines, text_field=text_field, eos=eos, max_tokens=max_tokens)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-n", "count", type=click.IntRange(1), default=3, show_default=True, help="Documents to print.")
+@click.option("--tokenizer", help="Tokenizer file, if not where it was at conversion.")
+def head(path: Path, count: int, tokenizer: str | None) -> None:
+    """Print the first documents of a text dataset, decoded.
+
+    \b
+    Example:
+      packer head corpus.blob -n 3
+    """
+    from readers.formats.tokens import TokenStore
+    from readers.tokenizer import TokenizerError
+
+    try:
+        store = TokenStore(path)
+        for i in range(min(count, len(store))):
+            ids = store.document(i)
+            click.echo(f"--- document {i} ({len(ids):,} tokens)")
+            click.echo(store.decode(ids, tokenizer))
+    except TokenizerError as exc:
+        raise _UserError(str(exc)) from None
 
 
 @cli.command()
@@ -172,6 +232,69 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
     from .preview import preview as make_preview
 
     click.echo(f"wrote {make_preview(path, output, count=count, seed=seed, tile=tile)}")
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--sample", type=click.IntRange(1), default=2000, show_default=True, help="Images of SRC to convert and time (evenly spaced).")
+@click.option("--size", "-s", metavar="N|HxW", help="Output size, as in packer convert.")
+@click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="As in packer convert.")
+@click.option("--grayscale", is_flag=True, help="Store one channel.")
+@click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
+@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality (with --encoding jpeg).")
+@click.option("--format", "-f", "formats", multiple=True, type=click.Choice(sorted(WRITERS)), help="Formats to try (repeatable; default: all).")
+@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--workers", "-j", type=click.IntRange(1), help="Conversion processes and largest num_workers tried (default: all cores).")
+@click.option("--seconds", type=click.FloatRange(0, min_open=True), default=2.0, show_default=True, help="Shortest timed pass.")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True, help="Timed passes per figure (after a warm-up).")
+@click.option("--tmp-dir", type=click.Path(path_type=Path, file_okay=False), help="Where the temporary conversions go (removed afterwards).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int,
+          formats: tuple[str, ...], batch_size: int, workers: int | None, seconds: float, repeats: int, tmp_dir: Path | None, quiet: bool) -> None:
+    """Time reading a sample of SRC packed in each format against the raw folder, on this machine.
+
+    \b
+    Example:
+      packer bench imagenet/train --size 224 --sample 2000
+    """
+    from .bench import run_bench
+
+    image = ImageOptions(size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality)
+    try:
+        report = run_bench(src, sample=sample, image=image, formats=formats or None, workers=workers, batch_size=batch_size,
+                           seconds=seconds, repeats=repeats, tmp_dir=tmp_dir, log=None if quiet else lambda m: click.echo(m, err=True))
+    except KeyboardInterrupt:
+        raise _UserError("interrupted; temporary files removed", EXIT_INTERRUPTED) from None
+    click.echo(report.table())
+    click.echo()
+    click.echo(report.recommendation())
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--source", type=click.Path(path_type=Path, file_okay=False), help="Also redo the recorded preprocessing on this image folder and compare every sample.")
+@click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
+@click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
+def verify(path: Path, source: Path | None, quick: bool, workers: int | None) -> None:
+    """Check a packed dataset: metadata, structure, every sample's checksum and decode.
+
+    Prints each fault (sample index and shard) and exits non-zero if there is any.
+
+    \b
+    Examples:
+      packer verify train.lmdb
+      packer verify train.lmdb --source imagenet/train
+    """
+    from .verify import verify as run_verify
+
+    report = run_verify(path, source=source, quick=quick, workers=workers)
+    for fault in report.faults:
+        click.echo(f"fault: {fault}")
+    if report.fault_count > len(report.faults):
+        click.echo(f"fault: ... and {report.fault_count - len(report.faults):,} more")
+    if not report.ok:
+        raise _UserError(report.summary())
+    click.echo(report.summary())
 
 
 def main() -> None:
