@@ -177,3 +177,23 @@ def test_jsonl_field(tmp_path: Path) -> None:
     packer.convert(src, tmp_path / "j.blob", text=TextOptions(text_field="body"), workers=1)
     ds = TokenDataset(tmp_path / "j.blob")
     assert ds.decode(ds[1]) == "z\n" and ds.meta.kind == "text"
+
+
+def test_sentencepiece_model_round_trip(corpus: Path, tmp_path: Path) -> None:
+    """A SentencePiece ``.model`` trained here: ids match its own encoding, its EOS ends documents."""
+    spm = pytest.importorskip("sentencepiece")
+    prefix = tmp_path / "sp"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_docs(200, 2)), model_prefix=str(prefix), vocab_size=60, model_type="bpe",
+        character_coverage=1.0, minloglevel=2,
+    )
+    model = Path(f"{prefix}.model")
+    dst = tmp_path / "sp.blob"
+    _convert(corpus, dst, "blob", tokenizer=str(model))
+    processor = spm.SentencePieceProcessor(model_file=str(model))
+    ds = TokenDataset(dst, expect_tokenizer=model)
+    assert ds.meta.tokenizer["vocab_size"] == 60 and ds.meta.dtype == "uint16"
+    for i, text in enumerate(_docs()):
+        ids = ds[i]
+        assert int(ids[-1]) == processor.eos_id()
+        assert ids[:-1].tolist() == processor.encode(text)
