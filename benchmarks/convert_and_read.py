@@ -15,31 +15,17 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 from torch.utils.data import DataLoader
 
 from packer import ImageOptions, convert
+from packer.bench import timed_pass
 
 from .baselines import TutorialFolder, naive_convert, remove
 from .common import Rate, cpu_count, folder_stats, imagenet_like, machine, markdown_table, measure, save_json
 
 BATCH = 64
-
-
-def timed_read(loader: DataLoader, seconds: float):
-    """A pass: iterate (over several epochs if needed) for at least ``seconds``; returns images."""
-
-    def one_pass() -> int:
-        start, images = time.perf_counter(), 0
-        while True:
-            for batch, _labels in loader:
-                images += len(batch)
-                if time.perf_counter() - start >= seconds:
-                    return images
-
-    return one_pass
 
 
 def loader(dataset, workers: int) -> DataLoader:
@@ -85,8 +71,8 @@ def main() -> None:
 
         reads: dict[str, dict[int, Rate]] = {"raw folder (tutorial)": {}, "LMDB uint8": {}}
         for workers in sorted({0, cores}):
-            reads["raw folder (tutorial)"][workers] = measure(timed_read(loader(TutorialFolder(src), workers), args.seconds), repeats=args.repeats)
-            reads["LMDB uint8"][workers] = measure(timed_read(loader(LMDBDataset(dst), workers), args.seconds), repeats=args.repeats)
+            reads["raw folder (tutorial)"][workers] = measure(timed_pass(loader(TutorialFolder(src), workers), args.seconds), repeats=args.repeats)
+            reads["LMDB uint8"][workers] = measure(timed_pass(loader(LMDBDataset(dst), workers), args.seconds), repeats=args.repeats)
         results["read"] = {name: {str(k): v for k, v in by.items()} for name, by in reads.items()}
 
     one, many, naive = conv.values()
