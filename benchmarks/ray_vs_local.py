@@ -18,7 +18,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from benchmarks.common import imagenet_like, machine, markdown_table, save_json
