@@ -41,7 +41,7 @@ _EXPORTS = {
     "TokenDataset": "readers.tokens",
     "WidenTokens": "readers.tokens",
     "Loader": "readers.loader",
-    "CUDAPrefetcher": "readers.loader",
+    "CUDAPrefetcher": "readers.cuda",
     "Normalize": "readers.gpu",
     "RandomHorizontalFlip": "readers.gpu",
     "RandomResizedCrop": "readers.gpu",
@@ -70,6 +70,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from .dataset import PackedDataset
     from .gpu import Normalize, RandomHorizontalFlip, RandomResizedCrop
-    from .loader import CUDAPrefetcher, Loader
+    from .cuda import CUDAPrefetcher
+    from .loader import Loader
     from .lmdb import LMDBDataset
     from .schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
