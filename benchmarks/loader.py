@@ -62,9 +62,12 @@ def available(fmt: str) -> bool:
 def make_data(workdir: Path, images: int, formats: list[str]) -> dict[str, Path | str]:
     """A folder of ``images`` 224x224 JPEGs converted to raw 224x224 in each format (made once).
 
-    A format whose conversion fails maps to the error text instead of a path."""
+    A cached conversion that this version cannot read is made again. A format whose
+    conversion fails maps to the error text instead of a path."""
     from packer import ImageOptions, convert
     from packer.samples import make_image_folder
+    from readers.formats import open_store
+    from readers.schema import PackedFormatError
 
     classes = 10
     src = make_image_folder(workdir / f"src-{images}", classes=classes, per_class=max(1, images // classes), size=(SIZE, SIZE), workers=cpu_count())
@@ -72,8 +75,10 @@ def make_data(workdir: Path, images: int, formats: list[str]) -> dict[str, Path 
     for fmt in formats:
         dst = workdir / f"data-{images}{FORMATS[fmt][0]}"
         try:
-            if not dst.exists():
-                convert(src, dst, format=fmt, image=ImageOptions(size=SIZE), workers=cpu_count())
+            try:
+                open_store(dst)  # a cached conversion, if this packer version still reads it
+            except (FileNotFoundError, PackedFormatError):
+                convert(src, dst, format=fmt, image=ImageOptions(size=SIZE), workers=cpu_count(), overwrite=True)
             paths[fmt] = dst
         except Exception as exc:  # a format under construction: reported, not fatal
             paths[fmt] = f"conversion failed: {type(exc).__name__}: {exc}"

@@ -21,6 +21,7 @@ from .executors import EXECUTORS
 from .info import describe, read_metadata
 from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
+from .parallel import keep_freed_memory
 from .preprocess.geometry import RESIZE_MODES
 from .writers import WRITERS
 
@@ -148,6 +149,7 @@ def convert(
     image = ImageOptions(
         size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality, max_pixels=max_pixels
     )
+    keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     printer = _WarningPrinter(0 if quiet else MAX_WARNINGS)
     logger = logging.getLogger("packer")

@@ -52,7 +52,7 @@ import cv2
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["ordered_map", "default_workers", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
+__all__ = ["keep_freed_memory", "ordered_map", "default_workers", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
 
 #: Seconds one item may take before its worker is considered hung (a photo takes milliseconds).
 DEFAULT_ITEM_TIMEOUT = 120.0
@@ -330,15 +330,21 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.disable()  # a crash here is reported by the parent, as a skipped input
     cv2.setNumThreads(1)  # parallelism is across processes
-    _keep_freed_memory()
+    keep_freed_memory()
 
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
-def _keep_freed_memory() -> None:
-    """glibc: serve large temporaries from a heap that is not trimmed back (worker processes only)."""
+def keep_freed_memory() -> None:
+    """glibc: serve large temporaries from a heap that is not trimmed back (process-wide).
+
+    Workers always call it. The ``packer`` command calls it for its own process too, which
+    receives and writes every sample: +7% conversion rate on 2 cores (670 vs 627 img/s, LMDB,
+    2,000 ImageNet-like JPEGs to 224 raw). A program calling :func:`packer.convert` may call it,
+    accepting that its process then keeps up to 256 MB of freed memory for reuse.
+    """
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
