@@ -39,6 +39,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
 from collections import deque
@@ -160,7 +161,8 @@ class _Pool(Generic[T, R]):
         # own task pipe open and never see EOF (and exit) when the parent dies.
         inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
         process = self.context.Process(target=_worker_main, args=(self.fn, task_recv, result_send, inherited), daemon=True)
-        process.start()
+        with _main_not_reimported(self.fn):
+            process.start()
         task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
         result_send.close()
         return _Worker(process, task_send, result_recv)
@@ -297,6 +299,31 @@ def _context() -> multiprocessing.context.BaseContext:
         context.set_forkserver_preload(["packer.preprocess.task"])
         return context
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
+
+
+@contextmanager
+def _main_not_reimported(fn: Callable) -> Iterator[None]:
+    """Start workers without re-importing the caller's main module, when ``fn`` does not need it.
+
+    A worker from a fork server or spawn first re-imports the ``__main__`` module of the
+    program that started it (Python's rule, so that functions defined there unpickle). For a
+    training script that imports torch that costs about a second per conversion, for nothing:
+    packer's work units live in packer's own modules. So while a worker starts, ``__main__``
+    hides the two attributes that name it (``__file__``, ``__spec__``), unless ``fn`` itself
+    comes from ``__main__``.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(fn, "__module__", None) == "__main__" or type(fn).__module__ == "__main__":
+        yield
+        return
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 # -- worker side ----------------------------------------------------------------------------

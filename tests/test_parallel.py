@@ -188,3 +188,24 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
     for pid in survivors:  # do not leave them behind when this fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == []
+
+
+_HEAVY_MAIN = """
+import os, sys
+if __name__ != "__main__":  # imported again by a worker: what a torch-importing script would pay
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"reimported-{os.getpid()}"), "w").close()
+from packer.parallel import ordered_map
+
+if __name__ == "__main__":
+    with ordered_map(abs, list(range(-50, 50)), workers=2, chunksize=5) as results:
+        assert list(results) == [abs(x) for x in range(-50, 50)]
+    print("ok")
+"""
+
+
+def test_workers_do_not_reimport_the_callers_main_module(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_HEAVY_MAIN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert not list(tmp_path.glob("reimported-*"))

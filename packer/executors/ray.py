@@ -64,10 +64,10 @@ def _run_chunk(fn: Callable[[Any], Any], items: list[Any]) -> tuple[str, Any]:
     if not _worker_ready:  # once per Ray worker process: what the local pool's workers do
         import cv2
 
-        from ..parallel import _keep_freed_memory
+        from ..parallel import keep_freed_memory
 
         cv2.setNumThreads(1)
-        _keep_freed_memory()
+        keep_freed_memory()
         _worker_ready = True
     values: list[Any] = []
     try:
