@@ -197,3 +197,21 @@ def test_sentencepiece_model_round_trip(corpus: Path, tmp_path: Path) -> None:
         ids = ds[i]
         assert int(ids[-1]) == processor.eos_id()
         assert ids[:-1].tolist() == processor.encode(text)
+
+
+def test_parquet_text_column(tmp_path: Path) -> None:
+    """Parquet rows are documents; a null row and a file without the column are skipped and recorded."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "pq"
+    src.mkdir()
+    pq.write_table(pa.table({"body": ["first row", None, "third"]}), src / "a.parquet")
+    pq.write_table(pa.table({"other": ["no body here"]}), src / "b.parquet")
+    report = packer.convert(src, tmp_path / "p.blob", text=TextOptions(text_field="body"), workers=1)
+    ds = TokenDataset(tmp_path / "p.blob")
+    assert [ds.decode(ds[i]) for i in range(len(ds))] == ["first row\n", "third\n"]
+    reasons = {entry.path: entry.reason for entry in ds.meta.skipped}
+    assert "no string field 'body'" in reasons["a.parquet:1"]
+    assert "cannot read Parquet column 'body'" in reasons["b.parquet"]
+    assert report.written == 2 and len(report.skipped) == 2
