@@ -37,7 +37,7 @@ import ctypes
 import faulthandler
 import multiprocessing
 import os
-import pickle
+import pickle  # messages between our own processes only (as multiprocessing does); never in a file
 import signal
 import sys
 import time
