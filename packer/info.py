@@ -55,12 +55,7 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("on disk", f"{size:,} bytes"),
         ("skipped", f"{len(meta.skipped):,}"),
     ]
-    lines = [str(path)] + [f"  {key:<11}{value}" for key, value in rows]
-    for entry in meta.skipped[:MAX_LISTED]:
-        lines.append(f"    {entry.path}: {entry.reason}")
-    if len(meta.skipped) > MAX_LISTED:
-        lines.append(f"    ... {len(meta.skipped) - MAX_LISTED} more (see --json)")
-    return "\n".join(lines)
+    return _render(path, rows, meta)
 
 
 def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
@@ -79,6 +74,11 @@ def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
         ("on disk", f"{size:,} bytes"),
         ("skipped", f"{len(meta.skipped):,}"),
     ]
+    return _render(path, rows, meta)
+
+
+def _render(path: str | Path, rows: list[tuple[str, str]], meta: Metadata) -> str:
+    """Aligned ``key value`` rows under the path, then the skipped inputs (at most MAX_LISTED)."""
     lines = [str(path)] + [f"  {key:<11}{value}" for key, value in rows]
     for entry in meta.skipped[:MAX_LISTED]:
         lines.append(f"    {entry.path}: {entry.reason}")
