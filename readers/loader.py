@@ -13,7 +13,8 @@ distributed ranks) is cut into batches; ``threads`` threads each fill a whole ba
 dataset's ``read_batch(indices, out)`` (a :class:`~readers.formats.base.Store` reads the whole
 batch in one call, straight into the buffer). On CUDA the buffers are pinned and each filled
 batch is copied to the device asynchronously on a separate stream (:class:`~readers.cuda.CUDAPrefetcher`
-offers that part alone, over any iterable of batches).
+offers that part alone, over any iterable of batches). A RAM blob on CUDA skips all of that: the
+GPU gathers each batch straight out of the page-locked blob (:mod:`readers.device_gather`).
 
 The buffer contract (``buffers=``), for CPU batches; CUDA batches are always fresh device
 tensors that nothing overwrites:
@@ -43,10 +44,12 @@ import torch
 
 from .cuda import CudaTransfer, resolve_device
 
-__all__ = ["Loader", "BUFFER_MODES", "default_threads"]
+__all__ = ["Loader", "BUFFER_MODES", "GATHER_MODES", "default_threads"]
 
 BUFFER_MODES = ("checked", "recycle", "fresh")
 BufferMode = Literal["checked", "recycle", "fresh"]
+GATHER_MODES = ("auto", "host", "device")
+GatherMode = Literal["auto", "host", "device"]
 
 #: Formats whose reads serialise on one process-wide lock (h5py's), so more than one filling
 #: thread only adds contention; they still fill in the background, overlapping training.
@@ -216,6 +219,12 @@ class Loader:
     * ``device``: ``None``/``"cpu"``: CPU tensors. ``"cuda[:N]"``: batches are filled into
       pinned host buffers, copied asynchronously on a side stream, and yielded as device tensors
       that the current stream may use at once.
+    * ``gather`` (CUDA only): ``"auto"`` (default) gathers batches of an in-memory RAM blob
+      (:class:`~readers.blob.RAMDataset`, fixed-shape raw) on the GPU, straight out of the
+      page-locked blob, with no filling threads and no CPU copy (:mod:`readers.device_gather`;
+      page-locking costs ~0.4 s per GB once per process), and uses the host path for anything
+      else; ``"device"`` insists (an error says why it cannot; a mapped blob is page-locked
+      too); ``"host"`` always fills pinned buffers in threads.
 
     * Resume: :meth:`state_dict` records the epoch and how many batches of it this rank has
       consumed; a new Loader over the same dataset and settings given it by
@@ -242,11 +251,14 @@ class Loader:
         prefetch: int | None = None,
         threads: int | None = None,
         buffers: BufferMode = "checked",
+        gather: GatherMode = "auto",
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if buffers not in BUFFER_MODES:
             raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")
+        if gather not in GATHER_MODES:
+            raise ValueError(f"gather={gather!r}: choose from {', '.join(GATHER_MODES)}")
         if world_size is None or rank is None:
             dist_rank, dist_size = _distributed()
             world_size = dist_size if world_size is None else world_size
@@ -278,6 +290,9 @@ class Loader:
         self._start = 0  # batches of the current epoch to skip on the next iteration (a resume)
         cuda = self.device is not None and self.device.type == "cuda"
         self._transfer = CudaTransfer(self.device) if cuda else None  # type: ignore[arg-type]
+        self._gather = _device_gather(dataset, self.device, gather) if cuda else None
+        if gather == "device" and not cuda:
+            raise ValueError(f"gather='device' needs a CUDA device, got device={device!r}")
         shape, dtype = self.source.shape, self.source.dtype
         # in flight (prefetch) + the batch in use + the one before it (still in the loop variable)
         self._pool = _Pool(lambda: _Slot(batch_size, shape, dtype, pinned=cuda), buffers, self.prefetch + 2)
@@ -358,14 +373,25 @@ class Loader:
         start, self._start = self._start, 0  # a resume applies to one iteration
         self._progress = _Progress(self.epoch, start)
         batches = self.batch_indices()[start:]
+        if self._gather is not None:
+            return self._gather.iterate(batches, self._progress)
         it = _LoaderIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, self._progress)
         self._iterators.add(it)
         return it
 
     def close(self) -> None:
-        """Stop the threads of every unfinished iteration (they also stop on their own when abandoned)."""
+        """Stop the threads of every unfinished iteration (they also stop on their own when abandoned)
+        and let go of a device-gather registration."""
         for it in list(self._iterators):
             it.close()
+        if self._gather is not None:
+            self._gather.close()
+            self._gather = None
+
+    @property
+    def gather(self) -> str:
+        """Where batches are gathered: ``"device"`` (the GPU, from the page-locked blob) or ``"host"``."""
+        return "device" if self._gather is not None else "host"
 
     def __enter__(self) -> "Loader":
         return self
@@ -387,7 +413,8 @@ class Loader:
         return (
             f"Loader({type(self.dataset).__name__}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"seed={self.seed}, drop_last={self.drop_last}, device={self.device}, rank={self.rank}, "
-            f"world_size={self.world_size}, prefetch={self.prefetch}, threads={self.threads}, buffers={self.buffers!r})"
+            f"world_size={self.world_size}, prefetch={self.prefetch}, threads={self.threads}, buffers={self.buffers!r}, "
+            f"gather={self.gather!r})"
         )
 
 
@@ -398,6 +425,22 @@ class _Progress:
 
     def __init__(self, epoch: int, batches: int) -> None:
         self.epoch, self.batches = epoch, batches
+
+
+def _device_gather(dataset: Any, device: torch.device, mode: str) -> Any:
+    """A :class:`~readers.device_gather.DeviceGather` for ``dataset`` on ``device``, or ``None``
+    for the host path (``mode="auto"`` and not possible; ``"device"`` raises instead)."""
+    if mode == "host":
+        return None
+    from .device_gather import DeviceGather, DeviceGatherUnavailable, host_arrays
+
+    try:
+        images, labels = host_arrays(dataset, in_memory_only=mode == "auto")
+        return DeviceGather(images, labels, device)
+    except DeviceGatherUnavailable as exc:
+        if mode == "device":
+            raise ValueError(f"gather='device': {exc}") from None
+        return None
 
 
 def _distributed() -> tuple[int, int]:

@@ -253,6 +253,14 @@ def test_cuda_without_cuda_is_a_clear_error(ds):
         Loader(ds, 4, device="cuda")
 
 
+def test_gather_option_is_checked(ds):
+    with pytest.raises(ValueError, match="choose from auto, host, device"):
+        Loader(ds, 4, gather="gpu")
+    with pytest.raises(ValueError, match="gather='device' needs a CUDA device"):
+        Loader(ds, 4, gather="device")
+    assert Loader(ds, 4).gather == "host"
+
+
 def test_cuda_prefetcher_on_cpu_passes_batches_through(ds):
     plain = DataLoader(ds, batch_size=4)
     prefetched = list(CUDAPrefetcher(plain, "cpu"))

@@ -193,6 +193,12 @@ class BlobStore(Store):
             raw = handle.read(length)
         return np.frombuffer(raw, CHECKSUM_DTYPE)  # length checked against the count on open
 
+    def pixel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """This process's (N, C, H, W) pixel array and (N,) labels, straight over the file's bytes
+        (for a device-side gather, ``readers.device_gather``); ``None`` unless fixed-shape raw."""
+        view = self._view.get()
+        return None if view.images is None else (view.images, view.labels)
+
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """One gather: ``np.take`` of the (N, C, H, W) array straight into ``out``."""
         view = self._view.get()
