@@ -70,3 +70,47 @@ def test_unusable_sources_are_clear_errors(tmp_path, setup, message):
     setup(src)
     with pytest.raises(SourceError, match=message):
         scan_image_folder(src)
+
+
+def _layout(root):
+    for name in ["zebra/1.jpg", "apple/2.JPG", "apple/sub/3.jpeg", "apple/sub/10.png", "apple/.hid/4.jpg", "Mango/4.png",
+                 "apple/notes.txt", "stray.jpg", ".ipynb_checkpoints/5.jpg", "zebra/.6.jpg"]:
+        write(root / name, JPEG)
+    (root / "empty_class").mkdir()
+
+
+def _view(folder):
+    return ([(folder.relative(i.path), i.label) for i in folder.items], folder.classes, folder.labeled, folder.skipped,
+            folder.empty_classes)
+
+
+def test_a_url_is_scanned_by_the_same_rules(tmp_path):
+    """file:// goes through the fsspec lister (packer/sources/remote.py), as s3:// does."""
+    _layout(tmp_path / "src")
+    local = scan_image_folder(tmp_path / "src")
+    remote = scan_image_folder(f"file://{tmp_path}/src/")
+    assert _view(remote) == _view(local)
+    assert _view(local)[0] == [("Mango/4.png", 0), ("apple/2.JPG", 1), ("apple/sub/10.png", 1), ("apple/sub/3.jpeg", 1), ("zebra/1.jpg", 3)]
+    assert remote.items[0].path == f"file://{tmp_path}/src/Mango/4.png" and remote.source == f"file://{tmp_path}/src"
+    assert all(remote.stamps[i.path].startswith(f"{len(JPEG)}:") for i in remote.items)  # size and version, for --resume
+    assert local.stamps is None  # (local files are stat-ed instead)
+    flat = tmp_path / "flat"
+    for name in ["b.webp", "a.TIFF", "e.txt"]:
+        write(flat / name, JPEG)
+    assert _view(scan_image_folder(f"file://{flat}")) == _view(scan_image_folder(flat))
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda p: None, "no such folder"),
+        (lambda p: p.mkdir(), "no images found at its top level"),
+        (lambda p: (p.mkdir(), (p / "cat").mkdir(), write(p / "cat" / "a.txt", b"")), "no images found in its class sub-folders"),
+        (lambda p: p.write_bytes(JPEG), "is a file"),
+    ],
+)
+def test_unusable_url_sources_are_the_same_clear_errors(tmp_path, setup, message):
+    src = tmp_path / "src"
+    setup(src)
+    with pytest.raises(SourceError, match=f"^file://{src}: {message}"):
+        scan_image_folder(f"file://{src}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..options import ImageOptions
 from ..sources.images import ImageItem
+from ..sources.remote import RemoteReadError, is_source_url, read_url_bytes
 from .decode import DecodeError, describe_error
 from .encode import encode
 from .image import preprocess_image
@@ -49,15 +50,9 @@ class ImageTask:
     options: ImageOptions
 
     def __call__(self, item: ImageItem) -> Encoded | Failed:
-        try:
-            # Non-blocking open and a type check: a FIFO or device named like an image would
-            # otherwise block forever or read without end.
-            with open(os.open(item.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    return Failed(item.path, "not a regular file")
-                data = handle.read()
-        except OSError as exc:
-            return Failed(item.path, f"cannot read ({exc.strerror or exc})")
+        data = _read_url(item.path) if is_source_url(item.path) else _read_file(item.path)
+        if isinstance(data, Failed):
+            return data
         try:
             pixels = preprocess_image(data, self.options)
             payload = encode(pixels, self.options.encoding, self.options.quality)
@@ -67,3 +62,24 @@ class ImageTask:
             return Failed(item.path, f"cannot decode ({type(exc).__name__}: {describe_error(exc)})")
         height, width, channels = pixels.shape
         return Encoded(item.label, (channels, height, width), payload)
+
+
+def _read_file(path: str) -> bytes | Failed:
+    """A local file's bytes, or why not."""
+    try:
+        # Non-blocking open and a type check: a FIFO or device named like an image would
+        # otherwise block forever or read without end.
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return Failed(path, "not a regular file")
+            return handle.read()
+    except OSError as exc:
+        return Failed(path, f"cannot read ({exc.strerror or exc})")
+
+
+def _read_url(url: str) -> bytes | Failed:
+    """A remote SRC's object, read through this process's fsspec filesystem (retried when transient)."""
+    try:
+        return read_url_bytes(url)
+    except RemoteReadError as exc:
+        return Failed(url, str(exc))

@@ -4,6 +4,9 @@ Class sub-folders give labels: class index = position in the sorted list of fold
 torchvision's ``ImageFolder`` does; images are found recursively inside each class folder. A
 folder without sub-folders gives unlabeled samples (label -1). Hidden files and folders (name
 starting with ".") are ignored. Order is deterministic: by class, then by relative path.
+
+The folder may be a URL (``s3://``, ``http(s)://``, ``file://``...): it is listed through
+fsspec (packer/sources/remote.py) and scanned by the same rules, in :func:`_scan`.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, Sequence
 
 from readers.schema import Skipped
 
 from ..errors import SourceError
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "scan_image_folder"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "is_hidden", "is_image_name", "image_order"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
 
@@ -33,7 +37,8 @@ class ImageItem:
 class ImageFolder:
     """The result of scanning a source folder."""
 
-    root: Path
+    #: The folder: a local path, or the URL of a remote one (a ``str``; packer/sources/remote.py).
+    root: Path | str
     items: list[ImageItem]
     classes: list[str]
     labeled: bool
@@ -42,80 +47,172 @@ class ImageFolder:
     skipped: list[Skipped] = field(default_factory=list)
     #: Class folders that contain no image.
     empty_classes: list[str] = field(default_factory=list)
+    #: A remote folder's ``item path -> "size:version"`` from its listing, for the resume
+    #: fingerprint (``None`` for a local folder: its files are stat-ed then).
+    stamps: dict[str, str] | None = None
+
+    @property
+    def source(self) -> str:
+        """The source as the metadata records it: an absolute path, or the URL."""
+        return self.root if isinstance(self.root, str) else str(Path(self.root).resolve())
 
     def relative(self, path: str) -> str:
         """``path`` relative to the root, as recorded in metadata."""
+        if isinstance(self.root, str):  # a URL: items are below it
+            prefix = self.root.rstrip("/") + "/"
+            return path[len(prefix) :] if path.startswith(prefix) else path
         try:
             return os.path.relpath(path, self.root)
         except ValueError:  # pragma: no cover - other drive on Windows
             return path
 
 
-def _is_image(name: str) -> bool:
-    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+class FolderTree(Protocol):
+    """One way of listing a source folder: the local filesystem, or an fsspec URL.
+
+    :func:`scan_image_folder` applies the rules (labels, hidden names, extensions, order,
+    errors) to what a tree lists, so a local and a remote SRC are scanned alike.
+    """
+
+    #: How messages name the folder (its path or URL); ``root`` is what :class:`ImageFolder` keeps.
+    name: str
+    root: Path | str
+
+    def kind(self) -> str | None:
+        """``"dir"``, ``"file"`` (anything else), or ``None`` if nothing is there."""
+
+    def top(self) -> list[tuple[str, str]]:
+        """``(name, kind)`` of each top-level entry, sorted by name; kind ``"dir"``, ``"file"`` or
+        ``"other"``. Raises ``OSError`` if the folder cannot be listed."""
+
+    def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
+        """Item paths of the images below the top-level ``folder``, in :func:`image_order`,
+        never entering hidden folders (see :func:`is_hidden`); records folders it cannot list."""
+
+    def path(self, name: str) -> str:
+        """The item path of the top-level entry ``name``."""
+
+    def cannot_list(self, exc: Exception) -> str:
+        """What went wrong listing the folder, and the fix (after ``name: ``)."""
+
+    def stamps(self) -> dict[str, str] | None:
+        """Item path -> ``"size:version"`` from the listing (``None``: stat local files instead)."""
+
+
+def is_hidden(name: str) -> bool:
+    """Hidden files and folders (name starting with ".") are ignored."""
+    return name.startswith(".")
+
+
+def is_image_name(name: str) -> bool:
+    """A file that is converted: not hidden, with an image extension (any case)."""
+    return not is_hidden(name) and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def image_order(parts: Sequence[str]) -> list[str]:
+    """The sort key of an image inside its class folder: its relative path, part by part."""
+    return list(parts)
 
 
 def scan_image_folder(root: str | os.PathLike[str]) -> ImageFolder:
-    """Scan ``root``; raises :class:`SourceError` if it is missing, not a folder or has no images."""
-    root_path = Path(root)
-    if not root_path.exists():
-        raise SourceError(f"{root_path}: no such folder; SRC must be a folder of images (class sub-folders = labels)")
-    if not root_path.is_dir():
-        raise SourceError(f"{root_path}: is a file; SRC must be a folder of images (class sub-folders = labels)")
-    try:
-        entries = sorted(os.scandir(root_path), key=lambda e: e.name)
-    except OSError as exc:
-        raise SourceError(f"{root_path}: cannot list the folder ({exc.strerror}); check its permissions") from None
+    """Scan ``root`` (a path, or an fsspec URL: packer/sources/remote.py); raises
+    :class:`SourceError` if it is missing, not a folder or has no images."""
+    from .remote import is_source_url
 
-    class_dirs = [e for e in entries if not e.name.startswith(".") and _is_dir(e)]
-    top_images = [e for e in entries if _is_image(e.name) and _is_file(e)]
+    if isinstance(root, str) and is_source_url(root):
+        from .remote import FsspecTree
+
+        return _scan(FsspecTree(root))
+    return _scan(_LocalTree(Path(root)))
+
+
+def _scan(tree: FolderTree) -> ImageFolder:
+    """The labelling rules, over any :class:`FolderTree`."""
+    kind = tree.kind()
+    if kind is None:
+        raise SourceError(f"{tree.name}: no such folder; SRC must be a folder of images (class sub-folders = labels)")
+    if kind != "dir":
+        raise SourceError(f"{tree.name}: is a file; SRC must be a folder of images (class sub-folders = labels)")
+    try:
+        entries = tree.top()
+    except OSError as exc:
+        raise SourceError(f"{tree.name}: {tree.cannot_list(exc)}") from None
+
+    class_dirs = [name for name, what in entries if what == "dir" and not is_hidden(name)]
+    top_images = [name for name, what in entries if what == "file" and is_image_name(name)]
     skipped: list[Skipped] = []
     if not class_dirs:
-        items = [ImageItem(e.path, -1) for e in top_images]
-        folder = ImageFolder(root_path, items, [], labeled=False)
+        items = [ImageItem(tree.path(name), -1) for name in top_images]
+        folder = ImageFolder(tree.root, items, [], labeled=False, stamps=tree.stamps())
     else:
         items = []
         empty = []
-        for label, entry in enumerate(class_dirs):
-            found = _walk_images(entry.path, skipped, root_path)
+        for label, name in enumerate(class_dirs):
+            found = tree.images(name, skipped)
             if not found:
-                empty.append(entry.name)
+                empty.append(name)
             items.extend(ImageItem(path, label) for path in found)
-        for e in top_images:
-            skipped.append(Skipped(os.path.relpath(e.path, root_path), "outside any class folder (not labeled)"))
-        folder = ImageFolder(root_path, items, [e.name for e in class_dirs], True, skipped, empty)
+        for name in top_images:
+            skipped.append(Skipped(name, "outside any class folder (not labeled)"))
+        folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps())
     if not folder.items:
         where = "in its class sub-folders" if class_dirs else "at its top level"
         raise SourceError(
-            f"{root_path}: no images found {where} "
+            f"{tree.name}: no images found {where} "
             f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))}, any case)"
         )
     return folder
 
 
-def _walk_images(top: str, skipped: list[Skipped], root: Path) -> list[str]:
-    """Image paths below ``top``, sorted, following symlinks but never around a loop."""
-    found: list[str] = []
-    seen: set[tuple[int, int]] = set()
+class _LocalTree:
+    """A folder on the local filesystem (symlinks followed, never around a loop)."""
 
-    def on_error(exc: OSError) -> None:
-        skipped.append(Skipped(os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})"))
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.name = str(root)
 
-    for dirpath, dirnames, filenames in os.walk(top, onerror=on_error, followlinks=True):
-        try:
-            st = os.stat(dirpath)
-        except OSError:  # pragma: no cover - raced with deletion
-            dirnames[:] = []
-            continue
-        if (st.st_dev, st.st_ino) in seen:
-            skipped.append(Skipped(os.path.relpath(dirpath, root), "symlink loop (folder already visited)"))
-            dirnames[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(os.path.join(dirpath, name) for name in filenames if _is_image(name))
-    found.sort(key=lambda p: os.path.relpath(p, top).split(os.sep))
-    return found
+    def kind(self) -> str | None:
+        if not self.root.exists():
+            return None
+        return "dir" if self.root.is_dir() else "file"
+
+    def top(self) -> list[tuple[str, str]]:
+        entries = sorted(os.scandir(self.root), key=lambda e: e.name)
+        return [(e.name, "dir" if _is_dir(e) else "file" if _is_file(e) else "other") for e in entries]
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def cannot_list(self, exc: Exception) -> str:
+        return f"cannot list the folder ({getattr(exc, 'strerror', None) or exc}); check its permissions"
+
+    def stamps(self) -> None:
+        return None
+
+    def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
+        top = os.path.join(self.root, folder)
+        root = self.root
+        found: list[str] = []
+        seen: set[tuple[int, int]] = set()
+
+        def on_error(exc: OSError) -> None:
+            skipped.append(Skipped(os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})"))
+
+        for dirpath, dirnames, filenames in os.walk(top, onerror=on_error, followlinks=True):
+            try:
+                st = os.stat(dirpath)
+            except OSError:  # pragma: no cover - raced with deletion
+                dirnames[:] = []
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                skipped.append(Skipped(os.path.relpath(dirpath, root), "symlink loop (folder already visited)"))
+                dirnames[:] = []
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
+            found.extend(os.path.join(dirpath, name) for name in filenames if is_image_name(name))
+        found.sort(key=lambda p: image_order(os.path.relpath(p, top).split(os.sep)))
+        return found
 
 
 def _is_dir(entry: os.DirEntry) -> bool:

@@ -55,26 +55,32 @@ def journal_path(tmp: Path) -> Path:
     return tmp.with_name(tmp.name + "-journal")
 
 
-def listing_digest(entries: Iterable[tuple[str, int]]) -> str:
-    """SHA-256 over ``(path, label)`` plus each file's size and modification time."""
+def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None) -> str:
+    """SHA-256 over ``(path, label)`` plus each file's size and modification time: from
+    ``stamps`` (a remote SRC's listing: ``path -> "size:version"``), else from ``os.stat``."""
     digest = hashlib.sha256()
     for path, label in entries:
-        try:
-            st = os.stat(path)
-            stamp = f"{st.st_size}:{st.st_mtime_ns}"
-        except OSError:
-            stamp = "missing"
+        if stamps is not None:
+            stamp = stamps.get(path, "missing")
+        else:
+            try:
+                st = os.stat(path)
+                stamp = f"{st.st_size}:{st.st_mtime_ns}"
+            except OSError:
+                stamp = "missing"
         digest.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
 def conversion_fingerprint(
-    format: str, source: Path, items: Iterable[tuple[str, int]], image: Mapping[str, Any], storage: Mapping[str, Any], on_error: str, dst: Path
+    format: str, source: str, items: Iterable[tuple[str, int]], image: Mapping[str, Any], storage: Mapping[str, Any], on_error: str, dst: Path,
+    stamps: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Everything that decides an image conversion's output: options by their CLI names, the source listing."""
+    """Everything that decides an image conversion's output: options by their CLI names, the
+    source (an absolute path or a URL) and its listing (``stamps``: see :func:`listing_digest`)."""
     options = {f"--{k.replace('_', '-')}": v for k, v in {**dict(image), **dict(storage)}.items()}
-    return {"format": format, "source": str(Path(source).resolve()), "dst": str(dst), "--on-error": on_error,
-            "listing": listing_digest(items), **options}
+    return {"format": format, "source": source, "dst": str(dst), "--on-error": on_error,
+            "listing": listing_digest(items, stamps), **options}
 
 
 def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,201 @@
+"""A SRC at an fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ``file://``...): streamed, never copied whole.
+
+The folder is listed once, in the process that scans it (:class:`FsspecTree`: one recursive
+``find``, a paginated object listing on S3), and :func:`packer.sources.images.scan_image_folder`
+applies the same rules as to a local folder. Items carry their object's URL; the worker that
+converts an item reads its bytes with :func:`read_url_bytes`, through one filesystem object
+per process (made on first use, so it works alike in the forkserver pool's workers and in Ray
+tasks). Credentials and endpoints come from the usual places, the environment and config
+files, read by each worker process: the local pool's workers have the environment this
+process had at its first conversion (they fork from packer/parallel.py's fork server, started
+then). A transient read error is retried, then the input fails like an unreadable local file:
+skipped and recorded, or the conversion stops naming its URL.
+
+Needs fsspec and the backend of the URL's scheme: ``pip install 'packer[remote]'`` (s3fs for
+s3://; gcsfs for gs://; aiohttp for http(s)://).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from readers.remote import is_url
+from readers.schema import Skipped
+
+from ..errors import OptionError, SourceError
+from .images import image_order, is_hidden, is_image_name
+
+__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "RemoteReadError", "READ_ATTEMPTS"]
+
+#: Reads of one object before it counts as unreadable (transient errors only; see :func:`read_url_bytes`).
+READ_ATTEMPTS = 3
+#: Seconds before the first retry; doubled for each further one.
+RETRY_DELAY = 0.25
+#: Errors that are the object's, not the network's: never retried.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+#: Listing keys that change when an object is rewritten (the first one present is used).
+_VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "last_modified", "updated")
+
+
+class RemoteReadError(OSError):
+    """An object could not be read; the message is the reason recorded for the skipped input."""
+
+
+def is_source_url(value: str) -> bool:
+    """Whether SRC ``value`` is read through fsspec: a URL with a scheme, ``file://`` included."""
+    return is_url(value) or str(value).startswith("file://")
+
+
+def url_filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the path in it; :class:`OptionError` naming the
+    package to install when fsspec or the scheme's backend is missing."""
+    try:
+        import fsspec
+    except ImportError:
+        raise OptionError(f"{url}: remote SRC/DST needs fsspec (and s3fs for s3://): pip install 'packer[remote]'") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise OptionError(f"{url}: {exc} (pip install 'packer[remote]')") from None
+
+
+class FsspecTree:
+    """The :class:`~packer.sources.images.FolderTree` of a folder URL, from one recursive listing."""
+
+    def __init__(self, url: str) -> None:
+        self.fs, path = url_filesystem(url)
+        self.path_in_fs = path.rstrip("/") or path
+        self._base = path.rstrip("/")  # item paths are ``_base/relative``
+        self.root = self.fs.unstrip_protocol(self.path_in_fs)  # the URL, normalised: metadata's ``source``
+        self.name = url
+        self._listing: dict[tuple[str, ...], dict[str, Any]] | None = None
+        self._files_below: dict[str, list[tuple[str, ...]]] | None = None
+
+    def kind(self) -> str | None:
+        try:
+            self.fs.invalidate_cache(self.path_in_fs)  # list afresh, not what this process saw before
+            if self.fs.isdir(self.path_in_fs):
+                return "dir"
+            return "file" if self.fs.exists(self.path_in_fs) else None
+        except FileNotFoundError:  # a missing bucket
+            return None
+        except Exception as exc:  # noqa: BLE001 - any backend's network or credential error, said in one line
+            raise SourceError(f"{self.name}: {self.cannot_list(exc)}") from None
+
+    def _entries(self) -> dict[tuple[str, ...], dict[str, Any]]:
+        """Relative path parts -> listing detail, for every file and folder below the root."""
+        if self._listing is None:
+            try:
+                found = self.fs.find(self.path_in_fs, withdirs=True, detail=True)
+            except Exception as exc:  # noqa: BLE001 - any backend's network or credential error, said in one line
+                raise SourceError(f"{self.name}: {self.cannot_list(exc)}") from None
+            prefix = self._base + "/"
+            listing: dict[tuple[str, ...], dict[str, Any]] = {}
+            for name, detail in found.items():
+                name = self.fs._strip_protocol(name).rstrip("/")
+                if name.startswith(prefix):
+                    listing[tuple(name[len(prefix) :].split("/"))] = detail
+            self._listing = listing
+        return self._listing
+
+    def top(self) -> list[tuple[str, str]]:
+        kinds: dict[str, str] = {}
+        for parts, detail in self._entries().items():
+            if len(parts) > 1 or detail.get("type") == "directory":
+                kinds[parts[0]] = "dir"  # object stores have folders only as key prefixes
+            else:
+                kinds.setdefault(parts[0], "file")
+        return sorted(kinds.items())
+
+    def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
+        if self._files_below is None:  # once: the files below each top-level folder
+            self._files_below = {}
+            for parts, detail in self._entries().items():
+                if len(parts) > 1 and detail.get("type") != "directory":
+                    self._files_below.setdefault(parts[0], []).append(parts[1:])
+        inside = [
+            parts for parts in self._files_below.get(folder, ())
+            if is_image_name(parts[-1]) and not any(is_hidden(p) for p in parts[:-1])
+        ]
+        inside.sort(key=image_order)
+        return [self.path("/".join((folder, *parts))) for parts in inside]
+
+    def path(self, name: str) -> str:
+        return self.fs.unstrip_protocol(f"{self._base}/{name}")
+
+    def cannot_list(self, exc: Exception) -> str:
+        return f"cannot list the folder ({type(exc).__name__}: {_first_line(exc)}); check the URL and the credentials"
+
+    def stamps(self) -> dict[str, str]:
+        stamps = {}
+        for parts, detail in self._entries().items():
+            if detail.get("type") == "directory":
+                continue
+            version = next((detail[k] for k in _VERSION_KEYS if detail.get(k) is not None), "")
+            stamps[self.path("/".join(parts))] = f"{detail.get('size')}:{version}"
+        return stamps
+
+
+# -- worker side ----------------------------------------------------------------------------
+_filesystems: dict[str, Any] = {}
+_filesystems_pid = 0
+
+
+def _filesystem_for(url: str) -> tuple[Any, str]:
+    """This process's filesystem object for ``url``'s scheme (made once per process), and the path."""
+    global _filesystems_pid
+    if _filesystems_pid != os.getpid():  # a fresh worker, or a fork: never share a parent's connections
+        _filesystems.clear()
+        _filesystems_pid = os.getpid()
+    scheme = url.split("://", 1)[0]
+    fs = _filesystems.get(scheme)
+    if fs is None:
+        fs, path = url_filesystem(url)
+        _filesystems[scheme] = fs
+        return fs, path
+    return fs, fs._strip_protocol(url)
+
+
+def _transient() -> tuple[type[BaseException], ...]:
+    """Errors worth another try: the network's (connections, timeouts), not the object's."""
+    import asyncio  # (its TimeoutError is not the builtin one before Python 3.11)
+
+    errors: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError)
+    aiohttp = sys.modules.get("aiohttp")  # http(s) and s3 backends raise its errors, when it is in use
+    if aiohttp is not None:
+        errors += (aiohttp.ClientError,)
+    return errors
+
+
+def read_url_bytes(url: str, *, attempts: int = READ_ATTEMPTS) -> bytes:
+    """The bytes of the object at ``url``, read through this process's filesystem object.
+
+    A transient error (a connection reset, a timeout) is retried, ``attempts`` reads in all,
+    waiting :data:`RETRY_DELAY` seconds, then twice as long; a missing or forbidden object is
+    not. Raises :class:`RemoteReadError` whose message is the reason to record.
+    """
+    fs, path = _filesystem_for(url)
+    transient = _transient()
+    # s3fs asks for the size first (a HEAD request) to split large objects over parallel
+    # ranged reads; an image is one GET.
+    options = {"max_concurrency": 1} if getattr(fs, "max_concurrency", 1) > 1 else {}
+    for attempt in range(1, attempts + 1):
+        try:
+            return fs.cat_file(path, **options)
+        except _PERMANENT as exc:
+            raise RemoteReadError(f"cannot read ({type(exc).__name__}: {_first_line(exc)})") from None
+        except transient as exc:
+            if attempt == attempts:
+                raise RemoteReadError(f"cannot read after {attempts} attempts ({type(exc).__name__}: {_first_line(exc)})") from None
+            time.sleep(RETRY_DELAY * 2 ** (attempt - 1))
+        except Exception as exc:  # noqa: BLE001 - a backend's own error type: recorded with the input, as decode errors are
+            raise RemoteReadError(f"cannot read ({type(exc).__name__}: {_first_line(exc)})") from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
