@@ -21,6 +21,7 @@ from .progress import progress_bar
 from .sources.images import ImageItem, scan_image_folder
 from .writers import format_for_path, get_writer
 from .writers.base import Writer, check_destination
+from .writers.webdataset import ShardSink
 
 __all__ = ["convert", "ConversionReport", "resolve_format"]
 
@@ -87,6 +88,7 @@ def convert(
     resume: bool = False,
     executor: str = "local",
     ray_address: str | None = None,
+    sink: ShardSink | None = None,
 ) -> ConversionReport:
     """Convert the image folder ``src`` into a packed dataset at ``dst``.
 
@@ -101,12 +103,16 @@ def convert(
     source and options (refused, naming the option, if they differ), with the same result.
     ``executor="ray"`` runs the conversion as Ray tasks on the cluster at ``ray_address``
     (default: a running one, else a local instance; ``workers`` defaults to its CPUs), with the
-    same output; SRC and DST must be on storage every node sees at the same path (docs/SCALING.md).
-    ``src``/``dst`` may be fsspec URLs (``s3://...``; WebDataset and blob DST): packer/remote.py.
+    same output; SRC and DST must be on storage every node sees at the same path, or URLs (docs/SCALING.md).
+    ``sink`` takes WebDataset output file by file instead of the folder ``dst`` (packer/remote.py
+    passes its uploader for a URL DST; with Ray, tasks then return shard bytes, not files).
+    ``src``/``dst`` may be fsspec URLs (``s3://...``; WebDataset and blob DST): packer/remote.py;
+    a URL SRC is streamed, each worker reading its inputs (packer/sources/remote.py).
     """
-    from .remote import is_url
+    from .remote import is_dst_url
+    from .sources.remote import is_source_url
 
-    if is_url(str(src)) or is_url(str(dst)):
+    if is_dst_url(str(dst)):  # staged locally and uploaded; a URL SRC is streamed either way
         from .remote import convert_remote
 
         return convert_remote(
@@ -126,16 +132,19 @@ def convert(
     if not isinstance(timeout, (int, float)) or not timeout > 0:
         raise OptionError(f"--timeout: must be a positive number of seconds, got {timeout!r}")
     dst = Path(dst) if executor == "local" else Path(dst).resolve()  # tasks elsewhere see absolute paths
-    src = src if executor == "local" else Path(src).resolve()
+    src = src if executor == "local" or is_source_url(str(src)) else Path(src).resolve()
     check_destination(get_writer(fmt).destination(dst), overwrite=overwrite)
     if _resolve_kind(src, kind, text) == "text":  # a text corpus: packer/text.py
         from .text import convert_text
 
+        if is_source_url(str(src)):
+            raise OptionError(f"{src}: text corpora are read from local folders only so far; copy it locally first")
         if executor != "local":
             raise OptionError(f"--executor {executor}: only image folders convert on {executor} so far; text corpora run locally")
 
         return convert_text(
-            src, dst, format=fmt, text=text or TextOptions(), storage=storage, workers=workers, on_error=on_error, progress=progress
+            src, dst, format=fmt, text=text or TextOptions(), storage=storage, workers=workers, on_error=on_error, progress=progress,
+            sink=sink,
         )
     folder = scan_image_folder(src)
     for name in folder.empty_classes:
@@ -146,8 +155,10 @@ def convert(
 
     started = time.perf_counter()
     with (
-        get_writer(fmt)(dst, storage, fingerprint=_fingerprint(fmt, src, dst, folder, image, storage, on_error), resume=resume) as writer,
-        _outcomes(writer, image, folder.items[writer.resumed_inputs :], workers, timeout, run_map) as results,
+        get_writer(fmt)(dst, storage, fingerprint=_fingerprint(fmt, src, dst, folder, image, storage, on_error), resume=resume,
+                        **_sink_option(fmt, sink)) as writer,
+        _outcomes(writer, image, folder.items[writer.resumed_inputs :], workers, timeout, run_map,
+                  in_memory=sink is not None and executor != "local") as results,
         progress_bar(len(folder.items) - writer.resumed_inputs, enabled=progress) as bar,  # after the pool: see packer/parallel.py
     ):
         skipped += writer.resumed_skipped[len(folder.skipped) :]
@@ -172,7 +183,7 @@ def convert(
             classes=tuple(folder.classes),
             labeled=folder.labeled,
             preprocessing=image.describe(),
-            source=str(Path(src).resolve()),
+            source=folder.source,
             skipped=tuple(skipped),
             tool_version=__version__,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -202,7 +213,7 @@ def convert(
 @contextmanager
 def _outcomes(
     writer: Writer, image: ImageOptions, items: list[ImageItem], workers: int | None, timeout: float,
-    run_map: Any = ordered_map,
+    run_map: Any = ordered_map, *, in_memory: bool = False,
 ) -> Iterator[Iterator[Encoded | Failed | None]]:
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
@@ -214,7 +225,8 @@ def _outcomes(
     An input that kills or hangs its worker is a :class:`Failed` ("crashed the decoder
     (SIGSEGV)", "timed out after 120 s"). A piece is converted whole, so a piece that does
     (its inputs retried one by one would need the writer in this process) stops the
-    conversion with an error naming the piece's first input.
+    conversion with an error naming the piece's first input. ``in_memory``: the pieces' tasks
+    return shard bytes instead of writing into the writer's folder (which they may not see).
     """
     if not writer.writes_pieces:
         with run_map(ImageTask(image), items, workers=workers, on_crash=_crash_failure, item_timeout=timeout) as results:
@@ -223,9 +235,18 @@ def _outcomes(
     pieces = writer.pieces(items, image)  # type: ignore[attr-defined]
     per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
     with run_map(
-        writer.piece_task(image), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]
+        writer.piece_task(image, in_memory=in_memory), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]
     ) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
+
+
+def _sink_option(fmt: str, sink: ShardSink | None) -> dict[str, Any]:
+    """The writer's ``sink`` keyword, when there is one (only WebDataset output takes one)."""
+    if sink is None:
+        return {}
+    if not get_writer(fmt).writes_pieces:
+        raise OptionError(f"sink: only WebDataset output is written through a sink, not {fmt}")
+    return {"sink": sink}
 
 
 def _crash_failure(item: ImageItem, reason: str) -> Failed:
@@ -246,6 +267,7 @@ def _resolve_kind(src: str | Path, kind: str | None, text: TextOptions | None) -
     """``kind`` if given, else ``"text"`` for a corpus (text files, no images) or when ``text`` options are given."""
     from readers.schema import KINDS
 
+    from .sources.remote import is_source_url
     from .sources.text import is_text_corpus
 
     if kind is not None:
@@ -254,7 +276,7 @@ def _resolve_kind(src: str | Path, kind: str | None, text: TextOptions | None) -
         return kind
     if text is not None:
         return "text"
-    return "text" if Path(src).exists() and is_text_corpus(src) else "image"
+    return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
 
 
 def _fingerprint(fmt: str, src: str | Path, dst: Path, folder: Any, image: ImageOptions, storage: StorageOptions | None, on_error: str) -> dict[str, Any]:
@@ -264,7 +286,8 @@ def _fingerprint(fmt: str, src: str | Path, dst: Path, folder: Any, image: Image
     from .writers.journal import conversion_fingerprint
 
     items = ((item.path, item.label) for item in folder.items)
-    return conversion_fingerprint(fmt, Path(src), items, image.describe(), dataclasses.asdict(storage or StorageOptions()), on_error, dst)
+    return conversion_fingerprint(fmt, folder.source, items, image.describe(), dataclasses.asdict(storage or StorageOptions()), on_error, dst,
+                                  folder.stamps)
 
 
 def _human_bytes(n: float) -> str:

@@ -106,7 +106,7 @@ def cli() -> None:
 @click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage).")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage, or URLs).")
 @click.option("--ray-address", metavar="ADDR", help="With --executor ray: the cluster to join (default: a running one, else a local instance).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or warnings.")
 def convert(

@@ -1,167 +1,272 @@
 """Remote SRC and DST through fsspec URLs (``pip install 'packer[remote]'``; s3:// needs s3fs).
 
-* DST (WebDataset shards or a blob): the conversion runs into a local temporary folder. For
-  WebDataset, each shard is uploaded by a background thread as soon as the writer publishes it
-  (finished and renamed into ``DST.partial``), while the conversion goes on; when it is done,
-  the index and checksum files follow, and the metadata record last, so a reader that finds
-  the metadata finds every shard it lists. A blob is one file, uploaded when finished. Local
-  disk still holds the whole output once (the resume checkpoints sync published shards);
-  local files are deleted as the final upload passes them. A failed conversion removes what it
-  had uploaded.
-* SRC: the image folder at the URL is copied into the local temporary folder first (fsspec
-  ``get``), then converted as a local folder; skipped inputs are recorded by their path
-  relative to SRC, as for a local SRC.
+* DST, WebDataset: streamed, never staged whole. The writer runs in a local staging folder
+  (:func:`staging_folder`) with an :class:`Uploader` as its sink: each shard, once published
+  (finished, renumbered, named), is uploaded by background threads and then deleted locally;
+  at most :data:`MAX_PENDING` published shards wait for upload, past that the conversion waits
+  (back-pressure), so local disk holds only the shards being written or waiting. At the end
+  the index and checksum files go up, and the metadata record last, once everything else is
+  stored: a reader that finds the metadata finds every shard it lists. With ``--executor ray``
+  the tasks return their shards' bytes to the driver instead of writing files (they may run on
+  nodes that do not see the staging folder). A failed conversion removes what it uploaded.
+  ``--resume`` works: a checkpoint lists only shards already uploaded, the journal stays in the
+  staging folder (the same path for the same user and URL), and the resumed run keeps those
+  shards and deletes any uploaded after the checkpoint.
+* DST, blob: staged whole and uploaded when finished (``--resume`` works from the local
+  journal). Its 4 KiB header at offset 0 is written last, so the file cannot be uploaded front
+  to back while it is written; a blob is meant to fit one reader's RAM, so one machine's disk
+  holds it too. (S3 multipart parts may be sent in any order, which would allow streaming all
+  but the first part; fsspec does not expose that, so it is not done.)
+* SRC: streamed, never copied whole. The image folder at the URL is listed once (the same
+  rules as a local folder) and each worker reads its inputs' bytes through fsspec
+  (packer/sources/remote.py), whether DST is local or a URL; ``--resume`` works (the
+  fingerprint comes from the listing). Skipped inputs are recorded by their path relative to
+  SRC, as for a local SRC, and the metadata's ``source`` is the URL.
 
-An existing remote DST is refused unless ``overwrite``; ``resume`` is not offered remotely.
+An existing remote DST is refused unless ``overwrite`` (or, for an unfinished WebDataset upload
+without its metadata, ``resume``).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import logging
+import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from readers.formats.webdataset import META_FILE
 from readers.remote import is_url
 
-from .errors import OptionError, OutputError, SourceError
+from .errors import OptionError, OutputError
+from .sources.remote import url_filesystem
 
-__all__ = ["is_url", "convert_remote", "upload", "REMOTE_FORMATS"]
+__all__ = ["is_url", "is_dst_url", "convert_remote", "upload", "staging_folder", "Uploader", "REMOTE_FORMATS", "MAX_PENDING"]
 
 #: Formats that can be written to a URL (self-contained files a reader can stream or fetch).
 REMOTE_FORMATS = ("webdataset", "blob")
+#: Published files that may wait for (or be in) upload before the conversion waits for them.
+MAX_PENDING = 4
+#: Files uploaded at once.
+UPLOAD_THREADS = 2
+
+log = logging.getLogger("packer")
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:
-        raise OptionError(f"{url}: remote SRC/DST needs fsspec (and s3fs for s3://): pip install 'packer[remote]'") from None
-    try:
-        return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as exc:
-        raise OptionError(f"{url}: {exc} (pip install 'packer[remote]')") from None
+    """The fsspec filesystem of a DST URL (one helper for SRC and DST; tests replace this name)."""
+    return url_filesystem(url)
 
 
-class _ShardUploader:
-    """A thread that uploads each shard published into ``partial`` (a finished ``*.tar`` renamed
-    there by the writer) to ``url`` while the conversion runs."""
+def is_dst_url(value: str) -> bool:
+    """Whether DST ``value`` is written through fsspec: a URL with a scheme, ``file://`` included."""
+    return is_url(value) or str(value).startswith("file://")
 
-    def __init__(self, partial: Path, url: str) -> None:
-        self.partial, self.url = partial, url
-        self.fs, root = _filesystem(url)
+
+def _is_local(fs: Any) -> bool:
+    """Whether ``fs`` is fsspec's local filesystem (``file://``)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocols
+
+
+def staging_folder(url: str) -> Path:
+    """The local folder a conversion to ``url`` runs in before upload: the same path for the same
+    user and URL, so that ``--resume`` finds the journal of a killed run."""
+    user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "")
+    digest = hashlib.sha256(f"{user}\0{url.rstrip('/')}".encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"packer-upload-{digest}"
+
+
+class Uploader:
+    """The WebDataset writer's sink for a URL DST (:class:`~packer.writers.webdataset.ShardSink`).
+
+    :meth:`put` queues a finished local file; ``threads`` background threads upload each under
+    its name below ``url`` and then delete the local copy. At most ``max_pending`` files wait or
+    upload at once: past that :meth:`put` blocks, so a conversion faster than the network waits
+    instead of filling the local disk. Call :meth:`close` when done (or :meth:`discard`).
+    """
+
+    def __init__(self, url: str, *, max_pending: int = MAX_PENDING, threads: int = UPLOAD_THREADS) -> None:
+        if max_pending < 1 or threads < 1:
+            raise ValueError(f"max_pending and threads must be positive, got {max_pending}, {threads}")
+        self.url = url.rstrip("/")
+        self.fs, root = _filesystem(self.url)
         self.root = root.rstrip("/")
-        self.uploaded: set[str] = set()
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="packer-upload", daemon=True)
-        self._thread.start()
+        self.max_pending = max_pending
+        self._local = _is_local(self.fs)  # a local folder must exist before files go in (object stores: no folders)
+        self._queue: collections.deque[Path] = collections.deque()
+        self._busy = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._cond = threading.Condition()
+        self._threads = [threading.Thread(target=self._run, name=f"packer-upload-{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
 
-    def _pass(self) -> None:
-        if not self.partial.is_dir():
-            return
-        for path in sorted(self.partial.iterdir()):
-            if path.name.endswith(".tar") and not path.name.startswith(".") and path.name not in self.uploaded:
-                self.fs.put_file(str(path), f"{self.root}/{path.name}")
-                self.uploaded.add(path.name)
+    # -- ShardSink --------------------------------------------------------------------------
+    def put(self, path: Path) -> None:
+        """Queue ``path`` for upload (it is deleted once uploaded); wait while ``max_pending`` are pending."""
+        with self._cond:
+            while len(self._queue) + self._busy >= self.max_pending and self._error is None and not self._closed:
+                self._cond.wait()
+            self._check()
+            self._queue.append(Path(path))
+            self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every queued file is uploaded; raise :class:`OutputError` if one failed."""
+        with self._cond:
+            while (self._queue or self._busy) and self._error is None:
+                self._cond.wait()
+            self._check()
+
+    def stored(self) -> dict[str, int]:
+        """Names and sizes of the files below the URL (an interrupted run's uploads included)."""
+        try:
+            self.fs.invalidate_cache(self.root)
+            if not self.fs.exists(self.root):
+                return {}
+            entries = self.fs.ls(self.root, detail=True)
+        except OSError as exc:
+            raise OutputError(f"{self.url}: cannot list ({exc})") from None
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries if e.get("type") == "file"}
+
+    def remove(self, names: Sequence[str]) -> None:
+        """Delete the files ``names`` below the URL."""
+        if names:
+            try:
+                self.fs.rm([f"{self.root}/{name}" for name in names])
+            except OSError as exc:
+                raise OutputError(f"{self.url}: cannot delete {names[0]} ({exc})") from None
+
+    def discard(self) -> None:
+        """Stop (queued files are dropped, uploads in progress finish) and delete the URL's folder:
+        a failed conversion leaves nothing behind (what did reach it has no metadata, so no
+        reader accepts it even if this fails)."""
+        self.close()
+        try:
+            if self.fs.exists(self.root):
+                self.fs.rm(self.root, recursive=True)
+        except OSError as exc:
+            log.warning("%s: could not remove the partial upload (%s); no reader accepts it (no metadata)", self.url, exc)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the upload threads (after :meth:`flush`, nothing is left; else queued files are dropped)."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise OutputError(f"{self.url}: upload failed ({self._error}); the metadata was not written, so readers refuse the partial copy")
+        if self._closed:
+            raise OutputError(f"{self.url}: the uploader is closed")
 
     def _run(self) -> None:
-        try:
-            while not self._stop.wait(0.2):
-                self._pass()
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller by stop()
-            self.error = exc
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed and self._error is None:
+                    self._cond.wait()
+                if self._closed or self._error is not None:
+                    return
+                path = self._queue.popleft()
+                self._busy += 1
+            error = None
+            try:
+                if self._local:
+                    self.fs.makedirs(self.root, exist_ok=True)
+                self.fs.put_file(str(path), f"{self.root}/{path.name}")
+                path.unlink()
+            except BaseException as exc:  # noqa: BLE001 - raised in the converting thread by put/flush
+                error = exc
+            with self._cond:
+                self._busy -= 1
+                if error is not None and self._error is None:
+                    self._error = error
+                self._cond.notify_all()
 
-    def stop(self) -> set[str]:
-        """Stop the thread; the names it uploaded (raises what it failed with)."""
-        self._stop.set()
-        self._thread.join()
-        if self.error is not None:
-            raise OutputError(f"{self.url}: upload failed ({self.error})") from None
-        return self.uploaded
 
+def upload(local: Path, url: str) -> None:
+    """Copy the finished single-file output ``local`` (a blob) to ``url``, then delete it locally.
 
-def upload(local: Path, url: str, *, overwrite: bool = False, done: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-    """Copy the finished output ``local`` (a folder or one file) to ``url``: files one by one,
-    each deleted locally once uploaded, :data:`META_FILE` last; names in ``done`` are already
-    there (uploaded while converting)."""
+    A failed upload is removed again (a partial file would be refused as truncated anyway)."""
     fs, root = _filesystem(url)
     root = root.rstrip("/")
-    if fs.exists(root) and not done:
-        if not overwrite:
-            raise OutputError(f"{url}: already exists; pass --overwrite to replace it")
-        fs.rm(root, recursive=True)
     try:
-        if local.is_file():
-            fs.put_file(str(local), root)
-            local.unlink()
-            return
-        files = sorted((p for p in local.iterdir() if p.is_file()), key=lambda p: (p.name == META_FILE, p.name))
-        for path in files:
-            if path.name not in done:
-                fs.put_file(str(path), f"{root}/{path.name}")
-            path.unlink()
+        if _is_local(fs):
+            fs.makedirs(fs._parent(root), exist_ok=True)
+        fs.put_file(str(local), root)
     except OSError as exc:
-        raise OutputError(f"{url}: upload failed ({exc}); the metadata was not written, so readers refuse the partial copy") from None
+        try:
+            if fs.exists(root):
+                fs.rm(root)
+        except OSError:
+            pass
+        raise OutputError(f"{url}: upload failed ({exc})") from None
+    local.unlink()
+
+
+def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: bool) -> None:
+    """Refuse an existing DST at ``url`` unless ``overwrite`` (then remove it), or ``resume`` of
+    an unfinished WebDataset upload (no metadata: its writer keeps what its journal lists)."""
+    fs, root = _filesystem(url)
+    root = root.rstrip("/")
+    if not fs.exists(root):
+        return
+    unfinished = fmt == "webdataset" and not fs.exists(f"{root}/{META_FILE}")
+    if resume and unfinished:
+        return
+    if not overwrite:
+        hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
+        raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
+    fs.rm(root, recursive=True)
 
 
 def convert_remote(convert: Callable[..., Any], src: str | Path, dst: str | Path, *, format: str | None, overwrite: bool,
                    resume: bool, **options: Any) -> Any:
-    """``convert(src, dst, ...)`` where SRC and/or DST are URLs: stage, convert locally, upload."""
+    """``convert(src, dst, ...)`` where DST is a URL: convert in a local staging folder, WebDataset
+    files uploaded as they are published (the writer's sink), a blob once finished."""
     from .api import resolve_format
 
-    if resume:
-        raise OptionError("--resume: not offered for a remote SRC or DST; convert again")
-    fmt = resolve_format(str(dst), format) if is_url(str(dst)) else format
-    if is_url(str(dst)) and fmt not in REMOTE_FORMATS:
+    if not is_dst_url(str(dst)):
+        return convert(src, dst, format=format, overwrite=overwrite, resume=resume, **options)
+    fmt = resolve_format(str(dst), format)
+    if fmt not in REMOTE_FORMATS:
         raise OptionError(f"{dst}: a remote DST must be one of {', '.join(REMOTE_FORMATS)} (got {fmt}); convert locally and copy")
-    if is_url(str(dst)) and "%" in str(dst).rstrip("/").rsplit("/", 1)[-1]:
+    if "%" in str(dst).rstrip("/").rsplit("/", 1)[-1]:
         # a shard name pattern (s3://b/train/train-%06d.tar): the folder URL holds the output
         folder_url, pattern = str(dst).rstrip("/").rsplit("/", 1)
         local_pattern = f"{folder_url.rsplit('/', 1)[-1]}/{pattern}"
     else:
         folder_url, local_pattern = str(dst).rstrip("/"), ""
-    if is_url(str(dst)):
-        fs, root = _filesystem(folder_url)
-        if fs.exists(root.rstrip("/")):
-            if not overwrite:
-                raise OutputError(f"{dst}: already exists; pass --overwrite to replace it")
-            fs.rm(root.rstrip("/"), recursive=True)
-    with tempfile.TemporaryDirectory(prefix="packer-remote-") as tmp:
-        local_src: str | Path = src
-        if is_url(str(src)):
-            fs, root = _filesystem(str(src))
-            if not fs.isdir(root):
-                raise SourceError(f"{src}: no such folder; SRC must be a folder of images (class sub-folders = labels)")
-            local_src = Path(tmp) / "src"
-            fs.get(root.rstrip("/") + "/", str(local_src), recursive=True)
-        if not is_url(str(dst)):
-            local_dst = Path(dst)
-        else:
-            local_dst = Path(tmp) / "out" / (local_pattern or folder_url.rsplit("/", 1)[-1])
-        (Path(tmp) / "out").mkdir()  # a pattern's own folder is made by the writer
-        uploader = None
-        if is_url(str(dst)) and fmt == "webdataset":
-            from .writers.base import partial_path
-            from .writers.webdataset import split_destination
-
-            uploader = _ShardUploader(partial_path(split_destination(local_dst)[0]), folder_url)
-        try:
-            report = convert(local_src, local_dst, format=fmt, overwrite=overwrite, resume=False, **options)
-            done = uploader.stop() if uploader is not None else set()
-            if is_url(str(dst)):
-                upload(Path(report.dst), folder_url, overwrite=overwrite, done=done)
-                report = dataclasses.replace(report, dst=str(dst))
-        except BaseException:
-            if uploader is not None:
-                uploader._stop.set()
-                uploader._thread.join()
-                try:  # what was uploaded of a failed conversion (no metadata: no reader accepts it)
-                    if uploader.uploaded:
-                        uploader.fs.rm(uploader.root, recursive=True)
-                except OSError:
-                    pass
-            raise
-    return report
+    _check_remote_dst(folder_url, str(dst), fmt, overwrite=overwrite, resume=resume)
+    local_src: str | Path = src  # a URL SRC is streamed by the conversion (packer/sources/remote.py)
+    staging = staging_folder(folder_url)
+    staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+    local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
+    sink = Uploader(folder_url) if fmt == "webdataset" else None
+    try:
+        # overwrite: only ever a finished local blob of a run killed before its upload
+        report = convert(local_src, local_dst, format=fmt, overwrite=True, resume=resume, sink=sink, **options)
+        if sink is None:
+            upload(Path(report.dst), folder_url)
+    except BaseException:
+        try:  # empty unless a journal stays for --resume (a refused resume keeps it, as locally)
+            staging.rmdir()
+        except OSError:
+            pass
+        raise
+    finally:
+        if sink is not None:
+            sink.close()
+    shutil.rmtree(staging, ignore_errors=True)
+    return dataclasses.replace(report, dst=str(dst))

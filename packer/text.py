@@ -21,7 +21,7 @@ from readers.schema import TOKEN_LAYOUT, Metadata, Skipped
 from readers.tokenizer import Tokenizer, TokenizerError, load_tokenizer, token_dtype
 
 from ._version import __version__
-from .api import ConversionReport, _human_bytes
+from .api import ConversionReport, _human_bytes, _sink_option
 from .errors import InputError, OptionError
 from .options import NO_EOS, ImageOptions, StorageOptions, TextOptions
 from .parallel import ordered_map
@@ -31,6 +31,7 @@ from .progress import progress_bar
 from .sources.text import TextDoc, scan_text
 from .writers import get_writer
 from .writers.base import Writer
+from .writers.webdataset import ShardSink
 
 __all__ = ["convert_text", "TextConversionReport", "resolve_eos"]
 
@@ -89,8 +90,10 @@ def convert_text(
     workers: int,
     on_error: str,
     progress: bool,
+    sink: ShardSink | None = None,
 ) -> TextConversionReport:
-    """Tokenise the corpus ``src`` into ``dst`` (called by :func:`packer.convert` with checked options)."""
+    """Tokenise the corpus ``src`` into ``dst`` (called by :func:`packer.convert` with checked options;
+    ``sink``: the WebDataset writer's, for a URL DST)."""
     try:
         tokenizer = load_tokenizer(text.tokenizer)
     except TokenizerError as exc:
@@ -112,7 +115,7 @@ def convert_text(
     tokens = 0
     docs = corpus.docs
     with (
-        get_writer(format)(Path(dst), storage) as writer,
+        get_writer(format)(Path(dst), storage, **_sink_option(format, sink)) as writer,
         _outcomes(writer, task, docs, workers) as results,
         progress_bar(len(docs), enabled=progress, unit="doc") as bar,
     ):

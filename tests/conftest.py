@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,13 @@ def packed_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory):
         return made[fmt]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def with_bad(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``image_folder`` plus two undecodable files (inputs 3 and 13 in scan order): later keys are renumbered."""
+    src = tmp_path_factory.mktemp("bad") / "src"
+    shutil.copytree(image_folder, src)
+    (src / "class_00" / "000_bad.jpg").write_bytes(b"not an image")
+    (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image either")
+    return src

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from packer.errors import OptionError  # noqa: E402
 from packer.executors.ray import ray_ordered_map  # noqa: E402
 from packer.info import read_metadata  # noqa: E402
 from packer.parallel import WorkerError  # noqa: E402
+from checkpoints import convert_until_checkpoint
 
 TIME_FIELDS = {"created"}
 
@@ -30,14 +30,6 @@ def local_ray():
     yield
     ray.shutdown()
 
-
-@pytest.fixture(scope="module")
-def with_bad(image_folder, tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("raybad") / "src"
-    shutil.copytree(image_folder, src)
-    (src / "class_00" / "000_bad.jpg").write_bytes(b"not an image")
-    (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image either")
-    return src
 
 
 def meta_without_time(path: Path) -> dict:
@@ -136,13 +128,6 @@ def test_cli_executor_ray(tmp_path, image_folder):
 def test_resume_on_ray_converts_only_what_is_left(tmp_path, monkeypatch):
     """A local run killed with SIGKILL after a checkpoint, resumed on Ray: finished pieces are not
     redone, and the result equals an uninterrupted run's."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     import numpy as np
 
     import packer.executors.ray as ray_executor
@@ -156,20 +141,8 @@ def test_resume_on_ray_converts_only_what_is_left(tmp_path, monkeypatch):
         write(src / f"c{i % 2}" / f"{i:04d}.jpg", data if i != 33 else b"not a jpeg")
     dst = tmp_path / "out.shards"
     journal = journal_path(dst.with_name(dst.name + ".partial")) / "journal.json"
-    child = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", child, "convert", str(src), str(dst), "-j", "1", "-q", "--size", "24", "-f", "webdataset", "--shard-size", "20"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    deadline = time.time() + 60
-    while not journal.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline
-        time.sleep(0.005)
-    time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    committed = json.loads(journal.read_text())["inputs"]
+    args = ["convert", str(src), str(dst), "-j", "1", "-q", "--size", "24", "-f", "webdataset", "--shard-size", "20"]
+    committed = convert_until_checkpoint(args, journal)
     assert 0 < committed < 240
 
     sizes: list[int] = []

@@ -1,21 +1,28 @@
 """Remote storage on loopback servers only: shards streamed over HTTP (http.server thread) and
-written to / read from S3 (moto's ThreadedMotoServer on 127.0.0.1)."""
+written to / read from S3 (moto's ThreadedMotoServer on 127.0.0.1); image folders streamed
+from S3, HTTP and file:// URLs as SRC."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import json
+import shutil
 import socket
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from packer import ImageOptions, StorageOptions, convert
+from packer.cli import cli
 from packer.errors import OptionError, OutputError
 from readers import ShardDataset
+from readers.formats import open_store
 from readers.webdataset import StreamingShards
+from checkpoints import convert_until_checkpoint
 
 LOOPBACK = "127.0.0.1"
 
@@ -84,6 +91,7 @@ def s3():
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1")
     s3fs.S3FileSystem.clear_instance_cache()
+    restart_worker_server()  # conversion workers read a URL SRC themselves: they need this endpoint
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
     fs.mkdir("packer-test")
     yield fs
@@ -94,6 +102,15 @@ def s3():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    restart_worker_server()
+
+
+def restart_worker_server() -> None:
+    """Stop the fork server the conversion workers come from (packer/parallel.py), so the next
+    one starts with this process's environment: it keeps the one of its first use."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # (the method CPython's own tests use)
 
 
 def test_webdataset_to_s3_and_streamed_back(s3, image_folder, shards, tmp_path):
@@ -164,3 +181,454 @@ def test_shards_are_uploaded_while_converting(s3, image_folder, monkeypatch):
     assert order[-1] == "packer.json"
     assert order.index("train-0000.tar") < order.index("train-0001.tar") < order.index("<finish>")  # uploaded while converting
     assert len(StreamingShards("s3://packer-test/pattern")) == 18
+
+
+# -- a URL SRC: listed once, each object read by the worker converting it, never copied whole --
+FORMATS = {"lmdb": "x.lmdb", "hdf5": "x.h5", "blob": "x.blob", "webdataset": "x.shards"}
+
+
+@pytest.fixture(scope="module")
+def local_source(image_folder, tmp_path_factory) -> Path:
+    """``image_folder`` plus a corrupt image, a stray image outside any class, a hidden folder
+    and a text file (the last two ignored)."""
+    src = tmp_path_factory.mktemp("stream") / "src"
+    shutil.copytree(image_folder, src)
+    (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image")
+    (src / "stray.jpg").write_bytes((src / "class_00" / "img_00000.jpg").read_bytes())
+    (src / "class_02" / ".hidden").mkdir()
+    (src / "class_02" / ".hidden" / "x.jpg").write_bytes((src / "class_00" / "img_00001.jpg").read_bytes())
+    (src / "class_00" / "notes.txt").write_text("not an image")
+    return src
+
+
+@pytest.fixture(scope="module")
+def s3_source(s3, local_source) -> str:
+    """``local_source`` uploaded to s3://packer-test/stream."""
+    s3.put(str(local_source) + "/", "packer-test/stream/", recursive=True)
+    return "s3://packer-test/stream"
+
+
+def samples(path) -> list[tuple[int, tuple, bytes]]:
+    store = open_store(path)
+    return [(label, tuple(shape), bytes(payload)) for label, shape, payload in store._records(range(len(store)))]
+
+
+def meta(path) -> dict:
+    data = open_store(path).meta.to_dict()
+    return {k: v for k, v in data.items() if k not in ("created", "source")}
+
+
+def same_conversion(url_dst: Path, local_dst: Path) -> None:
+    """Byte-identical samples (labels included) and metadata apart from time and source."""
+    assert samples(url_dst) == samples(local_dst) and len(samples(url_dst)) == 18
+    assert meta(url_dst) == meta(local_dst)
+
+
+def no_copy(*args, **kwargs):
+    raise AssertionError("the remote SRC was copied")
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_s3_src_is_streamed_like_the_local_folder(s3, s3_source, local_source, tmp_path, monkeypatch, fmt):
+    import fsspec.asyn
+    import fsspec.spec
+
+    import packer.remote
+
+    for owner, name in [(fsspec.spec.AbstractFileSystem, "get"), (fsspec.asyn.AsyncFileSystem, "_get"), (packer.remote, "convert_remote")]:
+        monkeypatch.setattr(owner, name, no_copy)  # nothing fetched whole, nothing staged
+    storage = StorageOptions(shard_size=4)
+    report = convert(s3_source, tmp_path / FORMATS[fmt], format=fmt, image=ImageOptions(size=16), storage=storage, workers=2)
+    local = convert(local_source, tmp_path / f"local-{FORMATS[fmt]}", format=fmt, image=ImageOptions(size=16), storage=storage, workers=2)
+    same_conversion(report.dst, local.dst)
+    assert open_store(report.dst).meta.source == "s3://packer-test/stream"
+    assert report.skipped == local.skipped and [s.path for s in report.skipped] == ["stray.jpg", "class_01/zzz_bad.jpg"]
+    assert "not a readable image" in report.skipped[1].reason
+    if fmt == "webdataset":  # shards, index and checksums byte for byte
+        names = sorted(p.name for p in local.dst.iterdir())
+        assert names == sorted(p.name for p in report.dst.iterdir()) and len(names) > 4
+        for name in names:
+            if name != "packer.json":
+                assert (report.dst / name).read_bytes() == (local.dst / name).read_bytes(), name
+
+
+def test_file_url_src(local_source, tmp_path):
+    report = convert(f"file://{local_source}", tmp_path / "f.lmdb", image=ImageOptions(size=16), workers=2)
+    local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
+    same_conversion(report.dst, local.dst)
+    assert open_store(report.dst).meta.source == f"file://{local_source}"
+    assert report.skipped == local.skipped
+
+
+def test_http_src(local_source, tmp_path):
+    pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(local_source.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://{LOOPBACK}:{server.server_address[1]}/src"
+        report = convert(url, tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
+    same_conversion(report.dst, local.dst)
+    assert open_store(report.dst).meta.source == url and report.skipped == local.skipped
+
+
+def test_an_object_that_cannot_be_read_is_skipped_or_stops_naming_its_url(s3, local_source, tmp_path, monkeypatch):
+    """An object gone between the listing and its read: recorded by its relative path, or (with
+    --on-error fail) one error line naming its URL."""
+    import packer.api
+
+    real_scan = packer.api.scan_image_folder
+
+    def scan_then_delete(src):
+        folder = real_scan(src)
+        s3.rm("packer-test/gone/class_00/img_00002.jpg")
+        return folder
+
+    monkeypatch.setattr(packer.api, "scan_image_folder", scan_then_delete)
+    s3.put(str(local_source) + "/", "packer-test/gone/", recursive=True)
+    report = convert("s3://packer-test/gone", tmp_path / "g.lmdb", image=ImageOptions(size=16), workers=2)
+    assert report.written == 17
+    assert [s.path for s in report.skipped] == ["stray.jpg", "class_00/img_00002.jpg", "class_01/zzz_bad.jpg"]
+    assert report.skipped[1].reason.startswith("cannot read (FileNotFoundError")
+    s3.put(str(local_source / "class_00" / "img_00002.jpg"), "packer-test/gone/class_00/img_00002.jpg")
+    result = CliRunner().invoke(cli, ["convert", "s3://packer-test/gone", str(tmp_path / "h.lmdb"), "--size", "16", "--on-error", "fail", "-q"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and errors[0].startswith("Error: s3://packer-test/gone/class_00/img_00002.jpg: cannot read (FileNotFoundError")
+
+
+def test_remote_reads_retry_transient_errors_only(monkeypatch, image_folder):
+    """Connection resets and timeouts are retried; a missing object is not; either way the input
+    fails with the reason (no server needed: the filesystem is a stand-in)."""
+    import packer.sources.remote as remote_src
+    from packer.preprocess.task import Encoded, Failed, ImageTask
+    from packer.sources.images import ImageItem
+
+    data = (image_folder / "class_00" / "img_00000.jpg").read_bytes()
+
+    class Flaky:
+        def __init__(self, error: BaseException, failures: int) -> None:
+            self.error, self.failures, self.calls = error, failures, 0
+
+        def cat_file(self, path: str, **options) -> bytes:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise self.error
+            return data
+
+    monkeypatch.setattr(remote_src, "RETRY_DELAY", 0.0)
+    task = ImageTask(ImageOptions(size=8))
+    item = ImageItem("s3://bucket/src/a/1.jpg", 0)
+    for error, failures, calls, outcome in [
+        (ConnectionResetError(104, "Connection reset by peer"), 2, 3, "sample"),
+        (TimeoutError("read timed out"), 5, 3, "cannot read after 3 attempts (TimeoutError: read timed out)"),
+        (FileNotFoundError("bucket/src/a/1.jpg"), 5, 1, "cannot read (FileNotFoundError: bucket/src/a/1.jpg)"),
+        (RuntimeError("odd backend\nsecond line"), 5, 1, "cannot read (RuntimeError: odd backend)"),
+    ]:
+        fs = Flaky(error, failures)
+        monkeypatch.setattr(remote_src, "_filesystem_for", lambda url, fs=fs: (fs, url))
+        result = task(item)
+        assert fs.calls == calls, error
+        if outcome == "sample":
+            assert isinstance(result, Encoded) and result.shape == (3, 8, 8)
+        else:
+            assert result == Failed(item.path, outcome)
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("s3://no-such-bucket-here/train", "no such folder"),
+        ("s3://packer-test/no/such/prefix", "no such folder"),
+        ("s3://packer-test/texts", "no images found at its top level"),
+        ("s3://packer-test/texts/a.txt", "is a file"),
+    ],
+)
+def test_unusable_src_url_is_one_error_line(s3, tmp_path, url, message):
+    s3.pipe("packer-test/texts/a.txt", b"no images here")
+    result = CliRunner().invoke(cli, ["convert", url, str(tmp_path / "x.lmdb"), "--size", "8"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith(f"Error: {url}: {message}") and result.output.count("\n") == 1
+    assert not (tmp_path / "x.lmdb").exists()
+
+
+def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
+    """A conversion from S3 that dies after a checkpoint resumes from the listing's fingerprint:
+    only the rest is converted, the result equals an uninterrupted run's, and a changed listing
+    is refused."""
+    import packer.parallel
+    import packer.writers.journal as journal
+    from packer.writers.base import Writer
+
+    s3.put(str(local_source) + "/", "packer-test/resume/", recursive=True)
+    url, dst = "s3://packer-test/resume", tmp_path / "r.lmdb"
+    partial = dst.with_name("r.lmdb.partial")
+
+    class Died(Exception):
+        pass
+
+    real_progress = Writer.progress
+
+    def die_after_8(self, inputs, skipped):
+        real_progress(self, inputs, skipped)
+        if inputs == 8:
+            raise Died
+
+    with monkeypatch.context() as m:
+        m.setattr(journal, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint after every input
+        m.setattr(Writer, "progress", die_after_8)
+        m.setattr(Writer, "abort", lambda self: self._close())  # as if killed: DST.partial and its journal stay
+        with pytest.raises(Died):
+            convert(url, dst, image=ImageOptions(size=16), workers=2)
+    assert partial.exists() and not dst.exists()
+    assert json.loads((journal.journal_path(partial) / "journal.json").read_text())["inputs"] == 8
+
+    s3.pipe("packer-test/resume/class_00/new.jpg", (local_source / "class_00" / "img_00000.jpg").read_bytes())
+    with pytest.raises(OptionError, match="the source folder changed"):
+        convert(url, dst, image=ImageOptions(size=16), workers=2, resume=True)
+    s3.rm("packer-test/resume/class_00/new.jpg")
+
+    converted: list[int] = []
+    real_map = packer.parallel.ordered_map
+
+    def spy(fn, items, **options):
+        converted.append(len(items))
+        return real_map(fn, items, **options)
+
+    monkeypatch.setattr(packer.parallel, "ordered_map", spy)
+    report = convert(url, dst, image=ImageOptions(size=16), workers=2, resume=True)
+    assert converted == [19 - 8]  # 19 inputs in class folders; 8 were done
+    local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
+    same_conversion(report.dst, local.dst)
+    assert report.skipped == local.skipped and not partial.exists()
+
+
+def test_s3_src_on_ray(s3, s3_source, local_source, tmp_path):
+    """Ray tasks read the objects themselves (a local Ray instance started here inherits the
+    endpoint from this process's environment)."""
+    ray = pytest.importorskip("ray", reason="the Ray executor needs: pip install 'packer[ray]'")
+    if ray.is_initialized():
+        pytest.skip("Ray is already running in this process (with another environment)")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)  # loopback only
+    try:
+        report = convert(s3_source, tmp_path / "ray.lmdb", image=ImageOptions(size=16), executor="ray")
+    finally:
+        ray.shutdown()
+    local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
+    same_conversion(report.dst, local.dst)
+    assert report.skipped == local.skipped and open_store(report.dst).meta.source == s3_source
+
+
+# -- a URL DST: shards uploaded as published and deleted locally, metadata last ------------------
+def staged_files(url: str) -> tuple[int, int]:
+    """(published shards, all shard files) in the local staging folder of a conversion to ``url``."""
+    from packer.remote import staging_folder
+
+    names = [p.name for p in staging_folder(url).rglob("*.tar")]
+    return sum(not n.startswith(".") for n in names), len(names)
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory) -> Path:
+    """60 tiny JPEGs in 2 classes: 30 shards of 2."""
+    from packer.samples import make_image_folder
+
+    return make_image_folder(tmp_path_factory.mktemp("many") / "src", classes=2, per_class=30, size=(12, 16))
+
+
+
+def meta_without_time(data: bytes) -> dict:
+    import json
+
+    meta = json.loads(data)
+    meta.pop("created")
+    return meta
+
+
+def assert_same_output(fs, root: str, local: Path) -> None:
+    """Every file at ``root`` (on ``fs``) equals ``local``'s, the metadata apart from ``created``."""
+    fs.invalidate_cache()
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root))
+    assert names == sorted(p.name for p in local.iterdir())
+    for name in names:
+        remote, here = fs.cat(f"{root}/{name}"), (local / name).read_bytes()
+        assert (meta_without_time(remote) == meta_without_time(here)) if name == "packer.json" else remote == here, name
+
+
+def test_local_disk_holds_only_the_shards_waiting_for_upload(s3, many_images, tmp_path, monkeypatch):
+    """With uploads slower than the conversion, at most MAX_PENDING published shards (+1 being
+    handed over) exist locally at any moment: the conversion waits for the network instead of
+    filling the disk. The output equals a local conversion's; the metadata goes up last."""
+    import time
+
+    import packer.remote as remote
+
+    url = "s3://packer-test/bounded"
+    order: list[str] = []
+    seen: list[tuple[int, int]] = []
+    real_put = s3.put_file
+
+    def slow_put(lpath, rpath, *args, **kwargs):
+        seen.append(staged_files(url))
+        order.append(rpath.rsplit("/", 1)[-1])
+        time.sleep(0.03)
+        return real_put(lpath, rpath, *args, **kwargs)
+
+    real_queue = remote.Uploader.put
+
+    def put(self, path):
+        seen.append(staged_files(url))
+        return real_queue(self, path)
+
+    monkeypatch.setattr(remote, "_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(s3, "put_file", slow_put)
+    monkeypatch.setattr(remote.Uploader, "put", put)
+    options = dict(format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=2), workers=1)
+    report = convert(many_images, url, **options)
+    assert report.written == 60 and str(report.dst) == url
+    published, files = max(p for p, _ in seen), max(f for _, f in seen)
+    assert remote.MAX_PENDING <= published <= remote.MAX_PENDING + 1  # back-pressure engaged, and held
+    assert files <= remote.MAX_PENDING + 1 + (4 * 1 + 2) + 1  # + the pool's window of pieces ahead (packer/parallel.py)
+    assert files < 30 // 2
+    assert order[-1] == "packer.json" and set(order[-3:-1]) == {"packer-index.npy", "packer-crc32.npy"}
+    assert not remote.staging_folder(url).exists()
+    assert_same_output(s3, "packer-test/bounded", convert(many_images, tmp_path / "local", **options).dst)
+
+
+@pytest.mark.parametrize("scheme", ["s3", "file"])
+def test_url_output_is_byte_identical_to_a_local_conversion(s3, with_bad, tmp_path, scheme):
+    """Same shard names, keys (renumbered after skipped inputs), bytes, index and checksums."""
+    import fsspec
+
+    options = dict(format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_size=4), workers=2)
+    local = convert(with_bad, tmp_path / "local", **options)
+    url = "s3://packer-test/same" if scheme == "s3" else (tmp_path / "remote" / "same").as_uri()
+    report = convert(with_bad, url, **options)
+    assert report.written == local.written == 18 and [s.path for s in report.skipped] == [s.path for s in local.skipped]
+    fs, root = fsspec.core.url_to_fs(url) if scheme == "file" else (s3, "packer-test/same")
+    assert_same_output(fs, root, local.dst)
+
+
+def test_failed_conversion_removes_its_uploads(s3, many_images, monkeypatch):
+    from packer import remote
+    from packer.writers import webdataset as wds
+
+    real_add = wds.ShardWriter.add_piece
+    calls = []
+
+    def failing_add(self, result):
+        calls.append(1)
+        if len(calls) == 4:
+            self.sink.flush()  # three shards are uploaded by now
+            assert len(self.sink.stored()) == 3
+            raise RuntimeError("disk on fire")
+        return real_add(self, result)
+
+    monkeypatch.setattr(wds.ShardWriter, "add_piece", failing_add)
+    url = "s3://packer-test/failed"
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        convert(many_images, url, format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=2), workers=1)
+    s3.invalidate_cache()
+    assert not s3.exists("packer-test/failed") and not remote.staging_folder(url).exists()
+
+
+def test_a_failed_upload_stops_the_conversion_and_removes_the_rest(s3, many_images, monkeypatch):
+    from packer import remote
+
+    real_put = s3.put_file
+    calls = []
+
+    def flaky_put(lpath, rpath, *args, **kwargs):
+        calls.append(rpath)
+        if len(calls) == 5:
+            raise ConnectionError("connection reset by peer")
+        return real_put(lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(remote, "_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(s3, "put_file", flaky_put)
+    url = "s3://packer-test/flaky"
+    with pytest.raises(OutputError, match="upload failed .connection reset by peer.*readers refuse"):
+        convert(many_images, url, format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=2), workers=1)
+    s3.invalidate_cache()
+    assert not s3.exists("packer-test/flaky") and not remote.staging_folder(url).exists()
+
+
+def test_ray_to_s3_returns_shards_to_the_driver(s3, with_bad, tmp_path, monkeypatch):
+    """--executor ray with a URL DST: the tasks never see the driver's staging folder (they get
+    no path and return their shards' bytes), and the output equals a local-pool conversion's."""
+    ray = pytest.importorskip("ray", reason="the Ray executor needs: pip install 'packer[ray]'")
+    import packer.executors.ray as ray_executor
+    from packer.remote import staging_folder
+
+    tasks = []
+    real = ray_executor.ray_ordered_map
+
+    def spy(fn, items, **options):
+        tasks.append(fn)
+        return real(fn, items, **options)
+
+    monkeypatch.setattr(ray_executor, "ray_ordered_map", spy)
+    options = dict(format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_size=4))
+    local = convert(with_bad, tmp_path / "local", workers=2, **options)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)  # loopback only
+    try:
+        report = convert(with_bad, "s3://packer-test/ray", executor="ray", **options)
+    finally:
+        if started:
+            ray.shutdown()
+    assert report.written == 18 and report.workers == 2
+    (task,) = tasks
+    staging = str(staging_folder("s3://packer-test/ray").resolve())
+    assert task.folder is None and staging.encode() not in ray.cloudpickle.dumps(task)
+    assert_same_output(s3, "packer-test/ray", local.dst)
+
+
+def test_sigkill_then_resume_to_s3(s3, tmp_path, monkeypatch):
+    """A conversion to s3:// killed with SIGKILL after a checkpoint: the partial upload has no
+    metadata (readers refuse it); --resume keeps the shards uploaded by the checkpoint, converts
+    only the inputs after it, and the result equals an uninterrupted local run's."""
+    import numpy as np
+
+    import packer.parallel as parallel
+    from imagefiles import jpeg_bytes, write
+    from packer.remote import staging_folder
+    from packer.samples import natural_image
+    from readers.schema import IncompleteDatasetError
+
+    src = tmp_path / "src"
+    data = jpeg_bytes(natural_image(np.random.default_rng(0), 375, 500), quality=90)
+    for i in range(240):
+        write(src / f"c{i % 2}" / f"{i:04d}.jpg", data if i != 33 else b"not a jpeg")
+    url = "s3://packer-test/resumed"
+    journal = staging_folder(url) / "resumed.partial-journal" / "journal.json"
+    args = ["convert", str(src), url, "-j", "1", "-q", "--size", "24", "-f", "webdataset", "--shard-size", "20"]
+    committed = convert_until_checkpoint(args, journal)
+    assert 0 < committed < 240
+    s3.invalidate_cache()
+    assert s3.ls("packer-test/resumed") and not s3.exists("packer-test/resumed/packer.json")
+    with pytest.raises(IncompleteDatasetError):
+        StreamingShards(url)
+    with pytest.raises(OutputError, match="--resume carries it on"):
+        convert(src, url, format="webdataset")
+
+    sizes: list[int] = []
+    real = parallel.ordered_map
+
+    def spy(fn, items, **options):
+        sizes.append(sum(len(piece.items) for piece in items))
+        return real(fn, items, **options)
+
+    monkeypatch.setattr(parallel, "ordered_map", spy)
+    kwargs = dict(format="webdataset", image=ImageOptions(size=24), storage=StorageOptions(shard_size=20), workers=1)
+    report = convert(src, url, resume=True, **kwargs)
+    assert sizes == [240 - committed]  # the shards uploaded by the checkpoint were not redone
+    monkeypatch.setattr(parallel, "ordered_map", real)
+    reference = convert(src, tmp_path / "ref.shards", **kwargs)
+    assert report.written == reference.written == 239
+    assert_same_output(s3, "packer-test/resumed", reference.dst)
+    assert not staging_folder(url).exists()

@@ -35,15 +35,6 @@ def tars(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.tar"))
 
 
-@pytest.fixture(scope="module")
-def with_bad(image_folder, tmp_path_factory) -> Path:
-    """``image_folder`` plus two undecodable files (inputs 3 and 13 in scan order)."""
-    src = tmp_path_factory.mktemp("bad") / "src"
-    shutil.copytree(image_folder, src)
-    (src / "class_00" / "000_bad.jpg").write_bytes(b"not an image")
-    (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image either")
-    return src
-
 
 @pytest.fixture(scope="module")
 def small_shards(image_folder, tmp_path_factory) -> Path:

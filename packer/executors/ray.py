@@ -18,7 +18,9 @@ twice, before it is treated like a crash.
 Assumptions (docs/SCALING.md): every node sees SRC and DST at the same absolute paths (a
 shared filesystem), since tasks open inputs and WebDataset tasks write their shards into
 ``DST.partial`` themselves; the driver only gathers results (samples for LMDB/HDF5/blob,
-shard descriptions for WebDataset) and writes the metadata.
+shard descriptions for WebDataset) and writes the metadata. A URL DST needs no shared path:
+WebDataset tasks then return their shards' bytes (``PieceTask(folder=None)``) and the driver
+uploads them (packer/remote.py).
 """
 
 from __future__ import annotations

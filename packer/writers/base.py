@@ -179,6 +179,10 @@ class Writer:
         """Format-specific details for :attr:`Metadata.extra` (none by default)."""
         return {}
 
+    def _publish(self) -> None:
+        """Make the finished ``DST.partial`` the output: sync it and rename it to ``DST``."""
+        publish(self.tmp, self.dst)
+
     # -- driving --------------------------------------------------------------------------
     def add(self, sample: Encoded) -> None:
         """Append one sample; it gets the next index."""
@@ -243,7 +247,7 @@ class Writer:
         meta = dataclasses.replace(meta, checksum=CHECKSUM)  # every writer stores per-sample checksums
         try:
             self._write_metadata(meta)
-            publish(self.tmp, self.dst)
+            self._publish()
         except OSError as exc:
             self.abort()
             raise self.output_error(exc) from None

@@ -7,6 +7,13 @@ whenever ``shard_size`` samples or ``shard_bytes`` member bytes would be exceede
 only bookkeeping (:class:`PieceResult`). The parent (:meth:`ShardWriter.add_piece`, in input
 order) gives the shards their final numbers and names and records the member index.
 
+Where the output goes is the writer's *sink* (:class:`ShardSink`): none, and the shards stay in
+``DST.partial``, renamed to ``DST`` at the end; a sink (``packer/remote.py``'s uploader for a
+URL DST) takes each shard as it is published, and the index, checksums and metadata (last) at
+the end, so local disk holds only the shards not yet stored. When the tasks may run on other
+machines than the writer (Ray with a sink: the writer's folder is local to the driver), a
+piece's shards come back as bytes in :class:`PieceResult` instead of files (``in_memory``).
+
 Sample keys are dense (``0 .. count-1``) even when inputs fail: a worker keys its samples as if
 nothing before its piece had failed (first key = the piece's first input index); when earlier
 inputs did fail, the parent rewrites the (fixed-width) member names in the 512-byte tar headers
@@ -19,10 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -49,10 +57,10 @@ from ..errors import OptionError
 from ..options import ImageOptions, StorageOptions
 from ..preprocess.task import Encoded, Failed, ImageTask
 from ..sources.images import ImageItem
-from .base import Writer
+from .base import Writer, remove_path
 from .journal import Checkpoint
 
-__all__ = ["ShardWriter", "PieceTask", "Piece", "PieceResult", "split_destination", "DEFAULT_SHARD_SIZE"]
+__all__ = ["ShardWriter", "ShardSink", "PieceTask", "Piece", "PieceResult", "split_destination", "DEFAULT_SHARD_SIZE"]
 
 #: Inputs per piece (and so at most samples per shard) when neither bound is given.
 DEFAULT_SHARD_SIZE = 1000
@@ -97,13 +105,36 @@ class Piece:
     items: tuple[ImageItem, ...]
 
 
+class ShardSink(Protocol):
+    """Where a :class:`ShardWriter` puts its finished files instead of renaming ``DST.partial``
+    to ``DST`` (``packer/remote.py``'s ``Uploader`` stores them at a URL)."""
+
+    def put(self, path: Path) -> None:
+        """Store the finished file ``path`` under its name, then delete it; may block (back-pressure)."""
+
+    def flush(self) -> None:
+        """Return once everything put so far is stored; raise what failed."""
+
+    def stored(self) -> dict[str, int]:
+        """Names and sizes of the files stored so far (those of an interrupted run included)."""
+        ...
+
+    def remove(self, names: Sequence[str]) -> None:
+        """Delete stored files (a resumed run drops shards stored after its checkpoint)."""
+
+    def discard(self) -> None:
+        """Stop storing and delete everything stored: the conversion failed."""
+
+
 @dataclass(frozen=True)
 class ShardPart:
-    """One shard file a worker wrote: its temporary name, size and per-sample bookkeeping."""
+    """One shard a worker wrote: its temporary name, size and per-sample bookkeeping, and its
+    bytes when the worker returned it instead of writing a file (``in_memory``)."""
 
     tmp_name: str
     size: int
     rows: np.ndarray  # (samples, _ROW) int64, columns _OFFSET .. _CRC
+    data: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -120,13 +151,15 @@ class PieceResult:
 
 
 class _ShardFile:
-    """One tar file being written sequentially, with the bookkeeping of its members."""
+    """One tar file being written sequentially (to ``folder``, else in memory), with the
+    bookkeeping of its members."""
 
-    def __init__(self, path: Path, encoding: str) -> None:
-        self.path = path
+    def __init__(self, folder: str | None, name: str, encoding: str) -> None:
+        self.path = Path(folder) / name if folder is not None else None
+        self.name = name
         self.extension = EXTENSIONS[encoding]
         self.raw = encoding == "raw"
-        self.handle = open(path, "wb")
+        self.handle: Any = open(self.path, "wb") if self.path is not None else io.BytesIO()
         self.position = 0
         self.member_bytes = 0
         self.rows: list[tuple[int, ...]] = []
@@ -167,25 +200,28 @@ class _ShardFile:
         end = self.position + 2 * BLOCK
         end += -end % RECORD
         self.handle.write(bytes(end - self.position))
+        data = self.handle.getvalue() if self.path is None else None
         self.handle.close()
         rows = np.array(self.rows, np.int64).reshape(-1, _ROW)
-        return ShardPart(self.path.name, end, rows)
+        return ShardPart(self.name, end, rows, data)
 
     def discard(self) -> None:
         self.handle.close()
-        self.path.unlink(missing_ok=True)
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
 class PieceTask:
-    """Convert the inputs of a :class:`Piece` and write its shard file(s) into ``folder``.
+    """Convert the inputs of a :class:`Piece` and write its shard file(s) into ``folder``
+    (``None``: return each shard's bytes in its :class:`ShardPart` instead).
 
     Picklable (options and a path only); each worker opens its own files. ``task`` converts one
     input (default: :class:`ImageTask` of ``image``; a text conversion passes its tokenise task).
     """
 
     image: ImageOptions
-    folder: str
+    folder: str | None
     shard_size: int | None = None
     shard_bytes: int | None = None
     task: Callable[[Any], Encoded | Failed] | None = None
@@ -209,7 +245,7 @@ class PieceTask:
                     shard = None
                 if shard is None:
                     name = f"{_TMP_PREFIX}{piece.number:06d}-{len(parts):04d}.tar"
-                    shard = _ShardFile(Path(self.folder) / name, self.image.encoding)
+                    shard = _ShardFile(self.folder, name, self.image.encoding)
                 shard.add(piece.start + written, result)
                 written += 1
                 payload_bytes += len(result.payload)
@@ -239,8 +275,10 @@ class ShardWriter(Writer):
     is_directory = True
     writes_pieces = True
 
-    def __init__(self, dst: Path, storage: StorageOptions | None = None, **journal: Any) -> None:
+    def __init__(self, dst: Path, storage: StorageOptions | None = None, *, sink: ShardSink | None = None, **journal: Any) -> None:
+        """``sink``: where finished files go (see :class:`ShardSink`); ``None``: the folder ``DST``."""
         folder, self.pattern = split_destination(Path(dst))
+        self.sink = sink
         super().__init__(folder, storage, **journal)
 
     @classmethod
@@ -271,10 +309,14 @@ class ShardWriter(Writer):
             Piece((done + start) // size, done + start, tuple(items[start : start + size])) for start in range(0, len(items), size)
         ]
 
-    def piece_task(self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None) -> PieceTask:
-        """The picklable work unit that writes one piece's shards into ``DST.partial``."""
+    def piece_task(
+        self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None, *, in_memory: bool = False
+    ) -> PieceTask:
+        """The picklable work unit that writes one piece's shards into ``DST.partial``, or with
+        ``in_memory`` returns their bytes (for tasks that may run where that folder is not)."""
         self.encoding = image.encoding
-        return PieceTask(image, str(self.tmp), self.storage.shard_size, self.storage.shard_bytes, task)
+        folder = None if in_memory else str(self.tmp)
+        return PieceTask(image, folder, self.storage.shard_size, self.storage.shard_bytes, task)
 
     def add_piece(self, result: PieceResult) -> list[Failed | None]:
         """Number, rename and index a finished piece's shards (call in input order).
@@ -301,11 +343,15 @@ class ShardWriter(Writer):
 
     def _publish_shard(self, part: ShardPart, *, renumber: bool) -> None:
         rows = part.rows
+        if part.data is not None:  # returned by the task (in_memory): the driver writes the file
+            (self.tmp / part.tmp_name).write_bytes(part.data)
         if renumber:  # earlier inputs failed: the worker's keys are too high by that many
             self._renumber(self.tmp / part.tmp_name, rows, self.count)
         number = len(self.shards)
         name = self.pattern % number
         os.replace(self.tmp / part.tmp_name, self.tmp / name)
+        if self.sink is not None:
+            self.sink.put(self.tmp / name)  # uploaded, then deleted here; blocks while too many wait
         self._index.append(np.hstack([np.full((len(rows), 1), number, np.int64), rows[:, : _W + 1]]))
         self.shards.append(name)
         self.shard_counts.append(len(rows))
@@ -313,7 +359,8 @@ class ShardWriter(Writer):
         self.checksums.extend(rows[:, _CRC].tolist())
         if self._journal is not None:
             self._new_rows.extend(row + [crc] for row, crc in zip(self._index[-1].tolist(), rows[:, _CRC].tolist()))
-            self._unsynced.append(name)
+            if self.sink is None:
+                self._unsynced.append(name)
         for shape in sorted({tuple(r) for r in rows[:, _C : _W + 1].tolist()}):
             self._note_shape(shape)  # type: ignore[arg-type]
         self.count += len(rows)
@@ -343,6 +390,8 @@ class ShardWriter(Writer):
         return inputs == self._published_inputs  # only whole pieces are ever resumed
 
     def _sync(self) -> dict[str, Any]:
+        if self.sink is not None:  # durable = stored by the sink
+            self.sink.flush()
         for name in self._unsynced:
             fd = os.open(self.tmp / name, os.O_RDONLY)
             try:
@@ -359,7 +408,8 @@ class ShardWriter(Writer):
                 "encoding": self.encoding}
 
     def _reopen(self, checkpoint: Checkpoint) -> None:
-        """Keep the shards the checkpoint lists; drop later shards and unpublished piece files."""
+        """Keep the shards the checkpoint lists; drop later shards and unpublished piece files
+        (with a sink: the listed shards are in the sink, and every local file goes)."""
         self._init_lists()
         state = checkpoint.state
         self.shards, self.shard_counts, self.shard_sizes = list(state["shards"]), list(state["shard_counts"]), list(state["shard_sizes"])
@@ -367,12 +417,17 @@ class ShardWriter(Writer):
         self._published_inputs = checkpoint.inputs
         if checkpoint.rows.size:
             self._index.append(np.ascontiguousarray(checkpoint.rows[:, : len(INDEX_COLUMNS)]))
-        keep = set(self.shards)
+        keep = set(self.shards) if self.sink is None else set()
         for path in self.tmp.iterdir():
             if path.name not in keep:
                 path.unlink()
+        if self.sink is None:
+            sizes = {name: (self.tmp / name).stat().st_size for name in self.shards}
+        else:
+            sizes = self.sink.stored()
+            self.sink.remove(sorted(set(sizes) - set(self.shards)))
         for name, size in zip(self.shards, self.shard_sizes):
-            if (self.tmp / name).stat().st_size != size:
+            if sizes.get(name) != size:
                 raise OSError(0, f"shard {name} changed since the checkpoint; run without --resume")
 
     def _init_lists(self) -> None:
@@ -387,6 +442,8 @@ class ShardWriter(Writer):
     def _open(self) -> None:
         self.tmp.mkdir()
         self._init_lists()
+        if self.sink is not None:  # a fresh start: nothing an earlier unfinished run stored stays
+            self.sink.remove(sorted(self.sink.stored()))
 
     def extra(self) -> dict[str, Any]:
         """Shard names, samples and bytes per shard, and the index file's name and columns."""
@@ -408,3 +465,24 @@ class ShardWriter(Writer):
         if leftovers:  # pragma: no cover - internal invariant
             raise OSError(errno.EIO, f"unpublished shard files {leftovers}")
         (self.tmp / META_FILE).write_text(meta.to_json(), encoding="ascii")
+
+    def _publish(self) -> None:
+        """Without a sink: rename ``DST.partial`` to ``DST``. With one: store the index and
+        checksums, wait until every file is stored, then store the metadata record last."""
+        if self.sink is None:
+            super()._publish()
+            return
+        for name in (INDEX_FILE, CHECKSUM_FILE):
+            self.sink.put(self.tmp / name)
+        self.sink.flush()
+        self.sink.put(self.tmp / META_FILE)
+        self.sink.flush()
+        remove_path(self.tmp)
+
+    def abort(self) -> None:
+        """Drop the unfinished output, and what the sink stored of it."""
+        try:
+            super().abort()
+        finally:
+            if self.sink is not None:
+                self.sink.discard()
