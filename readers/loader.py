@@ -51,10 +51,6 @@ BufferMode = Literal["checked", "recycle", "fresh"]
 GATHER_MODES = ("auto", "host", "device")
 GatherMode = Literal["auto", "host", "device"]
 
-#: Formats whose reads serialise on one process-wide lock (h5py's), so more than one filling
-#: thread only adds contention; they still fill in the background, overlapping training.
-_SERIAL_FORMATS = frozenset({"hdf5"})
-
 #: Most threads ever chosen by default. Measured (benchmarks/loader.py, 2 shared cores, batch
 #: 256 of 224x224x3): LMDB 26.8k img/s at 1 thread, 39.7k at 2, 28.4k at 3, 23.5k at 4 -- more
 #: threads than cores only add contention, and a few threads already reach memory bandwidth.
@@ -62,9 +58,14 @@ _MAX_DEFAULT_THREADS = 4
 
 
 def default_threads(dataset: Any = None) -> int:
-    """Filling threads used when ``threads`` is not given: one per core (up to 4), 1 for HDF5."""
+    """Filling threads used when ``threads`` is not given: one per core (up to 4).
+
+    One when the store says its reads serialise on a process-wide lock (``serial_reads``: HDF5
+    read through h5py), where more threads only add contention; that one still fills in the
+    background, overlapping training.
+    """
     store = getattr(dataset, "store", dataset)
-    if getattr(store, "format_name", "") in _SERIAL_FORMATS:
+    if getattr(store, "serial_reads", False):
         return 1
     try:
         cores = len(os.sched_getaffinity(0))

@@ -2,8 +2,11 @@
 refused and corrupt files, the CLI, and interrupted writes."""
 
 import json
+import multiprocessing
+import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import h5py
@@ -22,7 +25,9 @@ from packer.writers import hdf5 as hdf5_writer
 from packer.writers.hdf5 import HDF5Writer
 from readers import HDF5Dataset, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from readers.formats import detect_format, open_store
+from readers.formats import hdf5 as hdf5_store
 from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES
+from readers.loader import default_threads
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "FORMATS.md"
 
@@ -101,6 +106,7 @@ def test_compression_round_trips_and_is_recorded(tmp_path, image_folder, packed_
     convert(image_folder, dst, image=ImageOptions(size=32), storage=StorageOptions(compression=compression), workers=1)
     store, plain = open_store(dst), open_store(packed_32("hdf5"))
     assert store.meta.extra == {"compression": compression}
+    assert store.serial_reads and default_threads(store) == 1  # read through h5py, one thread at a time
     with h5py.File(dst, "r") as f:
         assert f[IMAGES].compression == compression
     assert store.read_batch([])[0].shape == (0, 3, 32, 32)
@@ -240,3 +246,135 @@ def test_raw_samples_of_one_shape_in_the_flat_layout_are_read(tmp_path):
         f.attrs[META_ATTR] = meta.to_json()
     images, labels = HDF5Dataset(path).read_batch([2, 0])
     assert np.array_equal(images.numpy(), pixels[[2, 0]].reshape(2, 1, 8, 5)) and labels.tolist() == [1, 1]
+
+
+# -- reads that bypass h5py ------------------------------------------------------------------
+def plain_h5py(path: Path, indices) -> np.ndarray:
+    """``images[indices]`` read one by one with plain h5py (any order, repeats allowed)."""
+    with h5py.File(path, "r") as f:
+        return np.stack([f[IMAGES][int(i)] for i in indices])
+
+
+INDEX_CASES = [
+    [17, 3, 3, 4, 5, 0],  # unsorted, repeated, a run
+    [5, 5, 5],
+    list(range(18)),
+    list(range(17, -1, -1)),
+    [-1, 0, -18],
+]
+
+
+def test_uncompressed_batches_bypass_h5py_and_match_its_reads(tmp_path, packed_32, monkeypatch):
+    path = packed_32("hdf5")
+    fast = open_store(path)
+    assert not fast.serial_reads and default_threads(fast) == default_threads(None)  # not held to one thread
+    monkeypatch.setattr(hdf5_store._Mapped, "locate", classmethod(lambda cls, file, images: None))
+    slow = open_store(shutil.copy(path, tmp_path / "copy.h5"))  # its own handle, read through h5py
+    assert slow.serial_reads and default_threads(slow) == 1
+    rng = np.random.default_rng(0)
+    cases = INDEX_CASES + [rng.integers(0, 18, 40).tolist() for _ in range(5)]
+    for indices in cases:
+        got, got_labels = fast.read_batch(indices)
+        want, want_labels = slow.read_batch(indices)
+        assert np.array_equal(got, want) and np.array_equal(got, plain_h5py(path, np.array(indices) % 18))
+        assert got_labels.tolist() == want_labels.tolist()
+    strided = np.zeros((6, 3, 32, 64), np.uint8)[..., ::2]  # an `out` that is not C-contiguous
+    fast.read_batch(INDEX_CASES[0], out=strided)
+    assert np.array_equal(strided, slow.read_batch(INDEX_CASES[0])[0])
+    for i in (0, 9, 17):
+        assert np.array_equal(fast.read(i)[0], slow.read(i)[0])
+    for (a, la), (b, lb) in zip(fast.read_samples(range(18)), slow.read_samples(range(18))):
+        assert np.array_equal(a, b) and la == lb
+    assert fast.read_batch([])[0].shape == (0, 3, 32, 32)
+
+
+def test_chunks_between_index_nodes_are_found(tmp_path, monkeypatch):
+    """Written block by block, the chunks are not evenly spaced (HDF5 puts its index nodes between
+    them), so every sample's offset is looked up; without chunk_iter, small files are still mapped."""
+    monkeypatch.setattr(hdf5_writer, "BLOCK_BYTES", 64)
+    n, shape = 300, (1, 4, 4)
+    pixels = np.random.default_rng(1).integers(0, 256, (n, *shape), dtype=np.uint8)
+    writer = HDF5Writer(tmp_path / "many.h5")
+    for i in range(n):
+        writer.add(Encoded(i % 3, shape, pixels[i].tobytes()))
+    writer.finish(Metadata(format="hdf5", count=n, channels=1, shape=shape))
+    store = open_store(tmp_path / "many.h5")
+    assert not store.serial_reads
+    indices = np.random.default_rng(2).permutation(n)
+    assert np.array_equal(store.read_batch(indices)[0], pixels[indices])
+    with h5py.File(tmp_path / "many.h5", "r") as f:
+        dsid = f[IMAGES].id
+        starts = hdf5_store._chunk_starts(dsid, n, 16)
+        assert len(set(np.diff(starts).tolist())) > 1  # not an arithmetic sequence
+
+        class NoChunkIter:  # h5py built against an HDF5 older than 1.12.3
+            get_num_chunks, get_chunk_info = dsid.get_num_chunks, dsid.get_chunk_info
+
+        assert np.array_equal(hdf5_store._chunk_starts(NoChunkIter(), n, 16), starts)
+        monkeypatch.setattr(hdf5_store, "_CHUNK_INFO_LIMIT", n - 1)
+        assert hdf5_store._chunk_starts(NoChunkIter(), n, 16) is None  # too slow that way: h5py reads it
+        assert hdf5_store._chunk_starts(dsid, n, 15) is None  # chunks of another size
+
+
+def test_a_contiguous_images_dataset_is_mapped_too(tmp_path):
+    """Not what packer writes, but valid: ``images`` stored contiguously, samples back to back."""
+    pixels = np.random.default_rng(3).integers(0, 256, (5, 3, 4, 6), dtype=np.uint8)
+    path = tmp_path / "contiguous.h5"
+    with h5py.File(path, "w") as f:
+        f[IMAGES] = pixels
+        f[LABELS] = np.arange(5, dtype=np.int64)
+        f.attrs[META_ATTR] = Metadata(format="hdf5", count=5, channels=3, shape=(3, 4, 6)).to_json()
+        assert f[IMAGES].chunks is None
+    store = open_store(path)
+    assert not store.serial_reads
+    assert np.array_equal(store.read_batch([4, 0, 4, 2])[0], pixels[[4, 0, 4, 2]])
+
+
+def test_threads_read_batches_at_once(packed_32):
+    store = open_store(packed_32("hdf5"))
+    assert not store.serial_reads
+    batches = [np.random.default_rng(k).integers(0, 18, 64) for k in range(8)]
+    expected = [plain_h5py(packed_32("hdf5"), b) for b in batches]
+    barrier, failures = threading.Barrier(4), []
+
+    def read(k: int) -> None:
+        barrier.wait(timeout=30)
+        out = np.empty((64, 3, 32, 32), np.uint8)
+        for _round in range(20):
+            for batch, want in zip(batches[k:] + batches[:k], expected[k:] + expected[:k]):
+                store.read_batch(batch, out=out)
+                if not np.array_equal(out, want):
+                    failures.append(k)
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_dataloader_workers_under_spawn_read_the_mapped_file(packed_32):
+    from torch.utils.data import DataLoader
+
+    path = packed_32("hdf5")
+    ds = HDF5Dataset(path)
+    assert not ds.store.serial_reads  # mapped in this process first: the workers map their own
+    want = plain_h5py(path, range(18))
+    loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context=multiprocessing.get_context("spawn"))
+    for _epoch in range(2):
+        images = np.concatenate([x.numpy() for x, _ in loader])
+        assert np.array_equal(images, want)
+
+
+def test_a_replaced_file_is_mapped_afresh_and_an_open_store_keeps_its_own(tmp_path, packed_32):
+    path = shutil.copy(packed_32("hdf5"), tmp_path / "data.h5")
+    old = open_store(path)
+    before = old.read_batch([0, 5])[0].copy()
+    edited = copy_and_edit(path, tmp_path / "edited.h5", lambda f: f[IMAGES].__setitem__(0, 255 - f[IMAGES][0]))
+    os.replace(edited, path)  # what `packer convert --overwrite` does: a new file under the old name
+    new = open_store(path)
+    assert not new.serial_reads and not old.serial_reads
+    assert np.array_equal(new.read_batch([0])[0][0], 255 - before[0])
+    assert np.array_equal(new.read_batch([5])[0][0], before[1])
+    assert np.array_equal(old.read_batch([0, 5])[0], before)  # the file it opened, still mapped
