@@ -6,7 +6,7 @@
 Side by side in one run (min/median/max over ``--repeats`` passes after a warm-up):
 (a) the card's host-to-device copy rate for one uint8 batch of 256x3x224x224: from pinned memory
     (the ceiling) and from pageable memory;
-(b) ``readers.Loader(dataset, device="cuda")`` over the blob and LMDB: bytes of pixels that
+(b) ``readers.Loader(dataset, device="cuda")`` over the blob, LMDB and HDF5: bytes of pixels that
     arrive on the device per second, as a share of (a)'s pinned rate (target: 80% or more): the
     blob gathered by the GPU from the page-locked blob (``gather="device"``, the default for a
     RAM blob), and the host path (``gather="host"``: filler threads, pinned buffers) by threads;
@@ -14,7 +14,7 @@ Side by side in one run (min/median/max over ``--repeats`` passes after a warm-u
     for contrast;
 (d) a ResNet-50 training step (bf16 autocast, channels_last, SGD, batch 256, with
     ``RandomResizedCrop`` + ``RandomHorizontalFlip`` + ``Normalize`` on the GPU) fed by
-    ``Loader`` from the blob and from LMDB, vs the same step on a batch already on the GPU
+    ``Loader`` from the blob, LMDB and HDF5, vs the same step on a batch already on the GPU
     (target: 95% or more of it: the data path costs nothing). The three variants are
     interleaved, pass by pass, so clock drift hits them alike. ResNet-50 comes from torchvision
     when it is installed (the benchmark only; packer does not depend on it).
@@ -154,13 +154,13 @@ def train_rate(step: Step, source: Callable[[], Any], steps: int) -> Callable[[]
 
 # -- data -----------------------------------------------------------------------------------------
 def make_data(images: int, workdir: Path) -> tuple[dict[str, Path], dict[str, float]]:
-    """ImageNet-like JPEGs converted to raw 224x224 blob and LMDB with every core; conversion img/s."""
+    """ImageNet-like JPEGs converted to raw 224x224 blob, LMDB and HDF5 with every core; conversion img/s."""
     from packer import ImageOptions, convert
 
     src = imagenet_like(images, workers=cpu_count())
     workdir.mkdir(parents=True, exist_ok=True)
     paths, rates = {}, {}
-    for fmt, suffix in (("blob", ".blob"), ("lmdb", ".lmdb")):
+    for fmt, suffix in (("blob", ".blob"), ("lmdb", ".lmdb"), ("hdf5", ".h5")):
         dst = workdir / f"gpu-{images}{suffix}"
         start = time.perf_counter()
         report = convert(src, dst, image=ImageOptions(size=SIZE), workers=cpu_count(), overwrite=True, progress=False)
@@ -232,6 +232,7 @@ def main() -> None:
             "Loader over blob (GPU gather)": Loader(datasets["blob"], BATCH, seed=0, device="cuda", drop_last=True, gather="device"),
             "Loader over blob (host path)": Loader(datasets["blob"], BATCH, seed=0, device="cuda", drop_last=True, gather="host"),
             "Loader over lmdb": Loader(datasets["lmdb"], BATCH, seed=0, device="cuda", drop_last=True),
+            "Loader over hdf5": Loader(datasets["hdf5"], BATCH, seed=0, device="cuda", drop_last=True),
         }
         sources = {"batch already on the GPU": resident_batches(datasets["blob"])}
         sources |= {name: loader_batches(loader) for name, loader in loaders.items()}

@@ -120,7 +120,7 @@ class DeviceGather:
         self._registration = _Registration.acquire(images, device)
         self._release = weakref.finalize(self, self._registration.release)
         self.images = self._registration.view
-        self.labels = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device)
+        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64)).to(device)  # a copy: the mapped labels are read-only
         self.stream = torch.cuda.Stream(device)
 
     def close(self) -> None:
