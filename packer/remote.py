@@ -44,6 +44,7 @@ from readers.formats.webdataset import META_FILE
 from readers.remote import is_url
 
 from .errors import OptionError, OutputError
+from .locking import DestinationLock, lock_path
 from .sources.remote import url_filesystem
 
 __all__ = ["is_url", "is_dst_url", "convert_remote", "upload", "staging_folder", "Uploader", "REMOTE_FORMATS", "MAX_PENDING"]
@@ -248,9 +249,17 @@ def convert_remote(convert: Callable[..., Any], src: str | Path, dst: str | Path
         local_pattern = f"{folder_url.rsplit('/', 1)[-1]}/{pattern}"
     else:
         folder_url, local_pattern = str(dst).rstrip("/"), ""
+    staging = staging_folder(folder_url)
+    # before the DST is checked or removed: another conversion on this machine may be uploading it
+    with DestinationLock(lock_path(staging), str(dst)):
+        return _convert_to_url(convert, src, dst, fmt, folder_url, local_pattern, staging, overwrite=overwrite, resume=resume, **options)
+
+
+def _convert_to_url(convert: Callable[..., Any], src: str | Path, dst: str | Path, fmt: str, folder_url: str, local_pattern: str,
+                    staging: Path, *, overwrite: bool, resume: bool, **options: Any) -> Any:
+    """The conversion to ``folder_url`` through ``staging``, under the caller's lock on it."""
     _check_remote_dst(folder_url, str(dst), fmt, overwrite=overwrite, resume=resume)
     local_src: str | Path = src  # a URL SRC is streamed by the conversion (packer/sources/remote.py)
-    staging = staging_folder(folder_url)
     staging.mkdir(mode=0o700, parents=True, exist_ok=True)
     local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
     sink = Uploader(folder_url) if fmt == "webdataset" else None

@@ -380,7 +380,8 @@ def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(journal, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint after every input
         m.setattr(Writer, "progress", die_after_8)
-        m.setattr(Writer, "abort", lambda self: self._close())  # as if killed: DST.partial and its journal stay
+        # as if killed: DST.partial and its journal stay, and the lock goes with the process
+        m.setattr(Writer, "abort", lambda self: (self._close(), self._lock.release()))
         with pytest.raises(Died):
             convert(url, dst, image=ImageOptions(size=16), workers=2)
     assert partial.exists() and not dst.exists()

@@ -25,6 +25,7 @@ from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
 from ..errors import OptionError, OutputError, OutputExistsError
+from ..locking import DestinationLock, lock_path
 from ..options import StorageOptions
 from ..preprocess.task import Encoded
 
@@ -116,6 +117,16 @@ class Writer:
         self.dst = Path(dst)
         self.storage = storage if storage is not None else StorageOptions()
         self.tmp = partial_path(self.dst)
+        # before anything touches DST.partial: it may be another conversion's, still running
+        self._lock = DestinationLock(lock_path(self.tmp), str(self.dst)).acquire()
+        try:
+            self._start(fingerprint, resume)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, fingerprint: Mapping[str, Any] | None, resume: bool) -> None:
+        """Set up the bookkeeping, then open a fresh ``DST.partial`` or reopen a checkpoint's."""
         self.count = 0
         self.payload_bytes = 0
         self.common_shape: tuple[int, int, int] | None = None
@@ -253,6 +264,7 @@ class Writer:
             raise self.output_error(exc) from None
         if self._journal is not None:
             self._journal.remove()
+        self._lock.release()
 
     def abort(self) -> None:
         """Drop the unfinished output."""
@@ -262,6 +274,7 @@ class Writer:
             remove_path(self.tmp)
             if getattr(self, "_journal", None) is not None:
                 self._journal.remove()
+            self._lock.release()
 
     def output_error(self, exc: OSError) -> OutputError:
         if exc.errno == errno.ENOSPC:

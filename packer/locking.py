@@ -1,0 +1,78 @@
+"""One conversion per destination at a time: an advisory lock file beside the unfinished output.
+
+Without it, a second ``packer convert`` to the same DST (the same command in two terminals,
+or a training script that converts on every DDP rank) would delete the first one's partial
+output as a stale leftover, or carry on its resume journal, and one of them could publish a
+mix of both. The lock is ``flock`` on ``DST.partial-lock``: the kernel releases it when its
+process ends, however it ends, so a killed conversion never leaves a stale lock behind (the
+empty file may stay; the next conversion takes it over). Local filesystems only: ``flock`` on
+NFS is emulated or unsupported, and two machines converting to one URL are not detected.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from .errors import OutputError
+
+__all__ = ["DestinationLock", "lock_path"]
+
+
+def lock_path(partial: Path) -> Path:
+    """The lock file of the unfinished output ``partial`` (``DST.partial`` -> ``DST.partial-lock``)."""
+    return partial.with_name(partial.name + "-lock")
+
+
+class DestinationLock:
+    """An exclusive, non-blocking lock on ``path``; ``what`` names the destination in the error."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = Path(path), what
+        self._fd: int | None = None
+
+    def acquire(self) -> "DestinationLock":
+        """Take the lock, or raise :class:`OutputError` naming the process that holds it."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise OutputError(
+                    f"{self.what}: another packer conversion (pid {holder}) is writing it now; wait for it to finish, "
+                    "or choose another DST"
+                ) from None
+            except OSError:
+                os.close(fd)
+                raise
+            try:  # the holder before us may have removed the file after we opened it: lock the one at the path
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and let go of the lock (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)  # closing the descriptor releases the flock
+        self._fd = None
+
+    def __enter__(self) -> "DestinationLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
