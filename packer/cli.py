@@ -50,11 +50,13 @@ class _Group(click.Group):
 
 
 class _WarningPrinter(logging.Handler):
-    """Prints packer's warnings above the progress bar, at most ``limit`` of them."""
+    """Prints packer's warnings above the progress bar, at most ``limit`` of them, then how many
+    more there were (nothing at all when ``quiet``)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, quiet: bool = False) -> None:
         super().__init__(logging.WARNING)
-        self.limit = limit
+        self.limit = 0 if quiet else limit
+        self.quiet = quiet
         self.count = 0
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -65,7 +67,7 @@ class _WarningPrinter(logging.Handler):
             tqdm.write(f"warning: {record.getMessage()}", file=sys.stderr)
 
     def close(self) -> None:
-        if self.count > self.limit:
+        if self.count > self.limit and not self.quiet:
             click.echo(f"warning: ... and {self.count - self.limit:,} more warnings", err=True)
         super().close()
 
@@ -151,7 +153,7 @@ def convert(
     )
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
-    printer = _WarningPrinter(0 if quiet else MAX_WARNINGS)
+    printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
