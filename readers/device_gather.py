@@ -122,9 +122,11 @@ class DeviceGather:
         self.images = self._registration.view
         self.labels = torch.from_numpy(np.array(labels, dtype=np.int64)).to(device)  # a copy: the mapped labels are read-only
         self.stream = torch.cuda.Stream(device)
+        self._closed = False
 
     def close(self) -> None:
-        """Unregister the host range (once no other loader uses it)."""
+        """Unregister the host range (once no other loader uses it); unfinished iterations stop."""
+        self._closed = True
         self._release()
 
     def iterate(self, batches: list[np.ndarray], progress: Any = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -137,7 +139,7 @@ class DeviceGather:
             plan = torch.from_numpy(np.concatenate(batches).astype(np.int64, copy=False)).to(self.device, non_blocking=False)
         pending: collections.deque[tuple[torch.Tensor, torch.Tensor, Any]] = collections.deque()
         issued = 0
-        while issued < len(batches) or pending:
+        while (issued < len(batches) or pending) and not self._closed:
             while issued < len(batches) and len(pending) < AHEAD:
                 start = int(ends[issued]) - sizes[issued]
                 with torch.cuda.device(self.device), torch.cuda.stream(self.stream):

@@ -205,3 +205,11 @@ def test_gather_modes_fall_back_or_explain(packed_32):
     mapped.close()
     with pytest.raises(ValueError, match="only a RAM blob"):
         Loader(open_dataset(packed_32("lmdb")), 4, device="cuda", gather="device")
+
+
+def test_closing_a_device_gather_loader_ends_its_iteration(blob):
+    loader = Loader(blob, 4, device="cuda")
+    it = iter(loader)
+    next(it)
+    loader.close()  # the blob is unregistered: nothing may read it any more
+    assert list(it) == []
