@@ -232,7 +232,7 @@ def _outcomes(
         with run_map(ImageTask(image), items, workers=workers, on_crash=_crash_failure, item_timeout=timeout) as results:
             yield results
         return
-    pieces = writer.pieces(items, image)  # type: ignore[attr-defined]
+    pieces = writer.pieces(items, image, workers=workers)  # type: ignore[attr-defined]  # few pieces: fragments
     per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
     with run_map(
         writer.piece_task(image, in_memory=in_memory), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]

@@ -177,7 +177,7 @@ def _outcomes(writer: Writer, task: TokenizeTask, docs: list[TextDoc], workers: 
     """Each document's outcome in order: :class:`Encoded`/:class:`Failed`, or ``None`` when a worker wrote it."""
     if writer.writes_pieces:
         image = ImageOptions()
-        pieces = writer.pieces(docs, image)  # type: ignore[attr-defined]
+        pieces = writer.pieces(docs, image, workers=workers)  # type: ignore[attr-defined]
         with ordered_map(writer.piece_task(image, task), pieces, workers=workers, chunksize=1) as results:  # type: ignore[attr-defined]
             yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
         return

@@ -557,9 +557,11 @@ def test_a_failed_upload_stops_the_conversion_and_removes_the_rest(s3, many_imag
     assert not s3.exists("packer-test/flaky") and not remote.staging_folder(url).exists()
 
 
-def test_ray_to_s3_returns_shards_to_the_driver(s3, with_bad, tmp_path, monkeypatch):
+@pytest.mark.parametrize("shard_size, workers", [(4, None), (100, 2)])  # (100, 2): one piece, in fragments
+def test_ray_to_s3_returns_shards_to_the_driver(s3, with_bad, tmp_path, monkeypatch, shard_size, workers):
     """--executor ray with a URL DST: the tasks never see the driver's staging folder (they get
-    no path and return their shards' bytes), and the output equals a local-pool conversion's."""
+    no path and return their shards' bytes, or fragments' member streams), and the output equals
+    a local-pool conversion's."""
     ray = pytest.importorskip("ray", reason="the Ray executor needs: pip install 'packer[ray]'")
     import packer.executors.ray as ray_executor
     from packer.remote import staging_folder
@@ -572,21 +574,21 @@ def test_ray_to_s3_returns_shards_to_the_driver(s3, with_bad, tmp_path, monkeypa
         return real(fn, items, **options)
 
     monkeypatch.setattr(ray_executor, "ray_ordered_map", spy)
-    options = dict(format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_size=4))
+    options = dict(format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_size=shard_size))
     local = convert(with_bad, tmp_path / "local", workers=2, **options)
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)  # loopback only
     try:
-        report = convert(with_bad, "s3://packer-test/ray", executor="ray", **options)
+        report = convert(with_bad, f"s3://packer-test/ray-{shard_size}", executor="ray", workers=workers, **options)
     finally:
         if started:
             ray.shutdown()
     assert report.written == 18 and report.workers == 2
     (task,) = tasks
-    staging = str(staging_folder("s3://packer-test/ray").resolve())
+    staging = str(staging_folder(f"s3://packer-test/ray-{shard_size}").resolve())
     assert task.folder is None and staging.encode() not in ray.cloudpickle.dumps(task)
-    assert_same_output(s3, "packer-test/ray", local.dst)
+    assert_same_output(s3, f"packer-test/ray-{shard_size}", local.dst)
 
 
 def test_sigkill_then_resume_to_s3(s3, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from packer.writers.journal import journal_path
 from readers.formats import open_store
 
 FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards", "webdataset-fragments": ".shards"}
 SHARD_SIZE = 20
 #: The child commits a checkpoint this often (seconds), so a kill lands between checkpoints.
 CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
@@ -41,11 +41,16 @@ def source(tmp_path_factory) -> Path:
 
 
 def _options(fmt: str) -> tuple[list[str], dict]:
+    """CLI arguments and API keywords; ``webdataset-fragments``: 3 pieces for 2 workers, so each
+    is converted in fragments (checkpoints still only between pieces)."""
+    fragments = fmt == "webdataset-fragments"
+    fmt = "webdataset" if fragments else fmt
     args = ["--size", "24", "--format", fmt]
     kwargs = {"format": fmt, "image": ImageOptions(size=24)}
     if fmt == "webdataset":
-        args += ["--shard-size", str(SHARD_SIZE)]
-        kwargs["storage"] = StorageOptions(shard_size=SHARD_SIZE)
+        shard_size = 80 if fragments else SHARD_SIZE
+        args += ["--shard-size", str(shard_size), *(["-j", "2"] if fragments else [])]
+        kwargs["storage"] = StorageOptions(shard_size=shard_size)
     return args, kwargs
 
 
@@ -72,7 +77,7 @@ def _meta(path: Path) -> dict:
     return data
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [*FORMATS, "webdataset-fragments"])
 def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path, source, fmt):
     args, kwargs = _options(fmt)
     dst = tmp_path / f"out{SUFFIX[fmt]}"
@@ -84,7 +89,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path, source, fm
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline
         time.sleep(0.005)
-    time.sleep(random.Random(fmt).uniform(0.0, 0.25))  # then a random point
+    time.sleep(random.Random(fmt).uniform(0.0, 0.25 if fmt != "webdataset-fragments" else 0.02))  # then a random point
     assert proc.poll() is None, "the conversion finished before it could be killed"
     _kill(proc)
     assert not dst.exists() and partial.exists()

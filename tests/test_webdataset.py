@@ -81,6 +81,43 @@ def test_output_is_byte_identical_whatever_the_worker_count(tmp_path, with_bad):
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
 
 
+def same_output(one: Path, two: Path) -> None:
+    names = sorted(p.name for p in one.iterdir() if p.name != META_FILE)
+    assert names == sorted(p.name for p in two.iterdir() if p.name != META_FILE)
+    for name in names:
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    assert open_store(one).meta.extra == open_store(two).meta.extra
+
+
+PER_SAMPLE = 128 + 3 * 16 * 16 + 1  # .npy header + pixels, + one label digit
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        dict(shard_size=100),  # one piece: fragments assembled into one shard
+        dict(shard_size=20, shard_bytes=2 * PER_SAMPLE + 10),  # one piece rolled into sub-shards across fragments
+        dict(shard_size=10, shard_bytes=3 * PER_SAMPLE),  # two pieces, each rolled over
+    ],
+)
+def test_fragmented_pieces_give_byte_identical_output(tmp_path, with_bad, image_folder, storage):
+    """Few pieces for the workers: they are cut into fragments that the parent assembles, with
+    the same shards (keys renumbered past the skipped inputs, roll-overs where one worker puts them)."""
+    writer = ShardWriter(tmp_path / "probe", StorageOptions(**storage))
+    items, image = list(range(20)), ImageOptions(size=16)
+    pieces = writer.pieces(items, image, workers=2)  # type: ignore[arg-type]
+    assert len({p.number for p in pieces}) < len(pieces) and [i for p in pieces for i in p.items] == items
+    assert [p.last for p in pieces].count(True) == len({p.number for p in pieces})
+    assert writer.pieces(items, image, workers=1) == writer.pieces(items, image)  # type: ignore[arg-type]
+    writer.abort()
+    for n, src in enumerate((with_bad, image_folder)):
+        one = make(src, tmp_path / f"one-{n}", workers=1, **storage)
+        for workers in (2, 3):
+            same_output(one, make(src, tmp_path / f"{workers}-{n}", workers=workers, **storage))
+    keys = [m.name.split(".")[0] for path in tars(one) for m in members(path)][::2]
+    assert keys == [sample_key(i) for i in range(18)] and not list(tmp_path.glob("**/.piece-*"))
+
+
 def test_skipped_inputs_keep_keys_dense_and_are_recorded(tmp_path, with_bad, image_folder):
     dst = make(with_bad, tmp_path / "out", shard_size=4, workers=2)
     ds = ShardDataset(dst)

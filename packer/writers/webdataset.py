@@ -14,12 +14,20 @@ the end, so local disk holds only the shards not yet stored. When the tasks may 
 machines than the writer (Ray with a sink: the writer's folder is local to the driver), a
 piece's shards come back as bytes in :class:`PieceResult` instead of files (``in_memory``).
 
+When there are fewer pieces than about two per worker (small datasets, or few large shards),
+:meth:`ShardWriter.pieces` cuts each piece into *fragments*, consecutive runs of its inputs that
+different workers convert at once. A fragment's task writes a bare tar member stream (members
+only, no end-of-archive blocks); the parent (:meth:`ShardWriter.add_piece`, in order) copies the
+streams into the piece's shard(s), rolling over exactly where one worker would have, and ends
+each shard once. That costs the parent a copy of every byte, so with enough pieces (the scale
+path) workers keep writing whole shards and the parent only renames them.
+
 Sample keys are dense (``0 .. count-1``) even when inputs fail: a worker keys its samples as if
 nothing before its piece had failed (first key = the piece's first input index); when earlier
 inputs did fail, the parent rewrites the (fixed-width) member names in the 512-byte tar headers
 in place before renaming the shard. A shard so renumbered is byte-identical to one written
 with the right keys to begin with, and piece boundaries depend only on the options, never on
-the worker count: the output is identical whatever the worker count.
+the worker count: the output is identical whatever the worker count (and whether pieces were fragmented).
 """
 
 from __future__ import annotations
@@ -65,6 +73,10 @@ __all__ = ["ShardWriter", "ShardSink", "PieceTask", "Piece", "PieceResult", "spl
 #: Inputs per piece (and so at most samples per shard) when neither bound is given.
 DEFAULT_SHARD_SIZE = 1000
 _TMP_PREFIX = ".piece-"
+#: Fragment the pieces when there are fewer than this many per worker ...
+_PIECES_PER_WORKER = 2
+#: ... into fragments of at least this many inputs.
+_MIN_FRAGMENT = 4
 #: Typical size reduction by encoding, to size pieces for ``--shard-bytes`` (a guess: a piece
 #: that turns out larger rolls into sub-shards, so the bound holds either way).
 _COMPRESSION = {"raw": 1, "jpeg": 10, "png": 2}
@@ -98,11 +110,17 @@ def split_destination(dst: Path) -> tuple[Path, str]:
 
 @dataclass(frozen=True)
 class Piece:
-    """A run of consecutive inputs, converted and written by one worker."""
+    """A run of consecutive inputs, converted and written by one worker.
+
+    ``fragment``: ``None`` for a whole piece (the worker writes its shard files); else the
+    fragment's position in piece ``number`` (``start`` is its own first input), whose task
+    writes a bare member stream for the parent to assemble; ``last``: the piece's last one."""
 
     number: int
     start: int
     items: tuple[ImageItem, ...]
+    fragment: int | None = None
+    last: bool = True
 
 
 class ShardSink(Protocol):
@@ -148,6 +166,22 @@ class PieceResult:
     failed: tuple[tuple[int, Failed], ...] = ()
     payload_bytes: int = 0
     error: tuple[int, str] | None = None  # an OSError while writing, as (errno, message)
+    fragment: bool = False  # parts are bare member streams (at most one), to assemble
+    last: bool = True  # the piece's last fragment (always, for a whole piece)
+
+
+def _tar_end(position: int) -> int:
+    """Where a tar whose members end at ``position`` ends: two zero blocks, padded to RECORD."""
+    end = position + 2 * BLOCK
+    return end + -end % RECORD
+
+
+def _is_full(samples: int, member_bytes: int, incoming: int, shard_size: int | None, shard_bytes: int | None) -> bool:
+    """Whether a shard of ``samples`` samples and ``member_bytes`` member bytes rolls over before
+    a sample of ``incoming`` member bytes (workers and the parent's assembly decide alike)."""
+    if shard_size is not None and samples >= shard_size:
+        return True
+    return shard_bytes is not None and member_bytes + incoming > shard_bytes
 
 
 class _ShardFile:
@@ -196,9 +230,9 @@ class _ShardFile:
             write(bytes(padding))
         self.position += BLOCK + size + padding
 
-    def close(self) -> ShardPart:
-        end = self.position + 2 * BLOCK
-        end += -end % RECORD
+    def close(self, *, end_archive: bool = True) -> ShardPart:
+        """Finish the file; ``end_archive=False``: members only (a fragment's stream)."""
+        end = _tar_end(self.position) if end_archive else self.position
         self.handle.write(bytes(end - self.position))
         data = self.handle.getvalue() if self.path is None else None
         self.handle.close()
@@ -240,28 +274,72 @@ class PieceTask:
                 if isinstance(result, Failed):
                     failed.append((offset, result))
                     continue
-                if shard is not None and self._full(shard, _ShardFile.sample_bytes(result, raw)):
+                if piece.fragment is None and shard is not None and self._full(shard, _ShardFile.sample_bytes(result, raw)):
                     parts.append(shard.close())
                     shard = None
                 if shard is None:
-                    name = f"{_TMP_PREFIX}{piece.number:06d}-{len(parts):04d}.tar"
+                    suffix = f"{len(parts):04d}" if piece.fragment is None else f"f{piece.fragment:04d}"
+                    name = f"{_TMP_PREFIX}{piece.number:06d}-{suffix}.tar"
                     shard = _ShardFile(self.folder, name, self.image.encoding)
                 shard.add(piece.start + written, result)
                 written += 1
                 payload_bytes += len(result.payload)
             if shard is not None:
-                parts.append(shard.close())
+                parts.append(shard.close(end_archive=piece.fragment is None))
                 shard = None
         except OSError as exc:
             if shard is not None:
                 shard.discard()
             return PieceResult(piece.number, piece.start, len(piece.items), error=(exc.errno or 0, exc.strerror or str(exc)))
-        return PieceResult(piece.number, piece.start, len(piece.items), tuple(parts), tuple(failed), payload_bytes)
+        return PieceResult(
+            piece.number, piece.start, len(piece.items), tuple(parts), tuple(failed), payload_bytes, fragment=piece.fragment is not None,
+            last=piece.last,
+        )
 
     def _full(self, shard: _ShardFile, incoming: int) -> bool:
-        if self.shard_size is not None and len(shard.rows) >= self.shard_size:
-            return True
-        return self.shard_bytes is not None and shard.member_bytes + incoming > self.shard_bytes
+        return _is_full(len(shard.rows), shard.member_bytes, incoming, self.shard_size, self.shard_bytes)
+
+
+class _Assembly:
+    """A shard the parent assembles from fragments' member streams (see :meth:`ShardWriter.add_piece`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = open(path, "wb")
+        self.position = 0
+        self.member_bytes = 0
+        self.samples = 0
+        self.rows: list[np.ndarray] = []
+        self.renumber = False  # some fragment's keys are not this shard's
+
+    def append(self, source: Any, rows: np.ndarray, start: int, end: int, *, keys_right: bool) -> None:
+        """Copy bytes ``start:end`` of a member stream (the samples ``rows``) to the shard's end."""
+        source.seek(start)
+        left = end - start
+        while left:
+            chunk = source.read(min(left, 1 << 22))
+            if not chunk:  # pragma: no cover - internal invariant
+                raise OSError(errno.EIO, f"{self.path.name}: fragment stream shorter than its rows")
+            self.handle.write(chunk)
+            left -= len(chunk)
+        rows = rows.copy()
+        rows[:, [_OFFSET, _IMG_HEADER, _CLS_HEADER]] += self.position - start
+        self.rows.append(rows)
+        self.position += end - start
+        self.member_bytes += int((rows[:, _IMG_SIZE] + rows[:, _CLS_SIZE]).sum())
+        self.samples += len(rows)
+        self.renumber |= not keys_right
+
+    def close(self) -> ShardPart:
+        """Write the end of the archive once; the finished shard, to publish."""
+        end = _tar_end(self.position)
+        self.handle.write(bytes(end - self.position))
+        self.handle.close()
+        return ShardPart(self.path.name, end, np.concatenate(self.rows))
+
+    def discard(self) -> None:
+        self.handle.close()
+        self.path.unlink(missing_ok=True)
 
 
 class ShardWriter(Writer):
@@ -298,16 +376,22 @@ class ShardWriter(Writer):
             return max(1, self.storage.shard_bytes // expected)
         return DEFAULT_SHARD_SIZE
 
-    def pieces(self, items: Sequence[ImageItem], image: ImageOptions) -> list[Piece]:
+    def pieces(self, items: Sequence[ImageItem], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
         """The inputs cut into consecutive pieces (depends on the options only, never on workers).
 
         After a resume, ``items`` are the inputs left (from :attr:`resumed_inputs`, always a piece
-        boundary): the pieces keep the numbers and first keys of the uninterrupted run."""
+        boundary): the pieces keep the numbers and first keys of the uninterrupted run. With
+        fewer pieces than ``2 * workers``, each is cut into fragments to keep every worker busy
+        (the output is the same: the parent assembles the shards)."""
         size = self.piece_inputs(image)
         done = self.resumed_inputs
-        return [
+        pieces = [
             Piece((done + start) // size, done + start, tuple(items[start : start + size])) for start in range(0, len(items), size)
         ]
+        if workers is None or workers < 2 or not pieces or len(pieces) >= _PIECES_PER_WORKER * workers:
+            return pieces
+        split = -(-_PIECES_PER_WORKER * workers // len(pieces))
+        return [fragment for piece in pieces for fragment in _fragments(piece, split)]
 
     def piece_task(
         self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None, *, in_memory: bool = False
@@ -328,18 +412,58 @@ class ShardWriter(Writer):
             raise self.output_error(OSError(*result.error))
         assumed = result.start  # the key the worker gave its first sample
         try:
-            for part in result.parts:
-                self._publish_shard(part, renumber=assumed != self.count)
-                assumed += len(part.rows)
+            if result.fragment:
+                self._assemble(result)
+            else:
+                for part in result.parts:
+                    self._publish_shard(part, renumber=assumed != self.count)
+                    assumed += len(part.rows)
         except OSError as exc:
             raise self.output_error(exc) from None
         self.payload_bytes += result.payload_bytes
         self._bytes_since_checkpoint += result.payload_bytes
-        self._published_inputs = result.start + result.inputs
+        if result.last:  # a checkpoint never falls inside a piece
+            self._published_inputs = result.start + result.inputs
         outcomes: list[Failed | None] = [None] * result.inputs
         for offset, failure in result.failed:
             outcomes[offset] = failure
         return outcomes
+
+    def _assemble(self, result: PieceResult) -> None:
+        """Append a fragment's samples to the piece's open shard, rolling over into a new one
+        exactly where a worker writing the whole piece would have; end it after the last fragment."""
+        for part in result.parts:  # at most one member stream
+            rows = part.rows
+            sizes = (rows[:, _IMG_SIZE] + rows[:, _CLS_SIZE]).tolist()
+            ends = [*rows[1:, _IMG_HEADER].tolist(), part.size]  # each sample's members end where the next begin
+            source: Any = io.BytesIO(part.data) if part.data is not None else open(self.tmp / part.tmp_name, "rb")
+            with source:
+                first = 0
+                while first < len(rows):
+                    shard = self._assembly
+                    if shard is not None and self._full(shard.samples, shard.member_bytes, sizes[first]):
+                        self._close_assembly()
+                        shard = None
+                    if shard is None:
+                        shard = self._assembly = _Assembly(self.tmp / f"{_TMP_PREFIX}shard-{len(self.shards):06d}.tar")
+                    samples, member_bytes, stop = shard.samples + 1, shard.member_bytes + sizes[first], first + 1
+                    while stop < len(rows) and not self._full(samples, member_bytes, sizes[stop]):
+                        samples, member_bytes, stop = samples + 1, member_bytes + sizes[stop], stop + 1
+                    keys_right = result.start + first == self.count + shard.samples
+                    shard.append(source, rows[first:stop], int(rows[first, _IMG_HEADER]), ends[stop - 1], keys_right=keys_right)
+                    first = stop
+            if part.data is None:
+                (self.tmp / part.tmp_name).unlink()
+        if result.last and self._assembly is not None:
+            self._close_assembly()
+
+    def _full(self, samples: int, member_bytes: int, incoming: int) -> bool:
+        return _is_full(samples, member_bytes, incoming, self.storage.shard_size, self.storage.shard_bytes)
+
+    def _close_assembly(self) -> None:
+        shard, self._assembly = self._assembly, None
+        assert shard is not None
+        self._publish_shard(shard.close(), renumber=shard.renumber)
 
     def _publish_shard(self, part: ShardPart, *, renumber: bool) -> None:
         rows = part.rows
@@ -438,6 +562,7 @@ class ShardWriter(Writer):
         self._index: list[np.ndarray] = []
         self._unsynced: list[str] = []
         self._published_inputs = 0
+        self._assembly: _Assembly | None = None
 
     def _open(self) -> None:
         self.tmp.mkdir()
@@ -481,8 +606,27 @@ class ShardWriter(Writer):
 
     def abort(self) -> None:
         """Drop the unfinished output, and what the sink stored of it."""
+        assembly, self._assembly = getattr(self, "_assembly", None), None
+        if assembly is not None:
+            assembly.discard()
         try:
             super().abort()
         finally:
             if self.sink is not None:
                 self.sink.discard()
+
+
+def _fragments(piece: Piece, split: int) -> list[Piece]:
+    """``piece`` cut into at most ``split`` consecutive fragments of at least ``_MIN_FRAGMENT``
+    inputs (sizes differing by at most one); one fragment is the whole piece, unfragmented."""
+    count = max(1, min(split, len(piece.items) // _MIN_FRAGMENT))
+    if count == 1:
+        return [piece]
+    base, extra = divmod(len(piece.items), count)
+    fragments, offset = [], 0
+    for j in range(count):
+        size = base + (j < extra)
+        items = piece.items[offset : offset + size]
+        fragments.append(Piece(piece.number, piece.start + offset, items, fragment=j, last=j == count - 1))
+        offset += size
+    return fragments
