@@ -218,9 +218,10 @@ def _outcomes(
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
     Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here. A writer
-    that ``writes_pieces`` has its workers convert and write whole pieces (shards); it is
-    handed each finished piece in order, and its inputs come back as ``None`` (written) or
-    :class:`Failed`. ``run_map`` is the executor (``ordered_map``'s contract, packer/executors).
+    that ``writes_pieces`` has its workers convert and write whole pieces (shards; with few
+    pieces, fragments of them, given ``workers``); it is handed each finished piece in order,
+    and its inputs come back as ``None`` (written) or :class:`Failed`. ``run_map`` is the
+    executor (``ordered_map``'s contract, packer/executors).
 
     An input that kills or hangs its worker is a :class:`Failed` ("crashed the decoder
     (SIGSEGV)", "timed out after 120 s"). A piece is converted whole, so a piece that does
