@@ -1,6 +1,5 @@
 """The worker engine: order, crashes, hangs, errors, cleanup, start method and signals."""
 
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -13,22 +12,11 @@ import pytest
 
 from packer import parallel
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
+from faulty import crash_on_13, hang_on_5
 
 
 def square(x: int) -> int:
     return x * x
-
-
-def crash_on_13(x: int) -> int:
-    if x == 13:
-        ctypes.string_at(0)  # a segfault, as a broken decoder would
-    return x
-
-
-def hang_on_5(x: int) -> int:
-    if x == 5:
-        time.sleep(60)
-    return x
 
 
 def fail_on_3(x: int) -> int:

@@ -19,6 +19,7 @@ from packer.executors.ray import ray_ordered_map  # noqa: E402
 from packer.info import read_metadata  # noqa: E402
 from packer.parallel import WorkerError  # noqa: E402
 from checkpoints import convert_until_checkpoint
+from faulty import crash_on_13, hang_on_5
 
 TIME_FIELDS = {"created"}
 
@@ -45,22 +46,6 @@ def lmdb_items(path: Path) -> list[tuple[bytes, bytes]]:
     return items
 
 
-def crash_on_13(x: int) -> int:
-    if x == 13:
-        import ctypes
-
-        ctypes.string_at(0)  # a segfault, as a broken decoder would
-    return x
-
-
-def hang_on_5(x: int) -> int:
-    if x == 5:
-        import time
-
-        time.sleep(60)
-    return x
-
-
 def crashed(item, reason):
     return ("crashed", item, reason)
 
@@ -68,7 +53,11 @@ def crashed(item, reason):
 def test_a_crash_or_a_hang_on_ray_costs_only_its_item():
     import sys
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this module
+    import faulty
+
+    # Ray workers cannot import the test modules: send their code by value
+    for module in (sys.modules[__name__], faulty):
+        ray.cloudpickle.register_pickle_by_value(module)
     try:
         with ray_ordered_map(crash_on_13, list(range(30)), workers=2, chunksize=4, on_crash=crashed) as results:
             out = list(results)
@@ -79,7 +68,8 @@ def test_a_crash_or_a_hang_on_ray_costs_only_its_item():
         assert out[:5] == list(range(5)) and out[6:] == list(range(6, 10))
         assert out[5] == ("crashed", 5, "timed out after 1.5 s")
     finally:
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        for module in (sys.modules[__name__], faulty):
+            ray.cloudpickle.unregister_pickle_by_value(module)
 
 
 def test_ray_map_keeps_input_order_in_chunks():

@@ -1,0 +1,20 @@
+"""Work units that fail the way a broken decoder does, for the pool and Ray executor tests."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+
+def crash_on_13(x: int) -> int:
+    """``x``, except that item 13 kills its process with a segfault."""
+    if x == 13:
+        ctypes.string_at(0)
+    return x
+
+
+def hang_on_5(x: int) -> int:
+    """``x``, except that item 5 hangs for a minute."""
+    if x == 5:
+        time.sleep(60)
+    return x
