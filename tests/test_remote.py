@@ -468,15 +468,19 @@ def test_local_disk_holds_only_the_shards_waiting_for_upload(s3, many_images, tm
     import packer.remote as remote
 
     url = "s3://packer-test/bounded"
-    order: list[str] = []
+    stored: list[str] = []
+    stored_before_metadata: list[str] = []
     seen: list[tuple[int, int]] = []
     real_put = s3.put_file
 
     def slow_put(lpath, rpath, *args, **kwargs):
         seen.append(staged_files(url))
-        order.append(rpath.rsplit("/", 1)[-1])
+        name = rpath.rsplit("/", 1)[-1]
+        if name == "packer.json":
+            stored_before_metadata.extend(stored)
         time.sleep(0.03)
-        return real_put(lpath, rpath, *args, **kwargs)
+        real_put(lpath, rpath, *args, **kwargs)
+        stored.append(name)
 
     real_queue = remote.Uploader.put
 
@@ -494,7 +498,9 @@ def test_local_disk_holds_only_the_shards_waiting_for_upload(s3, many_images, tm
     assert remote.MAX_PENDING <= published <= remote.MAX_PENDING + 1  # back-pressure engaged, and held
     assert files <= remote.MAX_PENDING + 1 + (4 * 1 + 2) + 1  # + the pool's window of pieces ahead (packer/parallel.py)
     assert files < 30 // 2
-    assert order[-1] == "packer.json" and set(order[-3:-1]) == {"packer-index.npy", "packer-crc32.npy"}
+    # the metadata upload starts only once every other file is stored (two upload threads run at once)
+    assert stored[-1] == "packer.json" and sorted(stored_before_metadata) == sorted(stored[:-1])
+    assert {"packer-index.npy", "packer-crc32.npy"} <= set(stored_before_metadata) and len(stored) == 30 + 3
     assert not remote.staging_folder(url).exists()
     assert_same_output(s3, "packer-test/bounded", convert(many_images, tmp_path / "local", **options).dst)
 
