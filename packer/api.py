@@ -21,6 +21,7 @@ from .progress import progress_bar
 from .sources.images import ImageItem, scan_image_folder
 from .writers import format_for_path, get_writer
 from .writers.base import Writer, check_destination
+from .writers.blob import BlobSink
 from .writers.webdataset import ShardSink
 
 __all__ = ["convert", "ConversionReport", "resolve_format"]
@@ -88,7 +89,7 @@ def convert(
     resume: bool = False,
     executor: str = "local",
     ray_address: str | None = None,
-    sink: ShardSink | None = None,
+    sink: ShardSink | BlobSink | None = None,
 ) -> ConversionReport:
     """Convert the image folder ``src`` into a packed dataset at ``dst``.
 
@@ -105,7 +106,8 @@ def convert(
     (default: a running one, else a local instance; ``workers`` defaults to its CPUs), with the
     same output; SRC and DST must be on storage every node sees at the same path, or URLs (docs/SCALING.md).
     ``sink`` takes WebDataset output file by file instead of the folder ``dst`` (packer/remote.py
-    passes its uploader for a URL DST; with Ray, tasks then return shard bytes, not files).
+    passes its uploader for a URL DST; with Ray, tasks then return shard bytes, not files), or a
+    blob as it grows (packer/multipart.py, for an ``s3://`` DST).
     ``src``/``dst`` may be fsspec URLs (``s3://...``; WebDataset and blob DST): packer/remote.py;
     a URL SRC is streamed, each worker reading its inputs (packer/sources/remote.py).
     """
@@ -241,12 +243,12 @@ def _outcomes(
         yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
 
 
-def _sink_option(fmt: str, sink: ShardSink | None) -> dict[str, Any]:
-    """The writer's ``sink`` keyword, when there is one (only WebDataset output takes one)."""
+def _sink_option(fmt: str, sink: ShardSink | BlobSink | None) -> dict[str, Any]:
+    """The writer's ``sink`` keyword, when there is one (WebDataset and blob output take one)."""
     if sink is None:
         return {}
-    if not get_writer(fmt).writes_pieces:
-        raise OptionError(f"sink: only WebDataset output is written through a sink, not {fmt}")
+    if not get_writer(fmt).takes_sink:
+        raise OptionError(f"sink: only WebDataset and blob output are written through a sink, not {fmt}")
     return {"sink": sink}
 
 

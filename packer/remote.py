@@ -12,11 +12,14 @@
   ``--resume`` works: a checkpoint lists only shards already uploaded, the journal stays in the
   staging folder (the same path for the same user and URL), and the resumed run keeps those
   shards and deletes any uploaded after the checkpoint.
-* DST, blob: staged whole and uploaded when finished (``--resume`` works from the local
-  journal). Its 4 KiB header at offset 0 is written last, so the file cannot be uploaded front
-  to back while it is written; a blob is meant to fit one reader's RAM, so one machine's disk
-  holds it too. (S3 multipart parts may be sent in any order, which would allow streaming all
-  but the first part; fsspec does not expose that, so it is not done.)
+* DST, blob to ``s3://``: streamed by S3 multipart upload (packer/multipart.py). Its 4 KiB
+  header at offset 0 is written last, but parts may be sent in any order: the first 8 MiB stay
+  local and go up last, the rest goes up as checkpoints make it durable, and its local disk
+  blocks are then released. The object appears whole when the upload completes. ``--resume``
+  carries on the same upload.
+* DST, blob to any other URL (``gs://``, ``file://``, ...): staged whole and uploaded when
+  finished (``--resume`` works from the local journal); a blob is meant to fit one reader's
+  RAM, so one machine's disk holds it too.
 * SRC: streamed, never copied whole. The image folder at the URL is listed once (the same
   rules as a local folder) and each worker reads its inputs' bytes through fsspec
   (packer/sources/remote.py), whether DST is local or a URL; ``--resume`` works (the
@@ -45,6 +48,7 @@ from readers.remote import is_url
 
 from .errors import OptionError, OutputError
 from .locking import DestinationLock, lock_path
+from .multipart import MultipartUpload, supports_multipart
 from .sources.remote import url_filesystem
 
 __all__ = ["is_url", "is_dst_url", "convert_remote", "upload", "staging_folder", "Uploader", "REMOTE_FORMATS", "MAX_PENDING"]
@@ -216,6 +220,17 @@ def upload(local: Path, url: str) -> None:
     local.unlink()
 
 
+def _sink(fmt: str, url: str) -> Uploader | MultipartUpload | None:
+    """What the writer hands its output to for ``url``: WebDataset files to an :class:`Uploader`,
+    a blob to an S3 multipart upload as it grows; ``None``: staged whole, then :func:`upload`."""
+    if fmt == "webdataset":
+        return Uploader(url)
+    fs, root = _filesystem(url)
+    if supports_multipart(fs):
+        return MultipartUpload(fs, root.rstrip("/"), url)
+    return None
+
+
 def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: bool) -> None:
     """Refuse an existing DST at ``url`` unless ``overwrite`` (then remove it), or ``resume`` of
     an unfinished WebDataset upload (no metadata: its writer keeps what its journal lists)."""
@@ -262,7 +277,7 @@ def _convert_to_url(convert: Callable[..., Any], src: str | Path, dst: str | Pat
     local_src: str | Path = src  # a URL SRC is streamed by the conversion (packer/sources/remote.py)
     staging.mkdir(mode=0o700, parents=True, exist_ok=True)
     local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
-    sink = Uploader(folder_url) if fmt == "webdataset" else None
+    sink = _sink(fmt, folder_url)
     try:
         # overwrite: only ever a finished local blob of a run killed before its upload
         report = convert(local_src, local_dst, format=fmt, overwrite=True, resume=resume, sink=sink, **options)

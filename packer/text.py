@@ -31,6 +31,7 @@ from .progress import progress_bar
 from .sources.text import TextDoc, scan_text
 from .writers import get_writer
 from .writers.base import Writer
+from .writers.blob import BlobSink
 from .writers.webdataset import ShardSink
 
 __all__ = ["convert_text", "TextConversionReport", "resolve_eos"]
@@ -90,7 +91,7 @@ def convert_text(
     workers: int,
     on_error: str,
     progress: bool,
-    sink: ShardSink | None = None,
+    sink: ShardSink | BlobSink | None = None,
 ) -> TextConversionReport:
     """Tokenise the corpus ``src`` into ``dst`` (called by :func:`packer.convert` with checked options;
     ``sink``: the WebDataset writer's, for a URL DST)."""

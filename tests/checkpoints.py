@@ -9,17 +9,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 #: A child running ``packer ARGS`` with a checkpoint every 20 ms.
 CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
 
 
-def convert_until_checkpoint(args: list[str], journal: Path, timeout: float = 60.0) -> int:
+def convert_until_checkpoint(
+    args: list[str], journal: Path, timeout: float = 60.0, *, setup: str = "", until: Callable[[], bool] | None = None
+) -> int:
     """Run ``packer *args`` in a child process, SIGKILL it (and its workers) soon after ``journal``
-    appears, and return how many inputs that checkpoint committed."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    appears (and ``until()`` is true), and return how many inputs the last checkpoint committed.
+    ``setup``: Python statements the child runs first (to patch a constant)."""
+    child = f"{setup}; {CHILD}" if setup else CHILD
+    proc = subprocess.Popen([sys.executable, "-c", child, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + timeout
-    while not journal.exists():
+    while not journal.exists() or (until is not None and not until()):
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.005)

@@ -9,6 +9,7 @@ import pytest
 
 from packer import ImageOptions, convert
 from packer.samples import make_image_folder
+from loopback import LOOPBACK, free_port, restart_worker_server
 
 CLASSES = 3
 PER_CLASS = 6
@@ -56,3 +57,34 @@ def with_bad(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     (src / "class_00" / "000_bad.jpg").write_bytes(b"not an image")
     (src / "class_01" / "zzz_bad.jpg").write_bytes(b"not an image either")
     return src
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 and an s3fs filesystem pointed at it (never any other address)."""
+    pytest.importorskip("s3fs", reason="S3 tests need: pip install 'packer[remote]' 'moto[server]'")
+    moto_server = pytest.importorskip("moto.server", reason="S3 tests need: pip install 'moto[server]'")
+    import os
+
+    import s3fs
+
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{LOOPBACK}:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    restart_worker_server()  # conversion workers read a URL SRC themselves: they need this endpoint
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
+    if not fs.exists("packer-test"):  # moto keeps its buckets per process, across servers
+        fs.mkdir("packer-test")
+    yield fs
+    s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    restart_worker_server()

@@ -8,7 +8,6 @@ import functools
 import http.server
 import json
 import shutil
-import socket
 import threading
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from readers.formats import open_store
 from readers.webdataset import StreamingShards
 from checkpoints import convert_until_checkpoint
 
-LOOPBACK = "127.0.0.1"
+from loopback import LOOPBACK
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +31,6 @@ def shards(image_folder, tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("remote") / "shards"
     convert(image_folder, dst, format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_size=4), workers=1)
     return dst
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -73,44 +66,6 @@ def test_streaming_shards_over_http(shards, http_root, tmp_path):
     assert 0 < cached.cache.bytes <= cached.cache.max_bytes  # bounded: older shards were evicted
     labels = [y for _, y in StreamingShards(f"{http_root}/shards/")]
     assert labels == [local[i][1] for i in range(18)]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on 127.0.0.1 and an s3fs filesystem pointed at it (never any other address)."""
-    pytest.importorskip("s3fs", reason="S3 tests need: pip install 'packer[remote]' 'moto[server]'")
-    moto_server = pytest.importorskip("moto.server", reason="S3 tests need: pip install 'moto[server]'")
-    import os
-
-    import s3fs
-
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
-    server.start()
-    endpoint = f"http://{LOOPBACK}:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1")
-    s3fs.S3FileSystem.clear_instance_cache()
-    restart_worker_server()  # conversion workers read a URL SRC themselves: they need this endpoint
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
-    fs.mkdir("packer-test")
-    yield fs
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    restart_worker_server()
-
-
-def restart_worker_server() -> None:
-    """Stop the fork server the conversion workers come from (packer/parallel.py), so the next
-    one starts with this process's environment: it keeps the one of its first use."""
-    from multiprocessing import forkserver
-
-    forkserver._forkserver._stop()  # (the method CPython's own tests use)
 
 
 def test_webdataset_to_s3_and_streamed_back(s3, image_folder, shards, tmp_path):

@@ -102,6 +102,9 @@ class Writer:
     #: of this process through :meth:`add` (then the class supplies ``pieces``, ``piece_task``
     #: and ``add_piece``: see ``packer/writers/webdataset.py``).
     writes_pieces: ClassVar[bool] = False
+    #: Whether the writer can hand its output to a *sink* (a URL DST: packer/remote.py)
+    #: instead of renaming it to ``DST``; such a writer takes a ``sink`` keyword.
+    takes_sink: ClassVar[bool] = False
 
     @classmethod
     def destination(cls, dst: Path) -> Path:
@@ -182,6 +185,13 @@ class Writer:
         """Open the partial output of an interrupted run, cut back to ``checkpoint``."""
         raise NotImplementedError
 
+    def _checkpoint_bytes(self) -> int:
+        """Payload bytes after which a checkpoint is due (even if not :data:`~_journal.CHECKPOINT_SECONDS` passed)."""
+        return _journal.CHECKPOINT_BYTES
+
+    def _committed(self) -> None:
+        """A checkpoint was just committed (a sink may now store what it made durable)."""
+
     def _checkpoint_ready(self, inputs: int) -> bool:
         """Whether a checkpoint may be taken after ``inputs`` inputs (WebDataset: piece ends only)."""
         return True
@@ -219,7 +229,7 @@ class Writer:
         if self._journal is None:
             return
         due = time.monotonic() - self._last_checkpoint >= _journal.CHECKPOINT_SECONDS
-        if not (due or self._bytes_since_checkpoint >= _journal.CHECKPOINT_BYTES) or not self._checkpoint_ready(inputs):
+        if not (due or self._bytes_since_checkpoint >= self._checkpoint_bytes()) or not self._checkpoint_ready(inputs):
             return
         try:
             state = self._sync()
@@ -228,6 +238,7 @@ class Writer:
         except OSError as exc:
             raise self.output_error(exc) from None
         self._new_rows.clear()
+        self._committed()
         self._last_checkpoint = time.monotonic()
         self._bytes_since_checkpoint = 0
 

@@ -6,13 +6,18 @@ sections, followed by the metadata record. Everything is then synced, and only a
 the header (with its magic) written at offset 0: a file cut short at any point before has no
 magic, and readers refuse it as unfinished. For fixed-shape raw samples the data section is
 already one ``(N, C, H, W)`` array, so offsets and shapes are not written at all.
+
+With a *sink* (:class:`BlobSink`; ``packer/multipart.py`` for an ``s3://`` DST) the file goes
+to the sink as it grows: told after every checkpoint how much of it is durable, and at the end
+to finish, instead of the rename to ``DST``.
 """
 
 from __future__ import annotations
 
 import os
 from array import array
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from readers.formats.blob import (
     ALIGNMENT,
@@ -29,10 +34,31 @@ from ..preprocess.task import Encoded
 from .base import Writer
 from .journal import Checkpoint
 
-__all__ = ["BlobWriter"]
+__all__ = ["BlobWriter", "BlobSink"]
 
 #: ``array`` typecode of a little-endian int64 on this machine (checked: numpy reads the bytes).
 _INT64 = "q"
+
+
+class BlobSink(Protocol):
+    """Where a :class:`BlobWriter`'s file goes instead of being renamed to ``DST``."""
+
+    def start(self, local: Path, *, resumed_end: int | None = None) -> None:
+        """The writer created ``local`` (or reopened it, cut back to ``resumed_end`` bytes)."""
+
+    def synced(self, end: int) -> None:
+        """The first ``end`` bytes of the file are durable (a checkpoint was committed)."""
+
+    @property
+    def sync_bytes(self) -> int:
+        """How often (bytes written) the sink wants a checkpoint, at most."""
+        ...
+
+    def finish(self) -> None:
+        """The file is complete: store it whole."""
+
+    def abort(self) -> None:
+        """The conversion failed: drop whatever was stored."""
 
 
 class BlobWriter(Writer):
@@ -40,10 +66,19 @@ class BlobWriter(Writer):
 
     format_name = "blob"
     is_directory = False
+    takes_sink = True
+
+    def __init__(self, dst: Path, storage: Any = None, *, sink: BlobSink | None = None, **journal: Any) -> None:
+        """``sink``: where the file goes (see :class:`BlobSink`); ``None``: renamed to ``DST``."""
+        self.sink = sink
+        super().__init__(dst, storage, **journal)
 
     def _open(self) -> None:
         self._file = open(self.tmp, "xb")
         self._file.write(bytes(ALIGNMENT))  # the header page, filled in last
+        if self.sink is not None:
+            self._file.flush()
+            self.sink.start(self.tmp)
         self._labels = array(_INT64)
         self._offsets = array(_INT64, [0])
         self._shapes = array(_INT64)
@@ -66,6 +101,17 @@ class BlobWriter(Writer):
         self._file = open(self.tmp, "r+b")
         self._file.truncate(ALIGNMENT + self._offsets[-1])
         self._file.seek(0, os.SEEK_END)
+        if self.sink is not None:
+            self.sink.start(self.tmp, resumed_end=ALIGNMENT + self._offsets[-1])
+
+    def _checkpoint_bytes(self) -> int:
+        """With a sink, checkpoints come as often as it wants durable bytes to send."""
+        default = super()._checkpoint_bytes()
+        return default if self.sink is None else min(default, self.sink.sync_bytes)
+
+    def _committed(self) -> None:
+        if self.sink is not None:
+            self.sink.synced(ALIGNMENT + self._offsets[-1])
 
     def _write(self, index: int, sample: Encoded) -> None:
         self._file.write(sample.payload)
@@ -101,10 +147,20 @@ class BlobWriter(Writer):
         os.fsync(handle.fileno())
         handle.close()
 
+    def _publish(self) -> None:
+        """Without a sink: rename ``DST.partial`` to ``DST``. With one: the sink stores it whole."""
+        if self.sink is None:
+            super()._publish()
+            return
+        self.sink.finish()
+        self.tmp.unlink()
+
     def _close(self) -> None:
         handle = getattr(self, "_file", None)
         if handle is not None and not handle.closed:
             handle.close()
+        if self.sink is not None:
+            self.sink.abort()
 
 
 def _little_endian(values: array, itemsize: int) -> bytes:

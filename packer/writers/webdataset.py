@@ -352,6 +352,7 @@ class ShardWriter(Writer):
     format_name = "webdataset"
     is_directory = True
     writes_pieces = True
+    takes_sink = True
 
     def __init__(self, dst: Path, storage: StorageOptions | None = None, *, sink: ShardSink | None = None, **journal: Any) -> None:
         """``sink``: where finished files go (see :class:`ShardSink`); ``None``: the folder ``DST``."""

@@ -1,0 +1,23 @@
+"""Servers on the loopback interface for the remote-storage tests: a free port, and a moto S3
+server (the ``s3`` fixture lives in conftest.py and uses these)."""
+
+from __future__ import annotations
+
+import socket
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on, on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def restart_worker_server() -> None:
+    """Stop the fork server the conversion workers come from (packer/parallel.py), so the next
+    one starts with this process's environment: it keeps the one of its first use."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # (the method CPython's own tests use)

@@ -1,0 +1,236 @@
+"""A blob written to s3:// by multipart upload while it grows (packer/multipart.py), against a
+moto S3 server on 127.0.0.1 (the ``s3`` fixture, conftest.py) that enforces S3's 5 MiB
+minimum part size."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from packer import ImageOptions, convert
+from packer.errors import OutputError
+from checkpoints import convert_until_checkpoint
+
+#: S3's least part size (all parts but the last); the tests use it for part 1 and the others.
+PART = 5 << 20
+#: A child conversion with those part sizes.
+SMALL_PARTS = f"import packer.multipart as m; m.FIRST_PART = m.MIN_PART = {PART}"
+IMAGE = ImageOptions(size=224)  # 150,528 bytes a sample: 35 samples a part
+
+
+@pytest.fixture(scope="module")
+def big_source(tmp_path_factory) -> Path:
+    """600 tiny JPEGs in 2 classes; at 224x224 raw, a 90 MB blob."""
+    from packer.samples import make_image_folder
+
+    return make_image_folder(tmp_path_factory.mktemp("big") / "src", classes=2, per_class=300, size=(12, 16))
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    import packer.multipart as multipart
+    import packer.writers.journal as journal
+
+    monkeypatch.setattr(multipart, "FIRST_PART", PART)
+    monkeypatch.setattr(multipart, "MIN_PART", PART)
+    monkeypatch.setattr(journal, "CHECKPOINT_BYTES", 2 << 20)  # a checkpoint every 14 samples
+
+
+def open_uploads(s3, bucket: str = "packer-test") -> list[str]:
+    """Keys with a multipart upload in progress (neither completed nor aborted)."""
+    return [u["Key"] for u in s3.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])]
+
+
+def assert_same_blob(fetched: Path, local: Path, *, images: bool = True) -> None:
+    """Same header sections and bytes, metadata apart from ``created``; (``images``) samples alike."""
+    from readers.open import open_dataset
+
+    a, b = fetched.read_bytes(), local.read_bytes()
+    _, version, alignment, count, *pairs = struct.unpack("<8sIIQ12Q", a[:120])
+    assert a[:120] == b[:120] and len(a) == len(b)
+    meta_offset = pairs[-2]
+    assert a[:meta_offset] == b[:meta_offset]  # header, data, labels, offsets, shapes, checksums
+    meta_a, meta_b = (json.loads(x[meta_offset:].rstrip(b"\0")) for x in (a, b))
+    assert {**meta_a, "created": None} == {**meta_b, "created": None}
+    if not images:
+        return
+    da, db = open_dataset(fetched), open_dataset(local)
+    assert len(da) == len(db) == count
+    for i in (0, count // 2, count - 1):
+        assert torch.equal(da[i][0], db[i][0]) and da[i][1] == db[i][1]
+
+
+def test_blob_streams_to_s3_while_it_is_written(s3, big_source, tmp_path, monkeypatch, small_parts):
+    """Parts go up during the conversion, their local bytes are released (local disk stays well
+    below the file), the object appears only when complete, and equals a local conversion."""
+    import packer.multipart as multipart
+
+    url, key = "s3://packer-test/streamed.blob", "packer-test/streamed.blob"
+    sent: list[tuple[int, int, int, bool]] = []  # (part number, local bytes on disk, file size, object visible)
+    real_upload = multipart.MultipartUpload._upload
+
+    def spy(self, part):
+        stat = os.fstat(self._fd)
+        sent.append((part.number, stat.st_blocks * 512, stat.st_size, s3.exists(key)))
+        s3.invalidate_cache()
+        return real_upload(self, part)
+
+    monkeypatch.setattr(multipart.MultipartUpload, "_upload", spy)
+    report = convert(big_source, url, format="blob", image=IMAGE, workers=1)
+    assert report.written == 600 and str(report.dst) == url
+    numbers = [n for n, *_ in sent]
+    assert sorted(numbers) == list(range(1, len(numbers) + 1)) and numbers[-1] == 1  # part 1 (the header) last
+    assert len(numbers) >= 10  # 90 MB in parts of about 5 MiB, most sent while converting
+    assert not any(visible for *_, visible in sent)  # nothing at the URL until the upload completes
+    on_disk, size = max(d for _, d, _, _ in sent), sent[-1][2]
+    assert size > 80e6 and on_disk < size / 3  # uploaded bytes were released (punched holes)
+    assert open_uploads(s3) == []
+    local = convert(big_source, tmp_path / "local.blob", format="blob", image=IMAGE, workers=1)
+    s3.get(key, str(tmp_path / "fetched.blob"))
+    assert_same_blob(tmp_path / "fetched.blob", Path(local.dst))
+
+
+def test_a_failed_blob_conversion_aborts_its_upload(s3, big_source, monkeypatch, small_parts):
+    from packer.remote import staging_folder
+    from packer.writers.blob import BlobWriter
+
+    url = "s3://packer-test/failed.blob"
+    real_write = BlobWriter._write
+
+    def failing_write(self, index, sample):
+        if index == 300:
+            raise OSError(5, "simulated I/O error")
+        return real_write(self, index, sample)
+
+    monkeypatch.setattr(BlobWriter, "_write", failing_write)
+    with pytest.raises(OutputError, match="simulated I/O error"):
+        convert(big_source, url, format="blob", image=IMAGE, workers=1)
+    s3.invalidate_cache()
+    assert not s3.exists("packer-test/failed.blob") and open_uploads(s3) == []
+    assert not staging_folder(url).exists()
+
+
+def test_a_failed_part_upload_stops_the_conversion(s3, big_source, monkeypatch, small_parts):
+    import packer.multipart as multipart
+
+    real_call = multipart.MultipartUpload._call
+
+    def flaky(self, method, **kwargs):
+        if method == "upload_part" and kwargs["PartNumber"] == 3:
+            raise OutputError(f"{self.url}: upload_part failed (simulated)")
+        return real_call(self, method, **kwargs)
+
+    monkeypatch.setattr(multipart.MultipartUpload, "_call", flaky)
+    with pytest.raises(OutputError, match="upload_part failed"):
+        convert(big_source, "s3://packer-test/flaky.blob", format="blob", image=IMAGE, workers=1)
+    s3.invalidate_cache()
+    assert not s3.exists("packer-test/flaky.blob") and open_uploads(s3) == []
+
+
+def stored_parts(state: Path) -> int:
+    try:
+        return sum(p["etag"] is not None and p["number"] > 1 for p in json.loads(state.read_text())["parts"])
+    except (OSError, ValueError):
+        return 0
+
+
+def test_sigkill_then_resume_a_blob_to_s3(s3, big_source, tmp_path, monkeypatch, small_parts):
+    """Killed after parts were stored and released locally: the object does not exist; --resume
+    keeps the stored parts, converts only the inputs after the checkpoint, and the result equals
+    a local conversion. A later fresh run aborts an interrupted upload instead of leaking it."""
+    import packer.parallel as parallel
+    from packer.multipart import state_path
+    from packer.remote import staging_folder
+
+    url = "s3://packer-test/resumed.blob"
+    partial = staging_folder(url) / "resumed.blob.partial"
+    journal = partial.with_name(partial.name + "-journal") / "journal.json"
+    args = ["convert", str(big_source), url, "-j", "1", "-q", "--size", "224", "-f", "blob"]
+    committed = convert_until_checkpoint(args, journal, setup=SMALL_PARTS, until=lambda: stored_parts(state_path(partial)) >= 2)
+    assert 0 < committed < 600
+    s3.invalidate_cache()
+    assert not s3.exists("packer-test/resumed.blob") and open_uploads(s3) == ["resumed.blob"]
+    assert os.stat(partial).st_blocks * 512 < os.stat(partial).st_size  # stored parts' bytes are gone locally
+
+    sizes: list[int] = []
+    real = parallel.ordered_map
+
+    def spy(fn, items, **options):
+        sizes.append(len(items))
+        return real(fn, items, **options)
+
+    monkeypatch.setattr(parallel, "ordered_map", spy)
+    report = convert(big_source, url, format="blob", image=IMAGE, workers=1, resume=True)
+    assert report.written == 600 and sizes == [600 - committed]
+    monkeypatch.setattr(parallel, "ordered_map", real)
+    assert open_uploads(s3) == [] and not staging_folder(url).exists()
+    local = convert(big_source, tmp_path / "local.blob", format="blob", image=IMAGE, workers=1)
+    s3.get("packer-test/resumed.blob", str(tmp_path / "fetched.blob"))
+    assert_same_blob(tmp_path / "fetched.blob", Path(local.dst))
+
+    # killed again, then started over without --resume: the interrupted upload is aborted
+    url = "s3://packer-test/restarted.blob"
+    partial = staging_folder(url) / "restarted.blob.partial"
+    journal = partial.with_name(partial.name + "-journal") / "journal.json"
+    args[2] = url
+    convert_until_checkpoint(args, journal, setup=SMALL_PARTS, until=lambda: stored_parts(state_path(partial)) >= 1)
+    assert open_uploads(s3) == ["restarted.blob"]
+    convert(big_source, url, format="blob", image=IMAGE, workers=1)
+    assert open_uploads(s3) == []
+    s3.get("packer-test/restarted.blob", str(tmp_path / "restarted.blob"))
+    assert_same_blob(tmp_path / "restarted.blob", Path(local.dst))
+
+
+def test_a_text_corpus_to_s3(s3, tmp_path, monkeypatch, small_parts):
+    """Tokenised text to an s3:// blob (no resume journal: sent whole at the end, in parts)."""
+    from packer.options import TextOptions
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):  # 12 MB of byte tokens (uint16): part 1 and the rest
+        (corpus / f"doc{i:02d}.txt").write_text(f"document {i} " * 12_000, encoding="utf-8")
+    options = dict(format="blob", text=TextOptions(), workers=1)
+    report = convert(corpus, "s3://packer-test/tokens.blob", **options)
+    local = convert(corpus, tmp_path / "tokens.blob", **options)
+    assert report.written == local.written == 40
+    s3.get("packer-test/tokens.blob", str(tmp_path / "fetched.blob"))
+    assert (tmp_path / "fetched.blob").stat().st_size > 2 * PART
+    assert_same_blob(tmp_path / "fetched.blob", Path(local.dst), images=False)
+    assert open_uploads(s3) == []
+
+
+def test_part_sizes_stay_within_s3_limits():
+    """Parts grow with the file: a 1 TiB blob (far beyond one reader's RAM) takes fewer than half
+    of S3's 10,000 parts, and S3's largest object (5 TiB) fits; no part is above the largest."""
+    from packer.multipart import FIRST_PART, MAX_PART, MAX_PARTS, MIN_PART, MultipartUpload
+
+    def parts_for(total: int) -> int:
+        offset, parts = FIRST_PART, 1
+        while offset < total:
+            size = MultipartUpload._part_size(offset)
+            assert MIN_PART <= size <= MAX_PART
+            offset, parts = offset + size, parts + 1
+        return parts
+
+    assert parts_for(1 << 40) < MAX_PARTS // 2 and parts_for(5 << 40) <= MAX_PARTS
+
+
+def test_punch_hole_releases_blocks_and_keeps_the_size(tmp_path):
+    from packer.multipart import punch_hole
+
+    path = tmp_path / "file"
+    path.write_bytes(os.urandom(4 << 20))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if not punch_hole(fd, 1 << 20, 2 << 20):
+            pytest.skip("this filesystem cannot punch holes")
+        stat = os.fstat(fd)
+        assert stat.st_size == 4 << 20 and stat.st_blocks * 512 <= 2 << 20
+        assert os.pread(fd, 2 << 20, 1 << 20) == bytes(2 << 20)
+    finally:
+        os.close(fd)
