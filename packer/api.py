@@ -19,6 +19,7 @@ from .parallel import DEFAULT_ITEM_TIMEOUT, default_workers, ordered_map
 from .preprocess.task import Encoded, Failed, ImageTask
 from .progress import progress_bar
 from .sources.images import ImageItem, scan_image_folder
+from .sources.remote import is_source_url
 from .writers import format_for_path, get_writer
 from .writers.base import Writer, check_destination
 from .writers.blob import BlobSink
@@ -112,7 +113,6 @@ def convert(
     a URL SRC is streamed, each worker reading its inputs (packer/sources/remote.py).
     """
     from .remote import is_dst_url
-    from .sources.remote import is_source_url
 
     if is_dst_url(str(dst)):  # staged locally and uploaded; a URL SRC is streamed either way
         from .remote import convert_remote
@@ -232,7 +232,8 @@ def _outcomes(
     return shard bytes instead of writing into the writer's folder (which they may not see).
     """
     if not writer.writes_pieces:
-        with run_map(ImageTask(image), items, workers=workers, on_crash=_crash_failure, item_timeout=timeout) as results:
+        chunksize = _remote_chunksize(len(items), workers) if items and is_source_url(items[0].path) else None
+        with run_map(ImageTask(image), items, workers=workers, chunksize=chunksize, on_crash=_crash_failure, item_timeout=timeout) as results:
             yield results
         return
     pieces = writer.pieces(items, image, workers=workers)  # type: ignore[attr-defined]  # few pieces: fragments
@@ -241,6 +242,18 @@ def _outcomes(
         writer.piece_task(image, in_memory=in_memory), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]
     ) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
+
+
+#: Most inputs a worker gets at once from a URL SRC: it reads them ahead while converting, and
+#: each chunk starts with one round trip of waiting (bigger chunks: less of it).
+REMOTE_CHUNK = 64
+
+
+def _remote_chunksize(items: int, workers: int | None) -> int | None:
+    """Chunk size for ``items`` inputs from a URL SRC on ``workers`` workers (``None``: the executor's own)."""
+    if workers is None:
+        return None
+    return max(1, min(REMOTE_CHUNK, items // (workers * 4)))
 
 
 def _sink_option(fmt: str, sink: ShardSink | BlobSink | None) -> dict[str, Any]:
@@ -270,7 +283,6 @@ def _resolve_kind(src: str | Path, kind: str | None, text: TextOptions | None) -
     """``kind`` if given, else ``"text"`` for a corpus (text files, no images) or when ``text`` options are given."""
     from readers.schema import KINDS
 
-    from .sources.remote import is_source_url
     from .sources.text import is_text_corpus
 
     if kind is not None:

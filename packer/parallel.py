@@ -99,6 +99,8 @@ def ordered_map(
     or runs longer than ``item_timeout`` seconds gives ``on_crash(item, reason)`` in its place,
     with ``reason`` like ``"crashed the decoder (SIGSEGV)"`` or ``"timed out after 120 s"``.
     A single item runs in this process (no isolation: there is nothing to run beside it).
+    A worker runs a chunk's items through ``fn.map(items)`` when ``fn`` has one (it must yield
+    ``fn(item)`` for each, in order: :func:`run_items`).
     """
     if len(items) <= 1:
         yield map(fn, items)
@@ -327,6 +329,13 @@ def _main_not_reimported(fn: Callable) -> Iterator[None]:
 
 
 # -- worker side ----------------------------------------------------------------------------
+def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
+    one (``ImageTask`` reads remote inputs ahead: packer/preprocess/task.py)."""
+    batch = getattr(fn, "map", None)
+    return batch(items) if callable(batch) else map(fn, items)
+
+
 def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...]) -> None:
     """Run chunks until an empty message or EOF; results (or the first error) go back pickled."""
     for connection in inherited:
@@ -342,8 +351,8 @@ def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited
         _chunk_id, items = pickle.loads(message)
         values: list = []
         try:
-            for item in items:
-                values.append(fn(item))
+            for value in run_items(fn, items):
+                values.append(value)
             reply = pickle.dumps(("ok", values), pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
             reply = pickle.dumps(("error", (len(values), traceback.format_exc())), pickle.HIGHEST_PROTOCOL)

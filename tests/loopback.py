@@ -3,6 +3,7 @@ server (the ``s3`` fixture lives in conftest.py and uses these)."""
 
 from __future__ import annotations
 
+import http.server
 import socket
 
 LOOPBACK = "127.0.0.1"
@@ -21,3 +22,10 @@ def restart_worker_server() -> None:
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()  # (the method CPython's own tests use)
+
+
+class HTTPServer(http.server.ThreadingHTTPServer):
+    """http.server's threading server with a listen backlog for concurrent readers: with the
+    default of 5, the connects of a worker reading ahead are dropped and retried after 1 s."""
+
+    request_queue_size = 128

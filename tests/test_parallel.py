@@ -37,6 +37,21 @@ def big(x: int) -> bytes:
     return bytes([x % 251]) * 200_000  # larger than a pipe's buffer
 
 
+class SquareInBatches:
+    """A work unit with a ``map``: the workers run whole chunks through it."""
+
+    def __call__(self, x: int) -> tuple[int, int]:
+        return x * x, 1
+
+    def map(self, items):
+        return ((x * x, len(items)) for x in items)
+
+
+def test_workers_run_chunks_through_the_work_units_map():
+    with ordered_map(SquareInBatches(), list(range(40)), workers=2, chunksize=8) as results:
+        assert list(results) == [(x * x, 8) for x in range(40)]
+
+
 @pytest.mark.parametrize("workers, chunksize", [(1, None), (2, 1), (3, 4), (2, None), (4, 50)])
 def test_results_come_back_in_order(workers, chunksize):
     items = list(range(101))

@@ -23,7 +23,7 @@ from readers.formats import open_store
 from readers.webdataset import StreamingShards
 from checkpoints import convert_until_checkpoint
 
-from loopback import LOOPBACK
+from loopback import LOOPBACK, HTTPServer
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def shards(image_folder, tmp_path_factory) -> Path:
 def http_root(shards):
     """``shards``' parent served by http.server on 127.0.0.1 (a thread), stopped afterwards."""
     handler = functools.partial(_QuietHandler, directory=str(shards.parent))
-    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), handler)
+    server = HTTPServer((LOOPBACK, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://{LOOPBACK}:{server.server_address[1]}"
@@ -217,7 +217,7 @@ def test_file_url_src(local_source, tmp_path):
 
 def test_http_src(local_source, tmp_path):
     pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
-    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(local_source.parent)))
+    server = HTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(local_source.parent)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://{LOOPBACK}:{server.server_address[1]}/src"
@@ -596,3 +596,39 @@ def test_sigkill_then_resume_to_s3(s3, tmp_path, monkeypatch):
     assert report.written == reference.written == 239
     assert_same_output(s3, "packer-test/resumed", reference.dst)
     assert not staging_folder(url).exists()
+
+
+def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
+    """``ImageTask.map`` keeps up to READ_AHEAD reads in flight (threads) and gives the same
+    results, in order, as one read at a time; a failed read stays in its place."""
+    import threading
+    import time
+
+    from packer.preprocess import task as task_module
+    from packer.preprocess.task import Failed, ImageTask
+    from packer.sources.images import scan_image_folder
+    from packer.sources.remote import READ_AHEAD
+
+    local = scan_image_folder(local_source).items
+    items = [type(item)(f"s3://fake/{i}.jpg", item.label) for i, item in enumerate(local)]
+    files = {item.path: Path(source.path).read_bytes() for item, source in zip(items, local)}
+    in_flight, most = 0, 0
+    lock = threading.Lock()
+
+    def slow_read(url):
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+        time.sleep(0.02)  # an object store's latency
+        with lock:
+            in_flight -= 1
+        return Failed(url, "cannot read (gone)") if url.endswith("/5.jpg") else files[url]
+
+    monkeypatch.setattr(task_module, "_read_url", slow_read)
+    task = ImageTask(ImageOptions(size=16))
+    one_at_a_time = [task(item) for item in items]
+    assert most == 1 and len(items) > READ_AHEAD
+    ahead = list(task.map(items))
+    assert most == READ_AHEAD  # the window filled, and never more
+    assert ahead == one_at_a_time and ahead[5] == Failed("s3://fake/5.jpg", "cannot read (gone)")

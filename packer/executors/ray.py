@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from ..errors import OptionError
-from ..parallel import DEFAULT_ITEM_TIMEOUT, WorkerCrash, WorkerError
+from ..parallel import DEFAULT_ITEM_TIMEOUT, WorkerCrash, WorkerError, run_items
 
 __all__ = ["ray_ordered_map", "RayExecutor", "RAY_CRASH_REASON"]
 
@@ -73,8 +73,8 @@ def _run_chunk(fn: Callable[[Any], Any], items: list[Any]) -> tuple[str, Any]:
         _worker_ready = True
     values: list[Any] = []
     try:
-        for item in items:
-            values.append(fn(item))
+        for value in run_items(fn, items):
+            values.append(value)
     except Exception:  # noqa: BLE001 - reported to the driver, which raises it
         return "error", (len(values), traceback.format_exc())
     return "ok", values

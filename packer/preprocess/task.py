@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 from ..options import ImageOptions
 from ..sources.images import ImageItem
-from ..sources.remote import RemoteReadError, is_source_url, read_url_bytes
+from ..sources.remote import RemoteReadError, is_source_url, read_ahead, read_url_bytes
 from .decode import DecodeError, describe_error
 from .encode import encode
 from .image import preprocess_image
@@ -50,7 +51,20 @@ class ImageTask:
     options: ImageOptions
 
     def __call__(self, item: ImageItem) -> Encoded | Failed:
-        data = _read_url(item.path) if is_source_url(item.path) else _read_file(item.path)
+        return self.convert(item, _read_url(item.path) if is_source_url(item.path) else _read_file(item.path))
+
+    def map(self, items: Sequence[ImageItem]) -> Iterator[Encoded | Failed]:
+        """``self(item)`` for each item, in order; remote inputs are read ahead by threads
+        (packer/sources/remote.py), so their latency overlaps decoding. The pools' workers and
+        WebDataset pieces run their items through this."""
+        if not items or not is_source_url(items[0].path):  # one SRC: all items local, or all URLs
+            yield from map(self, items)
+            return
+        for item, data in zip(items, read_ahead(_read_url, [item.path for item in items])):
+            yield self.convert(item, data)
+
+    def convert(self, item: ImageItem, data: bytes | Failed) -> Encoded | Failed:
+        """Preprocess and encode ``item`` from its file's bytes ``data`` (a read failure passes through)."""
         if isinstance(data, Failed):
             return data
         try:

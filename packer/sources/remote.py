@@ -9,7 +9,9 @@ tasks). Credentials and endpoints come from the usual places, the environment an
 files, read by each worker process: the local pool's workers have the environment this
 process had at its first conversion (they fork from packer/parallel.py's fork server, started
 then). A transient read error is retried, then the input fails like an unreadable local file:
-skipped and recorded, or the conversion stops naming its URL.
+skipped and recorded, or the conversion stops naming its URL. A worker reads
+:data:`READ_AHEAD` objects ahead of the one it converts (:func:`read_ahead`, threads), so the
+object store's latency overlaps decoding instead of adding to it.
 
 Needs fsspec and the backend of the URL's scheme: ``pip install 'packer[remote]'`` (s3fs for
 s3://; gcsfs for gs://; aiohttp for http(s)://).
@@ -17,10 +19,12 @@ s3://; gcsfs for gs://; aiohttp for http(s)://).
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from readers.remote import is_url
 from readers.schema import Skipped
@@ -28,12 +32,18 @@ from readers.schema import Skipped
 from ..errors import OptionError, SourceError
 from .images import image_order, is_hidden, is_image_name
 
-__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "RemoteReadError", "READ_ATTEMPTS"]
+__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Reads of one object before it counts as unreadable (transient errors only; see :func:`read_url_bytes`).
 READ_ATTEMPTS = 3
 #: Seconds before the first retry; doubled for each further one.
 RETRY_DELAY = 0.25
+#: Objects a worker keeps being read (by threads) ahead of the one it converts: an object store
+#: answers in tens of ms and a decode takes a few, so one read at a time leaves the core idle.
+READ_AHEAD = 16
 #: Errors that are the object's, not the network's: never retried.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 #: Listing keys that change when an object is rewritten (the first one present is used).
@@ -194,6 +204,36 @@ def read_url_bytes(url: str, *, attempts: int = READ_ATTEMPTS) -> bytes:
         except Exception as exc:  # noqa: BLE001 - a backend's own error type: recorded with the input, as decode errors are
             raise RemoteReadError(f"cannot read ({type(exc).__name__}: {_first_line(exc)})") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def read_ahead(read: Callable[[T], R], items: Iterable[T], window: int = READ_AHEAD) -> Iterator[R]:
+    """``read(item)`` for each item, in order, with up to ``window`` of them running at once in
+    this process's reader threads (their latency overlaps the caller's work on earlier ones).
+    ``read`` must not raise: it returns its failure as a value."""
+    pool = _reader_pool(window)
+    items = iter(items)
+    pending: collections.deque[concurrent.futures.Future[R]] = collections.deque()
+    for item in items:
+        pending.append(pool.submit(read, item))
+        if len(pending) >= window:
+            break
+    while pending:
+        done = pending.popleft()
+        for item in items:  # one more in flight for each one taken
+            pending.append(pool.submit(read, item))
+            break
+        yield done.result()
+
+
+_readers: tuple[int, int, concurrent.futures.ThreadPoolExecutor] | None = None
+
+
+def _reader_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """This process's reader threads (made on first use; a forked child makes its own)."""
+    global _readers
+    if _readers is None or _readers[0] != os.getpid() or _readers[1] < threads:
+        _readers = (os.getpid(), threads, concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="packer-read"))
+    return _readers[2]
 
 
 def _first_line(exc: BaseException) -> str:

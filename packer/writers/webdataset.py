@@ -63,6 +63,7 @@ from readers.schema import Metadata, PackedFormatError
 
 from ..errors import OptionError
 from ..options import ImageOptions, StorageOptions
+from ..parallel import run_items
 from ..preprocess.task import Encoded, Failed, ImageTask
 from ..sources.images import ImageItem
 from .base import Writer, remove_path
@@ -269,8 +270,7 @@ class PieceTask:
         written = 0
         raw = self.image.encoding == "raw"
         try:
-            for offset, item in enumerate(piece.items):
-                result = task(item)
+            for offset, result in enumerate(run_items(task, piece.items)):
                 if isinstance(result, Failed):
                     failed.append((offset, result))
                     continue
