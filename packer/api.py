@@ -19,7 +19,7 @@ from .parallel import DEFAULT_ITEM_TIMEOUT, default_workers, ordered_map
 from .preprocess.task import Encoded, Failed, ImageTask
 from .progress import progress_bar
 from .sources.images import ImageItem, scan_image_folder
-from .sources.remote import is_source_url
+from .sources.remote import is_source_url, remote_chunksize
 from .writers import format_for_path, get_writer
 from .writers.base import Writer, check_destination
 from .writers.blob import BlobSink
@@ -232,7 +232,7 @@ def _outcomes(
     return shard bytes instead of writing into the writer's folder (which they may not see).
     """
     if not writer.writes_pieces:
-        chunksize = _remote_chunksize(len(items), workers) if items and is_source_url(items[0].path) else None
+        chunksize = remote_chunksize(len(items), workers) if items and is_source_url(items[0].path) else None
         with run_map(ImageTask(image), items, workers=workers, chunksize=chunksize, on_crash=_crash_failure, item_timeout=timeout) as results:
             yield results
         return
@@ -242,18 +242,6 @@ def _outcomes(
         writer.piece_task(image, in_memory=in_memory), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]
     ) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
-
-
-#: Most inputs a worker gets at once from a URL SRC: it reads them ahead while converting, and
-#: each chunk starts with one round trip of waiting (bigger chunks: less of it).
-REMOTE_CHUNK = 64
-
-
-def _remote_chunksize(items: int, workers: int | None) -> int | None:
-    """Chunk size for ``items`` inputs from a URL SRC on ``workers`` workers (``None``: the executor's own)."""
-    if workers is None:
-        return None
-    return max(1, min(REMOTE_CHUNK, items // (workers * 4)))
 
 
 def _sink_option(fmt: str, sink: ShardSink | BlobSink | None) -> dict[str, Any]:

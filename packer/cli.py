@@ -276,10 +276,10 @@ def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, gra
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--source", type=click.Path(path_type=Path, file_okay=False), help="Also redo the recorded preprocessing on this image folder and compare every sample.")
+@click.option("--source", metavar="DIR|URL", help="Also redo the recorded preprocessing on this image folder (a path or a URL, as SRC) and compare every sample.")
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
-def verify(path: Path, source: Path | None, quick: bool, workers: int | None) -> None:
+def verify(path: Path, source: str | None, quick: bool, workers: int | None) -> None:
     """Check a packed dataset: metadata, structure, every sample's checksum and decode.
 
     Prints each fault (sample index and shard) and exits non-zero if there is any.

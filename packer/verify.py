@@ -96,7 +96,8 @@ def verify(
     """Check the dataset at ``path``; see the module docstring for what is checked.
 
     ``quick`` skips decoding (checksums and structure are still checked); ``source`` re-runs
-    the recorded preprocessing on that folder with ``workers`` processes and compares.
+    the recorded preprocessing on that folder (a path or a URL, as SRC is) with ``workers``
+    processes and compares.
     Raises ``FileNotFoundError`` for a missing path; everything else is a fault in the report.
     """
     started = time.perf_counter()
@@ -121,7 +122,7 @@ def verify(
     for start in range(0, meta.count, _CHUNK):
         _check_samples(store, range(start, min(start + _CHUNK, meta.count)), stored, quick, report, locate)
     if source is not None:
-        _compare_source(store, Path(source), report, locate, workers)
+        _compare_source(store, source, report, locate, workers)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -263,12 +264,13 @@ def _copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
 
 
 # -- against the source ------------------------------------------------------------------------
-def _compare_source(store: Store, source: Path, report: VerifyReport, locate, workers: int | None) -> None:
+def _compare_source(store: Store, source: str | Path, report: VerifyReport, locate, workers: int | None) -> None:
     from .errors import PackerError
     from .options import ImageOptions
     from .parallel import default_workers, ordered_map
     from .preprocess.task import Encoded, ImageTask
     from .sources.images import scan_image_folder
+    from .sources.remote import is_source_url, remote_chunksize
 
     meta = store.meta
     if meta.kind != "image":
@@ -284,7 +286,8 @@ def _compare_source(store: Store, source: Path, report: VerifyReport, locate, wo
             quality=pre.get("quality") or 90,
             max_pixels=pre.get("max_pixels", ImageOptions().max_pixels),
         )
-        folder = scan_image_folder(source)
+        remote = is_source_url(str(source))
+        folder = scan_image_folder(str(source) if remote else Path(source))
     except (PackerError, KeyError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded preprocessing: {exc}")
         return
@@ -295,7 +298,9 @@ def _compare_source(store: Store, source: Path, report: VerifyReport, locate, wo
     if len(items) != meta.count:
         report.add("source", f"{source} has {len(items):,} inputs not recorded as skipped, the dataset has {meta.count:,} samples")
     items = items[: meta.count]
-    with ordered_map(ImageTask(image), items, workers=workers or default_workers()) as results:
+    workers = workers or default_workers()
+    chunksize = remote_chunksize(len(items), workers) if remote else None  # as a conversion from it reads
+    with ordered_map(ImageTask(image), items, workers=workers, chunksize=chunksize) as results:
         for i, (item, result) in enumerate(zip(items, results)):
             where = f"{locate(i)} <- {folder.relative(item.path)}"
             if not isinstance(result, Encoded):

@@ -362,6 +362,20 @@ def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
     assert report.skipped == local.skipped and not partial.exists()
 
 
+def test_verify_against_an_s3_source(s3, s3_source, local_source, tmp_path):
+    """`packer verify DST --source s3://...` re-runs the preprocessing on the objects, as a user
+    types it; an object replaced since the conversion is named."""
+    dst = tmp_path / "v.lmdb"
+    convert(s3_source, dst, image=ImageOptions(size=16), workers=2)
+    result = CliRunner().invoke(cli, ["verify", str(dst), "--source", s3_source, "-j", "2"])
+    assert result.exit_code == 0, result.output
+    assert "18 compared with the source" in result.output
+    s3.copy("packer-test/stream", "packer-test/changed", recursive=True)
+    s3.copy("packer-test/stream/class_00/img_00001.jpg", "packer-test/changed/class_00/img_00000.jpg")
+    result = CliRunner().invoke(cli, ["verify", str(dst), "--source", "s3://packer-test/changed", "-j", "2"])
+    assert result.exit_code == 1 and "fault: sample 0 <- class_00/img_00000.jpg: raw pixels differ" in result.output
+
+
 def test_s3_src_on_ray(s3, s3_source, local_source, tmp_path):
     """Ray tasks read the objects themselves (a local Ray instance started here inherits the
     endpoint from this process's environment)."""

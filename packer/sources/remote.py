@@ -32,7 +32,7 @@ from readers.schema import Skipped
 from ..errors import OptionError, SourceError
 from .images import image_order, is_hidden, is_image_name
 
-__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD"]
+__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "remote_chunksize", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,6 +44,8 @@ RETRY_DELAY = 0.25
 #: Objects a worker keeps being read (by threads) ahead of the one it converts: an object store
 #: answers in tens of ms and a decode takes a few, so one read at a time leaves the core idle.
 READ_AHEAD = 16
+#: Most inputs of a URL SRC sent to a pool worker at once (:func:`remote_chunksize`).
+REMOTE_CHUNK = 64
 #: Errors that are the object's, not the network's: never retried.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 #: Listing keys that change when an object is rewritten (the first one present is used).
@@ -204,6 +206,15 @@ def read_url_bytes(url: str, *, attempts: int = READ_ATTEMPTS) -> bytes:
         except Exception as exc:  # noqa: BLE001 - a backend's own error type: recorded with the input, as decode errors are
             raise RemoteReadError(f"cannot read ({type(exc).__name__}: {_first_line(exc)})") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def remote_chunksize(items: int, workers: int | None) -> int | None:
+    """Inputs a pool worker gets at once from a URL SRC of ``items`` inputs (``None`` without a
+    worker count: the executor's own choice). Up to :data:`REMOTE_CHUNK`: a worker reads a
+    chunk ahead while converting it, and each chunk starts with one round trip of waiting."""
+    if workers is None:
+        return None
+    return max(1, min(REMOTE_CHUNK, items // (workers * 4)))
 
 
 def read_ahead(read: Callable[[T], R], items: Iterable[T], window: int = READ_AHEAD) -> Iterator[R]:
