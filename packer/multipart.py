@@ -21,9 +21,12 @@ the local rename). So:
 The upload id and every part (planned, then stored with its ETag) are recorded in a JSON file
 beside ``DST.partial`` (:func:`state_path`), synced before a part's local bytes are released.
 ``--resume`` carries on the same upload: parts recorded as stored are checked against S3
-(``ListParts``) and kept, planned ones are sent again from local disk. A fresh run aborts the
+(``ListParts``) and kept, planned ones are sent again from local disk. The parts :meth:`finish`
+sends lie past the last checkpoint and keep their local bytes (``Part.final``): a run killed
+while finishing resumes from its checkpoint and sends them again. A fresh run aborts the
 upload an interrupted one left; a failed run aborts its own. S3 keeps an upload nobody
-completes or aborts (a killed run never resumed) until a bucket lifecycle rule removes it.
+completes or aborts (a killed run never resumed, its staging folder lost) until a bucket
+lifecycle rule removes it. Text corpora (no checkpoints) send everything at the end.
 
 On a filesystem without hole punching (not Linux, or a filesystem without
 ``FALLOC_FL_PUNCH_HOLE``), the upload still streams but local disk holds the whole file.
@@ -102,12 +105,15 @@ def _libc_fallocate() -> Any:
 
 @dataclass
 class Part:
-    """Bytes ``[start, end)`` of the file, sent as part ``number``; ``etag`` once stored."""
+    """Bytes ``[start, end)`` of the file, sent as part ``number``; ``etag`` once stored.
+    ``final``: sent by :meth:`MultipartUpload.finish`, past the last checkpoint (a resumed run
+    cuts the file back before it, so its local bytes are kept, and it is sent again)."""
 
     number: int
     start: int
     end: int
     etag: str | None = None
+    final: bool = False
 
 
 class MultipartUpload:
@@ -136,6 +142,9 @@ class MultipartUpload:
         if resumed_end is not None and previous is not None:
             self._resume(previous, resumed_end)
             return
+        if resumed_end is not None and _first_hole(self._fd, FIRST_PART) < resumed_end:
+            # bytes were released after their upload, and the record of that upload is gone
+            raise OutputError(f"{self.url}: the interrupted upload's record ({self._state.name}) is missing; run without --resume to start over")
         if previous is not None:  # an interrupted run's upload, not resumed: S3 would keep it
             self._abort_upload(previous["upload_id"])
         reply = self._call("create_multipart_upload", Bucket=self.bucket, Key=self.key)
@@ -165,6 +174,7 @@ class MultipartUpload:
             "complete_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
             MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": p.etag} for p in parts]},
         )
+        self._upload_id = None  # completed: nothing for abort() to abort
         self.fs.invalidate_cache(f"{self.bucket}/{self.key}")
         self._state.unlink(missing_ok=True)
         self.close()
@@ -217,7 +227,7 @@ class MultipartUpload:
                 number += 1
                 if number > MAX_PARTS:
                     raise OutputError(f"{self.url}: more than {MAX_PARTS:,} upload parts; convert locally and copy the file")
-                new.append(Part(number, start, stop))
+                new.append(Part(number, start, stop, final=last))
                 start = stop
             self._parts.extend(new)
             self._save_state()
@@ -233,7 +243,7 @@ class MultipartUpload:
                 self._parts.append(part)
             part.etag = str(reply["ETag"])
             self._save_state()
-        if part.number > 1 and self._punches:
+        if part.number > 1 and not part.final and self._punches:
             if not punch_hole(self._fd, part.start, part.end - part.start):
                 self._punches = False
                 log.warning("%s: this filesystem cannot release uploaded bytes; the local copy grows to the whole file", self.url)
@@ -249,14 +259,17 @@ class MultipartUpload:
         for future in done:
             error = future.exception()
             if error is not None:
-                raise error if isinstance(error, OutputError) else OutputError(f"{self.url}: upload failed ({error})")
+                if isinstance(error, (OutputError, OSError)):  # OSError: local (S3 errors are OutputError), e.g. a full disk
+                    raise error
+                raise OutputError(f"{self.url}: upload failed ({error})")
 
     # -- resume -----------------------------------------------------------------------------
     def _resume(self, previous: dict[str, Any], resumed_end: int) -> None:
         """Take up ``previous``'s upload: keep its stored parts (checked with ListParts), send
         its planned ones again. Local bytes of stored parts are gone, so anything amiss stops."""
         self._upload_id = str(previous["upload_id"])
-        parts = [Part(**p) for p in previous["parts"] if p["number"] > 1]
+        # part 1 and the final parts of a killed finish are sent again (their numbers re-used)
+        parts = [Part(**p) for p in previous["parts"] if p["number"] > 1 and not p.get("final")]
         stored = self._stored_parts()
         lost = [p for p in parts if p.etag is not None and stored.get(p.number) != p.etag]
         if lost or any(p.end > resumed_end for p in parts):
@@ -265,6 +278,9 @@ class MultipartUpload:
             )
         self._parts = parts
         self._save_state()
+        for part in parts:
+            if part.etag is not None and self._punches:  # stored, but maybe killed before its release
+                self._punches = punch_hole(self._fd, part.start, part.end - part.start)
         self._pending += [self._pool.submit(self._upload, p) for p in parts if p.etag is None]
 
     def _stored_parts(self) -> dict[int, str]:
@@ -297,6 +313,11 @@ class MultipartUpload:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, self._state)
+        folder = os.open(self._state.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself is durable before any bytes are released
+        finally:
+            os.close(folder)
 
     def _abort_upload(self, upload_id: str) -> None:
         try:
@@ -309,6 +330,16 @@ class MultipartUpload:
             return self.fs.call_s3(method, **kwargs)
         except Exception as exc:  # noqa: BLE001 - botocore and s3fs errors alike: one line naming the URL
             raise OutputError(f"{self.url}: {method} failed ({exc})") from None
+
+
+def _first_hole(fd: int, offset: int) -> int:
+    """Where the file's first hole at or after ``offset`` starts (its end counts as one)."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_HOLE)
+    except AttributeError:  # no SEEK_HOLE: not Linux, where punch_hole makes no holes either
+        return os.fstat(fd).st_size
+    except OSError:  # ENXIO: offset is past the end
+        return offset
 
 
 def _pread(fd: int, length: int, offset: int) -> bytes:

@@ -331,9 +331,19 @@ def _main_not_reimported(fn: Callable) -> Iterator[None]:
 # -- worker side ----------------------------------------------------------------------------
 def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
     """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
-    one (``ImageTask`` reads remote inputs ahead: packer/preprocess/task.py)."""
+    one (``ImageTask`` reads remote inputs ahead: packer/preprocess/task.py), checked to give
+    exactly one result per item."""
     batch = getattr(fn, "map", None)
-    return batch(items) if callable(batch) else map(fn, items)
+    if not callable(batch):
+        yield from map(fn, items)
+        return
+    count = 0
+    for count, value in enumerate(batch(items), 1):
+        if count > len(items):
+            break
+        yield value
+    if count != len(items):
+        raise RuntimeError(f"{type(fn).__name__}.map gave {'more' if count > len(items) else count} results for {len(items)} items")
 
 
 def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...]) -> None:

@@ -47,9 +47,17 @@ class SquareInBatches:
         return ((x * x, len(items)) for x in items)
 
 
+class DropsOne(SquareInBatches):
+    def map(self, items):
+        return ((x * x, len(items)) for x in items[1:])
+
+
 def test_workers_run_chunks_through_the_work_units_map():
     with ordered_map(SquareInBatches(), list(range(40)), workers=2, chunksize=8) as results:
         assert list(results) == [(x * x, 8) for x in range(40)]
+    with pytest.raises(WorkerError, match="DropsOne.map gave 7 results for 8 items"):
+        with ordered_map(DropsOne(), list(range(40)), workers=2, chunksize=8) as results:
+            list(results)
 
 
 @pytest.mark.parametrize("workers, chunksize", [(1, None), (2, 1), (3, 4), (2, None), (4, 50)])

@@ -204,6 +204,70 @@ def test_a_text_corpus_to_s3(s3, tmp_path, monkeypatch, small_parts):
     assert open_uploads(s3) == []
 
 
+#: A child conversion that dies (SIGKILL) in finish, once the last parts are stored, before part 1.
+DIE_IN_FINISH = SMALL_PARTS + """
+import os, signal
+real_upload = m.MultipartUpload._upload
+def upload(self, part):
+    if part.number == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_upload(self, part)
+m.MultipartUpload._upload = upload
+"""
+
+
+def test_killed_while_finishing_then_resumed(s3, big_source, tmp_path, small_parts):
+    """Killed after the final parts (past the last checkpoint) were stored: --resume cuts the
+    file back to its checkpoint and sends them again. Without the upload's record, --resume
+    refuses (released bytes cannot be sent again) instead of uploading zeros."""
+    import subprocess
+    import sys
+
+    from checkpoints import CHILD
+    from packer.multipart import state_path
+    from packer.remote import staging_folder
+
+    url = "s3://packer-test/finishing.blob"
+    partial = staging_folder(url) / "finishing.blob.partial"
+    args = ["convert", str(big_source), url, "-j", "1", "-q", "--size", "224", "-f", "blob"]
+    child = subprocess.run([sys.executable, "-c", f"{DIE_IN_FINISH}\n{CHILD}", *args], capture_output=True, timeout=120)
+    assert child.returncode == -9, child.stderr.decode()
+    state = json.loads(state_path(partial).read_text())
+    assert any(p["final"] and p["etag"] for p in state["parts"])  # killed with final parts stored
+    assert open_uploads(s3) == ["finishing.blob"] and not s3.exists("packer-test/finishing.blob")
+
+    state_path(partial).rename(tmp_path / "state.json")
+    with pytest.raises(OutputError, match="record .* is missing; run without --resume"):
+        convert(big_source, url, format="blob", image=IMAGE, workers=1, resume=True)
+    (tmp_path / "state.json").rename(state_path(partial))  # the refusal kept the partial output
+
+    report = convert(big_source, url, format="blob", image=IMAGE, workers=1, resume=True)
+    assert report.written == 600 and open_uploads(s3) == []
+    local = convert(big_source, tmp_path / "local.blob", format="blob", image=IMAGE, workers=1)
+    s3.get("packer-test/finishing.blob", str(tmp_path / "fetched.blob"))
+    assert_same_blob(tmp_path / "fetched.blob", Path(local.dst))
+
+
+def test_no_space_for_the_upload_record_is_one_error(s3, big_source, monkeypatch, small_parts):
+    import errno
+
+    import packer.multipart as multipart
+
+    real_save = multipart.MultipartUpload._save_state
+    calls = []
+
+    def full_disk(self):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self)
+
+    monkeypatch.setattr(multipart.MultipartUpload, "_save_state", full_disk)
+    with pytest.raises(OutputError, match="no space left on the device"):
+        convert(big_source, "s3://packer-test/full.blob", format="blob", image=IMAGE, workers=1)
+    assert open_uploads(s3) == []
+
+
 def test_part_sizes_stay_within_s3_limits():
     """Parts grow with the file: a 1 TiB blob (far beyond one reader's RAM) takes fewer than half
     of S3's 10,000 parts, and S3's largest object (5 TiB) fits; no part is above the largest."""

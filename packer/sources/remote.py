@@ -224,16 +224,20 @@ def read_ahead(read: Callable[[T], R], items: Iterable[T], window: int = READ_AH
     pool = _reader_pool(window)
     items = iter(items)
     pending: collections.deque[concurrent.futures.Future[R]] = collections.deque()
-    for item in items:
-        pending.append(pool.submit(read, item))
-        if len(pending) >= window:
-            break
-    while pending:
-        done = pending.popleft()
-        for item in items:  # one more in flight for each one taken
+    try:
+        for item in items:
             pending.append(pool.submit(read, item))
-            break
-        yield done.result()
+            if len(pending) >= window:
+                break
+        while pending:
+            done = pending.popleft()
+            for item in items:  # one more in flight for each one taken
+                pending.append(pool.submit(read, item))
+                break
+            yield done.result()
+    finally:  # abandoned early (the caller failed): reads not yet started are dropped
+        for future in pending:
+            future.cancel()
 
 
 _readers: tuple[int, int, concurrent.futures.ThreadPoolExecutor] | None = None
@@ -243,6 +247,8 @@ def _reader_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
     """This process's reader threads (made on first use; a forked child makes its own)."""
     global _readers
     if _readers is None or _readers[0] != os.getpid() or _readers[1] < threads:
+        if _readers is not None and _readers[0] == os.getpid():
+            _readers[2].shutdown(wait=False)  # a smaller pool: its threads end when idle
         _readers = (os.getpid(), threads, concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="packer-read"))
     return _readers[2]
 

@@ -235,10 +235,10 @@ class Writer:
             state = self._sync()
             rows = np.array(self._new_rows, np.int64).reshape(-1, len(_journal.ROW_COLUMNS))
             self._journal.commit(_journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state), rows)
+            self._new_rows.clear()
+            self._committed()
         except OSError as exc:
             raise self.output_error(exc) from None
-        self._new_rows.clear()
-        self._committed()
         self._last_checkpoint = time.monotonic()
         self._bytes_since_checkpoint = 0
 
