@@ -5,7 +5,8 @@
 
 Each row is one timed pass (these are ceilings to compare within a run, not precise rates):
 (a) JPEG decode + resize alone in 1, k/2 and k processes (one in-memory 500x375 JPEG, PIL,
-    no result sent anywhere): what the cores can do;
+    no result sent anywhere): what the cores can do; then the same reading each JPEG from its
+    own file, and the file reads alone (``--images`` files);
 (b) 150 KB results sent through a ``multiprocessing`` pool's pipes into one process (k
     workers, no work): what one gathering process receives;
 (c) 150 KB writes to disk from 1 and k processes: what the disk takes;
@@ -55,6 +56,22 @@ def _decode_for(seconds: float) -> int:
     return count
 
 
+def _read_files(paths: list[str]) -> int:
+    for path in paths:
+        with open(path, "rb") as handle:
+            handle.read()
+    return len(paths)
+
+
+def _read_and_decode(paths: list[str]) -> int:
+    from PIL import Image
+
+    for path in paths:
+        with open(path, "rb") as handle:
+            Image.open(io.BytesIO(handle.read())).convert("RGB").resize((224, 224), Image.BILINEAR, reducing_gap=None)
+    return len(paths)
+
+
 def _result(_index: int) -> bytes:
     return bytes(SAMPLE)
 
@@ -84,11 +101,22 @@ def main() -> None:
     for n in sorted({1, max(1, k // 2), k}):
         with context.Pool(n) as pool:
             rows.append((f"(a) decode + resize alone, {n} processes", sum(pool.map(_decode_for, [3.0] * n)) / 3.0))
-    with context.Pool(k) as pool:
-        started = time.perf_counter()
-        received = sum(1 for _ in pool.imap(_result, range(args.images), chunksize=16))
-        rows.append((f"(b) 150 KB results into one process, {k} workers", received / (time.perf_counter() - started)))
     with tempfile.TemporaryDirectory(prefix="packer-ceilings-") as tmp:
+        files = [f"{tmp}/{i:06d}.jpg" for i in range(args.images)]
+        for path in files:
+            Path(path).write_bytes(_JPEG)
+        for label, fn in [("reading each JPEG from its file + decode + resize", _read_and_decode), ("file reads alone", _read_files)]:
+            for n in sorted({1, k}):
+                with context.Pool(n) as pool:
+                    started = time.perf_counter()
+                    done = sum(pool.map(fn, [files[j::n] for j in range(n)]))
+                    rows.append((f"(a) {label}, {n} processes", done / (time.perf_counter() - started)))
+        for path in files:
+            os.unlink(path)
+        with context.Pool(k) as pool:
+            started = time.perf_counter()
+            received = sum(1 for _ in pool.imap(_result, range(args.images), chunksize=16))
+            rows.append((f"(b) 150 KB results into one process, {k} workers", received / (time.perf_counter() - started)))
         for n in sorted({1, k}):
             with context.Pool(n) as pool:
                 started = time.perf_counter()
