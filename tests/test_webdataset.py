@@ -92,6 +92,22 @@ def same_output(one: Path, two: Path) -> None:
 PER_SAMPLE = 128 + 3 * 16 * 16 + 1  # .npy header + pixels, + one label digit
 
 
+def test_many_workers_on_few_shards_get_a_hint(tmp_path, caplog):
+    """From 8 workers, fragments (assembled by one process) name the --shard-size that avoids them."""
+    writer = ShardWriter(tmp_path / "probe", StorageOptions(shard_size=1000))
+    items, image = list(range(3000)), ImageOptions(size=16)
+    with caplog.at_level("WARNING", logger="packer"):
+        writer.pieces(items, image, workers=4)  # type: ignore[arg-type]
+        assert not caplog.records
+        writer.pieces(items, image, workers=16)  # type: ignore[arg-type]
+        writer.pieces(items, image, workers=2)  # type: ignore[arg-type]
+    writer.abort()
+    assert [r.getMessage() for r in caplog.records] == [
+        "3 shard(s) for 16 workers: this process assembles them from the workers' fragments, about 2,000 img/s at most; "
+        "--shard-size 93 lets every worker write shards of its own (docs/SCALING.md)"
+    ]
+
+
 @pytest.mark.parametrize(
     "storage",
     [

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import io
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,9 @@ _TMP_PREFIX = ".piece-"
 _PIECES_PER_WORKER = 2
 #: ... into fragments of at least this many inputs.
 _MIN_FRAGMENT = 4
+#: Workers from which fragments are worth a warning: their assembly in one process was the
+#: bound at ~2,000 img/s with 16 workers (docs/SCALING.md), and not yet with 2.
+_ASSEMBLY_BOUND_WORKERS = 8
 #: Typical size reduction by encoding, to size pieces for ``--shard-bytes`` (a guess: a piece
 #: that turns out larger rolls into sub-shards, so the bound holds either way).
 _COMPRESSION = {"raw": 1, "jpeg": 10, "png": 2}
@@ -391,6 +395,12 @@ class ShardWriter(Writer):
         ]
         if workers is None or workers < 2 or not pieces or len(pieces) >= _PIECES_PER_WORKER * workers:
             return pieces
+        if workers >= _ASSEMBLY_BOUND_WORKERS:
+            logging.getLogger("packer").warning(
+                "%d shard(s) for %d workers: this process assembles them from the workers' fragments, about 2,000 img/s "
+                "at most; --shard-size %d lets every worker write shards of its own (docs/SCALING.md)",
+                len(pieces), workers, max(1, len(items) // (_PIECES_PER_WORKER * workers)),
+            )
         split = -(-_PIECES_PER_WORKER * workers // len(pieces))
         return [fragment for piece in pieces for fragment in _fragments(piece, split)]
 
