@@ -37,7 +37,6 @@ import ctypes
 import faulthandler
 import multiprocessing
 import os
-import pickle  # messages between our own processes only (as multiprocessing does); never in a file
 import signal
 import sys
 import time
@@ -46,6 +45,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import cv2
@@ -187,7 +187,7 @@ class _Pool(Generic[T, R]):
                 if len(worker.in_flight) >= 2:
                     break
                 chunk = self.todo[0]
-                message = pickle.dumps((chunk.id, self.items[chunk.start : chunk.start + chunk.count]), pickle.HIGHEST_PROTOCOL)
+                message = _encode((chunk.id, self.items[chunk.start : chunk.start + chunk.count]))
                 if worker.in_flight and (len(message) > _PREFETCH_BYTES or chunk.isolated or worker.in_flight[0].isolated):
                     break  # big chunks go only to an idle worker (it is reading, so sending cannot block)
                 self.todo.popleft()
@@ -222,7 +222,7 @@ class _Pool(Generic[T, R]):
 
     def _receive(self, worker: _Worker, message: bytes) -> None:
         chunk = worker.in_flight.popleft()
-        kind, payload = pickle.loads(message)
+        kind, payload = ForkingPickler.loads(message)
         if kind == "error":
             raise WorkerError(f"a worker failed on item {chunk.start + payload[0]}: {payload[1]}")
         self.done[chunk.id] = payload
@@ -328,6 +328,11 @@ def _main_not_reimported(fn: Callable) -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+def _encode(message: Any) -> memoryview:
+    """A message between the pool's processes, encoded as multiprocessing encodes its own."""
+    return ForkingPickler.dumps(message, -1)
+
+
 # -- worker side ----------------------------------------------------------------------------
 def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
     """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
@@ -358,14 +363,14 @@ def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited
             return
         if not message:
             return
-        _chunk_id, items = pickle.loads(message)
+        _chunk_id, items = ForkingPickler.loads(message)
         values: list = []
         try:
             for value in run_items(fn, items):
                 values.append(value)
-            reply = pickle.dumps(("ok", values), pickle.HIGHEST_PROTOCOL)
+            reply = _encode(("ok", values))
         except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
-            reply = pickle.dumps(("error", (len(values), traceback.format_exc())), pickle.HIGHEST_PROTOCOL)
+            reply = _encode(("error", (len(values), traceback.format_exc())))
         try:
             results.send_bytes(reply)
         except OSError:  # the parent is gone
