@@ -236,7 +236,8 @@ def _outcomes(
         with run_map(ImageTask(image), items, workers=workers, chunksize=chunksize, on_crash=_crash_failure, item_timeout=timeout) as results:
             yield results
         return
-    pieces = writer.pieces(items, image, workers=workers)  # type: ignore[attr-defined]  # few pieces: fragments
+    planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
+    pieces = writer.pieces(items, image, workers=planned)  # type: ignore[attr-defined]  # few pieces: fragments
     per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
     with run_map(
         writer.piece_task(image, in_memory=in_memory), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]

@@ -105,6 +105,38 @@ def test_webdataset_on_ray_is_identical_to_local(tmp_path, with_bad):
     assert meta_without_time(tmp_path / "local") == meta_without_time(tmp_path / "ray")
 
 
+@pytest.mark.parametrize("ray_running", [True, False])
+def test_webdataset_on_ray_fragments_few_shards_by_the_cluster_cpus(tmp_path, with_bad, monkeypatch, ray_running):
+    """Without --workers, one shard for the cluster's 2 CPUs is cut into fragments, as locally,
+    with the same output. Ray started for the conversion (not running before) is shut down after."""
+    from packer.writers.webdataset import ShardWriter
+
+    cut: list[int] = []
+    real_pieces = ShardWriter.pieces
+
+    def spy(self, items, image, *, workers=None):
+        pieces = real_pieces(self, items, image, workers=workers)
+        cut.append(len(pieces))
+        return pieces
+
+    monkeypatch.setattr(ShardWriter, "pieces", spy)
+    image = ImageOptions(size=16)
+    local = convert(with_bad, tmp_path / "local", format="webdataset", image=image, workers=1)
+    if not ray_running:
+        ray.shutdown()
+        real_init = ray.init
+        monkeypatch.setattr(ray, "init", lambda **kw: real_init(**kw, num_cpus=2, _node_ip_address="127.0.0.1"))  # loopback only
+    try:
+        remote = convert(with_bad, tmp_path / "ray", format="webdataset", image=image, executor="ray")
+        assert ray.is_initialized() == ray_running  # started here: shut down again
+    finally:
+        if not ray_running:
+            monkeypatch.undo()
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    assert cut == [1, 4] and remote.workers == 2  # 1 piece for 1 worker; fragments for 2 CPUs
+    assert [p.read_bytes() for p in sorted(local.dst.glob("*.tar"))] == [p.read_bytes() for p in sorted(remote.dst.glob("*.tar"))]
+
+
 def test_cli_executor_ray(tmp_path, image_folder):
     result = CliRunner().invoke(cli, ["convert", str(image_folder), str(tmp_path / "cli.lmdb"), "--size", "8", "--executor", "ray"])
     assert result.exit_code == 0, result.output

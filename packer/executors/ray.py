@@ -132,9 +132,30 @@ class RayExecutor:
     def __init__(self, address: str | None = None) -> None:
         self.address = address
         self.workers: int | None = None
+        self._started = False  # Ray was initialised by planned_workers(), for the next map
 
-    def __call__(self, fn: Callable[[T], R], items: Sequence[T], **options: Any) -> Any:
-        return ray_ordered_map(fn, items, address=self.address, on_workers=self._note, **options)
+    def planned_workers(self) -> int:
+        """The tasks a map runs at once without ``workers``: the cluster's CPUs. Joins the
+        cluster now if needed (WebDataset cuts its pieces by this before the map starts); the
+        next map then leaves it, as it would have left a cluster it joined itself."""
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            self._started = True
+        elif self.address is not None and not self._started:
+            raise OptionError(f"--ray-address {self.address}: Ray is already initialised in this process (pass no address)")
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    @contextmanager
+    def __call__(self, fn: Callable[[T], R], items: Sequence[T], **options: Any) -> Iterator[Iterator[R]]:
+        address = None if self._started else self.address
+        try:
+            with ray_ordered_map(fn, items, address=address, on_workers=self._note, **options) as results:
+                yield results
+        finally:
+            if self._started:
+                self._started = False
+                _import_ray().shutdown()
 
     def _note(self, workers: int) -> None:
         self.workers = workers
