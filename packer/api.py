@@ -237,11 +237,14 @@ def _outcomes(
             yield results
         return
     planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
-    pieces = writer.pieces(items, image, workers=planned)  # type: ignore[attr-defined]  # few pieces: fragments
-    per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
-    with run_map(
-        writer.piece_task(image, in_memory=in_memory), pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece  # type: ignore[attr-defined]
-    ) as results:
+    try:  # Ray joined by planned_workers() is left by the map, or here if there is none
+        pieces = writer.pieces(items, image, workers=planned)  # type: ignore[attr-defined]  # few pieces: fragments
+        per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
+        task = writer.piece_task(image, in_memory=in_memory)  # type: ignore[attr-defined]
+    except BaseException:
+        getattr(run_map, "release", lambda: None)()
+        raise
+    with run_map(task, pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
 
 

@@ -132,9 +132,29 @@ def test_webdataset_on_ray_fragments_few_shards_by_the_cluster_cpus(tmp_path, wi
     finally:
         if not ray_running:
             monkeypatch.undo()
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1", ignore_reinit_error=True)
     assert cut == [1, 4] and remote.workers == 2  # 1 piece for 1 worker; fragments for 2 CPUs
     assert [p.read_bytes() for p in sorted(local.dst.glob("*.tar"))] == [p.read_bytes() for p in sorted(remote.dst.glob("*.tar"))]
+
+
+def test_a_ray_started_for_the_pieces_is_left_when_cutting_them_fails(tmp_path, with_bad, monkeypatch):
+    """Ray joined to count the cluster's CPUs, then a failure before the map: shut down again."""
+    from packer.writers.webdataset import ShardWriter
+
+    def interrupted(self, items, image, *, workers=None):
+        raise KeyboardInterrupt
+
+    ray.shutdown()
+    real_init = ray.init
+    monkeypatch.setattr(ray, "init", lambda **kw: real_init(**kw, num_cpus=2, _node_ip_address="127.0.0.1"))  # loopback only
+    monkeypatch.setattr(ShardWriter, "pieces", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            convert(with_bad, tmp_path / "ray", format="webdataset", image=ImageOptions(size=16), executor="ray")
+        assert not ray.is_initialized()
+    finally:
+        monkeypatch.undo()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1", ignore_reinit_error=True)
 
 
 def test_cli_executor_ray(tmp_path, image_folder):

@@ -93,18 +93,21 @@ PER_SAMPLE = 128 + 3 * 16 * 16 + 1  # .npy header + pixels, + one label digit
 
 
 def test_many_workers_on_few_shards_get_a_hint(tmp_path, caplog):
-    """From 8 workers, fragments (assembled by one process) name the --shard-size that avoids them."""
+    """From 8 workers and 10,000 inputs, fragments (assembled by one process) name the
+    --shard-size that avoids them; not on a resume (its --shard-size is fixed), not for a few inputs."""
     writer = ShardWriter(tmp_path / "probe", StorageOptions(shard_size=1000))
-    items, image = list(range(3000)), ImageOptions(size=16)
+    items, image = list(range(20_000)), ImageOptions(size=16)
     with caplog.at_level("WARNING", logger="packer"):
         writer.pieces(items, image, workers=4)  # type: ignore[arg-type]
+        writer.pieces(items[:3000], image, workers=16)  # type: ignore[arg-type]
         assert not caplog.records
-        writer.pieces(items, image, workers=16)  # type: ignore[arg-type]
-        writer.pieces(items, image, workers=2)  # type: ignore[arg-type]
+        assert len(writer.pieces(items, image, workers=16)) > 20  # type: ignore[arg-type]
+        writer.resumed_inputs = 1000
+        writer.pieces(items[1000:], image, workers=16)  # type: ignore[arg-type]
     writer.abort()
     assert [r.getMessage() for r in caplog.records] == [
-        "3 shard(s) for 16 workers: this process assembles them from the workers' fragments, about 2,000 img/s at most; "
-        "--shard-size 93 lets every worker write shards of its own (docs/SCALING.md)"
+        "20 shard(s) for 16 workers: this process assembles them from the workers' fragments, about 2,000 img/s at most; "
+        "--shard-size 625 lets every worker write shards of its own (docs/SCALING.md)"
     ]
 
 

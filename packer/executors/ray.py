@@ -144,7 +144,17 @@ class RayExecutor:
             self._started = True
         elif self.address is not None and not self._started:
             raise OptionError(f"--ray-address {self.address}: Ray is already initialised in this process (pass no address)")
-        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+        try:
+            return max(1, int(ray.cluster_resources().get("CPU", 1)))
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Leave the cluster :meth:`planned_workers` joined, if no map did (a failure between them)."""
+        if self._started:
+            self._started = False
+            _import_ray().shutdown()
 
     @contextmanager
     def __call__(self, fn: Callable[[T], R], items: Sequence[T], **options: Any) -> Iterator[Iterator[R]]:
@@ -153,9 +163,7 @@ class RayExecutor:
             with ray_ordered_map(fn, items, address=address, on_workers=self._note, **options) as results:
                 yield results
         finally:
-            if self._started:
-                self._started = False
-                _import_ray().shutdown()
+            self.release()
 
     def _note(self, workers: int) -> None:
         self.workers = workers

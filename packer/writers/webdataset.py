@@ -82,6 +82,8 @@ _MIN_FRAGMENT = 4
 #: Workers from which fragments are worth a warning: their assembly in one process was the
 #: bound at ~2,000 img/s with 16 workers (docs/SCALING.md), and not yet with 2.
 _ASSEMBLY_BOUND_WORKERS = 8
+#: ... and inputs (fewer convert in seconds either way).
+_ASSEMBLY_BOUND_INPUTS = 10_000
 #: Typical size reduction by encoding, to size pieces for ``--shard-bytes`` (a guess: a piece
 #: that turns out larger rolls into sub-shards, so the bound holds either way).
 _COMPRESSION = {"raw": 1, "jpeg": 10, "png": 2}
@@ -395,14 +397,16 @@ class ShardWriter(Writer):
         ]
         if workers is None or workers < 2 or not pieces or len(pieces) >= _PIECES_PER_WORKER * workers:
             return pieces
-        if workers >= _ASSEMBLY_BOUND_WORKERS:
+        split = -(-_PIECES_PER_WORKER * workers // len(pieces))
+        fragments = [fragment for piece in pieces for fragment in _fragments(piece, split)]
+        if workers >= _ASSEMBLY_BOUND_WORKERS and len(items) >= _ASSEMBLY_BOUND_INPUTS and not self.resumed_inputs:
+            # (a resumed run must keep its --shard-size: the journal's fingerprint holds it)
             logging.getLogger("packer").warning(
                 "%d shard(s) for %d workers: this process assembles them from the workers' fragments, about 2,000 img/s "
                 "at most; --shard-size %d lets every worker write shards of its own (docs/SCALING.md)",
-                len(pieces), workers, max(1, len(items) // (_PIECES_PER_WORKER * workers)),
+                len(pieces), workers, len(items) // (_PIECES_PER_WORKER * workers),
             )
-        split = -(-_PIECES_PER_WORKER * workers // len(pieces))
-        return [fragment for piece in pieces for fragment in _fragments(piece, split)]
+        return fragments
 
     def piece_task(
         self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None, *, in_memory: bool = False
