@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 #: A child running ``packer ARGS`` with a checkpoint every 20 ms.
 CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
@@ -32,3 +33,21 @@ def convert_until_checkpoint(
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()  # reaps it and closes the pipes
     return json.loads(journal.read_text())["inputs"]
+
+
+@contextmanager
+def inputs_converted(monkeypatch: Any, owner: Any, name: str = "ordered_map") -> Iterator[list[int]]:
+    """While inside, record how many inputs each call of the executor ``owner.name`` is given
+    (a WebDataset piece counts its inputs): a resumed run must convert only those left."""
+    counts: list[int] = []
+    real = getattr(owner, name)
+
+    def spy(fn, items, **options):
+        counts.append(sum(len(getattr(item, "items", (item,))) for item in items))
+        return real(fn, items, **options)
+
+    monkeypatch.setattr(owner, name, spy)
+    try:
+        yield counts
+    finally:
+        monkeypatch.setattr(owner, name, real)

@@ -18,7 +18,7 @@ from packer.errors import OptionError  # noqa: E402
 from packer.executors.ray import ray_ordered_map  # noqa: E402
 from packer.info import read_metadata  # noqa: E402
 from packer.parallel import WorkerError  # noqa: E402
-from checkpoints import convert_until_checkpoint
+from checkpoints import convert_until_checkpoint, inputs_converted
 from faulty import crash_on_13, hang_on_5
 
 TIME_FIELDS = {"created"}
@@ -187,16 +187,9 @@ def test_resume_on_ray_converts_only_what_is_left(tmp_path, monkeypatch):
     committed = convert_until_checkpoint(args, journal)
     assert 0 < committed < 240
 
-    sizes: list[int] = []
-    real = ray_executor.ray_ordered_map
-
-    def spy(fn, items, **options):
-        sizes.append(sum(len(piece.items) for piece in items))
-        return real(fn, items, **options)
-
-    monkeypatch.setattr(ray_executor, "ray_ordered_map", spy)
     kwargs = dict(format="webdataset", image=ImageOptions(size=24), storage=StorageOptions(shard_size=20))
-    report = convert(src, dst, resume=True, executor="ray", **kwargs)
+    with inputs_converted(monkeypatch, ray_executor, "ray_ordered_map") as sizes:
+        report = convert(src, dst, resume=True, executor="ray", **kwargs)
     assert sizes == [240 - committed]  # only the inputs after the checkpoint were converted
     reference = convert(src, tmp_path / "ref.shards", workers=2, **kwargs)
     assert report.written == reference.written == 239

@@ -21,7 +21,7 @@ from packer.errors import OptionError, OutputError
 from readers import ShardDataset
 from readers.formats import open_store
 from readers.webdataset import StreamingShards
-from checkpoints import convert_until_checkpoint
+from checkpoints import convert_until_checkpoint, inputs_converted
 
 from loopback import LOOPBACK, HTTPServer
 
@@ -347,15 +347,8 @@ def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
         convert(url, dst, image=ImageOptions(size=16), workers=2, resume=True)
     s3.rm("packer-test/resume/class_00/new.jpg")
 
-    converted: list[int] = []
-    real_map = packer.parallel.ordered_map
-
-    def spy(fn, items, **options):
-        converted.append(len(items))
-        return real_map(fn, items, **options)
-
-    monkeypatch.setattr(packer.parallel, "ordered_map", spy)
-    report = convert(url, dst, image=ImageOptions(size=16), workers=2, resume=True)
+    with inputs_converted(monkeypatch, packer.parallel) as converted:
+        report = convert(url, dst, image=ImageOptions(size=16), workers=2, resume=True)
     assert converted == [19 - 8]  # 19 inputs in class folders; 8 were done
     local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
     same_conversion(report.dst, local.dst)
@@ -594,18 +587,10 @@ def test_sigkill_then_resume_to_s3(s3, tmp_path, monkeypatch):
     with pytest.raises(OutputError, match="--resume carries it on"):
         convert(src, url, format="webdataset")
 
-    sizes: list[int] = []
-    real = parallel.ordered_map
-
-    def spy(fn, items, **options):
-        sizes.append(sum(len(piece.items) for piece in items))
-        return real(fn, items, **options)
-
-    monkeypatch.setattr(parallel, "ordered_map", spy)
     kwargs = dict(format="webdataset", image=ImageOptions(size=24), storage=StorageOptions(shard_size=20), workers=1)
-    report = convert(src, url, resume=True, **kwargs)
+    with inputs_converted(monkeypatch, parallel) as sizes:
+        report = convert(src, url, resume=True, **kwargs)
     assert sizes == [240 - committed]  # the shards uploaded by the checkpoint were not redone
-    monkeypatch.setattr(parallel, "ordered_map", real)
     reference = convert(src, tmp_path / "ref.shards", **kwargs)
     assert report.written == reference.written == 239
     assert_same_output(s3, "packer-test/resumed", reference.dst)

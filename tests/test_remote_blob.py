@@ -14,7 +14,7 @@ import torch
 
 from packer import ImageOptions, convert
 from packer.errors import OutputError
-from checkpoints import convert_until_checkpoint
+from checkpoints import convert_until_checkpoint, inputs_converted
 
 #: S3's least part size (all parts but the last); the tests use it for part 1 and the others.
 PART = 5 << 20
@@ -157,17 +157,9 @@ def test_sigkill_then_resume_a_blob_to_s3(s3, big_source, tmp_path, monkeypatch,
     assert not s3.exists("packer-test/resumed.blob") and open_uploads(s3) == ["resumed.blob"]
     assert os.stat(partial).st_blocks * 512 < os.stat(partial).st_size  # stored parts' bytes are gone locally
 
-    sizes: list[int] = []
-    real = parallel.ordered_map
-
-    def spy(fn, items, **options):
-        sizes.append(len(items))
-        return real(fn, items, **options)
-
-    monkeypatch.setattr(parallel, "ordered_map", spy)
-    report = convert(big_source, url, format="blob", image=IMAGE, workers=1, resume=True)
+    with inputs_converted(monkeypatch, parallel) as sizes:
+        report = convert(big_source, url, format="blob", image=IMAGE, workers=1, resume=True)
     assert report.written == 600 and sizes == [600 - committed]
-    monkeypatch.setattr(parallel, "ordered_map", real)
     assert open_uploads(s3) == [] and not staging_folder(url).exists()
     local = convert(big_source, tmp_path / "local.blob", format="blob", image=IMAGE, workers=1)
     s3.get("packer-test/resumed.blob", str(tmp_path / "fetched.blob"))
