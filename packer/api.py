@@ -13,6 +13,7 @@ from typing import Any, Iterator, NoReturn
 from readers.schema import Metadata, Skipped
 
 from ._version import __version__
+from .destination import check_apart, check_destination
 from .errors import InputError, OptionError
 from .options import ON_ERROR, ImageOptions, StorageOptions, TextOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT, default_workers, ordered_map
@@ -21,7 +22,7 @@ from .progress import progress_bar
 from .sources.images import ImageItem, scan_image_folder
 from .sources.remote import is_source_url, remote_chunksize
 from .writers import format_for_path, get_writer
-from .writers.base import Writer, check_destination
+from .writers.base import Writer
 from .writers.blob import BlobSink
 from .writers.webdataset import ShardSink
 
@@ -135,7 +136,10 @@ def convert(
         raise OptionError(f"--timeout: must be a positive number of seconds, got {timeout!r}")
     dst = Path(dst) if executor == "local" else Path(dst).resolve()  # tasks elsewhere see absolute paths
     src = src if executor == "local" or is_source_url(str(src)) else Path(src).resolve()
-    check_destination(get_writer(fmt).destination(dst), overwrite=overwrite)
+    final = get_writer(fmt).destination(dst)
+    if not is_source_url(str(src)):
+        check_apart(src, final)
+    check_destination(final, overwrite=overwrite)
     if _resolve_kind(src, kind, text) == "text":  # a text corpus: packer/text.py
         from .text import convert_text
 

@@ -43,7 +43,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from readers.formats.webdataset import META_FILE
+from readers.formats.blob import MAGIC as BLOB_MAGIC
+from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE
 from readers.remote import is_url
 
 from .errors import OptionError, OutputError
@@ -244,7 +245,25 @@ def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: 
     if not overwrite:
         hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
         raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
+    if not _is_packer_output(fs, root, fmt, staged=staging_folder(url).exists()):
+        raise OutputError(f"{dst}: is not a packer dataset; --overwrite replaces only a packer dataset: remove it yourself or choose another DST")
     fs.rm(root, recursive=True)
+
+
+def _is_packer_output(fs: Any, root: str, fmt: str, *, staged: bool) -> bool:
+    """Whether the existing remote DST ``root`` is packer's: a blob (its magic bytes), a WebDataset
+    folder with its metadata record, or an unfinished upload of this machine's (``staged``: its
+    staging folder is here) holding only shards and packer's own files."""
+    if fmt == "blob":
+        try:
+            with fs.open(root, "rb") as handle:
+                return handle.read(len(BLOB_MAGIC)) == BLOB_MAGIC
+        except (OSError, IsADirectoryError):
+            return False
+    if fs.exists(f"{root}/{META_FILE}"):
+        return True
+    names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
+    return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE) for name in names)
 
 
 def convert_remote(convert: Callable[..., Any], src: str | Path, dst: str | Path, *, format: str | None, overwrite: bool,

@@ -24,28 +24,17 @@ from readers.checksums import CHECKSUM, CHECKSUM_DTYPE, sample_checksum
 from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
-from ..errors import OptionError, OutputError, OutputExistsError
+from ..errors import OptionError, OutputError
 from ..locking import DestinationLock, lock_path
 from ..options import StorageOptions
 from ..preprocess.task import Encoded
 
-__all__ = ["Writer", "partial_path", "check_destination", "remove_path", "fsync_tree", "publish"]
+__all__ = ["Writer", "partial_path", "remove_path", "fsync_tree", "publish"]
 
 
 def partial_path(dst: Path) -> Path:
     """Where an unfinished conversion to ``dst`` is written."""
     return dst.with_name(dst.name + ".partial")
-
-
-def check_destination(dst: Path, *, overwrite: bool) -> None:
-    """Refuse an existing ``dst`` unless ``overwrite``; check its folder exists."""
-    if dst.exists() and not overwrite:
-        raise OutputExistsError(f"{dst}: already exists; pass --overwrite to replace it, or choose another DST")
-    parent = dst.parent if str(dst.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{dst}: folder {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK):
-        raise OutputError(f"{dst}: folder {parent} is not writable; check its permissions")
 
 
 def remove_path(path: Path) -> None:

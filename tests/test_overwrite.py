@@ -1,0 +1,128 @@
+"""--overwrite replaces only a packer dataset, and DST never overlaps SRC (issue 14, item 1).
+
+Each refusal leaves every file where it was: the tests compare the whole tree before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer import ImageOptions, convert
+from packer.cli import cli
+from packer.errors import OptionError, OutputExistsError
+from readers.formats import open_store
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file below ``root`` (or ``root`` itself) with a digest of its bytes."""
+    if root.is_file():
+        return {root.name: hashlib.sha256(root.read_bytes()).hexdigest()}
+    return {
+        os.path.relpath(os.path.join(d, f), root): hashlib.sha256(Path(d, f).read_bytes()).hexdigest()
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def src(tmp_path, image_folder) -> Path:
+    copy = tmp_path / "s"
+    shutil.copytree(image_folder, copy)
+    return copy
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "lmdb", "blob"])
+def test_dst_equal_to_src_is_refused_even_with_overwrite(src, fmt):
+    before = tree(src)
+    result = run("convert", src, src, "-f", fmt, "--size", "8", "--overwrite", "-q")
+    assert result.exit_code == 2, result.output
+    assert "source folder itself" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert tree(src) == before
+
+
+def test_dst_containing_src_is_refused_even_with_overwrite(src, tmp_path):
+    before = tree(tmp_path)
+    result = run("convert", src, tmp_path, "-f", "webdataset", "--size", "8", "--overwrite", "-q")
+    assert result.exit_code == 2 and "contains the source" in result.stderr
+    assert tree(tmp_path) == before
+
+
+def test_dst_inside_src_is_refused(src):
+    before = tree(src)
+    with pytest.raises(OptionError, match="inside the source"):
+        convert(src, src / "class_00" / "out.lmdb", image=ImageOptions(size=8), workers=1, overwrite=True)
+    with pytest.raises(OptionError, match="inside the source"):  # a shard pattern names a folder inside SRC
+        convert(src, src / "shards" / "train-%06d.tar", format="webdataset", image=ImageOptions(size=8), workers=1)
+    assert tree(src) == before
+
+
+def test_dst_reached_through_a_symlink_to_src_is_refused(src, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(src, target_is_directory=True)
+    with pytest.raises(OptionError, match="source folder itself"):
+        convert(src, link, format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert link.is_symlink() and tree(src)
+
+
+def test_overwrite_refuses_a_folder_of_user_files(src, tmp_path, image_folder):
+    user = tmp_path / "photos"
+    shutil.copytree(image_folder / "class_00", user)
+    before = tree(user)
+    result = run("convert", src, user, "-f", "webdataset", "--size", "8", "--overwrite", "-q")
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1
+    assert "is not a packer dataset (a folder holding 6 files" in line and "--overwrite replaces only a packer dataset" in line
+    assert tree(user) == before
+
+
+@pytest.mark.parametrize("name", ["data.lmdb", "data.blob", "data.h5"])
+def test_overwrite_refuses_a_file_that_only_looks_like_a_dataset(src, tmp_path, name):
+    dst = tmp_path / name
+    if name == "data.lmdb":
+        dst.mkdir()
+        (dst / "data.mdb").write_bytes(b"my own lmdb, not packer's")
+    else:
+        dst.write_bytes(b"PACKBLOB but not really" if name.endswith(".blob") else b"\x89HDF\r\n\x1a\n not really")
+    before = tree(dst)
+    with pytest.raises(OutputExistsError, match="is not a packer dataset"):
+        convert(src, dst, image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert tree(dst) == before
+
+
+@pytest.mark.parametrize("fmt, name", [("lmdb", "d.lmdb"), ("hdf5", "d.h5"), ("blob", "d.blob"), ("webdataset", "d")])
+def test_overwrite_replaces_a_packer_dataset(src, tmp_path, fmt, name):
+    dst = tmp_path / name
+    convert(src, dst, format=fmt, image=ImageOptions(size=8), workers=1)
+    assert open_store(dst).meta.shape == (3, 8, 8)
+    convert(src, dst, format=fmt, image=ImageOptions(size=12), workers=1, overwrite=True)
+    assert open_store(dst).meta.shape == (3, 12, 12)
+
+
+def test_overwrite_takes_an_empty_folder(src, tmp_path):
+    dst = tmp_path / "empty"
+    dst.mkdir()
+    convert(src, dst, format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert open_store(dst).meta.count == 18
+
+
+def test_overwrite_of_a_remote_dst_refuses_user_objects(s3, src):
+    s3.pipe({"packer-test/mine/notes.txt": b"my notes", "packer-test/mine.blob": b"not a blob"})
+    with pytest.raises(Exception, match="is not a packer dataset"):
+        convert(src, "s3://packer-test/mine", format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
+    with pytest.raises(Exception, match="is not a packer dataset"):
+        convert(src, "s3://packer-test/mine.blob", image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert s3.cat("packer-test/mine/notes.txt") == b"my notes" and s3.cat("packer-test/mine.blob") == b"not a blob"
+    convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=8), workers=1)
+    report = convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=12), workers=1, overwrite=True)
+    assert report.shape == (3, 12, 12)
