@@ -1,7 +1,13 @@
-"""Text corpora: tokenise, pack in every format, read back as documents and training blocks."""
+"""Text corpora: tokenise, pack in every format, read back as documents and training blocks.
+
+Round trips are checked against the tokenizer libraries themselves (``tokenizers``,
+``sentencepiece``, UTF-8 bytes), never through packer's own wrapper around them, and the stored
+ids are read back with each format's plain library too (tests/roundtrip_checks.py).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -16,7 +22,11 @@ from packer.cli import cli
 from packer.errors import InputError
 from packer.options import TextOptions
 from readers import Loader, TokenDataset, WidenTokens
-from readers.tokenizer import TokenizerError, file_sha256, load_tokenizer
+from readers.tokenizer import TokenizerError
+from roundtrip_checks import check_tokens
+
+#: The end-of-document token the BPE fixture is trained with.
+BPE_EOS = "<|endoftext|>"
 
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda omicron sigma omega".split()
 TARGETS = {"lmdb": "c.lmdb", "hdf5": "c.h5", "blob": "c.blob", "webdataset": "wds"}
@@ -34,7 +44,7 @@ def bpe(tmp_path_factory) -> Path:
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(_docs(200, 1), trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", "<|endoftext|>"]))
+    tok.train_from_iterator(_docs(200, 1), trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", BPE_EOS]))
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return path
@@ -49,35 +59,44 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _convert(src: Path, dst: Path, fmt: str, **text) -> packer.api.ConversionReport:
-    return packer.convert(src, dst, format=fmt, text=TextOptions(**text), workers=2, storage=packer.options.StorageOptions(shard_size=7))
+    storage = packer.options.StorageOptions(shard_size=7) if fmt == "webdataset" else None  # options of other formats are refused
+    return packer.convert(src, dst, format=fmt, text=TextOptions(**text), workers=2, storage=storage)
+
+
+def bytes_ids(docs: list[str]) -> list[list[int]]:
+    """The ``bytes`` tokenizer's documents, from the definition: UTF-8 bytes, then EOS 256."""
+    return [[*text.encode("utf-8"), 256] for text in docs]
 
 
 @pytest.mark.parametrize("fmt", list(TARGETS))
 def test_round_trip_every_format(fmt: str, corpus: Path, bpe: Path, tmp_path: Path) -> None:
+    """Each document is the ``tokenizers`` library's encoding of it, then the tokenizer's EOS:
+    read by the format's plain library (lmdb, h5py, numpy, tarfile) and by ``readers``."""
+    from tokenizers import Tokenizer
+
     dst = tmp_path / TARGETS[fmt]
     report = _convert(corpus, dst, fmt, tokenizer=str(bpe))
-    tok = load_tokenizer(bpe)
-    docs = _docs()
-    ds = TokenDataset(dst, expect_tokenizer=bpe)
-    assert len(ds) == len(docs) == report.written and ds.meta.dtype == "uint16"
-    eos = tok.eos_id
-    total = 0
-    for i, text in enumerate(docs):
-        ids = ds[i]
-        assert ids.dtype == torch.uint16 and int(ids[-1]) == eos
-        assert ids[:-1].tolist() == tok.encode(text)
-        assert ds.decode(ids[:-1]) == tok.decode(tok.encode(text))
-        total += len(ids)
-    assert total == ds.meta.tokens == report.tokens
-    assert ds.meta.tokenizer["sha256"] == file_sha256(bpe)
+    library = Tokenizer.from_file(str(bpe))
+    eos = library.token_to_id(BPE_EOS)
+    want = [library.encode(text).ids + [eos] for text in _docs()]
+    assert eos is not None and min(map(len, want)) > 3  # documents of several tokens: dropping one shows
+    check_tokens(dst, want, expect_tokenizer=bpe)
+    ds = TokenDataset(dst)
+    assert ds.meta.dtype == "uint16" and ds[0].dtype == torch.uint16
+    assert report.written == len(want) and report.tokens == sum(map(len, want))
+    assert [ds.decode(ds[i][:-1]) for i in range(len(ds))] == [library.decode(ids[:-1]) for ids in want]
+    assert ds.meta.tokenizer["sha256"] == hashlib.sha256(bpe.read_bytes()).hexdigest()
+    assert ds.meta.tokenizer["eos_id"] == eos and ds.meta.tokenizer["vocab_size"] == library.get_vocab_size()
 
 
 def test_bytes_tokenizer_blocks_cover_stream(corpus: Path, tmp_path: Path) -> None:
     dst = tmp_path / "c.blob"
     _convert(corpus, dst, "blob")
+    want = bytes_ids(_docs())
+    check_tokens(dst, want)  # numpy on the blob, and readers
     ds = TokenDataset(dst, block_size=32)
-    stream = np.concatenate([TokenDataset(dst).tokens.document(i) for i in range(len(ds.tokens))])
-    assert stream[-1] == 256 and ds.meta.tokenizer["vocab_size"] == 257
+    stream = np.concatenate(want)
+    assert ds.meta.tokenizer["vocab_size"] == 257
     assert len(ds) == (len(stream) - 1) // 32
     for i in range(len(ds)):
         x, y = ds[i]
@@ -113,6 +132,7 @@ def test_uint32_for_large_vocab(corpus: Path, tmp_path: Path) -> None:
     _convert(corpus, dst, "hdf5", tokenizer=str(path))
     ds = TokenDataset(dst)
     assert ds.meta.dtype == "uint32" and ds[0].dtype == torch.uint32
+    check_tokens(dst, [tok.encode(text).ids + [70002] for text in _docs()])  # h5py, and readers
     assert int(ds[0][-2]) == 70000 and int(ds[0][-1]) == 70002
 
 
@@ -180,23 +200,22 @@ def test_jsonl_field(tmp_path: Path) -> None:
 
 
 def test_sentencepiece_model_round_trip(corpus: Path, tmp_path: Path) -> None:
-    """A SentencePiece ``.model`` trained here: ids match its own encoding, its EOS ends documents."""
-    spm = pytest.importorskip("sentencepiece")
+    """A SentencePiece ``.model`` trained here: ids match its own encoding, its EOS ends documents
+    (``sentencepiece`` is in the test extra: its absence fails, it does not skip)."""
+    import sentencepiece as spm
+
     prefix = tmp_path / "sp"
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(_docs(200, 2)), model_prefix=str(prefix), vocab_size=60, model_type="bpe",
         character_coverage=1.0, minloglevel=2,
     )
     model = Path(f"{prefix}.model")
-    dst = tmp_path / "sp.blob"
-    _convert(corpus, dst, "blob", tokenizer=str(model))
+    dst = tmp_path / "sp.lmdb"
+    _convert(corpus, dst, "lmdb", tokenizer=str(model))
     processor = spm.SentencePieceProcessor(model_file=str(model))
-    ds = TokenDataset(dst, expect_tokenizer=model)
+    check_tokens(dst, [processor.encode(text) + [processor.eos_id()] for text in _docs()], expect_tokenizer=model)
+    ds = TokenDataset(dst)
     assert ds.meta.tokenizer["vocab_size"] == 60 and ds.meta.dtype == "uint16"
-    for i, text in enumerate(_docs()):
-        ids = ds[i]
-        assert int(ids[-1]) == processor.eos_id()
-        assert ids[:-1].tolist() == processor.encode(text)
 
 
 def test_parquet_text_column(tmp_path: Path) -> None:
