@@ -48,12 +48,49 @@ def test_channels_last_output(batch):
     assert torch.equal(out, Normalize()(batch))
 
 
-def test_buffers_move_with_the_module(batch):
+def test_constants_are_buffers_that_follow_dtype_moves(batch):
+    """``.double()`` / ``.half()`` convert the constants (so they are registered buffers, not
+    plain attributes); the output dtype stays the one asked for."""
     module = Normalize()
     assert {name for name, _ in module.named_buffers()} == {"scale", "shift"}
-    assert set(module.state_dict()) == {"scale", "shift"}
-    moved = module.to("cpu")
-    assert torch.equal(moved(batch), module(batch))
+    assert module.scale.dtype == torch.float32
+    double = Normalize().double()
+    assert double.scale.dtype == double.shift.dtype == torch.float64
+    out = double(batch)
+    assert out.dtype == torch.float32
+    assert (out.double() - reference(batch, IMAGENET_MEAN, IMAGENET_STD)).abs().max().item() < 1e-6
+    half = Normalize().half()
+    assert half.scale.dtype == half.shift.dtype == torch.float16
+
+
+def test_state_dict_round_trip_carries_the_constants(batch):
+    """A module built with other constants computes the saved one's output after ``load_state_dict``."""
+    saved = Normalize(mean=[0.1, 0.2, 0.3], std=[0.5, 0.25, 0.125])
+    assert set(saved.state_dict()) == {"scale", "shift"}
+    other = Normalize()
+    assert not torch.equal(other(batch), saved(batch))
+    other.load_state_dict(saved.state_dict())
+    assert torch.equal(other(batch), saved(batch))
+
+
+def test_buffers_move_to_another_device(batch):
+    """``.to(device)`` moves the constants: on the ``meta`` device (no data, any machine) the
+    module runs on meta tensors and keeps shapes and dtypes."""
+    module = Normalize(channels_last=True).to("meta")
+    assert module.scale.device.type == module.shift.device.type == "meta"
+    out = module(batch.to("meta"))
+    assert out.device.type == "meta" and out.shape == batch.shape and out.dtype == torch.float32
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        module(batch)  # CPU images with meta constants: the module really moved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_buffers_move_to_cuda(batch):
+    module = Normalize().to("cuda")
+    assert module.scale.is_cuda and module.shift.is_cuda
+    out = module(batch.cuda())
+    assert out.is_cuda
+    assert (out.double().cpu() - reference(batch, IMAGENET_MEAN, IMAGENET_STD)).abs().max().item() < 1e-6
 
 
 def test_channels_last_input_is_fine(batch):
