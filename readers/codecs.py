@@ -1,15 +1,15 @@
 """Decoding of encoded samples (``encoding`` ``jpeg`` or ``png``) on the reading side.
 
 Readers decode with Pillow only (no OpenCV import in a training job); the result is written
-straight into the caller's (C, H, W) destination so batches need no extra copy.
+straight into the caller's (C, H, W) destination so batches need no extra copy. Which
+encodings need decoding is the table in ``readers/encodings.py``.
 """
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
+from .encodings import pillow_decode
 from .schema import PackedFormatError
 
 __all__ = ["decode_into", "decode_image"]
@@ -17,17 +17,10 @@ __all__ = ["decode_into", "decode_image"]
 
 def decode_image(payload: bytes | memoryview, channels: int) -> np.ndarray:
     """Decode one jpeg/png sample to a (C, H, W) uint8 array with ``channels`` channels."""
-    from PIL import Image
-
     try:
-        with Image.open(io.BytesIO(payload)) as image:
-            image = image.convert("L" if channels == 1 else "RGB")
-            pixels = np.asarray(image)
+        return pillow_decode(payload, channels)
     except (OSError, ValueError, SyntaxError) as exc:
         raise PackedFormatError(f"undecodable sample ({exc})") from None
-    if channels == 1:
-        return pixels[np.newaxis]
-    return pixels.transpose(2, 0, 1)
 
 
 def decode_into(payload: bytes | memoryview, out: np.ndarray) -> None:

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .encodings import ENCODINGS as _ENCODING_TABLE
+
 __all__ = [
     "FORMAT_VERSION",
     "FORMATS",
@@ -36,8 +38,9 @@ FORMAT_VERSION = 1
 #: Format names, as recorded in metadata and accepted by ``packer convert --format``.
 FORMATS = ("lmdb", "hdf5", "webdataset", "blob")
 
-#: How image samples are stored: ``raw`` uint8 pixels, or one encoded file per sample.
-ENCODINGS = ("raw", "jpeg", "png")
+#: How image samples are stored: ``raw`` uint8 pixels, or one encoded file per sample. The
+#: names of the one encoding table, ``readers/encodings.py`` (extension, decoder, ...).
+ENCODINGS: tuple[str, ...] = tuple(_ENCODING_TABLE)
 
 #: Pixel order of raw samples: planar (channels, height, width). See docs/FORMATS.md, "Layout".
 LAYOUT = "CHW"

@@ -38,6 +38,8 @@ def _png(pixels: np.ndarray, quality: int) -> bytes:
     return buffer.tobytes()
 
 
+#: The encoder of each encoding of the one table, ``readers/encodings.py`` (same names: the
+#: extensions, ratios and decoders live there; tests/test_encodings.py checks the names agree).
 ENCODERS: dict[str, Callable[[np.ndarray, int], bytes]] = {"raw": _raw, "jpeg": _jpeg, "png": _png}
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
+from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
 
@@ -64,8 +65,8 @@ INDEX_COLUMNS = ("shard", "offset", "nbytes", "label", "channels", "height", "wi
 CHECKSUM_FILE = "packer-crc32.npy"
 #: Shard file names when DST is a folder; a DST like ``out/train-%06d.tar`` picks its own.
 DEFAULT_PATTERN = "shard-%06d.tar"
-#: Member extension of the image of a sample, by metadata ``encoding``.
-EXTENSIONS = {"raw": "npy", "jpeg": "jpg", "png": "png"}
+#: Member extension of the image of a sample, by metadata ``encoding`` (from the encoding table).
+EXTENSIONS: dict[str, str] = {name: encoding.extension for name, encoding in ENCODINGS.items()}
 LABEL_EXTENSION = "cls"
 #: Sample keys: the zero-padded sample index (fixed width: keys sort in sample order).
 KEY_FORMAT = "%010d"
