@@ -1,31 +1,94 @@
-"""``packer bench`` end to end on a tiny folder: table, recommendation, no temporary files left."""
+"""``packer bench`` end to end on a tiny folder: every format measured, sizes of the real
+conversions, the fastest recommended, no temporary files left."""
 
 from __future__ import annotations
 
+import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from packer import ImageOptions, convert
 from packer.bench import Rate, measure
 from packer.cli import cli
 from packer.samples import make_image_folder
+from readers.schema import FORMATS
+
+RAW_FOLDER_READERS = {"DataLoader(num_workers=0)", "DataLoader(num_workers=1)"}
+PACKED_READERS = RAW_FOLDER_READERS | {"readers.Loader"}
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": ".shards", "blob": ".blob"}
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
-def test_bench_cli_prints_table_and_recommendation_and_cleans_up(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Row:
+    """One row of the bench table, parsed."""
+
+    pipeline: str
+    reader: str
+    median: float | None  # None: not measured (the cell holds the reason)
+    on_disk: float | None
+    convert_rate: float | None
+    text: str
+
+
+def parse_table(output: str) -> list[Row]:
+    lines = [line for line in output.splitlines() if line.startswith("|")]
+    assert lines[0] == "| pipeline | reader | images/s median (min-max) | vs raw folder | on disk | convert img/s |"
+    rows = []
+    for line in lines[2:]:
+        pipeline, reader, rate, _ratio, disk, rate_in = [cell.strip() for cell in line.strip("|").split("|")]
+        m = re.fullmatch(r"([\d,]+) \(([\d,]+)-([\d,]+)\)", rate)
+        d = re.fullmatch(r"([\d.]+) (B|KB|MB|GB)", disk)
+        rows.append(Row(
+            pipeline, reader, float(m[1].replace(",", "")) if m else None, float(d[1]) * UNITS[d[2]] if d else None,
+            float(rate_in.replace(",", "")) if rate_in else None, line,
+        ))
+    return rows
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes the file or folder's blocks take on disk (``du``)."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_blocks * 512 for p in files)
+
+
+def test_bench_measures_every_format_and_recommends_the_fastest(tmp_path: Path) -> None:
+    """Every format has a measured row per reader (a format that cannot be converted or read
+    fails here, it does not drop out), its size on disk is that of the format's real conversion
+    of the sample, and the recommendation names the fastest measured row."""
     src = make_image_folder(tmp_path / "images", classes=2, per_class=12, size=(60, 80))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     result = CliRunner().invoke(
         cli,
-        ["bench", str(src), "--sample", "20", "--size", "32", "--workers", "1", "--seconds", "0.05", "--repeats", "1",
+        ["bench", str(src), "--sample", "24", "--size", "32", "--workers", "1", "--seconds", "0.05", "--repeats", "1",
          "--tmp-dir", str(scratch), "--quiet"],
     )
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "| pipeline | reader |" in out
-    assert "raw folder" in out and "DataLoader(num_workers=0)" in out and "DataLoader(num_workers=1)" in out
-    assert "lmdb (raw)" in out
-    assert "Recommendation:" in out and "packer convert" in out and "--size 32" in out
+    rows = parse_table(out)
+    assert not [row.text for row in rows if row.median is None], "rows not measured"
+    assert {row.reader for row in rows if row.pipeline == "raw folder"} == RAW_FOLDER_READERS
+    packed = [row for row in rows if row.pipeline != "raw folder"]
+    (tmp_path / "ref").mkdir()
+    assert sorted({row.pipeline for row in packed}) == sorted(f"{fmt} (raw)" for fmt in FORMATS)
+    for fmt in FORMATS:
+        mine = allocated_bytes(convert(src, tmp_path / "ref" / f"d{SUFFIX[fmt]}", format=fmt, image=ImageOptions(size=32), workers=1).dst)
+        rows_of = [row for row in packed if row.pipeline == f"{fmt} (raw)"]
+        assert {row.reader for row in rows_of} == PACKED_READERS, fmt
+        for row in rows_of:  # the same 24 images in the same format: the same size, to 3 printed digits and a page
+            assert abs(row.on_disk - mine) <= 0.01 * mine + 4096, (row.text, mine)
+            assert row.convert_rate > 0, row.text
+    fastest = max(row.median for row in packed)
+    named = re.search(r"Recommendation: (.+?) read with (.+?): ([\d,]+) images/s", out)
+    assert named, out
+    pick = next(row for row in packed if (row.pipeline, row.reader) == named.group(1, 2))
+    assert pick.median == fastest == float(named[3].replace(",", ""))
+    fmt = pick.pipeline.split(" ")[0]
+    assert f"packer convert {src} DST{SUFFIX[fmt]} --format {fmt} --size 32" in out
     assert list(scratch.iterdir()) == []  # the sample links and every conversion are gone
 
 
@@ -46,7 +109,19 @@ def test_bench_cleans_up_on_interrupt(tmp_path: Path, monkeypatch) -> None:
     assert list(scratch.iterdir()) == []
 
 
-def test_measure_reports_min_median_max() -> None:
-    rate = measure(lambda: 10, repeats=3, warmup=0)
-    assert isinstance(rate, Rate) and rate.runs == 3
-    assert rate.min <= rate.median <= rate.max
+def test_measure_times_the_repeats_not_the_warmup() -> None:
+    """Passes of 100 items taking at least 10, 20 and 40 ms after a warm-up of 10**9 items in no
+    time: the rates are items per second of the timed passes only (bounds, never exact times)."""
+    passes = iter([(10**9, 0.0), (100, 0.01), (100, 0.04), (100, 0.02)])
+    calls = []
+
+    def one_pass() -> int:
+        items, seconds = next(passes)
+        calls.append(items)
+        time.sleep(seconds)
+        return items
+
+    rate = measure(one_pass, repeats=3, warmup=1)
+    assert isinstance(rate, Rate) and rate.runs == 3 and len(calls) == 4
+    assert 100 < rate.max <= 100 / 0.01  # the warm-up's 10**9 items are not in it; items/s, not s/item
+    assert rate.median <= 100 / 0.02 and rate.min <= 100 / 0.04
