@@ -7,7 +7,9 @@ single ``Error: ...`` line on stderr and exit non-zero, without a traceback.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -16,6 +18,7 @@ from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
 from ._version import __version__
+from .engine import Interrupted
 from .errors import PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
@@ -92,7 +95,7 @@ def cli() -> None:
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="center-crop (default with --size), pad, stretch, shorter (shorter side to N), none (default without --size).")
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
-@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality (with --encoding jpeg).")
+@click.option("--quality", type=click.IntRange(1, 100), help="JPEG quality, with --encoding jpeg only (default: 90).")
 @click.option("--max-pixels", type=click.IntRange(1), default=DEFAULT_MAX_PIXELS, show_default=True, help="Skip images with more pixels.")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Worker processes (default: all cores).")
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True, help="Skip and record undecodable inputs, or stop at the first.")
@@ -119,7 +122,7 @@ def convert(
     resize_mode: str | None,
     grayscale: bool,
     encoding: str,
-    quality: int,
+    quality: int | None,
     max_pixels: int,
     workers: int | None,
     on_error: str,
@@ -148,28 +151,51 @@ def convert(
       packer convert photos/ photos.lmdb --size 256 --resize-mode shorter --encoding jpeg
       packer convert /shared/imagenet /shared/train.shards -f webdataset --executor ray --ray-address auto
     """
-    image = ImageOptions(
-        size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality, max_pixels=max_pixels
-    )
+    image = None  # no image option on the command line: a text corpus takes none, an image folder the defaults
+    if _given("size", "resize_mode", "grayscale", "encoding", "quality", "max_pixels"):
+        image = ImageOptions(size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality, max_pixels=max_pixels)
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
+    _interrupt_on_signals(True)  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
     try:
         report = api.convert(
             src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error, progress=not quiet,
             timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens), resume=resume,
             executor=executor, ray_address=ray_address,
         )
+    except Interrupted as exc:
+        raise _UserError(str(exc), EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None
     finally:
+        _interrupt_on_signals(False)
         logger.removeHandler(printer)
         logger.propagate = True
         printer.close()
     click.echo(report.summary())
+
+
+def _given(*names: str) -> bool:
+    """Whether any of the current command's options ``names`` was set on the command line."""
+    ctx = click.get_current_context()
+    return any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in names)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_signals(enabled: bool) -> None:
+    """Make SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread (or restore the defaults)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _raise_interrupt if enabled else signal.SIG_DFL)
 
 
 def _text_options(kind: str | None, tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions | None:
@@ -245,7 +271,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="As in packer convert.")
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
-@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality (with --encoding jpeg).")
+@click.option("--quality", type=click.IntRange(1, 100), help="JPEG quality, with --encoding jpeg only (default: 90).")
 @click.option("--format", "-f", "formats", multiple=True, type=click.Choice(sorted(WRITERS)), help="Formats to try (repeatable; default: all).")
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--workers", "-j", type=click.IntRange(1), help="Conversion processes and largest num_workers tried (default: all cores).")
@@ -253,7 +279,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True, help="Timed passes per figure (after a warm-up).")
 @click.option("--tmp-dir", type=click.Path(path_type=Path, file_okay=False), help="Where the temporary conversions go (removed afterwards).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int,
+def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int | None,
           formats: tuple[str, ...], batch_size: int, workers: int | None, seconds: float, repeats: int, tmp_dir: Path | None, quiet: bool) -> None:
     """Time reading a sample of SRC packed in each format against the raw folder, on this machine.
 

@@ -15,7 +15,10 @@ from readers.schema import ENCODINGS
 from .errors import OptionError
 from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
-__all__ = ["ImageOptions", "StorageOptions", "TextOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS", "COMPRESSIONS"]
+__all__ = [
+    "ImageOptions", "StorageOptions", "TextOptions", "RunOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
+    "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS",
+]
 
 #: What to do with an input that cannot be converted: skip it (and record it), or stop.
 ON_ERROR = ("skip", "fail")
@@ -23,6 +26,12 @@ ON_ERROR = ("skip", "fail")
 #: Images with more pixels are skipped instead of decoded (a decompression bomb guard);
 #: the same limit Pillow warns at.
 DEFAULT_MAX_PIXELS = 89_478_485
+
+#: JPEG quality when ``--encoding jpeg`` is given without ``--quality``.
+DEFAULT_QUALITY = 90
+
+#: Seconds one input may take before its worker is considered hung (a photo takes milliseconds).
+DEFAULT_ITEM_TIMEOUT = 120.0
 
 #: HDF5 lossless compression filters (``--compression``), all shipped with h5py's wheels.
 COMPRESSIONS = ("gzip", "lzf")
@@ -61,14 +70,15 @@ class ImageOptions:
     ``resize_mode``: one of :data:`~packer.preprocess.geometry.RESIZE_MODES`; defaults to
     ``center-crop`` when a size is given, else ``none``.
     ``encoding``: ``raw`` (uint8 pixels, nothing to decode when reading), ``jpeg`` (lossy,
-    ``quality``) or ``png`` (lossless).
+    ``quality``, default :data:`DEFAULT_QUALITY`) or ``png`` (lossless); ``quality`` with another
+    encoding is refused (it would do nothing).
     """
 
     size: Any = None
     resize_mode: str | None = None
     grayscale: bool = False
     encoding: str = "raw"
-    quality: int = 90
+    quality: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
@@ -88,7 +98,11 @@ class ImageOptions:
             raise OptionError(f"--resize-mode shorter takes one number (--size N), got {size[0]}x{size[1]}")
         if self.encoding not in ENCODINGS:
             raise OptionError(f"--encoding: unknown encoding {self.encoding!r} (choose from: {', '.join(ENCODINGS)})")
-        if not (isinstance(self.quality, int) and 1 <= self.quality <= 100):
+        if self.quality is not None and self.encoding != "jpeg":
+            raise OptionError(f"--quality: applies to --encoding jpeg only, not {self.encoding}; drop it")
+        if self.encoding == "jpeg" and self.quality is None:
+            object.__setattr__(self, "quality", DEFAULT_QUALITY)
+        if self.quality is not None and not (isinstance(self.quality, int) and 1 <= self.quality <= 100):
             raise OptionError(f"--quality: must be an integer from 1 to 100, got {self.quality!r}")
         if not (isinstance(self.max_pixels, int) and self.max_pixels > 0):
             raise OptionError(f"--max-pixels: must be a positive integer, got {self.max_pixels!r}")
@@ -169,3 +183,38 @@ class TextOptions:
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
         return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a conversion runs, whatever it converts (none of these changes the output).
+
+    ``on_error``: ``skip`` (record) or ``fail`` (stop) at an input that cannot be converted.
+    ``workers``: processes (default: all usable cores; with Ray, the cluster's CPUs).
+    ``timeout``: seconds one input may take before it is skipped as hung.
+    ``executor``: ``local`` or ``ray`` (``ray_address``: the cluster to join).
+    ``resume``: carry on an interrupted conversion from its last checkpoint.
+    ``progress``: draw a progress bar on stderr.
+    """
+
+    on_error: str = "skip"
+    workers: int | None = None
+    timeout: float = DEFAULT_ITEM_TIMEOUT
+    executor: str = "local"
+    ray_address: str | None = None
+    resume: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        from .executors import EXECUTORS
+
+        if self.on_error not in ON_ERROR:
+            raise OptionError(f"--on-error: must be one of {', '.join(ON_ERROR)}, got {self.on_error!r}")
+        if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1):
+            raise OptionError(f"--workers: must be a positive integer, got {self.workers!r}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise OptionError(f"--timeout: must be a positive number of seconds, got {self.timeout!r}")
+        if self.executor not in EXECUTORS:
+            raise OptionError(f"--executor: must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise OptionError("--ray-address: only with --executor ray")

@@ -50,13 +50,13 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import cv2
 
+from .options import DEFAULT_ITEM_TIMEOUT
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 __all__ = ["keep_freed_memory", "ordered_map", "default_workers", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
 
-#: Seconds one item may take before its worker is considered hung (a photo takes milliseconds).
-DEFAULT_ITEM_TIMEOUT = 120.0
 #: A second chunk is queued behind the running one only if it pickles to at most this many
 #: bytes: it then fits the pipe's buffer, so sending it never blocks on a busy worker.
 _PREFETCH_BYTES = 16 << 10

@@ -41,7 +41,8 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from readers.formats.blob import MAGIC as BLOB_MAGIC
 from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE
@@ -52,10 +53,8 @@ from .locking import DestinationLock, lock_path
 from .multipart import MultipartUpload, supports_multipart
 from .sources.remote import url_filesystem
 
-__all__ = ["is_url", "is_dst_url", "convert_remote", "upload", "staging_folder", "Uploader", "REMOTE_FORMATS", "MAX_PENDING"]
+__all__ = ["is_url", "is_dst_url", "remote_destination", "Staging", "upload", "staging_folder", "Uploader", "REMOTE", "REMOTE_FORMATS", "MAX_PENDING"]
 
-#: Formats that can be written to a URL (self-contained files a reader can stream or fetch).
-REMOTE_FORMATS = ("webdataset", "blob")
 #: Published files that may wait for (or be in) upload before the conversion waits for them.
 MAX_PENDING = 4
 #: Files uploaded at once.
@@ -221,61 +220,87 @@ def upload(local: Path, url: str) -> None:
     local.unlink()
 
 
-def _sink(fmt: str, url: str) -> Uploader | MultipartUpload | None:
-    """What the writer hands its output to for ``url``: WebDataset files to an :class:`Uploader`,
-    a blob to an S3 multipart upload as it grows; ``None``: staged whole, then :func:`upload`."""
-    if fmt == "webdataset":
+class _RemoteShards:
+    """A WebDataset DST at a URL: shards uploaded one by one as they are published (:class:`Uploader`)."""
+
+    @staticmethod
+    def sink(url: str) -> Uploader:
         return Uploader(url)
-    fs, root = _filesystem(url)
-    if supports_multipart(fs):
-        return MultipartUpload(fs, root.rstrip("/"), url)
-    return None
+
+    @staticmethod
+    def unfinished(fs: Any, root: str) -> bool:
+        """An upload without its metadata record (stored last): ``--resume`` may carry it on."""
+        return not fs.exists(f"{root}/{META_FILE}")
+
+    @staticmethod
+    def is_ours(fs: Any, root: str, *, staged: bool) -> bool:
+        """A finished dataset (its metadata record), or an unfinished upload of this machine's
+        (``staged``: its staging folder is here) holding only shards and packer's own files."""
+        if fs.exists(f"{root}/{META_FILE}"):
+            return True
+        names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
+        return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE) for name in names)
 
 
-def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: bool) -> None:
-    """Refuse an existing DST at ``url`` unless ``overwrite`` (then remove it), or ``resume`` of
-    an unfinished WebDataset upload (no metadata: its writer keeps what its journal lists)."""
-    fs, root = _filesystem(url)
-    root = root.rstrip("/")
-    if not fs.exists(root):
-        return
-    unfinished = fmt == "webdataset" and not fs.exists(f"{root}/{META_FILE}")
-    if resume and unfinished:
-        return
-    if not overwrite:
-        hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
-        raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
-    if not _is_packer_output(fs, root, fmt, staged=staging_folder(url).exists()):
-        raise OutputError(f"{dst}: is not a packer dataset; --overwrite replaces only a packer dataset: remove it yourself or choose another DST")
-    fs.rm(root, recursive=True)
+class _RemoteBlob:
+    """A blob DST at a URL: streamed by S3 multipart upload where the store has it, else staged whole."""
 
+    @staticmethod
+    def sink(url: str) -> MultipartUpload | None:
+        fs, root = _filesystem(url)
+        return MultipartUpload(fs, root.rstrip("/"), url) if supports_multipart(fs) else None
 
-def _is_packer_output(fs: Any, root: str, fmt: str, *, staged: bool) -> bool:
-    """Whether the existing remote DST ``root`` is packer's: a blob (its magic bytes), a WebDataset
-    folder with its metadata record, or an unfinished upload of this machine's (``staged``: its
-    staging folder is here) holding only shards and packer's own files."""
-    if fmt == "blob":
+    @staticmethod
+    def unfinished(fs: Any, root: str) -> bool:
+        return False  # a blob object appears only whole
+
+    @staticmethod
+    def is_ours(fs: Any, root: str, *, staged: bool) -> bool:
         try:
             with fs.open(root, "rb") as handle:
                 return handle.read(len(BLOB_MAGIC)) == BLOB_MAGIC
         except (OSError, IsADirectoryError):
             return False
-    if fs.exists(f"{root}/{META_FILE}"):
-        return True
-    names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
-    return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE) for name in names)
 
 
-def convert_remote(convert: Callable[..., Any], src: str | Path, dst: str | Path, *, format: str | None, overwrite: bool,
-                   resume: bool, **options: Any) -> Any:
-    """``convert(src, dst, ...)`` where DST is a URL: convert in a local staging folder, WebDataset
-    files uploaded as they are published (the writer's sink), a blob once finished."""
-    from .api import resolve_format
+#: Formats that can be written to a URL (self-contained files a reader can stream or fetch), and how.
+REMOTE: dict[str, Any] = {"webdataset": _RemoteShards, "blob": _RemoteBlob}
+REMOTE_FORMATS = tuple(REMOTE)
 
-    if not is_dst_url(str(dst)):
-        return convert(src, dst, format=format, overwrite=overwrite, resume=resume, **options)
-    fmt = resolve_format(str(dst), format)
-    if fmt not in REMOTE_FORMATS:
+
+def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: bool) -> None:
+    """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's (then remove it),
+    or ``resume`` of an unfinished upload (its writer keeps what its journal lists)."""
+    fs, root = _filesystem(url)
+    root = root.rstrip("/")
+    if not fs.exists(root):
+        return
+    unfinished = REMOTE[fmt].unfinished(fs, root)
+    if resume and unfinished:
+        return
+    if not overwrite:
+        hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
+        raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
+    if not REMOTE[fmt].is_ours(fs, root, staged=staging_folder(url).exists()):
+        raise OutputError(f"{dst}: is not a packer dataset; --overwrite replaces only a packer dataset: remove it yourself or choose another DST")
+    fs.rm(root, recursive=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """Where the conversion to a URL runs: ``local_dst`` in the staging folder, and the writer's
+    ``sink`` (``None``: the finished file is uploaded whole)."""
+
+    local_dst: Path
+    sink: Any
+
+
+@contextmanager
+def remote_destination(dst: str, fmt: str, *, overwrite: bool, resume: bool) -> Iterator[Staging]:
+    """The staging of a conversion to the URL ``dst``: checks and locks the DST, yields where to
+    convert and the sink, and after the body uploads a file left whole and removes the staging
+    folder (kept when a journal stays in it for ``--resume``)."""
+    if fmt not in REMOTE:
         raise OptionError(f"{dst}: a remote DST must be one of {', '.join(REMOTE_FORMATS)} (got {fmt}); convert locally and copy")
     if "%" in str(dst).rstrip("/").rsplit("/", 1)[-1]:
         # a shard name pattern (s3://b/train/train-%06d.tar): the folder URL holds the output
@@ -286,30 +311,21 @@ def convert_remote(convert: Callable[..., Any], src: str | Path, dst: str | Path
     staging = staging_folder(folder_url)
     # before the DST is checked or removed: another conversion on this machine may be uploading it
     with DestinationLock(lock_path(staging), str(dst)):
-        return _convert_to_url(convert, src, dst, fmt, folder_url, local_pattern, staging, overwrite=overwrite, resume=resume, **options)
-
-
-def _convert_to_url(convert: Callable[..., Any], src: str | Path, dst: str | Path, fmt: str, folder_url: str, local_pattern: str,
-                    staging: Path, *, overwrite: bool, resume: bool, **options: Any) -> Any:
-    """The conversion to ``folder_url`` through ``staging``, under the caller's lock on it."""
-    _check_remote_dst(folder_url, str(dst), fmt, overwrite=overwrite, resume=resume)
-    local_src: str | Path = src  # a URL SRC is streamed by the conversion (packer/sources/remote.py)
-    staging.mkdir(mode=0o700, parents=True, exist_ok=True)
-    local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
-    sink = _sink(fmt, folder_url)
-    try:
-        # overwrite: only ever a finished local blob of a run killed before its upload
-        report = convert(local_src, local_dst, format=fmt, overwrite=True, resume=resume, sink=sink, **options)
-        if sink is None:
-            upload(Path(report.dst), folder_url)
-    except BaseException:
-        try:  # empty unless a journal stays for --resume (a refused resume keeps it, as locally)
-            staging.rmdir()
-        except OSError:
-            pass
-        raise
-    finally:
-        if sink is not None:
-            sink.close()
+        _check_remote_dst(folder_url, str(dst), fmt, overwrite=overwrite, resume=resume)
+        staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+        local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
+        sink = REMOTE[fmt].sink(folder_url)
+        try:
+            yield Staging(local_dst, sink)
+            if sink is None:
+                upload(local_dst, folder_url)
+        except BaseException:
+            try:  # empty unless a journal stays for --resume (a refused resume keeps it, as locally)
+                staging.rmdir()
+            except OSError:
+                pass
+            raise
+        finally:
+            if sink is not None:
+                sink.close()
     shutil.rmtree(staging, ignore_errors=True)
-    return dataclasses.replace(report, dst=str(dst))

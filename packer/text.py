@@ -1,67 +1,34 @@
-"""``packer.convert`` for text: a corpus in, token ids out, in any of the four formats.
+"""A text corpus as a conversion job: documents in, token ids out, in any of the four formats.
 
 Documents are read and checked in this process (:func:`packer.sources.text.scan_text`), then
-tokenised by ``workers`` processes through :func:`packer.parallel.ordered_map` (work units carry
-the tokenizer's file path; each worker loads it once), in input order, so the output is the
-same whatever the worker count. Every document becomes one sample of ``n`` token ids (then the
-EOS id), stored as uint16 when the vocabulary fits, else uint32 (docs/FORMATS.md, "Text").
+tokenised by the driver's workers (:mod:`packer.engine`, the same driver as images: resume,
+timeouts, crash isolation, ``--on-error``, Ray). Work units carry the tokenizer's file path;
+each worker loads it once and encodes its chunk of documents in one batch. Every document
+becomes one sample of ``n`` token ids (then the EOS id), stored as uint16 when the vocabulary
+fits, else uint32 (docs/FORMATS.md, "Text").
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, ClassVar, Iterable, Mapping
 
-from readers.schema import TOKEN_LAYOUT, Metadata, Skipped
+from readers.schema import TOKEN_LAYOUT
 from readers.tokenizer import Tokenizer, TokenizerError, load_tokenizer, token_dtype
 
-from ._version import __version__
-from .api import ConversionReport, _human_bytes, _sink_option
-from .errors import InputError, OptionError
-from .options import NO_EOS, ImageOptions, StorageOptions, TextOptions
-from .parallel import ordered_map
-from .preprocess.task import Encoded, Failed
-from .preprocess.tokenize import TokenizeBatch, TokenizeTask
-from .progress import progress_bar
+from .errors import OptionError
+from .jobs import Job
+from .options import NO_EOS, TextOptions
+from .preprocess.tokenize import TokenizeTask
+from .report import ConversionReport, TextConversionReport
 from .sources.text import TextDoc, scan_text
-from .writers import get_writer
 from .writers.base import Writer
-from .writers.blob import BlobSink
-from .writers.webdataset import ShardSink
 
-__all__ = ["convert_text", "TextConversionReport", "resolve_eos"]
+__all__ = ["TextJob", "text_job", "resolve_eos", "BATCH_DOCS"]
 
-log = logging.getLogger("packer")
-
-#: Documents per work unit on the batched path (the Hugging Face tokenizer encodes a batch at once).
+#: Documents per work unit (the Hugging Face tokenizer encodes a batch at once).
 BATCH_DOCS = 64
-
-
-@dataclass
-class TextConversionReport(ConversionReport):
-    """A text conversion's report: documents written, and tokens."""
-
-    tokens: int = 0
-    tokenizer: str = ""
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def summary(self) -> str:
-        text = (
-            f"wrote {self.written:,} documents, {self.tokens:,} tokens ({self.tokenizer}) to {self.dst}: "
-            f"{_human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.tokens_per_second:,.0f} tokens/s "
-            f"with {self.workers} worker{'s' if self.workers != 1 else ''}"
-        )
-        if self.skipped:
-            text += f"; skipped {len(self.skipped):,} (listed by: packer info {self.dst})"
-        return text
 
 
 def resolve_eos(tokenizer: Tokenizer, eos: int | str | None) -> int | None:
@@ -81,20 +48,62 @@ def resolve_eos(tokenizer: Tokenizer, eos: int | str | None) -> int | None:
     return eos
 
 
-def convert_text(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    format: str,
-    text: TextOptions,
-    storage: StorageOptions | None,
-    workers: int,
-    on_error: str,
-    progress: bool,
-    sink: ShardSink | BlobSink | None = None,
-) -> TextConversionReport:
-    """Tokenise the corpus ``src`` into ``dst`` (called by :func:`packer.convert` with checked options;
-    ``sink``: the WebDataset writer's, for a URL DST)."""
+@dataclass
+class TextJob(Job):
+    """A tokenised text corpus: one sample of token ids per document, unlabeled."""
+
+    kind: ClassVar[str] = "text"
+    noun: ClassVar[str] = "document"
+    unit: ClassVar[str] = "doc"
+    scan_skips_fail: ClassVar[bool] = True
+
+    text: TextOptions = field(default_factory=TextOptions)
+    tokenizer: Tokenizer | None = None
+    eos: int | None = None
+    dtype: str = "uint16"
+    spec: str = "bytes"
+    paths: list[str] = field(default_factory=list)
+
+    def name(self, item: Any) -> str:
+        assert isinstance(item, TextDoc)
+        return item.source
+
+    def chunksize(self, workers: int | None) -> int | None:
+        return max(1, min(BATCH_DOCS, len(self.items) // max(1, (workers or 1) * 4)))
+
+    def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
+        assert self.tokenizer is not None
+        options = {**self.text.describe(), "tokenizer": self.tokenizer.identity(), "eos": self.eos, "dtype": self.dtype}
+        return ((path, -1) for path in self.paths), options, None
+
+    def metadata_fields(self, writer: Writer) -> dict[str, Any]:
+        assert self.tokenizer is not None
+        return {
+            "channels": 1,
+            "shape": None,
+            "kind": "text",
+            "dtype": self.dtype,
+            "layout": TOKEN_LAYOUT,
+            "labeled": False,
+            "tokenizer": {**self.tokenizer.identity(), "eos_id": self.eos, "path": "" if self.spec == "bytes" else self.spec},
+            "tokens": self.tokens(writer.payload_bytes),
+            "preprocessing": self.text.describe(),
+        }
+
+    def tokens(self, payload_bytes: int) -> int:
+        """Token ids in ``payload_bytes`` of stored documents."""
+        return payload_bytes // (2 if self.dtype == "uint16" else 4)
+
+    def report(self, **counts: Any) -> ConversionReport:
+        assert self.tokenizer is not None
+        return TextConversionReport(
+            encoding="raw", tokens=self.tokens(counts["payload_bytes"]),
+            tokenizer=f"{self.tokenizer.kind}, vocab {self.tokenizer.vocab_size:,}, {self.dtype}", **counts,
+        )
+
+
+def text_job(src: str | Path, text: TextOptions) -> TextJob:
+    """The job of tokenising the corpus ``src`` (a local file or folder) with ``text`` options."""
     try:
         tokenizer = load_tokenizer(text.tokenizer)
     except TokenizerError as exc:
@@ -102,86 +111,8 @@ def convert_text(
     eos = resolve_eos(tokenizer, text.eos)
     dtype = token_dtype(tokenizer.vocab_size)
     spec = "bytes" if tokenizer.kind == "bytes" else str(Path(tokenizer.path).resolve())
-    task = TokenizeTask(spec, dtype, eos, text.max_tokens)
-
     corpus = scan_text(src, lines=text.lines, text_field=text.text_field)
-    skipped = list(corpus.skipped)
-    if on_error == "fail" and skipped:
-        first = skipped[0]
-        raise InputError(f"{first.path}: {first.reason} (pass --on-error skip to skip such inputs)")
-    for entry in skipped:
-        log.warning("skipped %s: %s", entry.path, entry.reason)
-
-    started = time.perf_counter()
-    tokens = 0
-    docs = corpus.docs
-    with (
-        get_writer(format)(Path(dst), storage, **_sink_option(format, sink)) as writer,
-        _outcomes(writer, task, docs, workers) as results,
-        progress_bar(len(docs), enabled=progress, unit="doc") as bar,
-    ):
-        for doc, result in zip(docs, results):
-            if isinstance(result, Encoded):
-                writer.add(result)
-                tokens += result.shape[-1]
-            elif isinstance(result, Failed):
-                if on_error == "fail":
-                    raise InputError(f"{doc.source}: {result.reason} (pass --on-error skip to skip such inputs)")
-                skipped.append(Skipped(doc.source, result.reason))
-                log.warning("skipped %s: %s", doc.source, result.reason)
-            bar.update(1)
-        if writer.writes_pieces:
-            tokens = writer.payload_bytes // _itemsize(dtype)
-        if writer.count == 0:
-            first = skipped[0] if skipped else Skipped(str(src), "no documents")
-            raise InputError(f"{src}: no document could be converted (first: {first.path}: {first.reason})")
-        meta = Metadata(
-            format=format,
-            count=writer.count,
-            channels=1,
-            shape=None,
-            kind="text",
-            dtype=dtype,
-            layout=TOKEN_LAYOUT,
-            labeled=False,
-            tokenizer={**tokenizer.identity(), "eos_id": eos, "path": "" if spec == "bytes" else spec},
-            tokens=tokens,
-            preprocessing=text.describe(),
-            source=str(Path(src).resolve()),
-            skipped=tuple(skipped),
-            tool_version=__version__,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            extra=writer.extra(),
-        )
-        writer.finish(meta)
-    return TextConversionReport(
-        dst=writer.dst,
-        format=format,
-        inputs=len(docs) + len(corpus.skipped),
-        written=writer.count,
-        skipped=skipped,
-        payload_bytes=writer.payload_bytes,
-        seconds=time.perf_counter() - started,
-        workers=workers,
-        encoding="raw",
-        tokens=tokens,
-        tokenizer=f"{tokenizer.kind}, vocab {tokenizer.vocab_size:,}, {dtype}",
+    return TextJob(
+        str(Path(src).resolve()), corpus.docs, TokenizeTask(spec, dtype, eos, text.max_tokens), list(corpus.skipped),
+        text=text, tokenizer=tokenizer, eos=eos, dtype=dtype, spec=spec, paths=corpus.paths,
     )
-
-
-def _itemsize(dtype: str) -> int:
-    return 2 if dtype == "uint16" else 4
-
-
-@contextmanager
-def _outcomes(writer: Writer, task: TokenizeTask, docs: list[TextDoc], workers: int) -> Iterator[Iterator[Encoded | Failed | None]]:
-    """Each document's outcome in order: :class:`Encoded`/:class:`Failed`, or ``None`` when a worker wrote it."""
-    if writer.writes_pieces:
-        image = ImageOptions()
-        pieces = writer.pieces(docs, image, workers=workers)  # type: ignore[attr-defined]
-        with ordered_map(writer.piece_task(image, task), pieces, workers=workers, chunksize=1) as results:  # type: ignore[attr-defined]
-            yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
-        return
-    batches = [tuple(docs[i : i + BATCH_DOCS]) for i in range(0, len(docs), BATCH_DOCS)]
-    with ordered_map(TokenizeBatch(task), batches, workers=workers, chunksize=1) as results:
-        yield (outcome for batch in results for outcome in batch)

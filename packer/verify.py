@@ -161,7 +161,7 @@ def _check_shards(store: Store, report: VerifyReport) -> None:
     index = np.asarray(_load_index(store.path))
     extension = EXTENSIONS[meta.encoding]
     for number, name in enumerate(meta.extra["shards"]):
-        rows = np.flatnonzero(index[:, 0] == number)
+        rows = np.flatnonzero(index["shard"] == number)
         where = f"shard {name}"
         try:
             data = (store.path / name).read_bytes()
@@ -175,7 +175,7 @@ def _check_shards(store: Store, report: VerifyReport) -> None:
             if 2 * k + 1 >= len(members):
                 break
             (image_name, image_at, image_size), (label_name, label_at, label_size) = members[2 * k], members[2 * k + 1]
-            _, offset, nbytes, label = (int(v) for v in index[i, :4])
+            offset, nbytes, label = (int(index[name][i]) for name in ("offset", "nbytes", "label"))
             sample = f"sample {i} ({name})"
             key = sample_key(i)
             if image_name != f"{key}.{extension}" or label_name != f"{key}.{LABEL_EXTENSION}":
@@ -219,7 +219,7 @@ def _locator(store: Store):
     from readers.formats.webdataset import _load_index
 
     shards = store.meta.extra["shards"]
-    column = np.asarray(_load_index(store.path)[:, 0])
+    column = np.asarray(_load_index(store.path)["shard"])
     return lambda i: f"sample {i} ({shards[int(column[i])]})" if 0 <= column[i] < len(shards) else f"sample {i}"
 
 
@@ -283,7 +283,7 @@ def _compare_source(store: Store, source: str | Path, report: VerifyReport, loca
             resize_mode=pre.get("resize_mode"),
             grayscale=bool(pre.get("grayscale")),
             encoding=pre.get("encoding", meta.encoding),
-            quality=pre.get("quality") or 90,
+            quality=pre.get("quality"),
             max_pixels=pre.get("max_pixels", ImageOptions().max_pixels),
         )
         remote = is_source_url(str(source))

@@ -75,7 +75,7 @@ def test_ctrl_c_cleans_up_and_says_so(tmp_path, slow_folder):
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert f"interrupted; nothing was written to {dst}" in err and "Traceback" not in err
+    assert f"interrupted before the first checkpoint; nothing was written to {dst}" in err and "Traceback" not in err
     assert not dst.exists() and not dst.with_name(dst.name + ".partial").exists()
 
 
@@ -103,7 +103,7 @@ def test_an_existing_output_survives_a_failed_overwrite(tmp_path, image_folder, 
     dst = tmp_path / "keep.lmdb"
     convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
     monkeypatch.setattr(LMDBWriter, "_write", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="interrupted before the first checkpoint"):
         convert(image_folder, dst, image=ImageOptions(size=12), workers=1, overwrite=True)
     assert LMDBDataset(dst).meta.shape == (3, 8, 8)
     assert sorted(os.listdir(tmp_path)) == ["keep.lmdb"]

@@ -190,9 +190,9 @@ def test_s3_src_is_streamed_like_the_local_folder(s3, s3_source, local_source, t
 
     import packer.remote
 
-    for owner, name in [(fsspec.spec.AbstractFileSystem, "get"), (fsspec.asyn.AsyncFileSystem, "_get"), (packer.remote, "convert_remote")]:
+    for owner, name in [(fsspec.spec.AbstractFileSystem, "get"), (fsspec.asyn.AsyncFileSystem, "_get"), (packer.remote, "remote_destination")]:
         monkeypatch.setattr(owner, name, no_copy)  # nothing fetched whole, nothing staged
-    storage = StorageOptions(shard_size=4)
+    storage = StorageOptions(shard_size=4) if fmt == "webdataset" else None
     report = convert(s3_source, tmp_path / FORMATS[fmt], format=fmt, image=ImageOptions(size=16), storage=storage, workers=2)
     local = convert(local_source, tmp_path / f"local-{FORMATS[fmt]}", format=fmt, image=ImageOptions(size=16), storage=storage, workers=2)
     same_conversion(report.dst, local.dst)
@@ -233,16 +233,16 @@ def test_http_src(local_source, tmp_path):
 def test_an_object_that_cannot_be_read_is_skipped_or_stops_naming_its_url(s3, local_source, tmp_path, monkeypatch):
     """An object gone between the listing and its read: recorded by its relative path, or (with
     --on-error fail) one error line naming its URL."""
-    import packer.api
+    import packer.jobs
 
-    real_scan = packer.api.scan_image_folder
+    real_scan = packer.jobs.scan_image_folder
 
     def scan_then_delete(src):
         folder = real_scan(src)
         s3.rm("packer-test/gone/class_00/img_00002.jpg")
         return folder
 
-    monkeypatch.setattr(packer.api, "scan_image_folder", scan_then_delete)
+    monkeypatch.setattr(packer.jobs, "scan_image_folder", scan_then_delete)
     s3.put(str(local_source) + "/", "packer-test/gone/", recursive=True)
     report = convert("s3://packer-test/gone", tmp_path / "g.lmdb", image=ImageOptions(size=16), workers=2)
     assert report.written == 17
@@ -598,10 +598,13 @@ def test_sigkill_then_resume_to_s3(s3, tmp_path, monkeypatch):
 
 
 def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
-    """``ImageTask.map`` keeps up to READ_AHEAD reads in flight (threads) and gives the same
-    results, in order, as one read at a time; a failed read stays in its place."""
+    """``ImageTask.map`` keeps READ_AHEAD reads in flight (threads), never more, and gives the
+    same results, in order, as one read at a time; a failed read stays in its place.
+
+    No timing: the first READ_AHEAD reads wait at a barrier for each other, so it is passed only
+    if that many run at once (fewer: it times out and the test fails), and a counter under a
+    lock bounds the reads in flight at every moment."""
     import threading
-    import time
 
     from packer.preprocess import task as task_module
     from packer.preprocess.task import Failed, ImageTask
@@ -611,23 +614,31 @@ def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
     local = scan_image_folder(local_source).items
     items = [type(item)(f"s3://fake/{i}.jpg", item.label) for i, item in enumerate(local)]
     files = {item.path: Path(source.path).read_bytes() for item, source in zip(items, local)}
-    in_flight, most = 0, 0
+    in_flight, most, started = 0, 0, 0
     lock = threading.Lock()
+    window = threading.Barrier(READ_AHEAD)
 
-    def slow_read(url):
-        nonlocal in_flight, most
+    def read(url):
+        nonlocal in_flight, most, started
         with lock:
             in_flight += 1
+            started += 1
             most = max(most, in_flight)
-        time.sleep(0.02)  # an object store's latency
-        with lock:
-            in_flight -= 1
+            first_window = started <= READ_AHEAD
+        try:
+            if first_window and threading.current_thread() is not threading.main_thread():
+                window.wait(timeout=60)  # BrokenBarrierError unless READ_AHEAD reads run at once
+        finally:
+            with lock:
+                in_flight -= 1
         return Failed(url, "cannot read (gone)") if url.endswith("/5.jpg") else files[url]
 
-    monkeypatch.setattr(task_module, "_read_url", slow_read)
+    monkeypatch.setattr(task_module, "_read_url", read)
     task = ImageTask(ImageOptions(size=16))
-    one_at_a_time = [task(item) for item in items]
+    one_at_a_time = [task(item) for item in items]  # in this thread: no barrier
     assert most == 1 and len(items) > READ_AHEAD
+    started = 0
     ahead = list(task.map(items))
-    assert most == READ_AHEAD  # the window filled, and never more
+    assert window.n_waiting == 0 and not window.broken  # the first READ_AHEAD reads were in flight together
+    assert most == READ_AHEAD  # ... and never more
     assert ahead == one_at_a_time and ahead[5] == Failed("s3://fake/5.jpg", "cannot read (gone)")

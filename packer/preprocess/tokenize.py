@@ -8,6 +8,7 @@ worker process loads its own, once (:func:`worker_tokenizer`). Errors come back 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from readers.tokenizer import Tokenizer, load_tokenizer
 from ..sources.text import TextDoc
 from .task import Encoded, Failed
 
-__all__ = ["TokenizeTask", "TokenizeBatch", "worker_tokenizer", "TEXT_LABEL"]
+__all__ = ["TokenizeTask", "worker_tokenizer", "TEXT_LABEL"]
 
 #: The label every document gets (text datasets are unlabeled).
 TEXT_LABEL = -1
@@ -48,6 +49,15 @@ class TokenizeTask:
             return Failed(doc.source, f"cannot tokenise ({type(exc).__name__}: {exc})")
         return self.encoded(doc, ids)
 
+    def map(self, docs: Sequence[TextDoc]) -> list[Encoded | Failed]:
+        """``self(doc)`` for each document, encoded in one batch (the Hugging Face backend batches
+        natively); if the batch fails, document by document, so only the bad one fails."""
+        try:
+            all_ids = worker_tokenizer(self.tokenizer).encode_batch([d.text for d in docs])
+        except Exception:  # noqa: BLE001 - find the failing document one by one
+            return [self(d) for d in docs]
+        return [self.encoded(d, ids) for d, ids in zip(docs, all_ids)]
+
     def encoded(self, doc: TextDoc, ids: list[int]) -> Encoded | Failed:
         """The stored sample of ``doc`` given its token ids."""
         if not ids:
@@ -58,17 +68,3 @@ class TokenizeTask:
             ids = [*ids, self.eos_id]
         payload = np.asarray(ids, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
         return Encoded(TEXT_LABEL, (1, 1, len(ids)), payload, self.dtype)
-
-
-@dataclass(frozen=True)
-class TokenizeBatch:
-    """Tokenise a run of documents at once (the Hugging Face backend batches them natively)."""
-
-    task: TokenizeTask
-
-    def __call__(self, docs: tuple[TextDoc, ...]) -> list[Encoded | Failed]:
-        try:
-            all_ids = worker_tokenizer(self.task.tokenizer).encode_batch([d.text for d in docs])
-        except Exception:  # noqa: BLE001 - find the failing document one by one
-            return [self.task(d) for d in docs]
-        return [self.task.encoded(d, ids) for d, ids in zip(docs, all_ids)]

@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from readers.schema import Skipped
 
 from ..errors import SourceError
+from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "is_hidden", "is_image_name", "image_order"]
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
 
 
 @dataclass(frozen=True)
@@ -97,21 +97,6 @@ class FolderTree(Protocol):
 
     def stamps(self) -> dict[str, str] | None:
         """Item path -> ``"size:version"`` from the listing (``None``: stat local files instead)."""
-
-
-def is_hidden(name: str) -> bool:
-    """Hidden files and folders (name starting with ".") are ignored."""
-    return name.startswith(".")
-
-
-def is_image_name(name: str) -> bool:
-    """A file that is converted: not hidden, with an image extension (any case)."""
-    return not is_hidden(name) and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-
-
-def image_order(parts: Sequence[str]) -> list[str]:
-    """The sort key of an image inside its class folder: its relative path, part by part."""
-    return list(parts)
 
 
 def scan_image_folder(root: str | os.PathLike[str]) -> ImageFolder:

@@ -30,7 +30,7 @@ from readers.remote import is_url
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
-from .images import image_order, is_hidden, is_image_name
+from .rules import image_order, is_hidden, is_image_name
 
 __all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "remote_chunksize", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD"]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from readers.schema import Skipped
 
 from ..errors import SourceError
+from .rules import IMAGE_EXTENSIONS
 
 __all__ = ["TextDoc", "TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS"]
 
@@ -34,6 +35,11 @@ class TextDoc:
     source: str
     text: str
 
+    @property
+    def path(self) -> str:
+        """Where the document came from (``file`` or ``file:line``), as an image input's path."""
+        return self.source
+
 
 @dataclass
 class TextCorpus:
@@ -43,6 +49,8 @@ class TextCorpus:
     docs: list[TextDoc]
     skipped: list[Skipped] = field(default_factory=list)
     files: int = 0
+    #: Every text file read, in order (the resume fingerprint stats them).
+    paths: list[str] = field(default_factory=list)
 
 
 def _text_files(root: Path) -> list[Path]:
@@ -59,8 +67,6 @@ def _text_files(root: Path) -> list[Path]:
 
 def is_text_corpus(root: str | os.PathLike[str]) -> bool:
     """Whether ``root`` holds text files and no images (how ``packer convert`` tells a corpus)."""
-    from .images import IMAGE_EXTENSIONS
-
     root = Path(root)
     if root.is_file():
         return root.suffix.lower() in TEXT_EXTENSIONS
@@ -83,7 +89,7 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     files = _text_files(root)
     if not files:
         raise SourceError(f"{root}: no .txt, .jsonl or .parquet files found")
-    corpus = TextCorpus(root, [], files=len(files))
+    corpus = TextCorpus(root, [], files=len(files), paths=[str(p) for p in files])
     base = root if root.is_dir() else root.parent
     for path in files:
         name = path.relative_to(base).as_posix()

@@ -4,6 +4,10 @@ A writer fills a temporary ``DST.partial`` and, in :meth:`Writer.finish`, writes
 record last, syncs everything to disk and renames the result to ``DST``. Until then no reader
 accepts the output: the temporary name is not ``DST``, and it has no metadata. :meth:`abort`
 removes the temporary output.
+
+Most writers take samples one at a time in this process (:meth:`Writer.add`); a
+:class:`PieceWriter` has worker processes write its output, a :class:`Piece` of consecutive
+inputs each (WebDataset shards), and declares the calls the driver makes instead.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import logging
 import os
 import shutil
 import time
+from abc import ABCMeta, abstractmethod
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -26,10 +32,10 @@ from readers.schema import Metadata, Skipped
 from . import journal as _journal
 from ..errors import OptionError, OutputError
 from ..locking import DestinationLock, lock_path
-from ..options import StorageOptions
-from ..preprocess.task import Encoded
+from ..options import ImageOptions, StorageOptions
+from ..preprocess.task import Encoded, Failed
 
-__all__ = ["Writer", "partial_path", "remove_path", "fsync_tree", "publish"]
+__all__ = ["Writer", "PieceWriter", "Piece", "partial_path", "remove_path", "fsync_tree", "publish"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -87,13 +93,14 @@ class Writer:
     format_name: ClassVar[str] = ""
     #: Whether the output is a folder (True) or a single file (False).
     is_directory: ClassVar[bool] = False
-    #: Whether worker processes write the output, a piece of consecutive inputs each, instead
-    #: of this process through :meth:`add` (then the class supplies ``pieces``, ``piece_task``
-    #: and ``add_piece``: see ``packer/writers/webdataset.py``).
+    #: Whether worker processes write the output (the class is a :class:`PieceWriter`): the old
+    #: spelling of ``isinstance(writer, PieceWriter)``, kept until every caller asks that.
     writes_pieces: ClassVar[bool] = False
     #: Whether the writer can hand its output to a *sink* (a URL DST: packer/remote.py)
     #: instead of renaming it to ``DST``; such a writer takes a ``sink`` keyword.
     takes_sink: ClassVar[bool] = False
+    #: The :class:`~packer.options.StorageOptions` fields this format uses (others are refused).
+    storage_fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def destination(cls, dst: Path) -> Path:
@@ -129,7 +136,7 @@ class Writer:
         self.resumed_inputs = 0
         self.resumed_skipped: list[Skipped] = []
         self._journal = _journal.Journal(self.tmp, fingerprint) if fingerprint is not None else None
-        self._new_rows: list[tuple[int, ...]] = []
+        self._new_rows: list[tuple[int, ...]] = []  # journal rows (fields of ROW_DTYPE) since the last checkpoint
         self._last_checkpoint = time.monotonic()
         self._bytes_since_checkpoint = 0
         checkpoint = None
@@ -196,10 +203,7 @@ class Writer:
     # -- driving --------------------------------------------------------------------------
     def add(self, sample: Encoded) -> None:
         """Append one sample; it gets the next index."""
-        if self.common_shape is None and not self._mixed_shapes:
-            self.common_shape = sample.shape
-        elif sample.shape != self.common_shape:
-            self.common_shape, self._mixed_shapes = None, True
+        self._note_shape(sample.shape)
         try:
             self._write(self.count, sample)
         except OSError as exc:
@@ -212,6 +216,32 @@ class Writer:
         self.count += 1
         self.payload_bytes += len(sample.payload)
 
+    def _note_shape(self, shape: tuple[int, int, int]) -> None:
+        """Track whether every sample so far has ``shape`` (see :attr:`shape`)."""
+        if self.common_shape is None and not self._mixed_shapes:
+            self.common_shape = shape
+        elif shape != self.common_shape:
+            self.common_shape, self._mixed_shapes = None, True
+
+    def _note_shapes(self, rows: np.ndarray) -> None:
+        for shape in sorted({tuple(s) for s in _journal.record_shapes(rows).tolist()}):
+            self._note_shape(shape)  # type: ignore[arg-type]
+
+    def _record_rows(self, rows: np.ndarray) -> None:
+        """Book samples this writer wrote without :meth:`add` (worker processes wrote them):
+        ``rows`` are their :data:`~_journal.ROW_DTYPE` records, in sample order, numbered from
+        :attr:`count`. Counts them and their payload bytes, keeps their checksums, tracks their
+        shapes and queues their rows for the journal's next checkpoint."""
+        assert rows.dtype == _journal.ROW_DTYPE, rows.dtype  # fields by name: no positional casts
+        nbytes = int(rows["nbytes"].sum())
+        self._note_shapes(rows)
+        self.checksums.extend((rows["crc32"] & 0xFFFFFFFF).tolist())
+        if self._journal is not None:
+            self._new_rows.extend(rows.tolist())
+            self._bytes_since_checkpoint += nbytes
+        self.count += len(rows)
+        self.payload_bytes += nbytes
+
     def progress(self, inputs: int, skipped: Sequence[Skipped]) -> None:
         """``inputs`` inputs are dealt with (``skipped`` of them not written): commit a checkpoint
         to the resume journal when one is due (every few seconds or hundreds of MB)."""
@@ -222,7 +252,7 @@ class Writer:
             return
         try:
             state = self._sync()
-            rows = np.array(self._new_rows, np.int64).reshape(-1, len(_journal.ROW_COLUMNS))
+            rows = np.array(self._new_rows, _journal.ROW_DTYPE)
             self._journal.commit(_journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state), rows)
             self._new_rows.clear()
             self._committed()
@@ -235,12 +265,8 @@ class Writer:
         """Take up an interrupted run's bookkeeping at ``checkpoint`` and reopen its output."""
         rows = checkpoint.rows
         self.count, self.payload_bytes = checkpoint.samples, checkpoint.payload_bytes
-        self.checksums = array("I", (rows[:, 7] & 0xFFFFFFFF).tolist())
-        shapes = {tuple(r) for r in rows[:, 4:7].tolist()}
-        if len(shapes) > 1:
-            self._mixed_shapes = True
-        elif shapes:
-            self.common_shape = tuple(int(d) for d in rows[0, 4:7])  # type: ignore[assignment]
+        self.checksums = array("I", (rows["crc32"] & 0xFFFFFFFF).tolist())
+        self._note_shapes(rows)
         self.resumed_inputs, self.resumed_skipped = checkpoint.inputs, list(checkpoint.skipped)
         self._reopen(checkpoint)
 
@@ -286,6 +312,86 @@ class Writer:
     def __enter__(self) -> "Writer":
         return self
 
+    def suspend(self) -> None:
+        """Stop without finishing, keeping ``DST.partial`` and its journal for ``--resume``:
+        what an interrupted run does once it has a checkpoint (nothing a sink stored is removed)."""
+        try:
+            self._close()
+        finally:
+            self._lock.release()
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
+        """On an interruption (Ctrl-C; SIGTERM/SIGHUP in the CLI), or any error in a resumed run:
+        keep the last checkpoint if there is one, so ``--resume`` finishes the run and a resumed run
+        never loses its predecessor's work. Otherwise (a fresh run that failed) drop everything."""
+        if exc_type is None:
+            return
+        keep = issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0
+        if keep and self._journal is not None and _journal.saved_inputs(self.tmp) is not None:
+            self.suspend()
+        else:
             self.abort()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of consecutive inputs that one worker converts and writes (see :class:`PieceWriter`).
+
+    ``number``: the piece's position in the whole input list; ``start``: the index of its first
+    input (also the key its first sample gets if nothing before it failed). ``fragment``:
+    ``None`` for a whole piece, else this fragment's position in piece ``number`` (a piece cut
+    for several workers; ``start`` is then the fragment's own first input), and ``last``
+    whether it is the piece's last fragment. ``items``: image items or text documents."""
+
+    number: int
+    start: int
+    items: tuple[Any, ...]
+    fragment: int | None = None
+    last: bool = True
+
+
+class PieceWriter(Writer, metaclass=ABCMeta):
+    """A writer whose output worker processes write, a :class:`Piece` of consecutive inputs each.
+
+    The driver (``packer/api.py``) checks ``isinstance(writer, PieceWriter)`` and then, instead
+    of converting inputs itself and calling :meth:`add` per sample:
+
+    1. calls :meth:`pieces` once, for the inputs left to convert (after a resume they start at
+       :attr:`resumed_inputs`, always a piece boundary);
+    2. calls :meth:`piece_task` once, for the picklable work unit it maps over those pieces
+       (local pool or Ray): ``task(piece)`` converts and writes a piece, returning a result;
+    3. hands each result, in piece order, to :meth:`add_piece`, which publishes what the
+       worker wrote and returns each input's outcome.
+
+    :meth:`progress`, :meth:`finish` and the rest are as for every writer; a checkpoint falls
+    only at the end of a whole piece (:meth:`_checkpoint_ready`). Written samples are booked
+    with :meth:`_record_rows`.
+    """
+
+    writes_pieces: ClassVar[bool] = True
+
+    @abstractmethod
+    def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
+        """``items`` cut into consecutive pieces, in order. Where the pieces begin and end depends
+        only on the options, never on ``workers`` (the output is the same for any worker count);
+        with ``workers`` given a writer may cut pieces into fragments to keep every worker busy."""
+
+    @abstractmethod
+    def piece_task(
+        self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None, *, in_memory: bool = False
+    ) -> Callable[[Piece], Any]:
+        """The picklable work unit a worker runs on one :class:`Piece`; it returns the result
+        :meth:`add_piece` takes. ``task`` converts one input (default: the image task of
+        ``image``; a text conversion passes its tokenise task). ``in_memory``: the task returns
+        the bytes it wrote instead of writing into ``DST.partial`` (for tasks that may run on
+        another machine than this writer, e.g. Ray with a URL DST)."""
+
+    @abstractmethod
+    def add_piece(self, result: Any) -> list[Failed | None]:
+        """Publish the output of one piece's task (``result``: what :meth:`piece_task`'s work unit
+        returned), called in piece order. Returns one outcome per input of the piece: ``None``
+        when written, else its :class:`Failed` (for the caller to record, or raise with
+        ``--on-error fail``). Raises :class:`OutputError` if the worker could not write."""
+
+    def _write(self, index: int, sample: Encoded) -> None:
+        raise NotImplementedError(f"{type(self).__name__} writes its output in worker processes: drive it with packer.convert()")

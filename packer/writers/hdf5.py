@@ -25,7 +25,7 @@ from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
-from .journal import Checkpoint
+from .journal import Checkpoint, record_shapes
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
 
@@ -41,6 +41,7 @@ _H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError)
 
 class HDF5Writer(Writer):
     format_name = "hdf5"
+    storage_fields = ("compression",)
     is_directory = False
 
     def _open(self) -> None:
@@ -87,13 +88,13 @@ class HDF5Writer(Writer):
         except _H5_ERRORS as exc:
             raise OSError(0, f"the partial HDF5 file was damaged by the interruption ({exc}); run without --resume") from None
         self._layout, self._written = state["layout"], checkpoint.samples
-        self._labels.extend(rows[:, 3].tolist())
+        self._labels.extend(rows["label"].tolist())
         if self._layout == "fixed":
             self._fixed_shape = tuple(state["fixed_shape"])
             _h5_call(self._file[IMAGES].resize, self._written, axis=0)
         elif self._layout == "flat":
-            self._shapes.extend(rows[:, 4:7].reshape(-1).tolist())
-            for nbytes in rows[:, 2].tolist():
+            self._shapes.extend(record_shapes(rows).reshape(-1).tolist())
+            for nbytes in rows["nbytes"].tolist():
                 self._offsets.append(self._offsets[-1] + nbytes)
             _h5_call(self._file[PAYLOAD].resize, self._offsets[-1], axis=0)
 

@@ -3,7 +3,7 @@
 A writer commits a *checkpoint* now and then (:data:`CHECKPOINT_SECONDS`, or after
 :data:`CHECKPOINT_BYTES` of payload): it makes everything written so far durable (its format's
 flush and ``fsync``), appends one row per sample written since the last checkpoint to
-``samples.i64`` and syncs it, then atomically replaces ``journal.json`` (write, ``fsync``,
+``samples.i64`` (raw little-endian int64 rows: records of :data:`ROW_DTYPE`) and syncs it, then atomically replaces ``journal.json`` (write, ``fsync``,
 rename, ``fsync`` the folder). The journal records the inputs consumed, the samples written,
 the skipped inputs, the writer's own state (bytes of its data, shard list) and a
 *fingerprint* of the conversion (source listing and every option that changes the output).
@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from readers.formats.webdataset import INDEX_DTYPE, record_shapes
 from readers.schema import Skipped
 
 __all__ = [
@@ -34,8 +35,11 @@ __all__ = [
     "journal_path",
     "listing_digest",
     "conversion_fingerprint",
+    "saved_inputs",
     "fingerprint_difference",
     "ROW_COLUMNS",
+    "ROW_DTYPE",
+    "record_shapes",
     "CHECKPOINT_SECONDS",
     "CHECKPOINT_BYTES",
 ]
@@ -44,10 +48,14 @@ __all__ = [
 CHECKPOINT_SECONDS = 2.0
 #: ... or once this much payload was written since the last one.
 CHECKPOINT_BYTES = 256 << 20
-#: One int64 row per sample written (``shard``/``offset``: WebDataset only, else 0).
-ROW_COLUMNS = ("shard", "offset", "nbytes", "label", "channels", "height", "width", "crc32")
-_ROW_BYTES = 8 * len(ROW_COLUMNS)
+#: One row per sample written: the WebDataset index record (``readers/formats/webdataset.py``;
+#: ``shard``/``offset``: WebDataset only, else 0) and the sample's checksum. Read by name.
+ROW_DTYPE = np.dtype([*INDEX_DTYPE.descr, ("crc32", "<i8")])
+ROW_COLUMNS: tuple[str, ...] = tuple(ROW_DTYPE.names or ())
+_ROW_BYTES = ROW_DTYPE.itemsize
 JOURNAL_VERSION = 1
+#: The checkpoint record inside the journal folder.
+JOURNAL_FILE = "journal.json"
 
 
 def journal_path(tmp: Path) -> Path:
@@ -102,7 +110,7 @@ class Checkpoint:
     payload_bytes: int
     skipped: list[Skipped]
     state: dict[str, Any]
-    rows: np.ndarray = field(default_factory=lambda: np.empty((0, len(ROW_COLUMNS)), np.int64))
+    rows: np.ndarray = field(default_factory=lambda: np.empty(0, ROW_DTYPE))  # (samples,) ROW_DTYPE records
 
 
 class Journal:
@@ -112,7 +120,7 @@ class Journal:
         self.folder = journal_path(tmp)
         self.fingerprint = dict(fingerprint)
         self._rows_file = self.folder / "samples.i64"
-        self._json_file = self.folder / "journal.json"
+        self._json_file = self.folder / JOURNAL_FILE
 
     def remove(self) -> None:
         """Drop the journal (a fresh start, or the output is finished)."""
@@ -146,14 +154,16 @@ class Journal:
             raw = handle.read()
         if len(raw) != samples * _ROW_BYTES:
             return None
-        rows = np.frombuffer(raw, "<i8").astype(np.int64).reshape(samples, len(ROW_COLUMNS))
+        rows = np.frombuffer(raw, ROW_DTYPE).copy()
         skipped = [Skipped(str(s["path"]), str(s["reason"])) for s in data["skipped"]]
         return Checkpoint(int(data["inputs"]), samples, int(data["payload_bytes"]), skipped, dict(data["state"]), rows)
 
     def commit(self, checkpoint: Checkpoint, new_rows: np.ndarray) -> None:
-        """Append ``new_rows``, sync, then atomically replace the journal record."""
+        """Append ``new_rows`` (:data:`ROW_DTYPE` records), sync, then atomically replace the journal record."""
+        if new_rows.dtype != ROW_DTYPE:
+            raise TypeError(f"journal rows must be {ROW_DTYPE}, not {new_rows.dtype}")
         with open(self._rows_file, "ab") as handle:
-            handle.write(np.ascontiguousarray(new_rows, "<i8").tobytes())
+            handle.write(np.ascontiguousarray(new_rows).tobytes())
             handle.flush()
             os.fsync(handle.fileno())
         record = {
@@ -176,3 +186,13 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def saved_inputs(tmp: Path) -> int | None:
+    """How many inputs the last checkpoint of the unfinished output ``tmp`` holds (``None``: no
+    checkpoint, so nothing to resume)."""
+    try:
+        data = json.loads((journal_path(tmp) / JOURNAL_FILE).read_text(encoding="utf-8"))
+        return int(data["inputs"]) if isinstance(data, dict) and data.get("version") == JOURNAL_VERSION else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,183 @@
+"""The one conversion driver: any :class:`~packer.jobs.Job` into any writer.
+
+:func:`run` opens the format's writer on ``DST.partial`` (resuming from its journal when asked),
+runs the job's work unit over the inputs on the executor (the local crash-proof pool, or Ray),
+hands each outcome to the writer in input order, records skipped inputs (or stops, with
+``--on-error fail``), takes resume checkpoints as it goes, and finishes with the metadata
+record last. Images and text corpora go through exactly this code: what differs between them
+lives in their job (packer/jobs.py, packer/text.py), what differs between formats in their
+writer (packer/writers/).
+
+An interrupted run (Ctrl-C, SIGTERM, an error) keeps its last checkpoint, so ``--resume``
+finishes it; a run that never reached one leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, NoReturn, Sequence
+
+from readers.schema import Metadata, Skipped
+
+from ._version import __version__
+from .errors import InputError, OutputExistsError
+from .executors import get_executor
+from .jobs import Job
+from .options import RunOptions, StorageOptions
+from .parallel import default_workers, ordered_map
+from .preprocess.task import Encoded, Failed
+from .progress import progress_bar
+from .report import ConversionReport
+from .writers import get_writer
+from .writers.base import Writer, partial_path
+from .writers.journal import saved_inputs
+
+__all__ = ["run", "Interrupted", "check_unfinished"]
+
+log = logging.getLogger("packer")
+
+
+class Interrupted(KeyboardInterrupt):
+    """The conversion was interrupted (Ctrl-C, or SIGTERM/SIGHUP in the CLI): still a
+    ``KeyboardInterrupt``, whose message says what is saved and how to finish."""
+
+
+def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to start over silently when an interrupted conversion to ``dst`` can be resumed."""
+    if resume or overwrite:
+        return
+    saved = saved_inputs(partial_path(dst))
+    if saved is not None:
+        raise OutputExistsError(
+            f"{dst}: an interrupted conversion saved {saved:,} inputs; run the same command with --resume to "
+            "finish it, or with --overwrite to discard it and start over"
+        )
+
+
+def _workers(run: RunOptions) -> int | None:
+    """The worker count: as asked, capped at the usable cores for the local pool (with a warning)."""
+    if run.executor != "local":
+        return run.workers
+    cores = default_workers()
+    if run.workers is None:
+        return cores
+    if run.workers > cores:
+        log.warning("--workers %d: this machine has %d usable cores; using %d (more processes only add memory and contention)",
+                    run.workers, cores, cores)
+        return cores
+    return run.workers
+
+
+def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, options: RunOptions, sink: Any = None) -> ConversionReport:
+    """Convert ``job`` into ``dst`` in format ``fmt``; the report of what was done."""
+    run_map = get_executor(options.executor, ray_address=options.ray_address)
+    workers = _workers(options)
+    skipped = list(job.skipped)
+    if options.on_error == "fail" and skipped and job.scan_skips_fail:
+        raise InputError(f"{skipped[0].path}: {skipped[0].reason} (pass --on-error skip to skip such inputs)")
+    for entry in skipped:
+        log.warning("skipped %s: %s", entry.path, entry.reason)
+    writer_class = get_writer(fmt)
+    extra = {"sink": sink} if sink is not None else {}
+    fingerprint = job.fingerprint(fmt, Path(dst), dataclasses.asdict(storage or StorageOptions()), options.on_error)
+    started = time.perf_counter()
+    writer = writer_class(dst, storage, fingerprint=fingerprint, resume=options.resume, **extra)
+    try:
+        with writer:
+            _drive(job, writer, skipped, options, workers, run_map, in_memory=sink is not None and options.executor != "local")
+            if writer.count == 0:
+                first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
+                because = f" (first: {first.path}: {first.reason})" if first else ""
+                raise InputError(f"{job.source}: none of the {len(job.items):,} {job.noun}s could be converted{because}")
+            writer.finish(Metadata(
+                format=fmt, count=writer.count, source=job.source, skipped=tuple(skipped), tool_version=__version__,
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"), extra=writer.extra(), **job.metadata_fields(writer),
+            ))
+    except KeyboardInterrupt:
+        saved = saved_inputs(writer.tmp)
+        total = len(job.items) + len(job.skipped)
+        if saved is None:
+            raise Interrupted(f"interrupted before the first checkpoint; nothing was written to {dst}") from None
+        raise Interrupted(f"interrupted: {saved:,} of {total:,} inputs are saved; run the same command with --resume to finish") from None
+    return job.report(
+        dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
+        payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started,
+        workers=workers if workers is not None else getattr(run_map, "workers", None) or 1, shape=writer.shape,
+        resumed=writer.resumed_inputs,
+    )
+
+
+def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Any, *,
+           in_memory: bool) -> None:
+    """Every remaining input's outcome into the writer, in order; skips recorded, checkpoints taken."""
+    done = writer.resumed_inputs
+    skipped += writer.resumed_skipped[len(job.skipped) :]
+    items = job.items[done:]
+    with (
+        _outcomes(writer, job, items, workers, options.timeout, run_map, in_memory=in_memory) as results,
+        progress_bar(len(items), enabled=options.progress, unit=job.unit) as bar,  # after the pool: see packer/parallel.py
+    ):
+        for done, (item, result) in enumerate(zip(items, results), done + 1):
+            if isinstance(result, Encoded):
+                writer.add(result)
+            elif isinstance(result, Failed):
+                name = job.name(item)
+                if options.on_error == "fail":
+                    raise InputError(f"{name}: {result.reason} (pass --on-error skip to skip such inputs)")
+                skipped.append(Skipped(name, result.reason))
+                log.warning("skipped %s: %s", name, result.reason)
+            bar.update(1)
+            writer.progress(done, skipped)  # a resume checkpoint, when one is due
+
+
+@contextmanager
+def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | None, timeout: float, run_map: Any = ordered_map, *,
+              in_memory: bool = False) -> Iterator[Iterator[Encoded | Failed | None]]:
+    """Each input's outcome, in input order, computed by ``workers`` processes.
+
+    Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here. A writer
+    that writes pieces has its workers convert and write whole pieces (shards; with few pieces,
+    fragments of them, given ``workers``); it is handed each finished piece in order, and its
+    inputs come back as ``None`` (written) or :class:`Failed`. ``run_map`` is the executor
+    (``ordered_map``'s contract, packer/executors).
+
+    An input that kills or hangs its worker is a :class:`Failed` ("crashed the decoder
+    (SIGSEGV)", "timed out after 120 s"). A piece is converted whole, so a piece that does
+    (its inputs retried one by one would need the writer in this process) stops the
+    conversion with an error naming the piece's first input. ``in_memory``: the pieces' tasks
+    return shard bytes instead of writing into the writer's folder (which they may not see).
+    """
+    if not writer.writes_pieces:
+        with run_map(job.task, items, workers=workers, chunksize=job.chunksize(workers), on_crash=_crash_failure,
+                     item_timeout=timeout) as results:
+            yield results
+        return
+    planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
+    try:  # Ray joined by planned_workers() is left by the map, or here if there is none
+        pieces = writer.pieces(items, job.image, workers=planned)  # type: ignore[attr-defined]  # few pieces: fragments
+        per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
+        task = writer.piece_task(job.image, job.task, in_memory=in_memory)  # type: ignore[attr-defined]
+    except BaseException:
+        getattr(run_map, "release", lambda: None)()
+        raise
+    with run_map(task, pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece) as results:
+        yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
+
+
+def _crash_failure(item: Any, reason: str) -> Failed:
+    """The outcome of an input that killed or hung its worker: skipped, with the reason."""
+    return Failed(item.path, reason)
+
+
+def _piece_crash(piece: Any, reason: str) -> NoReturn:
+    """A whole piece killed or hung its worker: stop, naming where to look."""
+    raise InputError(
+        f"{piece.items[0].path}: the worker converting the WebDataset piece of "
+        f"{len(piece.items):,} inputs that starts with this input {reason} (a piece is converted whole: convert to .lmdb "
+        "to find and skip the input that does it, or raise --timeout)"
+    )

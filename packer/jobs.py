@@ -1,0 +1,153 @@
+"""What the one conversion driver (:mod:`packer.engine`) converts: a :class:`Job` per kind of source.
+
+A job is the source's inputs in order, what scanning them already skipped, the picklable work
+unit that turns one input into a stored sample (:class:`~packer.preprocess.task.Encoded`) or a
+:class:`~packer.preprocess.task.Failed`, and what only this kind knows: how a skipped input is
+named, what the resume fingerprint covers, the kind's metadata fields and its report. Resume,
+timeouts, crash isolation, ``--on-error``, progress, Ray and the report's counts are the
+driver's, the same for every kind. A new kind of input is a new job here, never a new driver.
+
+* :class:`ImageJob`: an image folder, local or at a URL (:func:`image_job`).
+* :class:`~packer.text.TextJob`: a text corpus, tokenised (:func:`packer.text.text_job`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+
+from readers.schema import KINDS, Skipped
+
+from .errors import OptionError
+from .options import ImageOptions
+from .preprocess.task import Encoded, Failed, ImageTask
+from .report import ConversionReport
+from .sources.images import ImageFolder, scan_image_folder
+from .sources.remote import is_source_url, remote_chunksize
+from .writers.base import Writer
+from .writers.journal import conversion_fingerprint
+
+__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "changed_fields"]
+
+log = logging.getLogger("packer")
+
+
+@dataclass
+class Job:
+    """One conversion's inputs and the kind-specific parts of its driving (see the module doc)."""
+
+    #: ``"image"`` or ``"text"`` (:data:`readers.schema.KINDS`), as the metadata records it.
+    kind: ClassVar[str] = ""
+    #: What one input is called in messages, and the progress bar's unit.
+    noun: ClassVar[str] = "input"
+    unit: ClassVar[str] = "it"
+    #: Whether ``--on-error fail`` stops at an input scanning skipped (text: an undecodable file
+    #: is an input error) or only at inputs the workers fail on (images: scanning skips only
+    #: files outside the labelling rules, which are never conversion errors).
+    scan_skips_fail: ClassVar[bool] = False
+
+    #: The source as the metadata records it: an absolute path, or a URL.
+    source: str
+    #: The inputs, in output order.
+    items: Sequence[Any]
+    #: Work unit: one input in, an :class:`Encoded` sample or a :class:`Failed` out (picklable).
+    task: Callable[[Any], Encoded | Failed]
+    #: Inputs left out while scanning, with the reason.
+    skipped: list[Skipped] = field(default_factory=list)
+    #: Image options: preprocessing for images; for other kinds the defaults (raw, any shape),
+    #: which is what WebDataset pieces need to know of them.
+    image: ImageOptions = field(default_factory=ImageOptions)
+
+    def name(self, item: Any) -> str:
+        """How a skipped ``item`` is recorded (relative to the source)."""
+        raise NotImplementedError
+
+    def chunksize(self, workers: int | None) -> int | None:
+        """Inputs per work unit sent to a worker (``None``: the pool's choice)."""
+        return None
+
+    def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
+        """What ``--resume`` must find unchanged, besides format, DST and storage options:
+        ``(listing of (path, label), options by their CLI names without dashes, stamps)``."""
+        raise NotImplementedError
+
+    def metadata_fields(self, writer: Writer) -> dict[str, Any]:
+        """The :class:`~readers.schema.Metadata` fields only this kind fills in."""
+        raise NotImplementedError
+
+    def report(self, **counts: Any) -> ConversionReport:
+        """The report, from the driver's counts."""
+        return ConversionReport(**counts)
+
+    def fingerprint(self, fmt: str, dst: Path, storage: Mapping[str, Any], on_error: str) -> dict[str, Any]:
+        """The resume fingerprint (packer/writers/journal.py)."""
+        listing, options, stamps = self.fingerprint_parts()
+        return conversion_fingerprint(fmt, self.source, listing, options, storage, on_error, dst, stamps)
+
+
+@dataclass
+class ImageJob(Job):
+    """An image folder: class sub-folders are labels (packer/sources/images.py)."""
+
+    kind: ClassVar[str] = "image"
+    noun: ClassVar[str] = "image"
+    unit: ClassVar[str] = "img"
+
+    folder: ImageFolder | None = None
+
+    def name(self, item: Any) -> str:
+        assert self.folder is not None
+        return self.folder.relative(item.path)
+
+    def chunksize(self, workers: int | None) -> int | None:
+        if self.items and is_source_url(self.items[0].path):  # each chunk starts with a round trip
+            return remote_chunksize(len(self.items), workers)
+        return None
+
+    def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
+        assert self.folder is not None
+        return ((item.path, item.label) for item in self.items), self.image.describe(), self.folder.stamps
+
+    def metadata_fields(self, writer: Writer) -> dict[str, Any]:
+        assert self.folder is not None
+        return {
+            "channels": self.image.channels,
+            "shape": writer.shape,
+            "encoding": self.image.encoding,
+            "classes": tuple(self.folder.classes),
+            "labeled": self.folder.labeled,
+            "preprocessing": self.image.describe(),
+        }
+
+    def report(self, **counts: Any) -> ConversionReport:
+        return ConversionReport(encoding=self.image.encoding, **counts)
+
+
+def image_job(src: str | Path, image: ImageOptions) -> ImageJob:
+    """The job of converting the image folder ``src`` (a path or a URL) with ``image`` options."""
+    folder = scan_image_folder(src)
+    for name in folder.empty_classes:
+        log.warning("class folder %r has no images (its label is kept)", name)
+    return ImageJob(folder.source, folder.items, ImageTask(image), list(folder.skipped), image, folder=folder)
+
+
+def resolve_kind(src: str | Path, kind: str | None, text_given: bool) -> str:
+    """``kind`` if given, else ``"text"`` when text options are given or SRC is a corpus (text files, no images)."""
+    from .sources.text import is_text_corpus
+
+    if kind is not None:
+        if kind not in KINDS:
+            raise OptionError(f"--kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+        return kind
+    if text_given:
+        return "text"
+    return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
+
+
+def changed_fields(options: Any) -> list[str]:
+    """The fields of an options dataclass that differ from its defaults, as CLI option names."""
+    default = type(options)()
+    return [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)]

@@ -1,0 +1,77 @@
+"""What a conversion did, for a person and for code: :class:`ConversionReport` and its text variant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from readers.schema import Skipped
+
+__all__ = ["ConversionReport", "TextConversionReport", "human_bytes"]
+
+
+def human_bytes(n: float) -> str:
+    """``1234567`` -> ``"1.2 MB"`` (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion did: counts, bytes and time."""
+
+    dst: Path
+    format: str
+    inputs: int
+    written: int
+    skipped: list[Skipped] = field(default_factory=list)
+    payload_bytes: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+    shape: tuple[int, int, int] | None = None
+    encoding: str = "raw"
+    #: Inputs an interrupted run had converted before this one resumed it.
+    resumed: int = 0
+
+    @property
+    def images_per_second(self) -> float:
+        """Samples written per second."""
+        return self._rate(self.written)
+
+    def _rate(self, amount: float) -> float:
+        return amount / self.seconds if self.seconds > 0 else 0.0
+
+    def _tail(self) -> str:
+        workers = f"with {self.workers} worker{'s' if self.workers != 1 else ''}"
+        resumed = f" (resumed after {self.resumed:,} inputs)" if self.resumed else ""
+        skipped = f"; skipped {len(self.skipped):,} (listed by: packer info {self.dst})" if self.skipped else ""
+        return f"{workers}{resumed}{skipped}"
+
+    def summary(self) -> str:
+        """One line for a person."""
+        shape = "x".join(map(str, self.shape)) if self.shape else "variable shapes"
+        return (
+            f"wrote {self.written:,} images ({shape}, {self.encoding}) to {self.dst}: "
+            f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.images_per_second:,.0f} img/s {self._tail()}"
+        )
+
+
+@dataclass
+class TextConversionReport(ConversionReport):
+    """A text conversion's report: documents written, and tokens."""
+
+    tokens: int = 0
+    tokenizer: str = ""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self._rate(self.tokens)
+
+    def summary(self) -> str:
+        return (
+            f"wrote {self.written:,} documents, {self.tokens:,} tokens ({self.tokenizer}) to {self.dst}: "
+            f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.tokens_per_second:,.0f} tokens/s {self._tail()}"
+        )
