@@ -32,7 +32,7 @@ from readers.schema import FORMAT_VERSION, Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
-from .journal import Checkpoint
+from .journal import Checkpoint, record_shapes
 
 __all__ = ["BlobWriter", "BlobSink"]
 
@@ -91,11 +91,11 @@ class BlobWriter(Writer):
     def _reopen(self, checkpoint: Checkpoint) -> None:
         """Cut the file back to the checkpoint's payload bytes and append from there."""
         rows = checkpoint.rows
-        self._labels = array(_INT64, rows[:, 3].tolist())
+        self._labels = array(_INT64, rows["label"].tolist())
         self._offsets = array(_INT64, [0])
-        for nbytes in rows[:, 2].tolist():
+        for nbytes in rows["nbytes"].tolist():
             self._offsets.append(self._offsets[-1] + nbytes)
-        self._shapes = array(_INT64, rows[:, 4:7].reshape(-1).tolist())
+        self._shapes = array(_INT64, record_shapes(rows).reshape(-1).tolist())
         if self._offsets[-1] != checkpoint.state.get("data_bytes"):
             raise OSError(0, "the resume journal disagrees with itself; run without --resume")
         self._file = open(self.tmp, "r+b")

@@ -85,7 +85,7 @@ class TokenStore:
         elif fmt == "hdf5":
             byte_offsets = self.store._file.get().offsets  # type: ignore[attr-defined]
         elif fmt == "webdataset":
-            nbytes = self.store._files.get().index[:, 2]  # type: ignore[attr-defined]
+            nbytes = self.store._files.get().index["nbytes"]  # type: ignore[attr-defined]
             byte_offsets = np.concatenate([[0], np.cumsum(nbytes)])
         else:
             lengths = np.fromiter((len(p) for _l, _s, p in self.store._records(range(len(self)))), np.int64, len(self))

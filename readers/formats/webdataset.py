@@ -5,7 +5,8 @@ pattern (default ``shard-%06d.tar``), numbered from 0. Sample ``i`` is two conse
 members, ``KEY.EXT`` (``npy`` for raw pixels as a standard (C, H, W) uint8 ``.npy`` file, or
 ``jpg``/``png``) then ``KEY.cls`` (the label in ASCII decimal), with ``KEY = "%010d" % i``;
 samples are stored in index order across shards. Beside the shards, :data:`INDEX_FILE` (a
-plain int64 ``.npy`` array, one row per sample, columns :data:`INDEX_COLUMNS`) locates every
+plain int64 ``.npy`` array, one row per sample, columns :data:`INDEX_COLUMNS`, read as
+records of :data:`INDEX_DTYPE` by :func:`load_index`) locates every
 payload inside its shard, :data:`CHECKSUM_FILE` (a little-endian uint32 ``.npy``) holds every
 sample's checksum (``readers/checksums.py``), and :data:`META_FILE` holds the metadata record,
 written last.
@@ -39,6 +40,12 @@ __all__ = [
     "META_FILE",
     "INDEX_FILE",
     "INDEX_COLUMNS",
+    "INDEX_DTYPE",
+    "SHAPE_COLUMNS",
+    "index_records",
+    "index_array",
+    "record_shapes",
+    "load_index",
     "CHECKSUM_FILE",
     "DEFAULT_PATTERN",
     "EXTENSIONS",
@@ -57,10 +64,16 @@ __all__ = [
 META_FILE = "packer.json"
 #: Where each sample's payload lies: an int64 array of shape (count, len(INDEX_COLUMNS)).
 INDEX_FILE = "packer-index.npy"
-#: Columns of :data:`INDEX_FILE`. ``offset``/``nbytes``: the payload inside the shard file,
-#: i.e. the pixel bytes after the .npy header for raw samples, the whole .jpg/.png member
-#: otherwise.
-INDEX_COLUMNS = ("shard", "offset", "nbytes", "label", "channels", "height", "width")
+#: One row of :data:`INDEX_FILE`, by name: the per-sample record shared by this index, the
+#: resume journal (``packer/writers/journal.py`` extends it) and the WebDataset writer.
+#: ``offset``/``nbytes``: the payload inside the shard file, i.e. the pixel bytes after the
+#: .npy header for raw samples, the whole .jpg/.png member otherwise. On disk the index stays a
+#: plain (count, 7) int64 array: :func:`index_records` and :func:`index_array` convert.
+INDEX_DTYPE = np.dtype([(name, "<i8") for name in ("shard", "offset", "nbytes", "label", "channels", "height", "width")])
+#: Columns of :data:`INDEX_FILE`, in order (the names of :data:`INDEX_DTYPE`).
+INDEX_COLUMNS: tuple[str, ...] = tuple(INDEX_DTYPE.names or ())
+#: The fields of a sample's (C, H, W) shape, in a record of :data:`INDEX_DTYPE` (or one extending it).
+SHAPE_COLUMNS = ("channels", "height", "width")
 #: Every sample's checksum (readers/checksums.py): a uint32 ``.npy`` array of shape (count,).
 CHECKSUM_FILE = "packer-crc32.npy"
 #: Shard file names when DST is a folder; a DST like ``out/train-%06d.tar`` picks its own.
@@ -74,6 +87,29 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar files end with zero blocks up to a multiple of this, as tarfile writes
 
 _PATTERN_RE = re.compile(r"[^%/\\]*%0?\d*d[^%/\\]*\.tar")
+
+
+def index_records(array: np.ndarray) -> np.ndarray:
+    """The (count, 7) int64 index as stored -> (count,) records of :data:`INDEX_DTYPE` (a view
+    when ``array`` is C-contiguous little-endian int64, as :func:`load_index` returns it)."""
+    array = np.ascontiguousarray(array, "<i8")
+    if array.ndim != 2 or array.shape[1] != len(INDEX_COLUMNS):
+        raise PackedFormatError(f"expected a (count, {len(INDEX_COLUMNS)}) index, got shape {array.shape}")
+    return array.view(INDEX_DTYPE).reshape(len(array))
+
+
+def index_array(records: np.ndarray) -> np.ndarray:
+    """Records with (at least) the fields of :data:`INDEX_DTYPE` -> the (count, 7) int64 array
+    :data:`INDEX_FILE` stores."""
+    out = np.empty(len(records), INDEX_DTYPE)
+    for name in INDEX_COLUMNS:
+        out[name] = records[name]
+    return out.view("<i8").reshape(len(records), len(INDEX_COLUMNS))
+
+
+def record_shapes(records: np.ndarray) -> np.ndarray:
+    """The (count, 3) int64 (C, H, W) shapes of records with the :data:`SHAPE_COLUMNS` fields."""
+    return np.stack([np.asarray(records[name], np.int64) for name in SHAPE_COLUMNS], axis=1).reshape(len(records), 3)
 
 
 def sample_key(index: int) -> str:
@@ -206,11 +242,11 @@ class ShardStore(Store):
         return read_metadata(self.path)
 
     def _check_files(self) -> None:
-        index = _load_index(self.path)
-        if index.shape != (self.meta.count, len(INDEX_COLUMNS)):
+        index = load_index(self.path)
+        if len(index) != self.meta.count:
             raise PackedFormatError(
-                f"{self.path / INDEX_FILE}: has shape {index.shape}, expected ({self.meta.count}, {len(INDEX_COLUMNS)}): "
-                "the folder is corrupt; convert again"
+                f"{self.path / INDEX_FILE}: has shape ({len(index)}, {len(INDEX_COLUMNS)}), expected "
+                f"({self.meta.count}, {len(INDEX_COLUMNS)}): the folder is corrupt; convert again"
             )
         for name, size in zip(self.shards, self.meta.extra["shard_sizes"]):
             _check_shard_size(self.path / name, size)
@@ -231,36 +267,45 @@ class ShardStore(Store):
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         files = self._files.get()
         rows = files.index[np.asarray(indices, dtype=np.int64)]
-        for shard, offset, nbytes, label, channels, height, width in rows.tolist():
+        columns = zip(rows["shard"].tolist(), rows["offset"].tolist(), rows["nbytes"].tolist(), rows["label"].tolist())
+        for (shard, offset, nbytes, label), shape in zip(columns, record_shapes(rows).tolist()):
             data = files.map(shard)
-            yield label, (channels, height, width), data[offset : offset + nbytes]
+            yield label, tuple(shape), data[offset : offset + nbytes]
 
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         files = self._files.get()
         rows = files.index[indices]
         expected = out[0].nbytes if len(out) else 0
-        bad = np.flatnonzero(rows[:, 2] != expected)
+        bad = np.flatnonzero(rows["nbytes"] != expected)
         if bad.size:
             j = int(bad[0])
             raise PackedFormatError(
-                f"{self.path}: sample {int(indices[j])} has {int(rows[j, 2])} bytes, expected {expected}: the index is corrupt"
+                f"{self.path}: sample {int(indices[j])} has {int(rows['nbytes'][j])} bytes, expected {expected}: the index is corrupt"
             )
-        labels[:] = rows[:, 3]
+        labels[:] = rows["label"]
         flat = out.reshape(len(out), -1)
-        for j, (shard, offset) in enumerate(rows[:, :2].tolist()):
+        for j, (shard, offset) in enumerate(zip(rows["shard"].tolist(), rows["offset"].tolist())):
             flat[j] = np.frombuffer(files.map(shard), np.uint8, expected, offset)
 
 
-def _load_index(folder: Path) -> np.ndarray:
+def load_index(folder: str | Path) -> np.ndarray:
+    """The member index of a shard folder as (count,) records of :data:`INDEX_DTYPE`
+    (memory-mapped read-only); a missing or malformed index raises naming the file."""
+    folder = Path(folder)
     try:
         index = np.load(folder / INDEX_FILE, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise IncompleteDatasetError(f"{folder}: no {INDEX_FILE}: the folder is incomplete; convert again") from None
     except ValueError as exc:
         raise PackedFormatError(f"{folder / INDEX_FILE}: not a valid .npy index ({exc}); convert again") from None
-    if index.dtype != np.int64 or index.ndim != 2:
-        raise PackedFormatError(f"{folder / INDEX_FILE}: expected a 2-D int64 array, got {index.dtype} {index.shape}")
-    return index
+    if index.dtype != np.int64 or index.ndim != 2 or index.shape[1] != len(INDEX_COLUMNS) or not index.flags.c_contiguous:
+        raise PackedFormatError(
+            f"{folder / INDEX_FILE}: expected a (count, {len(INDEX_COLUMNS)}) int64 array, got {index.dtype} {index.shape}; convert again"
+        )
+    return index_records(index)
+
+
+_load_index = load_index  # the old name (packer/verify.py uses it until it asks the store)
 
 
 def _check_shard_size(path: Path, expected: int) -> None:
@@ -279,12 +324,12 @@ class _ShardFiles:
 
     def __init__(self, folder: str, shards: tuple[str, ...], sizes: tuple[int, ...]) -> None:
         self.folder, self.shards, self.sizes = folder, shards, sizes
-        self.index: np.ndarray = np.empty((0, len(INDEX_COLUMNS)), np.int64)
+        self.index: np.ndarray = np.empty(0, INDEX_DTYPE)
         self._maps: dict[int, mmap.mmap] = {}
 
     def __call__(self) -> "_ShardFiles":
         opened = _ShardFiles(self.folder, self.shards, self.sizes)
-        opened.index = _load_index(Path(self.folder))
+        opened.index = load_index(self.folder)
         return opened
 
     def map(self, shard: int) -> mmap.mmap:

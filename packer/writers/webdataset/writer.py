@@ -1,0 +1,349 @@
+"""The WebDataset writer (:class:`ShardWriter`): cuts the inputs into pieces, publishes what
+the workers wrote (renaming or assembling, renumbering when earlier inputs failed), records
+the member index and resumes at a checkpoint. The package docstring tells the whole story.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import io
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from readers.encodings import get_encoding
+from readers.formats.webdataset import (
+    CHECKSUM_FILE,
+    DEFAULT_PATTERN,
+    INDEX_FILE,
+    INDEX_COLUMNS,
+    META_FILE,
+    check_pattern,
+    index_array,
+    npy_header,
+)
+from readers.schema import Metadata, PackedFormatError
+
+from ...errors import OptionError
+from ...options import ImageOptions, StorageOptions
+from ...preprocess.task import Encoded, Failed
+from ..base import Piece, PieceWriter, remove_path
+from ..journal import ROW_DTYPE, Checkpoint
+from .pieces import PieceResult, PieceTask, fragments
+from .tar import TMP_PREFIX, Assembly, ShardPart, is_full, renumber
+
+__all__ = ["ShardWriter", "ShardSink", "split_destination", "DEFAULT_SHARD_SIZE"]
+
+#: Inputs per piece (and so at most samples per shard) when neither bound is given.
+DEFAULT_SHARD_SIZE = 1000
+#: Fragment the pieces when there are fewer than this many per worker ...
+_PIECES_PER_WORKER = 2
+#: Workers from which fragments are worth a warning: their assembly in one process was the
+#: bound at ~2,000 img/s with 16 workers (docs/SCALING.md), and not yet with 2.
+_ASSEMBLY_BOUND_WORKERS = 8
+#: ... and inputs (fewer convert in seconds either way).
+_ASSEMBLY_BOUND_INPUTS = 10_000
+
+
+def split_destination(dst: Path) -> tuple[Path, str]:
+    """``(folder, shard name pattern)`` of a DST: a folder, or ``folder/name-%06d.tar``."""
+    dst = Path(dst)
+    if "%" not in dst.name:
+        if dst.name.endswith(".tar"):
+            raise OptionError(f"{dst}: WebDataset output is a folder of shards: name a folder, or a pattern like out/train-%06d.tar")
+        return dst, DEFAULT_PATTERN
+    try:
+        pattern = check_pattern(dst.name)
+    except PackedFormatError as exc:
+        raise OptionError(f"{dst}: {exc}") from None
+    if not str(dst.parent) or str(dst.parent) == ".":
+        raise OptionError(f"{dst}: put the shard pattern inside a folder of its own, for example out/{dst.name}")
+    return dst.parent, pattern
+
+
+class ShardSink(Protocol):
+    """Where a :class:`ShardWriter` puts its finished files instead of renaming ``DST.partial``
+    to ``DST`` (``packer/remote.py``'s ``Uploader`` stores them at a URL)."""
+
+    def put(self, path: Path) -> None:
+        """Store the finished file ``path`` under its name, then delete it; may block (back-pressure)."""
+
+    def flush(self) -> None:
+        """Return once everything put so far is stored; raise what failed."""
+
+    def stored(self) -> dict[str, int]:
+        """Names and sizes of the files stored so far (those of an interrupted run included)."""
+        ...
+
+    def remove(self, names: Sequence[str]) -> None:
+        """Delete stored files (a resumed run drops shards stored after its checkpoint)."""
+
+    def discard(self) -> None:
+        """Stop storing and delete everything stored: the conversion failed."""
+
+
+class ShardWriter(PieceWriter):
+    """Writes a folder of WebDataset shards, the shards themselves in worker processes.
+
+    ``convert()`` drives it as a :class:`~packer.writers.base.PieceWriter`: :meth:`pieces`,
+    :meth:`piece_task` and :meth:`add_piece`, not :meth:`add`.
+    """
+
+    format_name = "webdataset"
+    storage_fields = ("shard_size", "shard_bytes")
+    is_directory = True
+    takes_sink = True
+
+    def __init__(self, dst: Path, storage: StorageOptions | None = None, *, sink: ShardSink | None = None, **journal: Any) -> None:
+        """``sink``: where finished files go (see :class:`ShardSink`); ``None``: the folder ``DST``."""
+        folder, self.pattern = split_destination(Path(dst))
+        self.sink = sink
+        super().__init__(folder, storage, **journal)
+
+    @classmethod
+    def destination(cls, dst: Path) -> Path:
+        """The folder a DST names (a shard name pattern lives inside it)."""
+        return split_destination(Path(dst))[0]
+
+    # -- the parallel path -----------------------------------------------------------------
+    def piece_inputs(self, image: ImageOptions) -> int:
+        """Inputs per piece: ``shard_size``, else as many expected samples as fit ``shard_bytes``."""
+        if self.storage.shard_size is not None:
+            return self.storage.shard_size
+        if self.storage.shard_bytes is not None and image.output_size is not None:
+            height, width = image.output_size
+            shape = (image.channels, height, width)
+            expected = len(npy_header(shape)) + height * width * image.channels // get_encoding(image.encoding).ratio + 2
+            return max(1, self.storage.shard_bytes // expected)
+        return DEFAULT_SHARD_SIZE
+
+    def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
+        """The inputs cut into consecutive pieces (depends on the options only, never on workers).
+
+        After a resume, ``items`` are the inputs left (from :attr:`resumed_inputs`, always a piece
+        boundary): the pieces keep the numbers and first keys of the uninterrupted run. With
+        fewer pieces than ``2 * workers``, each is cut into fragments to keep every worker busy
+        (the output is the same: the parent assembles the shards)."""
+        size = self.piece_inputs(image)
+        done = self.resumed_inputs
+        pieces = [
+            Piece((done + start) // size, done + start, tuple(items[start : start + size])) for start in range(0, len(items), size)
+        ]
+        if workers is None or workers < 2 or not pieces or len(pieces) >= _PIECES_PER_WORKER * workers:
+            return pieces
+        split = -(-_PIECES_PER_WORKER * workers // len(pieces))
+        cut = [fragment for piece in pieces for fragment in fragments(piece, split)]
+        if workers >= _ASSEMBLY_BOUND_WORKERS and len(items) >= _ASSEMBLY_BOUND_INPUTS and not self.resumed_inputs:
+            # (a resumed run must keep its --shard-size: the journal's fingerprint holds it)
+            logging.getLogger("packer").warning(
+                "%d shard(s) for %d workers: this process assembles them from the workers' fragments, about 2,000 img/s "
+                "at most; --shard-size %d lets every worker write shards of its own (docs/SCALING.md)",
+                len(pieces), workers, len(items) // (_PIECES_PER_WORKER * workers),
+            )
+        return cut
+
+    def piece_task(
+        self, image: ImageOptions, task: Callable[[Any], Encoded | Failed] | None = None, *, in_memory: bool = False
+    ) -> PieceTask:
+        """The picklable work unit that writes one piece's shards into ``DST.partial``, or with
+        ``in_memory`` returns their bytes (for tasks that may run where that folder is not)."""
+        self.encoding = image.encoding
+        folder = None if in_memory else str(self.tmp)
+        return PieceTask(image, folder, self.storage.shard_size, self.storage.shard_bytes, task)
+
+    def add_piece(self, result: PieceResult) -> list[Failed | None]:
+        """Number, rename and index a finished piece's shards (call in input order).
+
+        Returns each input's outcome in the piece: ``None`` when written, else its
+        :class:`Failed` (for the caller to record, or raise with ``--on-error fail``).
+        """
+        if result.error is not None:
+            raise self.output_error(OSError(*result.error))
+        assumed = result.start  # the key the worker gave its first sample
+        try:
+            if result.fragment:
+                self._assemble(result)
+            else:
+                for part in result.parts:
+                    self._publish_shard(part, renumber_keys=assumed != self.count)
+                    assumed += len(part.rows)
+        except OSError as exc:
+            raise self.output_error(exc) from None
+        if result.last:  # a checkpoint never falls inside a piece
+            self._published_inputs = result.start + result.inputs
+        outcomes: list[Failed | None] = [None] * result.inputs
+        for offset, failure in result.failed:
+            outcomes[offset] = failure
+        return outcomes
+
+    def _assemble(self, result: PieceResult) -> None:
+        """Append a fragment's samples to the piece's open shard, rolling over into a new one
+        exactly where a worker writing the whole piece would have; end it after the last fragment."""
+        for part in result.parts:  # at most one member stream
+            rows = part.rows
+            sizes = (rows["image_size"] + rows["label_size"]).tolist()
+            ends = [*rows["image_header"][1:].tolist(), part.size]  # each sample's members end where the next begin
+            source: Any = io.BytesIO(part.data) if part.data is not None else open(self.tmp / part.tmp_name, "rb")
+            with source:
+                first = 0
+                while first < len(rows):
+                    shard = self._assembly
+                    if shard is not None and self._full(shard.samples, shard.member_bytes, sizes[first]):
+                        self._close_assembly()
+                        shard = None
+                    if shard is None:
+                        shard = self._assembly = Assembly(self.tmp / f"{TMP_PREFIX}shard-{len(self.shards):06d}.tar")
+                    samples, member_bytes, stop = shard.samples + 1, shard.member_bytes + sizes[first], first + 1
+                    while stop < len(rows) and not self._full(samples, member_bytes, sizes[stop]):
+                        samples, member_bytes, stop = samples + 1, member_bytes + sizes[stop], stop + 1
+                    keys_right = result.start + first == self.count + shard.samples
+                    shard.append(source, rows[first:stop], int(rows["image_header"][first]), ends[stop - 1], keys_right=keys_right)
+                    first = stop
+            if part.data is None:
+                (self.tmp / part.tmp_name).unlink()
+        if result.last and self._assembly is not None:
+            self._close_assembly()
+
+    def _full(self, samples: int, member_bytes: int, incoming: int) -> bool:
+        return is_full(samples, member_bytes, incoming, self.storage.shard_size, self.storage.shard_bytes)
+
+    def _close_assembly(self) -> None:
+        shard, self._assembly = self._assembly, None
+        assert shard is not None
+        self._publish_shard(shard.close(), renumber_keys=shard.renumber)
+
+    def _publish_shard(self, part: ShardPart, *, renumber_keys: bool) -> None:
+        """Number and name a finished shard, hand it to the sink if any, and book its samples."""
+        rows = part.rows
+        if part.data is not None:  # returned by the task (in_memory): the driver writes the file
+            (self.tmp / part.tmp_name).write_bytes(part.data)
+        if renumber_keys:  # earlier inputs failed: the worker's keys are too high by that many
+            renumber(self.tmp / part.tmp_name, rows, self.count, self.encoding)
+        number = len(self.shards)
+        name = self.pattern % number
+        os.replace(self.tmp / part.tmp_name, self.tmp / name)
+        if self.sink is not None:
+            self.sink.put(self.tmp / name)  # uploaded, then deleted here; blocks while too many wait
+        written = np.empty(len(rows), ROW_DTYPE)  # the index record and checksum of each sample
+        written["shard"] = number
+        for field in ROW_DTYPE.names or ():
+            if field != "shard":
+                written[field] = rows[field]
+        self._index.append(written)
+        self.shards.append(name)
+        self.shard_counts.append(len(rows))
+        self.shard_sizes.append(part.size)
+        if self.sink is None:
+            self._unsynced.append(name)
+        self._record_rows(written)
+
+    # -- Writer hooks ------------------------------------------------------------------------
+    def _checkpoint_ready(self, inputs: int) -> bool:
+        return inputs == self._published_inputs  # only whole pieces are ever resumed
+
+    def _sync(self) -> dict[str, Any]:
+        if self.sink is not None:  # durable = stored by the sink
+            self.sink.flush()
+        for name in self._unsynced:
+            fd = os.open(self.tmp / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(self.tmp, os.O_RDONLY)  # the renames
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._unsynced.clear()
+        return {"shards": list(self.shards), "shard_counts": list(self.shard_counts), "shard_sizes": list(self.shard_sizes),
+                "encoding": self.encoding}
+
+    def _reopen(self, checkpoint: Checkpoint) -> None:
+        """Keep the shards the checkpoint lists; drop later shards and unpublished piece files
+        (with a sink: the listed shards are in the sink, and every local file goes)."""
+        self._init_lists()
+        state = checkpoint.state
+        self.shards, self.shard_counts, self.shard_sizes = list(state["shards"]), list(state["shard_counts"]), list(state["shard_sizes"])
+        self.encoding = state["encoding"]
+        self._published_inputs = checkpoint.inputs
+        if len(checkpoint.rows):
+            self._index.append(checkpoint.rows)
+        keep = set(self.shards) if self.sink is None else set()
+        for path in self.tmp.iterdir():
+            if path.name not in keep:
+                path.unlink()
+        if self.sink is None:
+            sizes = {name: (self.tmp / name).stat().st_size for name in self.shards}
+        else:
+            sizes = self.sink.stored()
+            self.sink.remove(sorted(set(sizes) - set(self.shards)))
+        for name, size in zip(self.shards, self.shard_sizes):
+            if sizes.get(name) != size:
+                raise OSError(0, f"shard {name} changed since the checkpoint; run without --resume")
+
+    def _init_lists(self) -> None:
+        self.encoding = "raw"
+        self.shards: list[str] = []
+        self.shard_counts: list[int] = []
+        self.shard_sizes: list[int] = []
+        self._index: list[np.ndarray] = []
+        self._unsynced: list[str] = []
+        self._published_inputs = 0
+        self._assembly: Assembly | None = None
+
+    def _open(self) -> None:
+        self.tmp.mkdir()
+        self._init_lists()
+        if self.sink is not None:  # a fresh start: nothing an earlier unfinished run stored stays
+            self.sink.remove(sorted(self.sink.stored()))
+
+    def extra(self) -> dict[str, Any]:
+        """Shard names, samples and bytes per shard, and the index file's name and columns."""
+        return {
+            "shards": list(self.shards),
+            "shard_counts": list(self.shard_counts),
+            "shard_sizes": list(self.shard_sizes),
+            "shard_pattern": self.pattern,
+            "index": INDEX_FILE,
+            "index_columns": list(INDEX_COLUMNS),
+        }
+
+    def _write_metadata(self, meta: Metadata) -> None:
+        meta = dataclasses.replace(meta, extra={**meta.extra, **self.extra()})
+        rows = np.concatenate(self._index) if self._index else np.empty(0, ROW_DTYPE)
+        np.save(self.tmp / INDEX_FILE, index_array(rows), allow_pickle=False)  # the plain (count, 7) int64 array
+        np.save(self.tmp / CHECKSUM_FILE, self.checksum_array(), allow_pickle=False)
+        leftovers = [p.name for p in self.tmp.iterdir() if p.name.startswith(TMP_PREFIX)]
+        if leftovers:  # pragma: no cover - internal invariant
+            raise OSError(errno.EIO, f"unpublished shard files {leftovers}")
+        (self.tmp / META_FILE).write_text(meta.to_json(), encoding="ascii")
+
+    def _publish(self) -> None:
+        """Without a sink: rename ``DST.partial`` to ``DST``. With one: store the index and
+        checksums, wait until every file is stored, then store the metadata record last."""
+        if self.sink is None:
+            super()._publish()
+            return
+        for name in (INDEX_FILE, CHECKSUM_FILE):
+            self.sink.put(self.tmp / name)
+        self.sink.flush()
+        self.sink.put(self.tmp / META_FILE)
+        self.sink.flush()
+        remove_path(self.tmp)
+
+    def abort(self) -> None:
+        """Drop the unfinished output, and what the sink stored of it."""
+        assembly, self._assembly = getattr(self, "_assembly", None), None
+        if assembly is not None:
+            assembly.discard()
+        try:
+            super().abort()
+        finally:
+            if self.sink is not None:
+                self.sink.discard()
+
