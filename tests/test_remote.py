@@ -627,7 +627,7 @@ def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
             first_window = started <= READ_AHEAD
         try:
             if first_window and threading.current_thread() is not threading.main_thread():
-                window.wait(timeout=60)  # BrokenBarrierError unless READ_AHEAD reads run at once
+                window.wait(timeout=30)  # BrokenBarrierError unless READ_AHEAD reads run at once
         finally:
             with lock:
                 in_flight -= 1
