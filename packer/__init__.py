@@ -1,7 +1,8 @@
-"""packer: convert image folders once, offline, into fast packed datasets for PyTorch.
+"""packer: convert image folders and text corpora once, offline, into fast packed datasets for PyTorch.
 
 >>> import packer
 >>> packer.convert("imagenet/train", "train.lmdb", image=packer.ImageOptions(size=224))
+>>> packer.convert("corpus/", "corpus.blob", text=packer.TextOptions(tokenizer="tokenizer.json"))
 
 The readers live in the separate ``readers`` package, which training jobs import alone.
 """
@@ -9,8 +10,11 @@ The readers live in the separate ``readers`` package, which training jobs import
 from __future__ import annotations
 
 from ._version import __version__
-from .api import ConversionReport, convert
+from .api import ConversionReport, TextConversionReport, convert
 from .errors import PackerError
-from .options import ImageOptions, StorageOptions
+from .options import ImageOptions, RunOptions, StorageOptions, TextOptions
 
-__all__ = ["__version__", "convert", "ConversionReport", "ImageOptions", "StorageOptions", "PackerError"]
+__all__ = [
+    "__version__", "convert", "ConversionReport", "TextConversionReport", "ImageOptions", "TextOptions", "StorageOptions",
+    "RunOptions", "PackerError",
+]

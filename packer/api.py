@@ -104,9 +104,10 @@ def convert(
 
 def _job(src: str | Path, kind: str | None, image: ImageOptions | None, text: TextOptions | None) -> Job:
     """The job for ``src``: an image folder or a text corpus, refusing the other kind's options."""
-    if resolve_kind(src, kind, text is not None) == "image":
+    if resolve_kind(src, kind) == "image":
         if text is not None:
-            raise OptionError(f"{src}: text options ({', '.join(changed_fields(text)) or '--kind text'}) do not apply to an image folder; drop them")
+            named = ", ".join(changed_fields(text)) or "--kind text"
+            raise OptionError(f"{src}: text options ({named}) do not apply to an image folder; drop them, or pass --kind text")
         return image_job(src, image if image is not None else ImageOptions())
     from .text import text_job
 

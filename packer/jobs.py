@@ -134,16 +134,14 @@ def image_job(src: str | Path, image: ImageOptions) -> ImageJob:
     return ImageJob(folder.source, folder.items, ImageTask(image), list(folder.skipped), image, folder=folder)
 
 
-def resolve_kind(src: str | Path, kind: str | None, text_given: bool) -> str:
-    """``kind`` if given, else ``"text"`` when text options are given or SRC is a corpus (text files, no images)."""
+def resolve_kind(src: str | Path, kind: str | None) -> str:
+    """``kind`` if given, else ``"text"`` when SRC is a corpus (text files and no images), else ``"image"``."""
     from .sources.text import is_text_corpus
 
     if kind is not None:
         if kind not in KINDS:
             raise OptionError(f"--kind: must be one of {', '.join(KINDS)}, got {kind!r}")
         return kind
-    if text_given:
-        return "text"
     return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
 
 

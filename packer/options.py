@@ -17,7 +17,7 @@ from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
 __all__ = [
     "ImageOptions", "StorageOptions", "TextOptions", "RunOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
-    "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS",
+    "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS", "EXECUTORS",
 ]
 
 #: What to do with an input that cannot be converted: skip it (and record it), or stop.
@@ -26,6 +26,9 @@ ON_ERROR = ("skip", "fail")
 #: Images with more pixels are skipped instead of decoded (a decompression bomb guard);
 #: the same limit Pillow warns at.
 DEFAULT_MAX_PIXELS = 89_478_485
+
+#: Who runs a conversion's work units (``--executor``): this machine's processes, or Ray tasks.
+EXECUTORS = ("local", "ray")
 
 #: JPEG quality when ``--encoding jpeg`` is given without ``--quality``.
 DEFAULT_QUALITY = 90
@@ -206,8 +209,6 @@ class RunOptions:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        from .executors import EXECUTORS
-
         if self.on_error not in ON_ERROR:
             raise OptionError(f"--on-error: must be one of {', '.join(ON_ERROR)}, got {self.on_error!r}")
         if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1):

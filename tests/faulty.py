@@ -18,3 +18,18 @@ def hang_on_5(x: int) -> int:
     if x == 5:
         time.sleep(60)
     return x
+
+
+class FaultyTokenize:
+    """A text work unit (``TokenizeTask``'s contract) that segfaults on a document containing
+    "CRASH", hangs on one containing "HANG", and otherwise tokenises as ``task`` does."""
+
+    def __init__(self, task) -> None:
+        self.task = task
+
+    def __call__(self, doc):
+        if "CRASH" in doc.text:
+            ctypes.string_at(0)
+        if "HANG" in doc.text:
+            time.sleep(60)
+        return self.task(doc)

@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import OptionError
+from ..options import EXECUTORS
 
 __all__ = ["EXECUTORS", "get_executor"]
 
-#: Executor names, as ``--executor`` takes them.
-EXECUTORS = ("local", "ray")
 
 
 def get_executor(name: str, *, ray_address: str | None = None) -> Callable[..., Any]:

@@ -1,0 +1,151 @@
+"""The one conversion driver (packer/engine.py): text gets everything images have (resume,
+per-input timeout, crash isolation), interruptions keep their checkpoint, and options that do
+not apply are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import packer.parallel
+from checkpoints import CHILD, convert_until_checkpoint, inputs_converted
+from faulty import FaultyTokenize
+from packer import ImageOptions, StorageOptions, TextOptions, convert
+from packer.cli import cli
+from packer.engine import run
+from packer.errors import OptionError, OutputExistsError
+from packer.options import RunOptions
+from packer.text import text_job
+from packer.writers.journal import journal_path
+
+LINES = 40_000
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Four files of 10,000 one-line documents each (``--lines``): enough for a few checkpoints."""
+    root = tmp_path_factory.mktemp("corpus")
+    for f in range(4):
+        (root / f"part{f}.txt").write_text("".join(f"document {f}-{i}: the quick brown fox {i * 7919 % 1000}\n" for i in range(LINES // 4)))
+    return root
+
+
+def stored_documents(path: Path) -> list[list[int]]:
+    """Every document's token ids, read with the lmdb library alone (docs/FORMATS.md, "Text")."""
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    with env.begin() as txn:
+        meta = json.loads(txn.get(b"__meta__"))
+        docs = [np.frombuffer(bytes(txn.get(b"%010d" % i))[16:], "<u2").tolist() for i in range(meta["count"])]
+    env.close()
+    return docs
+
+
+def expected_documents(corpus: Path) -> list[list[int]]:
+    return [[*line.encode(), 256] for f in sorted(corpus.iterdir()) for line in f.read_text().splitlines()]
+
+
+def test_text_resume_after_sigkill_gives_the_uninterrupted_result(corpus, tmp_path, monkeypatch):
+    dst = tmp_path / "t.lmdb"
+    args = ["convert", str(corpus), str(dst), "--lines", "-j", "2", "-q"]
+    saved = convert_until_checkpoint(args, journal_path(dst.with_name("t.lmdb.partial")) / "journal.json")
+    assert 0 < saved < LINES
+    refused = CliRunner().invoke(cli, args)  # a plain re-run does not silently start over
+    assert refused.exit_code == 1 and f"saved {saved:,} inputs" in refused.stderr and "--resume" in refused.stderr
+    with inputs_converted(monkeypatch, packer.parallel) as converted:
+        report = convert(corpus, dst, text=TextOptions(lines=True), workers=2, resume=True)
+    assert sum(converted) == LINES - saved and report.resumed == saved
+    assert stored_documents(dst) == expected_documents(corpus)
+    assert report.tokens == sum(map(len, expected_documents(corpus)))
+
+
+def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):
+    src = tmp_path / "c"
+    src.mkdir()
+    texts = ["fine one", "this one will CRASH the tokenizer", "fine two", "this one will HANG", "fine three"]
+    for i, text in enumerate(texts):
+        (src / f"d{i}.txt").write_text(text)
+    job = text_job(src, TextOptions())
+    job = dataclasses.replace(job, task=FaultyTokenize(job.task))
+    report = run(job, "lmdb", tmp_path / "out.lmdb", storage=None, options=RunOptions(workers=2, timeout=3))
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert "crashed" in reasons["d1.txt"] and "SIGSEGV" in reasons["d1.txt"]
+    assert reasons["d3.txt"].startswith("timed out")
+    assert stored_documents(tmp_path / "out.lmdb") == [[*t.encode(), 256] for t in texts if "CRASH" not in t and "HANG" not in t]
+
+
+def interrupt_after_checkpoint(args: list[str], journal: Path, signum: int) -> tuple[int, str]:
+    """Run ``packer *args`` (a checkpoint every 20 ms), send ``signum`` once a checkpoint exists;
+    the exit code and stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not journal.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.005)
+    time.sleep(0.05)
+    proc.send_signal(signum)
+    _out, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_conversion_keeps_its_checkpoint_and_says_so(corpus, tmp_path, signum):
+    dst = tmp_path / "t.lmdb"
+    args = ["convert", str(corpus), str(dst), "--lines", "-j", "2", "-q"]
+    code, err = interrupt_after_checkpoint(args, journal_path(dst.with_name("t.lmdb.partial")) / "journal.json", signum)
+    if code == 0:  # finished before the signal landed: nothing to check
+        pytest.skip("the conversion finished first")
+    assert code == 130 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("Error: interrupted: ") and f"of {LINES:,} inputs are saved; run the same command with --resume to finish" in line
+    saved = int(line.split("interrupted: ")[1].split(" of ")[0].replace(",", ""))
+    assert saved > 0 and not dst.exists()
+    result = CliRunner().invoke(cli, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    assert stored_documents(dst) == expected_documents(corpus)
+
+
+def test_options_that_do_not_apply_are_refused(tmp_path, corpus, image_folder):
+    cases = [
+        (corpus, "x.lmdb", ["--size", "224"], "--size: applies to images only"),
+        (corpus, "x.lmdb", ["--max-pixels", "10"], "--max-pixels: applies to images only"),
+        (image_folder, "x.lmdb", ["--lines"], "text options (--lines) do not apply to an image folder"),
+        (image_folder, "x.lmdb", ["--compression", "gzip"], "--compression: does not apply to lmdb output"),
+        (image_folder, "x.h5", ["--shard-size", "5"], "--shard-size: does not apply to hdf5 output"),
+        (image_folder, "x.lmdb", ["--quality", "80"], "--quality: applies to --encoding jpeg only"),
+    ]
+    for src, name, extra, message in cases:
+        result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / name), *extra, "-q"])
+        assert result.exit_code == 2 and message in result.stderr, (extra, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / name).exists()
+    with pytest.raises(OptionError, match="--shard-bytes: does not apply to blob"):
+        convert(image_folder, tmp_path / "x.blob", image=ImageOptions(size=8), storage=StorageOptions(shard_bytes=10))
+    # the options that do apply to text are used: --timeout and --resume are the driver's
+    report = convert(corpus, tmp_path / "ok.blob", text=TextOptions(lines=True), timeout=5, workers=1)
+    assert report.written == LINES
+
+
+def test_too_many_workers_are_capped_with_a_warning(image_folder, tmp_path, caplog):
+    report = convert(image_folder, tmp_path / "w.lmdb", image=ImageOptions(size=8), workers=1000)
+    assert report.workers == packer.parallel.default_workers()
+    assert any("--workers 1000" in r.getMessage() and "usable cores" in r.getMessage() for r in caplog.records)
+
+
+def test_a_plain_rerun_refuses_to_discard_a_checkpoint_unless_overwrite(corpus, tmp_path):
+    dst = tmp_path / "t.blob"
+    args = ["convert", str(corpus), str(dst), "--lines", "-j", "2", "-q"]
+    saved = convert_until_checkpoint(args, journal_path(dst.with_name("t.blob.partial")) / "journal.json")
+    with pytest.raises(OutputExistsError, match=f"saved {saved:,} inputs.*--resume.*--overwrite"):
+        convert(corpus, dst, text=TextOptions(lines=True), workers=1)
+    report = convert(corpus, dst, text=TextOptions(lines=True), workers=1, overwrite=True)
+    assert report.written == LINES and report.resumed == 0
