@@ -34,7 +34,7 @@ from .preprocess.task import Encoded, Failed
 from .progress import progress_bar
 from .report import ConversionReport
 from .writers import get_writer
-from .writers.base import Writer, partial_path
+from .writers.base import PieceWriter, Writer, partial_path
 from .writers.journal import saved_inputs
 
 __all__ = ["run", "Interrupted", "check_unfinished"]
@@ -152,21 +152,21 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     conversion with an error naming the piece's first input. ``in_memory``: the pieces' tasks
     return shard bytes instead of writing into the writer's folder (which they may not see).
     """
-    if not writer.writes_pieces:
+    if not isinstance(writer, PieceWriter):
         with run_map(job.task, items, workers=workers, chunksize=job.chunksize(workers), on_crash=_crash_failure,
                      item_timeout=timeout) as results:
             yield results
         return
     planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
     try:  # Ray joined by planned_workers() is left by the map, or here if there is none
-        pieces = writer.pieces(items, job.image, workers=planned)  # type: ignore[attr-defined]  # few pieces: fragments
+        pieces = writer.pieces(items, job.image, workers=planned)  # few pieces: fragments
         per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
-        task = writer.piece_task(job.image, job.task, in_memory=in_memory)  # type: ignore[attr-defined]
+        task = writer.piece_task(job.image, job.task, in_memory=in_memory)
     except BaseException:
         getattr(run_map, "release", lambda: None)()
         raise
     with run_map(task, pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece) as results:
-        yield (outcome for piece in results for outcome in writer.add_piece(piece))  # type: ignore[attr-defined]
+        yield (outcome for piece in results for outcome in writer.add_piece(piece))
 
 
 def _crash_failure(item: Any, reason: str) -> Failed:
