@@ -15,7 +15,6 @@ from imagefiles import gradient, jpeg_bytes, png_bytes, write
 
 from packer import ImageOptions, convert
 from packer.preprocess.image import preprocess_image
-from packer.sources.images import scan_image_folder
 from conftest import SUFFIX
 from packer.writers import WRITERS
 from readers.formats import open_store
@@ -31,11 +30,12 @@ def convert_to(tmp_path: Path, src: Path, fmt: str, workers: int = 1, **image) -
 
 
 def expected(src: Path, options: ImageOptions) -> list[tuple[np.ndarray, int]]:
-    """What preprocessing produces for every input, as (C, H, W) arrays."""
-    return [
-        (preprocess_image(Path(item.path).read_bytes(), options).transpose(2, 0, 1), item.label)
-        for item in scan_image_folder(src).items
-    ]
+    """What preprocessing produces for every input, as (C, H, W) arrays, with its label. The
+    inputs and labels come from the folder itself (sorted class folders, sorted files in each:
+    the documented order), not from packer's scan, so a scan that mislabels is caught."""
+    classes = sorted(d for d in src.iterdir() if d.is_dir())
+    inputs = [(path, label) for label, folder in enumerate(classes) for path in sorted(folder.iterdir())]
+    return [(preprocess_image(path.read_bytes(), options).transpose(2, 0, 1), label) for path, label in inputs]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
