@@ -1,0 +1,138 @@
+"""Before and after a change, side by side in one sitting: conversion and ``Loader`` rates of two
+revisions, run in alternation (ABAB...), so that drift of the machine hits both alike.
+
+    python -m benchmarks.before_after --base 822d505            # the base revision vs this tree
+    python -m benchmarks.before_after --base 822d505 --images 500 --rounds 1   # a quick look
+
+The base revision is checked out into a temporary git worktree; each measurement runs in a
+fresh child process whose ``PYTHONPATH`` puts that tree's ``packer`` and ``readers`` first, so
+both sides use the same Python, libraries and data:
+* conversion: the suite's ImageNet-like JPEGs (``benchmarks.common.imagenet_like``) to each
+  format at 224x224 raw, with all usable cores, images/s of the whole ``convert`` call;
+* ``Loader``: the same datasets (the on-disk formats are shared by both revisions, written
+  once by this tree), batches of 256 with 2 threads, images/s over at least ``--seconds``
+  after a warm-up pass, pages warm in the OS cache.
+Each figure is median (min-max) over ``--rounds`` runs per side; the ratio is after / before.
+Results go to ``benchmarks/out/before_after.json`` (``--update-results``: benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .common import OUT_DIR, RESULTS_DIR, cpu_count, imagenet_like, machine, markdown_table, save_json
+
+FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+REPO = Path(__file__).resolve().parent.parent
+
+_CONVERT = """
+import json, sys, time
+from packer import ImageOptions, convert
+from packer.parallel import keep_freed_memory
+keep_freed_memory()
+src, dst, fmt, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+start = time.perf_counter()
+report = convert(src, dst, format=fmt, image=ImageOptions(size=224), workers=workers)
+print(json.dumps({"rate": report.written / (time.perf_counter() - start)}))
+"""
+
+_LOAD = """
+import json, sys, time
+from readers import Loader, open_dataset
+path, seconds = sys.argv[1], float(sys.argv[2])
+loader = Loader(open_dataset(path), batch_size=256, shuffle=True, threads=2)
+for _ in loader:
+    pass
+images, start = 0, time.perf_counter()
+while time.perf_counter() - start < seconds:
+    for batch, _labels in loader:
+        images += len(batch)
+print(json.dumps({"rate": images / (time.perf_counter() - start)}))
+"""
+
+
+def child(tree: Path, code: str, *args: str) -> float:
+    """Run ``code`` with ``tree``'s packer and readers first on the path; its reported rate."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=tree, capture_output=True, text=True, check=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
+
+
+def summary(rates: list[float]) -> dict:
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="822d505", help="the revision to compare with (default: before the one-engine work)")
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
+    parser.add_argument("--seconds", type=float, default=3.0, help="shortest timed Loader pass")
+    parser.add_argument("--update-results", action="store_true", help="write benchmarks/results/ instead of benchmarks/out/")
+    args = parser.parse_args()
+
+    src = imagenet_like(args.images)
+    workers = str(cpu_count())
+    with tempfile.TemporaryDirectory() as tmp:
+        base_tree = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), args.base], check=True, capture_output=True)
+        try:
+            sides = {"before": base_tree, "after": REPO}
+            results: dict = {"convert": {}, "loader": {}}
+            for fmt, suffix in FORMATS.items():
+                rates: dict[str, list[float]] = {"before": [], "after": []}
+                for _ in range(args.rounds):
+                    for side, tree in sides.items():
+                        dst = Path(tmp) / f"{side}{suffix}"
+                        if dst.is_dir():
+                            shutil.rmtree(dst)
+                        else:
+                            dst.unlink(missing_ok=True)
+                        rates[side].append(child(tree, _CONVERT, str(src), str(dst), fmt, workers))
+                results["convert"][fmt] = {side: summary(r) for side, r in rates.items()}
+                print(f"convert {fmt}: {_line(results['convert'][fmt])}", flush=True)
+            for fmt, suffix in FORMATS.items():
+                dataset = Path(tmp) / f"after{suffix}"  # written by this tree above; both read it
+                rates = {"before": [], "after": []}
+                for _ in range(args.rounds):
+                    for side, tree in sides.items():
+                        rates[side].append(child(tree, _LOAD, str(dataset), str(args.seconds)))
+                results["loader"][fmt] = {side: summary(r) for side, r in rates.items()}
+                print(f"Loader {fmt}: {_line(results['loader'][fmt])}", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False, capture_output=True)
+    rows = [
+        [job, fmt, _fig(r["before"]), _fig(r["after"]), f"{r['after']['median'] / r['before']['median']:.2f}"]
+        for job in ("convert", "loader") for fmt, r in results[job].items()
+    ]
+    print(markdown_table(["job", "format", f"before ({args.base}) img/s", "after img/s", "after/before"], rows))
+    payload = {
+        "command": " ".join(["python -m benchmarks.before_after", *sys.argv[1:]]),
+        "base": args.base,
+        "head": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "images": args.images,
+        "rounds": args.rounds,
+        "machine": machine(),
+        **results,
+    }
+    print(f"wrote {save_json('before_after', payload, RESULTS_DIR if args.update_results else OUT_DIR)}")
+
+
+def _fig(rate: dict) -> str:
+    return f"{rate['median']:,.0f} ({rate['min']:,.0f}-{rate['max']:,.0f})"
+
+
+def _line(result: dict) -> str:
+    return f"before {_fig(result['before'])}, after {_fig(result['after'])} img/s"
+
+
+if __name__ == "__main__":
+    main()
