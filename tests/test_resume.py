@@ -125,3 +125,20 @@ def test_resume_without_an_interrupted_run_starts_over(tmp_path, image_folder):
     dst = tmp_path / "fresh.lmdb"
     report = convert(image_folder, dst, image=ImageOptions(size=8), workers=1, resume=True)
     assert report.written == 18 and not journal_path(dst.with_name("fresh.lmdb.partial")).exists()
+
+
+def test_the_journal_rows_stay_raw_little_endian_int64(tmp_path):
+    """samples.i64 holds 8 little-endian int64 per sample (shard, offset, nbytes, label, C, H, W,
+    crc32), as before the rows got names; a checkpoint reads them back by name."""
+    from packer.writers.journal import ROW_COLUMNS, ROW_DTYPE, Checkpoint, Journal
+
+    assert ROW_COLUMNS == ("shard", "offset", "nbytes", "label", "channels", "height", "width", "crc32")
+    values = [[1, 640, 768, 2, 3, 16, 16, 0xDEADBEEF], [1, 2048, 256, -1, 1, 16, 16, 7]]
+    journal = Journal(tmp_path / "out.partial", {"format": "test"})
+    journal.start()
+    rows = np.array([tuple(v) for v in values], ROW_DTYPE)
+    journal.commit(Checkpoint(2, 2, 1024, [], {}), rows)
+    assert (journal.folder / "samples.i64").read_bytes() == np.array(values, "<i8").tobytes()
+    loaded = journal.load()
+    assert loaded is not None and loaded.rows["crc32"].tolist() == [0xDEADBEEF, 7] and loaded.rows["label"].tolist() == [2, -1]
+

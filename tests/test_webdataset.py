@@ -1,5 +1,6 @@
 """WebDataset shards: bounds, determinism, dense keys, the plain library, streaming, CLI, damage."""
 
+import io
 import json
 import os
 import shutil
@@ -284,3 +285,43 @@ def test_truncated_shard_is_a_clear_error(tmp_path, small_shards):
         ShardDataset(path)
     with pytest.raises(PackedFormatError, match=r"shard-000003.tar: the shard is truncated"):
         list(StreamingShards(path))
+
+
+def test_the_index_is_a_plain_int64_array_locating_every_member(tmp_path, with_bad):
+    """packer-index.npy, read by numpy alone, is (count, 7) int64 with the columns docs/FORMATS.md
+    lists (shard, offset, nbytes, label, C, H, W), each row where tarfile finds the sample."""
+    dst = make(with_bad, tmp_path / "out", shard_size=5, workers=2)  # skipped inputs: renumbered shards
+    index = np.load(dst / INDEX_FILE, allow_pickle=False)
+    meta = json.loads((dst / META_FILE).read_text())
+    assert index.dtype == np.dtype("<i8") and index.shape == (meta["count"], 7) and meta["extra"]["index_columns"] == [
+        "shard", "offset", "nbytes", "label", "channels", "height", "width"]
+    i = 0
+    for number, name in enumerate(meta["extra"]["shards"]):
+        with tarfile.open(dst / name) as tar:
+            found = tar.getmembers()
+            for image, label in zip(found[0::2], found[1::2]):
+                shard, offset, nbytes, stored_label, c, h, w = index[i].tolist()
+                pixels = np.load(io.BytesIO(tar.extractfile(image).read()), allow_pickle=False)
+                assert image.name == f"{sample_key(i)}.npy" and (shard, pixels.shape) == (number, (c, h, w))
+                assert (offset, nbytes) == (image.offset_data + image.size - pixels.nbytes, pixels.nbytes)
+                assert int(tar.extractfile(label).read()) == stored_label
+                i += 1
+    assert i == meta["count"]
+
+
+def test_the_pieces_protocol_is_declared():
+    """ShardWriter is a PieceWriter (what the driver checks); a piece writer that leaves out a
+    method of the protocol cannot be made."""
+    from packer.writers.base import PieceWriter
+
+    assert issubclass(ShardWriter, PieceWriter) and ShardWriter.writes_pieces
+
+    class Incomplete(PieceWriter):
+        def pieces(self, items, image, *, workers=None):
+            return []
+
+        def piece_task(self, image, task=None, *, in_memory=False):
+            return print
+
+    with pytest.raises(TypeError, match="add_piece"):
+        Incomplete("unused")
