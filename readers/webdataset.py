@@ -8,7 +8,9 @@
   webdataset library's URL expansion and ``gopen``), with shard shuffling, a sample shuffle
   buffer, and an exact split across distributed ranks and DataLoader workers.
 
-Samples are ``(uint8 tensor (C, H, W), int label)``.
+Samples are ``(uint8 tensor (C, H, W), int label)``; a text dataset's samples (``kind:
+"text"`` in the metadata) are each document's token ids, a 1-D tensor of the stored dtype
+(uint16/uint32, as :class:`~readers.tokens.TokenDataset` serves documents), with label -1.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .codecs import decode_image
 from .dataset import PackedDataset
+from .epoch import EpochCursor, ShardPlan, check_settings, resolve_rank
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
-from .schema import IncompleteDatasetError, Metadata, PackedFormatError
+from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -51,9 +54,14 @@ class StreamingShards(IterableDataset):
     ``::``, or a list of URLs; ``pipe:`` commands and http(s) URLs are opened with the
     webdataset library's ``gopen``.
 
-    Every epoch each process computes the same shard order (shuffled with ``seed`` and the epoch
-    when ``shuffle``), takes every ``world_size``-th shard from ``rank``, then every
-    ``num_workers``-th of those from its DataLoader worker id: each sample is read exactly once
+    Samples are ``(image, label)``, or for a text dataset ``(token ids, -1)``: each document's
+    ids as a 1-D uint16/uint32 tensor (lengths differ: ``DataLoader(batch_size=None)`` or a
+    collate function that pads).
+
+    Every epoch each process computes the same shard order (:class:`~readers.epoch.ShardPlan`:
+    shuffled with ``seed`` and the epoch when ``shuffle``), takes every ``world_size``-th shard
+    from ``rank``, then every ``num_workers``-th of those from its DataLoader worker id: each
+    sample is read exactly once
     per epoch over all ranks and workers. With ``shuffle``, samples also pass through a shuffle
     buffer of ``buffer`` samples seeded from (seed, epoch, rank, worker). Call
     :meth:`set_epoch` before each epoch (as with ``DistributedSampler``) for a new order; with
@@ -103,26 +111,29 @@ class StreamingShards(IterableDataset):
             raise ValueError(f"{urls_or_path!r}: names no shards")
         if buffer < 1:
             raise ValueError(f"buffer must be a positive number of samples, got {buffer!r}")
-        if rank is None or world_size is None:
-            dist_rank, dist_size = _distributed()
-            rank = dist_rank if rank is None else rank
-            world_size = dist_size if world_size is None else world_size
-        if not (world_size >= 1 and 0 <= rank < world_size):
-            raise ValueError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
-        self.shuffle, self.buffer, self.seed = shuffle, buffer, seed
-        self.rank, self.world_size = rank, world_size
+        rank, world_size = resolve_rank(rank, world_size)
+        self.plan = ShardPlan(shuffle, seed, rank, world_size)
+        self.buffer = buffer
         self.transform = transform
-        self.epoch = 0
-        self._skip: list[int] | None = None  # samples each worker skips this epoch (a resume)
-        self._first = 0  # a resumed iteration's worker 0 continues this worker's part
+        # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
+        self._cursor = EpochCursor()
+
+    # -- the plan (readers/epoch.py) ---------------------------------------------------------
+    shuffle = property(lambda self: self.plan.shuffle, doc="Whether shards and samples are shuffled.")
+    seed = property(lambda self: self.plan.seed, doc="The seed of every epoch's order.")
+    rank = property(lambda self: self.plan.rank, doc="This process's rank.")
+    world_size = property(lambda self: self.plan.world_size, doc="How many ranks share each epoch.")
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order the next iteration follows."""
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shard and sample order of ``epoch`` (needs ``shuffle`` to change anything).
 
         A resume position loaded for another epoch is dropped."""
-        if epoch != self.epoch:
-            self._skip = None
-        self.epoch = epoch
+        self._cursor.set_epoch(epoch)
 
     # -- resuming ----------------------------------------------------------------------------
     def _worker_counts(self, num_workers: int) -> list[int]:
@@ -156,12 +167,7 @@ class StreamingShards(IterableDataset):
             raise ValueError(f"state_dict: batches={batches} is more than this rank's {sum(per_worker)} batches per epoch")
         return {
             "epoch": self.epoch,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "buffer": self.buffer,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "shards": len(self.urls),
+            **self._settings(),
             "skip": [min(n, t * size) for n, t in zip(counts, taken)],
             "first": following,
         }
@@ -169,14 +175,13 @@ class StreamingShards(IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
         stopped; the order-deciding settings must match (a ``ValueError`` names the one that differs)."""
-        mine = {"seed": self.seed, "shuffle": self.shuffle, "buffer": self.buffer, "rank": self.rank,
+        check_settings(state, self._settings(), "dataset")
+        self._cursor.resume(state["epoch"], ([int(n) for n in state["skip"]], int(state.get("first", 0))))
+
+    def _settings(self) -> dict[str, Any]:
+        """The settings that decide the order, as a saved state records them."""
+        return {"seed": self.seed, "shuffle": self.shuffle, "buffer": self.buffer, "rank": self.rank,
                 "world_size": self.world_size, "shards": len(self.urls)}
-        for key, value in mine.items():
-            if key in state and state[key] != value:
-                raise ValueError(f"load_state_dict: the state was saved with {key}={state[key]!r}, this dataset has {key}={value!r}")
-        self.epoch = int(state["epoch"])
-        self._skip = [int(n) for n in state["skip"]]
-        self._first = int(state.get("first", 0))
 
     @property
     def classes(self) -> list[str]:
@@ -184,10 +189,7 @@ class StreamingShards(IterableDataset):
 
     def shards_for(self, worker: int = 0, num_workers: int = 1) -> list[str]:
         """The shard URLs that DataLoader worker ``worker`` of this rank reads this epoch."""
-        order = list(self.urls)
-        if self.shuffle:
-            random.Random(_mix(self.seed, self.epoch)).shuffle(order)
-        return order[self.rank :: self.world_size][worker::num_workers]
+        return self.plan.shards(self.urls, self.epoch, worker, num_workers)
 
     def __len__(self) -> int:
         if self.meta is None:
@@ -202,15 +204,16 @@ class StreamingShards(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         skip = 0
-        if self._skip is not None:
-            if len(self._skip) != num_workers:
+        if self._cursor.position is not None:
+            skips, first = self._cursor.position
+            if len(skips) != num_workers:
                 raise ValueError(
-                    f"StreamingShards: the loaded state is for {len(self._skip)} DataLoader workers, this iteration has "
+                    f"StreamingShards: the loaded state is for {len(skips)} DataLoader workers, this iteration has "
                     f"{num_workers}; resume with the same num_workers"
                 )
             # The DataLoader asks worker 0 first: rotate so that it continues the part whose batch was next.
-            worker = (worker + self._first) % num_workers
-            skip = self._skip[worker]
+            worker = (worker + first) % num_workers
+            skip = skips[worker]
         urls = self.shards_for(worker, num_workers)
         if skip and not self.shuffle and self.meta is not None:  # whole shards already read are not opened
             counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
@@ -219,14 +222,12 @@ class StreamingShards(IterableDataset):
                 urls = urls[1:]
         samples = self._samples(urls)
         if self.shuffle:
-            rng = random.Random(_mix(self.seed, self.epoch, self.rank, worker))
-            samples = _shuffled(samples, self.buffer, rng)
-        channels = self.meta.channels if self.meta is not None else 3
+            samples = _shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
         for n, (encoded, label) in enumerate(samples):
             if n < skip:
                 continue  # handed out before the restart: not decoded again
-            image = _decode(*encoded, channels)
-            yield (self.transform(image) if self.transform is not None else image), label
+            sample = _decode(*encoded, self.meta)
+            yield (self.transform(sample) if self.transform is not None else sample), label
 
     def _samples(self, urls: list[str]) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
         """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded."""
@@ -259,16 +260,36 @@ class StreamingShards(IterableDataset):
         )
 
 
-def _decode(data: np.ndarray, ext: str, url: str, name: str, channels: int) -> torch.Tensor:
+def _decode(data: np.ndarray, ext: str, url: str, name: str, meta: Metadata | None) -> torch.Tensor:
+    """A member's sample: pixels ``(C, H, W)`` uint8, or a text document's 1-D token ids.
+
+    The metadata's ``kind`` decides; without metadata, a 1-D uint16/uint32 ``.npy`` member is a
+    document and anything else an image."""
+    kind = meta.kind if meta is not None else None
     try:
         if ext == "npy":
             shape, dtype, offset = parse_npy(data)
+            if kind == "text" or (kind is None and dtype.name in TOKEN_DTYPES and len(shape) == 1):
+                return _tokens(data[offset:], shape, dtype, meta.dtype if meta is not None else dtype.name)
             if dtype != np.uint8:
                 raise PackedFormatError(f"dtype {dtype}, expected uint8")
             return torch.from_numpy(data[offset:].reshape(shape))
+        if kind == "text":
+            raise PackedFormatError(f"a .{ext} member in a text dataset, expected .npy token ids")
+        channels = meta.channels if meta is not None else 3
         return torch.from_numpy(np.ascontiguousarray(decode_image(data, channels)))
     except (PackedFormatError, ValueError) as exc:
         raise PackedFormatError(f"{url}: member {name}: {exc}") from None
+
+
+def _tokens(payload: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, expected: str) -> torch.Tensor:
+    """A document's token ids (the ``.npy`` payload after its header) as a 1-D tensor of native byte order."""
+    if dtype.name != expected or len(shape) != 1:
+        raise PackedFormatError(f"a {dtype.name} array of shape {shape}, expected a 1-D {expected} array of token ids")
+    ids = payload.view(dtype)
+    if ids.shape != shape:
+        raise PackedFormatError(f"{ids.size} token ids after the header, expected {shape[0]}")
+    return torch.from_numpy(ids.astype(dtype.newbyteorder("=")))  # a copy: aligned, native
 
 
 def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -283,19 +304,6 @@ def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator
         yield sample
     rng.shuffle(pool)
     yield from pool
-
-
-def _mix(*values: int) -> int:
-    seed = 0x9E3779B97F4A7C15
-    for value in values:
-        seed = (seed * 1_000_003 + int(value)) % (1 << 63)
-    return seed
-
-
-def _distributed() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def _basename(url: str) -> str:

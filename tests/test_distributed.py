@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from readers import LMDBDataset, Loader
@@ -157,3 +158,74 @@ def test_streaming_resume_mid_epoch(shards, table, shuffle, k):
         again = make()
         again.load_state_dict(state)
         list(again)
+
+
+# -- StreamingShards over a text corpus ------------------------------------------------------
+#: Documents of a small corpus (sorted file order = document order); several shards of 2.
+DOCS = {
+    "a.txt": "hello world\n",
+    "b.txt": "h\u00e9llo w\u00f6rld, \u00fcn\u00efcode \u2713 \U0001f600\n",
+    "c.txt": "x" * 300,
+    "d/e.txt": "nested \u00e6\u00f8\u00e5\nsecond line\n",
+    "f.txt": "\u4e2d\u6587\u6587\u672c",
+}
+
+
+@pytest.fixture(scope="module")
+def text_shards(tmp_path_factory):
+    """``DOCS`` converted by the real converter to a WebDataset (default "bytes" tokenizer)."""
+    from packer import StorageOptions, convert
+
+    corpus = tmp_path_factory.mktemp("corpus")
+    for name, text in DOCS.items():
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / name).write_bytes(text.encode("utf-8"))
+    dst = tmp_path_factory.mktemp("text") / "shards"
+    convert(corpus, dst, format="webdataset", storage=StorageOptions(shard_size=2), workers=1)
+    return dst
+
+
+def expected_ids() -> list[list[int]]:
+    """The "bytes" tokenizer computed directly: a document's UTF-8 bytes, then EOS (256)."""
+    return [list(text.encode("utf-8")) + [256] for _name, text in sorted(DOCS.items())]
+
+
+def test_streaming_a_text_dataset_yields_each_documents_token_ids(text_shards):
+    stream = StreamingShards(text_shards)
+    samples = list(stream)
+    assert len(samples) == len(stream) == len(DOCS)
+    for ids, label in samples:
+        assert ids.dim() == 1 and ids.dtype == torch.uint16 and label == -1
+    assert [ids.tolist() for ids, _ in samples] == expected_ids()
+    # the same through DataLoader workers (samples of different lengths: batch_size=None)
+    got = sorted(ids.tolist() for ids, _ in DataLoader(StreamingShards(text_shards), batch_size=None, num_workers=2))
+    assert got == sorted(expected_ids())
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_streaming_text_over_ranks_reads_each_document_once(text_shards, shuffle):
+    union = []
+    for rank in range(2):
+        stream = StreamingShards(text_shards, shuffle=shuffle, buffer=2, seed=3, rank=rank, world_size=2)
+        stream.set_epoch(1)
+        part = [ids.tolist() for ids, _ in stream]
+        assert len(part) == len(stream)
+        union += part
+    assert sorted(union) == sorted(expected_ids())
+
+
+def test_streaming_text_refuses_a_member_that_is_not_token_ids(text_shards, tmp_path):
+    """A text dataset whose shard holds another dtype is refused, naming the member."""
+    import shutil
+
+    from readers import PackedFormatError
+    from readers.formats.webdataset import META_FILE
+
+    broken = tmp_path / "broken"
+    shutil.copytree(text_shards, broken)
+    meta = json.loads((broken / META_FILE).read_text())
+    meta["dtype"] = "uint32"  # the members are uint16
+    meta["tokenizer"]["vocab_size"] = 257
+    (broken / META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(PackedFormatError, match=r"0000000000\.npy.*expected a 1-D uint32 array of token ids"):
+        list(StreamingShards(broken))
