@@ -125,10 +125,12 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
         for done, (item, result) in enumerate(zip(items, results), done + 1):
             if isinstance(result, Encoded):
                 writer.add(result)
+                if result.decoder_messages:  # captured in the worker (packer/preprocess/messages.py)
+                    log.warning("%s: converted, but the decoder printed: %s", job.name(item), result.decoder_messages)
             elif isinstance(result, Failed):
+                if options.on_error == "fail":  # the full path (or URL), to find the file
+                    raise InputError(f"{item.path}: {result.reason} (pass --on-error skip to skip such inputs)")
                 name = job.name(item)
-                if options.on_error == "fail":
-                    raise InputError(f"{name}: {result.reason} (pass --on-error skip to skip such inputs)")
                 skipped.append(Skipped(name, result.reason))
                 log.warning("skipped %s: %s", name, result.reason)
             bar.update(1)
