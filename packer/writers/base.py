@@ -93,9 +93,6 @@ class Writer:
     format_name: ClassVar[str] = ""
     #: Whether the output is a folder (True) or a single file (False).
     is_directory: ClassVar[bool] = False
-    #: Whether worker processes write the output (the class is a :class:`PieceWriter`): the old
-    #: spelling of ``isinstance(writer, PieceWriter)``, kept until every caller asks that.
-    writes_pieces: ClassVar[bool] = False
     #: Whether the writer can hand its output to a *sink* (a URL DST: packer/remote.py)
     #: instead of renaming it to ``DST``; such a writer takes a ``sink`` keyword.
     takes_sink: ClassVar[bool] = False
@@ -353,7 +350,7 @@ class Piece:
 class PieceWriter(Writer, metaclass=ABCMeta):
     """A writer whose output worker processes write, a :class:`Piece` of consecutive inputs each.
 
-    The driver (``packer/api.py``) checks ``isinstance(writer, PieceWriter)`` and then, instead
+    The driver (``packer/engine.py``) checks ``isinstance(writer, PieceWriter)`` and then, instead
     of converting inputs itself and calling :meth:`add` per sample:
 
     1. calls :meth:`pieces` once, for the inputs left to convert (after a resume they start at
@@ -367,8 +364,6 @@ class PieceWriter(Writer, metaclass=ABCMeta):
     only at the end of a whole piece (:meth:`_checkpoint_ready`). Written samples are booked
     with :meth:`_record_rows`.
     """
-
-    writes_pieces: ClassVar[bool] = True
 
     @abstractmethod
     def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
