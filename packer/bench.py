@@ -6,8 +6,9 @@ is available, with the caller's preprocessing options, times reading each throug
 reading the raw folder with the same preprocessing, and returns a :class:`BenchReport` with a
 table and a recommendation. Its temporary files are removed whatever happens (Ctrl-C included).
 
-The timing helpers (:class:`Rate`, :func:`measure`, :func:`for_at_least`) are shared with the
-``benchmarks/`` suite.
+This module samples, converts and drives the run; the timing helpers and the readers compared
+are in :mod:`packer.bench_timing` (shared with the ``benchmarks/`` suite), the table and the
+recommendation in :mod:`packer.bench_report`. The names of both stay importable from here.
 """
 
 from __future__ import annotations
@@ -15,337 +16,50 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import statistics
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
-
+from .bench_report import RAW_FOLDER, SUFFIX, BenchReport, BenchRow
+from .bench_timing import (
+    DATASET_CLASSES,
+    FolderDataset,
+    Rate,
+    collate,
+    disk_bytes,
+    epoch_of,
+    for_at_least,
+    loader_rates,
+    measure,
+    open_packed,
+    timed_pass,
+)
 from .errors import OptionError
 from .options import ImageOptions
 from .parallel import default_workers
-from .preprocess.image import preprocess_image
 from .sources.images import scan_image_folder
 
 __all__ = [
     "run_bench",
+    "sample_folder",
     "BenchReport",
     "BenchRow",
     "Rate",
     "measure",
     "for_at_least",
     "timed_pass",
+    "epoch_of",
     "FolderDataset",
     "collate",
     "open_packed",
     "loader_rates",
+    "disk_bytes",
     "DATASET_CLASSES",
     "SUFFIX",
+    "RAW_FOLDER",
 ]
 
-#: Format name -> the ``readers`` class that reads it (used when ``readers.open_dataset`` is missing).
-DATASET_CLASSES: dict[str, str] = {"lmdb": "LMDBDataset", "hdf5": "HDF5Dataset", "blob": "RAMDataset", "webdataset": "ShardDataset"}
-
-#: Destination name per format (webdataset: a folder of shards).
-SUFFIX: dict[str, str] = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
-
-RAW_FOLDER = "raw folder"
 Log = Callable[[str], None]
-
-
-# --------------------------------------------------------------------------------------- timing
-
-
-@dataclass(frozen=True)
-class Rate:
-    """Items per second over repeated passes."""
-
-    min: float
-    median: float
-    max: float
-    runs: int
-
-    def __str__(self) -> str:
-        return f"{self.median:,.0f} ({self.min:,.0f}-{self.max:,.0f})"
-
-
-def measure(one_pass: Callable[[], int], *, repeats: int = 3, warmup: int = 1) -> Rate:
-    """Run ``one_pass`` (returns the number of items it processed) ``warmup + repeats`` times; time the last ``repeats``."""
-    if repeats < 1:
-        raise OptionError(f"repeats: must be at least 1, got {repeats!r}")
-    for _ in range(warmup):
-        one_pass()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        items = one_pass()
-        rates.append(items / (time.perf_counter() - start))
-    return Rate(min(rates), statistics.median(rates), max(rates), len(rates))
-
-
-def for_at_least(seconds: float, epoch: Callable[[], int]) -> Callable[[], int]:
-    """A pass that repeats ``epoch`` until ``seconds`` have passed (stable figures for fast readers)."""
-
-    def one_pass() -> int:
-        start, items = time.perf_counter(), 0
-        while True:
-            items += epoch()
-            if time.perf_counter() - start >= seconds:
-                return items
-
-    return one_pass
-
-
-def timed_pass(loader: Iterable[Any], seconds: float) -> Callable[[], int]:
-    """A pass: read batches of ``(images, labels)`` for at least ``seconds`` (across epochs, or
-    stopping mid-epoch for slow pipelines); returns the images read."""
-
-    def one_pass() -> int:
-        start, images = time.perf_counter(), 0
-        while True:
-            for batch, _labels in loader:
-                images += len(batch)
-                if time.perf_counter() - start >= seconds:
-                    return images
-            if images == 0:
-                raise RuntimeError(f"{loader!r} yielded no batches")
-
-    return one_pass
-
-
-def epoch_of(loader: Iterable[Any]) -> Callable[[], int]:
-    """One full pass over ``loader`` (batches of ``(images, labels)``); returns the images seen."""
-
-    def epoch() -> int:
-        images = 0
-        for batch, _labels in loader:
-            images += len(batch)
-        return images
-
-    return epoch
-
-
-# ------------------------------------------------------------------------------------- datasets
-
-
-def collate(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
-    """Stack same-shaped images into one tensor (a list when shapes vary); labels as int64.
-
-    The copy is numpy's (one thread), the same for every pipeline: ``torch.stack`` of large
-    uint8 tensors runs on torch's OpenMP pool, whose threads spin against any other load on
-    the machine and made figures swing by 10x on a busy 2-core box.
-    """
-    images = [image for image, _ in batch]
-    labels = torch.tensor([label for _, label in batch], dtype=torch.int64)
-    if all(image.shape == images[0].shape for image in images):
-        if all(image.dtype == torch.uint8 for image in images):
-            return torch.from_numpy(np.stack([image.numpy() for image in images])), labels
-        return torch.stack(images), labels
-    return images, labels
-
-
-class FolderDataset(Dataset):
-    """The raw folder, read per file with packer's own preprocessing: uint8 ``(C, H, W)``, label.
-
-    Same pixels as the packed datasets (OpenCV reduced JPEG decode, antialiased resize), so the
-    comparison measures only where the work happens, not different work.
-    """
-
-    def __init__(self, items: Sequence[tuple[str, int]], image: ImageOptions) -> None:
-        self.items = list(items)
-        self.image = image
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.items[index]
-        with open(path, "rb") as handle:
-            pixels = preprocess_image(handle.read(), self.image)
-        return torch.from_numpy(pixels).permute(2, 0, 1), label
-
-
-def open_packed(path: str | Path, format_name: str) -> Dataset:
-    """The map-style ``readers`` dataset of a packed ``path`` (``readers.open_dataset`` when it exists)."""
-    import readers
-
-    try:
-        opener = readers.open_dataset
-    except (ImportError, AttributeError):
-        return getattr(readers, DATASET_CLASSES[format_name])(path)
-    return opener(path)
-
-
-def loader_rates(
-    dataset: Dataset,
-    *,
-    settings: Sequence[int],
-    batch_size: int,
-    seconds: float,
-    repeats: int,
-    warmup: int = 1,
-    with_loader: bool = True,
-) -> dict[str, Rate | str]:
-    """Read rates of ``dataset`` through ``DataLoader(num_workers=w)`` for each ``w``, and ``readers.Loader``.
-
-    Keys are reader descriptions; a value is a :class:`Rate`, or a string saying why that
-    reader was not measured.
-    """
-    out: dict[str, Rate | str] = {}
-    for workers in settings:
-        loader = DataLoader(
-            dataset, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, collate_fn=collate
-        )
-        out[f"DataLoader(num_workers={workers})"] = measure(timed_pass(loader, seconds), repeats=repeats, warmup=warmup)
-        del loader
-        gc.collect()  # ends persistent workers before the next loader starts its own
-    if with_loader:
-        try:
-            from readers import Loader
-        except (ImportError, AttributeError) as exc:
-            out["readers.Loader"] = f"not available ({type(exc).__name__}: {exc})"
-        else:
-            try:
-                threaded = Loader(dataset, batch_size=batch_size, shuffle=True)
-                out["readers.Loader"] = measure(timed_pass(threaded, seconds), repeats=repeats, warmup=warmup)
-            except Exception as exc:  # noqa: BLE001 - a reader still being written: reported, not hidden
-                out["readers.Loader"] = f"failed ({type(exc).__name__}: {exc})"
-            finally:
-                threaded = None
-                gc.collect()
-    return out
-
-
-def disk_bytes(path: Path) -> int:
-    """Bytes on disk of a file or folder (allocated blocks, so sparse LMDB maps count what they use)."""
-    if path.is_file():
-        return path.stat().st_blocks * 512
-    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
-
-
-# --------------------------------------------------------------------------------------- report
-
-
-@dataclass(frozen=True)
-class BenchRow:
-    """One pipeline read one way: its rate, or why it was not measured."""
-
-    pipeline: str
-    reader: str
-    rate: Rate | None
-    bytes_on_disk: int | None = None
-    convert_rate: float | None = None
-    note: str = ""
-
-
-@dataclass
-class BenchReport:
-    """What :func:`run_bench` measured."""
-
-    src: Path
-    images: int
-    image: ImageOptions
-    cores: int
-    batch_size: int
-    rows: list[BenchRow] = field(default_factory=list)
-
-    @property
-    def measured(self) -> list[BenchRow]:
-        return [row for row in self.rows if row.rate is not None]
-
-    def baseline(self) -> BenchRow | None:
-        """The raw folder at its best setting."""
-        rows = [row for row in self.measured if row.pipeline == RAW_FOLDER]
-        return max(rows, key=lambda row: row.rate.median) if rows else None
-
-    def best(self) -> BenchRow | None:
-        """The fastest packed format and reader."""
-        rows = [row for row in self.measured if row.pipeline != RAW_FOLDER]
-        return max(rows, key=lambda row: row.rate.median) if rows else None
-
-    def table(self) -> str:
-        """A markdown table: images/s median (min-max), ratio to the raw folder at its best, size, conversion speed."""
-        base = self.baseline()
-        header = ["pipeline", "reader", "images/s median (min-max)", "vs raw folder", "on disk", "convert img/s"]
-        rows = []
-        for row in self.rows:
-            if row.rate is None:
-                rows.append([row.pipeline, row.reader, row.note, "", _size(row.bytes_on_disk), _num(row.convert_rate)])
-                continue
-            ratio = f"{row.rate.median / base.rate.median:.1f}x" if base else ""
-            rows.append([row.pipeline, row.reader, str(row.rate), ratio, _size(row.bytes_on_disk), _num(row.convert_rate)])
-        return markdown_table(header, rows)
-
-    def recommendation(self) -> str:
-        """The fastest format and settings here, its size on disk, and the command that makes it."""
-        best, base = self.best(), self.baseline()
-        if best is None:
-            return "No packed format could be measured here (see the notes in the table)."
-        fmt = best.pipeline.split(" ", 1)[0]
-        options = _cli_options(self.image)
-        per_image = f", {best.bytes_on_disk / self.images / 1e3:,.0f} KB per image" if best.bytes_on_disk else ""
-        speed = f"{best.rate.median:,.0f} images/s"
-        if base is not None:
-            speed += f", {best.rate.median / base.rate.median:.1f}x the raw folder at its best ({base.rate.median:,.0f} with {base.reader})"
-        size = f"{_size(best.bytes_on_disk)} for {self.images:,} images{per_image}"
-        return (
-            f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
-            f"  packer convert {self.src} DST{SUFFIX[fmt]} --format {fmt}{options}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every figure, JSON-ready."""
-        return {
-            "src": str(self.src),
-            "images": self.images,
-            "image": self.image.describe(),
-            "cores": self.cores,
-            "batch_size": self.batch_size,
-            "rows": [asdict(row) for row in self.rows],
-        }
-
-
-def markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
-    """A GitHub-style markdown table."""
-    header = list(header)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return ""  # pragma: no cover
-
-
-def _num(value: float | None) -> str:
-    return "" if value is None else f"{value:,.0f}"
-
-
-def _cli_options(image: ImageOptions) -> str:
-    parts = []
-    if image.size is not None:
-        h, w = image.size
-        parts.append(f" --size {h}" if h == w else f" --size {h}x{w}")
-        if image.resize_mode != "center-crop":
-            parts.append(f" --resize-mode {image.resize_mode}")
-    if image.grayscale:
-        parts.append(" --grayscale")
-    if image.encoding != "raw":
-        parts.append(f" --encoding {image.encoding}")
-        if image.encoding == "jpeg" and image.quality != 90:
-            parts.append(f" --quality {image.quality}")
-    return "".join(parts)
 
 
 # ------------------------------------------------------------------------------------------ run

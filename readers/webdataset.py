@@ -61,11 +61,10 @@ class StreamingShards(IterableDataset):
     Every epoch each process computes the same shard order (:class:`~readers.epoch.ShardPlan`:
     shuffled with ``seed`` and the epoch when ``shuffle``), takes every ``world_size``-th shard
     from ``rank``, then every ``num_workers``-th of those from its DataLoader worker id: each
-    sample is read exactly once
-    per epoch over all ranks and workers. With ``shuffle``, samples also pass through a shuffle
-    buffer of ``buffer`` samples seeded from (seed, epoch, rank, worker). Call
-    :meth:`set_epoch` before each epoch (as with ``DistributedSampler``) for a new order; with
-    ``persistent_workers=True`` the workers do not see it.
+    sample is read exactly once per epoch over all ranks and workers. With ``shuffle``, samples
+    also pass through a shuffle buffer of ``buffer`` samples seeded from (seed, epoch, rank,
+    worker). Call :meth:`set_epoch` before each epoch (as with ``DistributedSampler``) for a new
+    order; with ``persistent_workers=True`` the workers do not see it.
 
     Remote shards (readers/remote.py): http(s) URLs stream through ``gopen``, other fsspec URLs
     (``s3://bucket/data/``, ...) through fsspec; a folder URL (or shards sharing one) has its

@@ -1,0 +1,135 @@
+"""What ``packer bench`` measured, as a table and a recommendation: :class:`BenchReport`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .bench_timing import Rate
+from .options import ImageOptions
+
+__all__ = ["BenchReport", "BenchRow", "markdown_table", "RAW_FOLDER", "SUFFIX"]
+
+#: Destination name per format (webdataset: a folder of shards).
+SUFFIX: dict[str, str] = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+
+#: The pipeline name of the unpacked folder, the baseline every packed format is compared with.
+RAW_FOLDER = "raw folder"
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One pipeline read one way: its rate, or why it was not measured."""
+
+    pipeline: str
+    reader: str
+    rate: Rate | None
+    bytes_on_disk: int | None = None
+    convert_rate: float | None = None
+    note: str = ""
+
+
+@dataclass
+class BenchReport:
+    """What :func:`run_bench` measured."""
+
+    src: Path
+    images: int
+    image: ImageOptions
+    cores: int
+    batch_size: int
+    rows: list[BenchRow] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[BenchRow]:
+        return [row for row in self.rows if row.rate is not None]
+
+    def baseline(self) -> BenchRow | None:
+        """The raw folder at its best setting."""
+        rows = [row for row in self.measured if row.pipeline == RAW_FOLDER]
+        return max(rows, key=lambda row: row.rate.median) if rows else None
+
+    def best(self) -> BenchRow | None:
+        """The fastest packed format and reader."""
+        rows = [row for row in self.measured if row.pipeline != RAW_FOLDER]
+        return max(rows, key=lambda row: row.rate.median) if rows else None
+
+    def table(self) -> str:
+        """A markdown table: images/s median (min-max), ratio to the raw folder at its best, size, conversion speed."""
+        base = self.baseline()
+        header = ["pipeline", "reader", "images/s median (min-max)", "vs raw folder", "on disk", "convert img/s"]
+        rows = []
+        for row in self.rows:
+            if row.rate is None:
+                rows.append([row.pipeline, row.reader, row.note, "", _size(row.bytes_on_disk), _num(row.convert_rate)])
+                continue
+            ratio = f"{row.rate.median / base.rate.median:.1f}x" if base else ""
+            rows.append([row.pipeline, row.reader, str(row.rate), ratio, _size(row.bytes_on_disk), _num(row.convert_rate)])
+        return markdown_table(header, rows)
+
+    def recommendation(self) -> str:
+        """The fastest format and settings here, its size on disk, and the command that makes it."""
+        best, base = self.best(), self.baseline()
+        if best is None:
+            return "No packed format could be measured here (see the notes in the table)."
+        fmt = best.pipeline.split(" ", 1)[0]
+        options = _cli_options(self.image)
+        per_image = f", {best.bytes_on_disk / self.images / 1e3:,.0f} KB per image" if best.bytes_on_disk else ""
+        speed = f"{best.rate.median:,.0f} images/s"
+        if base is not None:
+            speed += f", {best.rate.median / base.rate.median:.1f}x the raw folder at its best ({base.rate.median:,.0f} with {base.reader})"
+        size = f"{_size(best.bytes_on_disk)} for {self.images:,} images{per_image}"
+        return (
+            f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
+            f"  packer convert {self.src} DST{SUFFIX[fmt]} --format {fmt}{options}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every figure, JSON-ready."""
+        return {
+            "src": str(self.src),
+            "images": self.images,
+            "image": self.image.describe(),
+            "cores": self.cores,
+            "batch_size": self.batch_size,
+            "rows": [asdict(row) for row in self.rows],
+        }
+
+
+def markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    """A GitHub-style markdown table."""
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""  # pragma: no cover
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def _cli_options(image: ImageOptions) -> str:
+    parts = []
+    if image.size is not None:
+        h, w = image.size
+        parts.append(f" --size {h}" if h == w else f" --size {h}x{w}")
+        if image.resize_mode != "center-crop":
+            parts.append(f" --resize-mode {image.resize_mode}")
+    if image.grayscale:
+        parts.append(" --grayscale")
+    if image.encoding != "raw":
+        parts.append(f" --encoding {image.encoding}")
+        if image.encoding == "jpeg" and image.quality != 90:
+            parts.append(f" --quality {image.quality}")
+    return "".join(parts)
