@@ -17,6 +17,7 @@ from ..sources.remote import RemoteReadError, is_source_url, read_ahead, read_ur
 from .decode import DecodeError, describe_error
 from .encode import encode
 from .image import preprocess_image
+from .messages import DecoderOutput
 
 __all__ = ["Encoded", "Failed", "ImageTask"]
 
@@ -34,6 +35,9 @@ class Encoded:
     shape: tuple[int, int, int]
     payload: bytes
     dtype: str = "uint8"
+    #: What the decoders printed while converting it (libjpeg's "Corrupt JPEG data: ...", a
+    #: Pillow warning), or ``""``: the driver logs it as one packer warning for the input.
+    decoder_messages: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,15 +71,19 @@ class ImageTask:
         """Preprocess and encode ``item`` from its file's bytes ``data`` (a read failure passes through)."""
         if isinstance(data, Failed):
             return data
-        try:
-            pixels = preprocess_image(data, self.options)
-            payload = encode(pixels, self.options.encoding, self.options.quality)
-        except DecodeError as exc:
-            return Failed(item.path, str(exc))
-        except Exception as exc:  # noqa: BLE001 - hostile files break decoders in odd ways; recorded, not hidden
-            return Failed(item.path, f"cannot decode ({type(exc).__name__}: {describe_error(exc)})")
+        with DecoderOutput() as printed:  # what C decoders print to fd 2 comes back as text
+            try:
+                pixels = preprocess_image(data, self.options)
+                payload = encode(pixels, self.options.encoding, self.options.quality)
+                failure = None
+            except DecodeError as exc:
+                failure = str(exc)
+            except Exception as exc:  # noqa: BLE001 - hostile files break decoders in odd ways; recorded, not hidden
+                failure = f"cannot decode ({type(exc).__name__}: {describe_error(exc)})"
+        if failure is not None:
+            return Failed(item.path, f"{failure} (the decoder printed: {printed.text})" if printed.text else failure)
         height, width, channels = pixels.shape
-        return Encoded(item.label, (channels, height, width), payload)
+        return Encoded(item.label, (channels, height, width), payload, decoder_messages=printed.text)
 
 
 def _read_file(path: str) -> bytes | Failed:
