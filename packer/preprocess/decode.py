@@ -17,12 +17,14 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from contextlib import contextmanager
+from typing import Iterator
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["decode", "DecodeError", "reduction_for", "describe_error"]
+__all__ = ["decode", "DecodeError", "reduction_for", "describe_error", "too_many_pixels"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -61,20 +63,18 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
     """
     if not data:
         raise DecodeError("empty file (0 bytes)")
-    try:
-        with warnings.catch_warnings():
-            # Opening reads the header only; ``max_pixels`` is checked below, before decoding.
-            # Pillow's own hard limit (twice its warning level) still refuses larger images.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+    with warnings.catch_warnings(), _pillow_limit(None):
+        # Opening reads the header only: ``max_pixels`` is checked below, before decoding, and
+        # the message names it (Pillow's own limit, 178,956,970 pixels, is not the user's).
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
             image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise DecodeError(f"too many pixels ({describe_error(exc)})") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise DecodeError(f"not a readable image ({describe_error(exc)})") from None
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DecodeError(f"not a readable image ({describe_error(exc)})") from None
     with image:
         width, height = image.size
         if width * height > max_pixels:
-            raise DecodeError(f"{width}x{height} is {width * height:,} pixels, over the limit of {max_pixels:,} (--max-pixels)")
+            raise DecodeError(too_many_pixels(width, height, max_pixels))
         if width < 1 or height < 1:
             raise DecodeError(f"image has no pixels ({width}x{height})")
         factor = reduction_for(height, width, target)
@@ -82,7 +82,33 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
             pixels = _decode_opencv(data, grayscale, factor)
             if pixels is not None:
                 return pixels
-        return _decode_pillow(image, grayscale, factor)
+        # While decoding, Pillow's own checks (a GIF frame, an ICO entry larger than the header
+        # said) refuse at twice its limit, so its limit is the user's half: their --max-pixels.
+        with warnings.catch_warnings(), _pillow_limit(max(1, max_pixels // 2)):
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            try:
+                return _decode_pillow(image, grayscale, factor)
+            except Image.DecompressionBombError as exc:
+                raise DecodeError(f"more than --max-pixels {max_pixels:,} once decoded ({describe_error(exc)})") from None
+
+
+def too_many_pixels(width: int, height: int, max_pixels: int) -> str:
+    """The skip reason of an image over ``--max-pixels``."""
+    return f"{width}x{height} has {width * height:,} pixels, more than --max-pixels {max_pixels:,}"
+
+
+@contextmanager
+def _pillow_limit(limit: int | None) -> Iterator[None]:
+    """Pillow's decompression-bomb limit (a module global) set to ``limit`` for the block.
+
+    Decoding runs one input at a time per process (packer/parallel.py's workers), so nothing
+    else sees the change; it is restored however the block ends."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = limit
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
 
 
 def _decode_opencv(data: bytes, grayscale: bool, factor: int) -> np.ndarray | None:
