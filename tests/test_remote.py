@@ -601,10 +601,14 @@ def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
     """``ImageTask.map`` keeps READ_AHEAD reads in flight (threads), never more, and gives the
     same results, in order, as one read at a time; a failed read stays in its place.
 
-    No timing: the first READ_AHEAD reads wait at a barrier for each other, so it is passed only
-    if that many run at once (fewer: it times out and the test fails), and a counter under a
-    lock bounds the reads in flight at every moment."""
+    No timing in the assertions: every read of the map waits for a release that comes only once
+    READ_AHEAD reads are in flight together (a condition variable; after 30 s without, the
+    release comes anyway and the count is short), and a counter under the lock records the most
+    in flight at any moment. The short pause before the release only gives a read beyond the
+    window the chance to start and be counted: it can make a broken window go unseen, never a
+    correct one fail."""
     import threading
+    import time
 
     from packer.preprocess import task as task_module
     from packer.preprocess.task import Failed, ImageTask
@@ -614,31 +618,38 @@ def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
     local = scan_image_folder(local_source).items
     items = [type(item)(f"s3://fake/{i}.jpg", item.label) for i, item in enumerate(local)]
     files = {item.path: Path(source.path).read_bytes() for item, source in zip(items, local)}
-    in_flight, most, started = 0, 0, 0
-    lock = threading.Lock()
-    window = threading.Barrier(READ_AHEAD)
+    in_flight, most, held = 0, 0, False
+    changed = threading.Condition()
+    release = threading.Event()
 
     def read(url):
-        nonlocal in_flight, most, started
-        with lock:
+        nonlocal in_flight, most
+        with changed:
             in_flight += 1
-            started += 1
             most = max(most, in_flight)
-            first_window = started <= READ_AHEAD
+            changed.notify_all()
         try:
-            if first_window and threading.current_thread() is not threading.main_thread():
-                window.wait(timeout=30)  # BrokenBarrierError unless READ_AHEAD reads run at once
+            if held:
+                release.wait(timeout=60)
         finally:
-            with lock:
+            with changed:
                 in_flight -= 1
         return Failed(url, "cannot read (gone)") if url.endswith("/5.jpg") else files[url]
 
+    def release_when_the_window_is_full():
+        with changed:
+            changed.wait_for(lambda: in_flight >= READ_AHEAD, timeout=30)
+        time.sleep(0.2)
+        release.set()
+
     monkeypatch.setattr(task_module, "_read_url", read)
     task = ImageTask(ImageOptions(size=16))
-    one_at_a_time = [task(item) for item in items]  # in this thread: no barrier
-    assert most == 1 and len(items) > READ_AHEAD
-    started = 0
+    one_at_a_time = [task(item) for item in items]
+    assert most == 1 and len(items) > READ_AHEAD + 1
+    held, most = True, 0
+    releaser = threading.Thread(target=release_when_the_window_is_full)
+    releaser.start()
     ahead = list(task.map(items))
-    assert window.n_waiting == 0 and not window.broken  # the first READ_AHEAD reads were in flight together
-    assert most == READ_AHEAD  # ... and never more
+    releaser.join()
+    assert most == READ_AHEAD  # the window filled, and never more
     assert ahead == one_at_a_time and ahead[5] == Failed("s3://fake/5.jpg", "cannot read (gone)")
