@@ -6,6 +6,7 @@ and max, and compare pipelines as ratios measured in the same run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -20,7 +21,10 @@ DATA_DIR = HERE / "data"
 OUT_DIR = HERE / "out"
 RESULTS_DIR = HERE / "results"
 
-__all__ = ["Rate", "measure", "for_at_least", "imagenet_like", "folder_stats", "cpu_count", "machine", "markdown_table", "save_json"]
+__all__ = [
+    "Rate", "measure", "for_at_least", "imagenet_like", "folder_stats", "cpu_count", "machine", "markdown_table", "save_json",
+    "add_output_arguments", "output_dir",
+]
 
 
 def imagenet_like(images: int, *, classes: int = 10, workers: int | None = None) -> Path:
@@ -87,6 +91,23 @@ def markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--update-results`` and ``--out DIR``: where a benchmark writes (see :func:`output_dir`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--update-results", action="store_true",
+                       help="write into benchmarks/results/, the committed figures (default: benchmarks/out/, git-ignored)")
+    group.add_argument("--out", type=Path, metavar="DIR", help="write into DIR instead")
+
+
+def output_dir(update_results: bool = False, out: Path | None = None) -> Path:
+    """Where a benchmark's JSON (and charts) go: ``out`` if given, ``benchmarks/results/`` (the
+    committed figures) only when asked to update them, else ``benchmarks/out/`` (git-ignored), so
+    a trial run never overwrites a tracked file."""
+    if out is not None:
+        return out
+    return RESULTS_DIR if update_results else OUT_DIR
 
 
 def save_json(name: str, payload: dict, directory: Path = OUT_DIR) -> Path:

@@ -19,7 +19,8 @@ Side by side in one run (min/median/max over ``--repeats`` passes after a warm-u
     interleaved, pass by pass, so clock drift hits them alike. ResNet-50 comes from torchvision
     when it is installed (the benchmark only; packer does not depend on it).
 Also recorded: the conversion rate of the source folder on this machine's cores.
-Results: a table, and ``benchmarks/results/gpu[-quick].json``.
+Results: a table, and ``gpu[-quick].json`` in ``benchmarks/out/`` (``--update-results``:
+``benchmarks/results/``, the committed figures).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .common import RESULTS_DIR, Rate, cpu_count, imagenet_like, machine, markdown_table, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
 
 SIZE = 224
 BATCH = 256
@@ -177,6 +178,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="training steps per pass")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-gpu-bench"))
+    add_output_arguments(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.gpu: needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -250,7 +252,7 @@ def main() -> None:
         print(markdown_table(["ResNet-50 step, bf16, batch 256", "img/s", "of on-GPU"],
                              [[name, str(r), f"{r.median / base:.1%}"] for name, r in trained.items()]))
     print("\nconversion (every core): " + ", ".join(f"{fmt} {r:,.0f} img/s" for fmt, r in convert_rates.items()))
-    out = save_json("gpu-quick" if args.quick else "gpu", results, RESULTS_DIR)
+    out = save_json("gpu-quick" if args.quick else "gpu", results, output_dir(args.update_results, args.out))
     print(f"saved {out}")
 
 

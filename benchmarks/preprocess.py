@@ -33,7 +33,7 @@ from packer import ImageOptions
 from packer.preprocess.image import preprocess_image
 from packer.sources.images import scan_image_folder
 
-from .common import DATA_DIR, RESULTS_DIR, machine, markdown_table, save_json
+from .common import DATA_DIR, add_output_arguments, machine, markdown_table, output_dir, save_json
 
 TARGET = 224
 Method = Callable[[bytes], np.ndarray]
@@ -148,7 +148,7 @@ def bench_set(name: str, files: list[Path], repeats: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     cv2.setNumThreads(1)
     small, large, repeats = (40, 8, 2) if args.quick else (300, 40, 3)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print()
     print(table)
-    print("saved", save_json("preprocess-quick" if args.quick else "preprocess", {"machine": machine(), "rows": rows}, args.out))
+    print("saved", save_json("preprocess-quick" if args.quick else "preprocess", {"machine": machine(), "rows": rows}, output_dir(args.update_results, args.out)))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python -m benchmarks.run --quick           # under 2 minutes on 2 quiet cores: validates everything end to end
     python -m benchmarks.run                   # the full suite (3,000 images, longer passes)
     python -m benchmarks.run --data DIR        # your own image folder instead of the generated one
+    python -m benchmarks.run --drop-caches --update-results   # as root: cold-cache figures too, into benchmarks/results/
 
 Reading (DataLoader batch 64, shuffled, num_workers 0 and all cores; each pipeline is compared
 at its best setting, as a ratio to the tutorial raw-folder pipeline measured in the same run):
@@ -14,9 +15,11 @@ at its best setting, as a ratio to the tutorial raw-folder pipeline measured in 
 
 Packed and "tricks" pipelines deliver uint8 batches; their normalisation belongs on the device
 (``readers.Normalize``), so it is not timed here. Conversion images/s with 1 worker and all
-cores, and bytes on disk. Cold-cache first-epoch figures when the page cache can be dropped
-(root). Output: a table on the terminal, ``benchmarks/results/<mode>.json`` (every figure and
-the machine) and ``benchmarks/results/<mode>-throughput.png``.
+cores, and bytes on disk. Cold-cache first-epoch figures only with ``--drop-caches`` (it drops
+the whole machine's page cache: needs root, and slows everything else running). Output: a table
+on the terminal, ``<mode>.json`` (every figure and the machine) and ``<mode>-throughput.png`` in
+``benchmarks/out/`` (git-ignored), or in ``benchmarks/results/`` (the committed figures) with
+``--update-results``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from packer.sources.images import scan_image_folder
 from packer.writers import WRITERS, get_writer
 
 from .baselines import FastFolder, TutorialFolder, naive_convert, remove
-from .common import DATA_DIR, RESULTS_DIR, cpu_count, folder_stats, imagenet_like, machine, markdown_table, save_json
+from .common import DATA_DIR, add_output_arguments, cpu_count, folder_stats, imagenet_like, machine, markdown_table, output_dir, save_json
 from .peers import PEERS, peer_versions, timed_write
 
 BATCH = 64
@@ -168,8 +171,9 @@ def cold_epoch(dataset: Dataset, workers: int) -> float:
     return images / (time.perf_counter() - start)
 
 
-def run_suite(src: Path, mode: Mode, *, peers: bool = True, cold: bool = True) -> dict[str, Any]:
-    """Measure everything on ``src``; returns the JSON-ready results."""
+def run_suite(src: Path, mode: Mode, *, peers: bool = True, cold: bool = False) -> dict[str, Any]:
+    """Measure everything on ``src``; returns the JSON-ready results. ``cold``: also the
+    cold-cache first epochs, which drop the whole machine's page cache (root only)."""
     cores = cpu_count()
     suite = Suite(mode, cores)
     items = [(i.path, i.label) for i in scan_image_folder(src).items]
@@ -392,8 +396,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, help="an image folder to use instead of the generated ImageNet-like one")
     parser.add_argument("--images", type=int, help="generated images (default: 256 quick, 3000 full)")
     parser.add_argument("--no-peers", action="store_true", help="skip webdataset, Streaming and LitData")
-    parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache pass (it drops the whole machine's page cache)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the JSON and the chart go")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="also measure cold-cache first epochs: drops the WHOLE MACHINE's page cache before each (root only)")
+    add_output_arguments(parser)
     parser.add_argument("--render", type=Path, metavar="JSON", help="print the markdown report of a saved run (for RESULTS.md) and exit")
     args = parser.parse_args(argv)
     if args.render:
@@ -407,15 +412,18 @@ def main(argv: list[str] | None = None) -> None:
         mode = dataclasses.replace(mode, images=args.images)
     started = time.perf_counter()
     src = args.data if args.data else imagenet_like(mode.images)
-    results = run_suite(src, mode, peers=not args.no_peers, cold=not args.no_cold)
+    results = run_suite(src, mode, peers=not args.no_peers, cold=args.drop_caches)
+    if not args.drop_caches:
+        results["notes"].append("cold cache: not measured (run with --drop-caches, as root); all figures are warm-cache")
     results["machine"] = {**machine(), **versions()}
     results["seconds"] = time.perf_counter() - started
     report = render(results)
     print()
     print(report)
     print(f"\n{name} suite: {results['seconds']:.0f} s")
-    print("saved", save_json(name, results, args.out))
-    png = chart(results, args.out / f"{name}-throughput.png")
+    out = output_dir(args.update_results, args.out)
+    print("saved", save_json(name, results, out))
+    png = chart(results, out / f"{name}-throughput.png")
     if png:
         print("saved", png)
 

@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 from packer import ImageOptions, convert
 from packer.sources.images import scan_image_folder
 
-from .common import DATA_DIR, RESULTS_DIR, cpu_count, machine, markdown_table, save_json
+from .common import DATA_DIR, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json
 
 BATCH = 64
 LR = 1e-3
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="6,000 images, 2 epochs")
     parser.add_argument("--images", type=int, help="default 70,000 (6,000 with --quick)")
     parser.add_argument("--epochs", type=int, help="default 5 (2 with --quick)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     images = args.images or (6000 if args.quick else 70000)
     epochs = args.epochs or (2 if args.quick else 5)
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     results["machine"] = machine()
     print()
     print(render(results))
-    print("saved", save_json("train_loop-quick" if args.quick else "train_loop", results, args.out))
+    print("saved", save_json("train_loop-quick" if args.quick else "train_loop", results, output_dir(args.update_results, args.out)))
 
 
 if __name__ == "__main__":
