@@ -82,8 +82,9 @@ class FolderTree(Protocol):
         """``"dir"``, ``"file"`` (anything else), or ``None`` if nothing is there."""
 
     def top(self) -> list[tuple[str, str]]:
-        """``(name, kind)`` of each top-level entry, sorted by name; kind ``"dir"``, ``"file"`` or
-        ``"other"``. Raises ``OSError`` if the folder cannot be listed."""
+        """``(name, kind)`` of each top-level entry, sorted by name; kind ``"dir"``, ``"file"``,
+        ``"other"``, or ``"outside"`` (a symlink to a file outside the folder: not followed).
+        Raises ``OSError`` if the folder cannot be listed."""
 
     def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
         """Item paths of the images below the top-level ``folder``, in :func:`image_order`,
@@ -128,7 +129,9 @@ def _scan(tree: FolderTree) -> ImageFolder:
     skipped: list[Skipped] = []
     if not class_dirs:
         items = [ImageItem(tree.path(name), -1) for name in top_images]
-        folder = ImageFolder(tree.root, items, [], labeled=False, stamps=tree.stamps())
+        skipped = [Skipped(name, "symlink leads outside SRC; not followed") for name, what in entries
+                   if what == "outside" and is_image_name(name)]
+        folder = ImageFolder(tree.root, items, [], labeled=False, skipped=skipped, stamps=tree.stamps())
     else:
         items = []
         empty = []
@@ -137,8 +140,9 @@ def _scan(tree: FolderTree) -> ImageFolder:
             if not found:
                 empty.append(name)
             items.extend(ImageItem(path, label) for path in found)
-        for name in top_images:
-            skipped.append(Skipped(name, "outside any class folder (not labeled)"))
+        for name, what in entries:
+            if what in ("file", "outside") and is_image_name(name):
+                skipped.append(Skipped(name, "outside any class folder (not labeled)"))
         folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps())
     if not folder.items:
         where = "in its class sub-folders" if class_dirs else "at its top level"
@@ -161,10 +165,6 @@ class _LocalTree:
             return None
         return "dir" if self.root.is_dir() else "file"
 
-    def top(self) -> list[tuple[str, str]]:
-        entries = sorted(os.scandir(self.root), key=lambda e: e.name)
-        return [(e.name, "dir" if _is_dir(e) else "file" if _is_file(e) else "other") for e in entries]
-
     def path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
@@ -174,14 +174,34 @@ class _LocalTree:
     def stamps(self) -> None:
         return None
 
+    def top(self) -> list[tuple[str, str]]:
+        entries = sorted(os.scandir(self.root), key=lambda e: e.name)
+        inside = _Boundary(self.root, "SRC")  # an unlabeled SRC's images: the links among them may not leave it
+        return [(e.name, "dir" if _is_dir(e) else "outside" if inside.leaves(e.path) else "file" if _is_file(e) else "other")
+                for e in entries]
+
     def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
+        """Images below the class folder ``folder``, symlinks followed while they stay inside it
+        (a link to ``..`` or to another class's folder would give those images this label)."""
         top = os.path.join(self.root, folder)
         root = self.root
+        inside = _Boundary(top, "its class folder")
         found: list[str] = []
         seen: set[tuple[int, int]] = set()
 
         def on_error(exc: OSError) -> None:
             skipped.append(Skipped(os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})"))
+
+        def kept(dirpath: str, names: list[str]) -> list[str]:
+            """``names`` less the symlinks that leave the class folder (recorded as skipped)."""
+            out = []
+            for name in names:
+                path = os.path.join(dirpath, name)
+                if inside.leaves(path):
+                    skipped.append(Skipped(os.path.relpath(path, root), inside.reason(path)))
+                else:
+                    out.append(name)
+            return out
 
         for dirpath, dirnames, filenames in os.walk(top, onerror=on_error, followlinks=True):
             try:
@@ -194,10 +214,33 @@ class _LocalTree:
                 dirnames[:] = []
                 continue
             seen.add((st.st_dev, st.st_ino))
-            dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
-            found.extend(os.path.join(dirpath, name) for name in filenames if is_image_name(name))
+            dirnames[:] = kept(dirpath, sorted(d for d in dirnames if not is_hidden(d)))
+            found.extend(os.path.join(dirpath, name) for name in kept(dirpath, [n for n in filenames if is_image_name(n)]))
         found.sort(key=lambda p: image_order(os.path.relpath(p, top).split(os.sep)))
         return found
+
+
+class _Boundary:
+    """A folder that the symlinks inside it may not lead out of (its own path resolved, so a
+    class folder that is itself a link to elsewhere is fine: its name gives the label)."""
+
+    def __init__(self, folder: str | os.PathLike[str], name: str) -> None:
+        self.real = os.path.realpath(folder)
+        self.name = name
+
+    def leaves(self, path: str) -> bool:
+        """Whether ``path`` is a symlink whose target (resolved) lies outside the folder."""
+        if not os.path.islink(path):
+            return False
+        target = os.path.realpath(path)
+        return target != self.real and not target.startswith(self.real.rstrip(os.sep) + os.sep)
+
+    def reason(self, path: str) -> str:
+        try:
+            target = os.readlink(path)
+        except OSError:  # pragma: no cover - raced with deletion
+            target = "?"
+        return f"symlink to {target!r} leads outside {self.name}; not followed"
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
