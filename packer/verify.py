@@ -5,12 +5,16 @@ WebDataset, the shard):
 
 * the metadata record parses and agrees with the storage (the store's own checks on open:
   counts, section and dataset sizes, shard sizes);
-* format structure: LMDB holds exactly the expected keys; every WebDataset shard is a valid tar
-  whose members are the expected keys, at the offsets and sizes of the member index, with the
-  right labels in its ``.cls`` members;
+* format structure, as the format's store checks it (``Store.structure_faults``): LMDB holds
+  exactly the expected keys; every WebDataset shard is a valid tar whose members are the
+  expected keys, at the offsets and sizes of the member index, with the right labels in its
+  ``.cls`` members and the right shape and dtype in its ``.npy`` headers;
 * every sample is present, its label is valid for ``classes``, its shape agrees with the
   metadata, and its checksum (``readers/checksums.py``) matches the stored one;
 * every sample decodes (raw: the byte count; jpeg/png: a full decode), unless ``quick``;
+* a text dataset: every document is ``(1, 1, n)`` token ids inside the tokenizer's vocabulary,
+  ending with its end-of-document id (when it has one), and the documents hold the metadata's
+  ``tokens`` in all;
 * with ``source``: the recorded preprocessing, re-run on the source folder, gives the same
   samples in the same order (raw and png: identical pixels; jpeg: decoded pixels within
   :data:`JPEG_TOLERANCE` on average, since encoders may differ between library builds).
@@ -19,7 +23,6 @@ WebDataset, the shard):
 from __future__ import annotations
 
 import math
-import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +67,8 @@ class VerifyReport:
     checked: int = 0
     decoded: int = 0
     compared: int = 0
+    #: Text datasets: tokens counted in the checked documents (EOS included).
+    tokens: int = 0
     checksums: bool = False
     faults: list[Fault] = field(default_factory=list)
     fault_count: int = 0
@@ -118,11 +123,12 @@ def verify(
         report.add("checksums", str(exc))
         stored = None
     report.checksums = stored is not None
-    locate = _locator(store)
     for start in range(0, meta.count, _CHUNK):
-        _check_samples(store, range(start, min(start + _CHUNK, meta.count)), stored, quick, report, locate)
+        _check_samples(store, range(start, min(start + _CHUNK, meta.count)), stored, quick, report)
+    if meta.kind == "text" and report.checked == meta.count and report.tokens != meta.tokens:
+        report.add("metadata", f"records {meta.tokens:,} tokens, the documents hold {report.tokens:,}")
     if source is not None:
-        _compare_source(store, source, report, locate, workers)
+        _compare_source(store, source, report, workers)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -137,106 +143,28 @@ def _check_metadata(meta: Metadata, report: VerifyReport) -> None:
 
 
 def _check_structure(store: Store, report: VerifyReport) -> None:
-    if store.format_name == "lmdb":
-        _check_lmdb_keys(store, report)
-    elif store.format_name == "webdataset":
-        _check_shards(store, report)
-
-
-def _check_lmdb_keys(store: Store, report: VerifyReport) -> None:
-    from readers.formats.lmdb import CHECKSUMS_KEY, META_KEY, open_shared_env
-
-    expected = store.meta.count + 1 + (1 if store.meta.checksum else 0)
-    entries = open_shared_env(str(store.path)).env.stat()["entries"]
-    if entries != expected:
-        report.add("dataset", f"holds {entries:,} keys, expected {expected:,} ({store.meta.count:,} samples, "
-                   f"{META_KEY.decode()}{', ' + CHECKSUMS_KEY.decode() if store.meta.checksum else ''})")
-
-
-def _check_shards(store: Store, report: VerifyReport) -> None:
-    """Walk every shard's tar headers: valid, the expected member names, offsets and labels."""
-    from readers.formats.webdataset import EXTENSIONS, LABEL_EXTENSION, _load_index, sample_key
-
-    meta = store.meta
-    index = np.asarray(_load_index(store.path))
-    extension = EXTENSIONS[meta.encoding]
-    for number, name in enumerate(meta.extra["shards"]):
-        rows = np.flatnonzero(index["shard"] == number)
-        where = f"shard {name}"
-        try:
-            data = (store.path / name).read_bytes()
-        except OSError as exc:
-            report.add(where, f"cannot read ({exc.strerror or exc})")
-            continue
-        members = list(_tar_members(data, where, report))
-        if len(members) != 2 * len(rows):
-            report.add(where, f"holds {len(members)} members, expected {2 * len(rows)} ({len(rows)} samples)")
-        for k, i in enumerate(rows.tolist()):
-            if 2 * k + 1 >= len(members):
-                break
-            (image_name, image_at, image_size), (label_name, label_at, label_size) = members[2 * k], members[2 * k + 1]
-            offset, nbytes, label = (int(index[name][i]) for name in ("offset", "nbytes", "label"))
-            sample = f"sample {i} ({name})"
-            key = sample_key(i)
-            if image_name != f"{key}.{extension}" or label_name != f"{key}.{LABEL_EXTENSION}":
-                report.add(sample, f"members are {image_name!r}, {label_name!r}, expected {key}.{extension}, {key}.{LABEL_EXTENSION}")
-            if not (image_at <= offset and offset + nbytes == image_at + image_size):
-                report.add(sample, f"the index puts its payload at {offset}+{nbytes}, the tar member is at {image_at}+{image_size}")
-            text = data[label_at : label_at + label_size]
-            if text != str(label).encode("ascii"):
-                report.add(sample, f"its .{LABEL_EXTENSION} member says {text[:20]!r}, the index says {label}")
-        del data
-
-
-def _tar_members(data: bytes, where: str, report: VerifyReport) -> Iterator[tuple[str, int, int]]:
-    """``(name, data offset, size)`` of each member of an in-memory tar, checking each header."""
-    from readers.formats.webdataset import BLOCK
-
-    position = 0
-    while position + BLOCK <= len(data):
-        block = data[position : position + BLOCK]
-        if not any(block):
-            return
-        try:
-            size = tarfile.nti(block[124:136])
-            stored = tarfile.nti(block[148:156])
-        except tarfile.InvalidHeaderError:
-            report.add(where, f"damaged tar header at byte {position}")
-            return
-        if stored not in tarfile.calc_chksums(block):
-            report.add(where, f"damaged tar header at byte {position} (bad header checksum)")
-            return
-        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-        yield name, position + BLOCK, size
-        position += BLOCK + size + (-size % BLOCK)
-    report.add(where, "ends inside a tar member (truncated)")
-
-
-def _locator(store: Store):
-    """``index -> "sample i"`` text, naming the shard for WebDataset."""
-    if store.format_name != "webdataset":
-        return lambda i: f"sample {i}"
-    from readers.formats.webdataset import _load_index
-
-    shards = store.meta.extra["shards"]
-    column = np.asarray(_load_index(store.path)["shard"])
-    return lambda i: f"sample {i} ({shards[int(column[i])]})" if 0 <= column[i] < len(shards) else f"sample {i}"
+    """The format's own structure (LMDB keys, WebDataset tar members): the store knows it."""
+    try:
+        for where, message in store.structure_faults():
+            report.add(where, message)
+    except PackedFormatError as exc:
+        report.add("dataset", str(exc))
 
 
 # -- samples -------------------------------------------------------------------------------
-def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quick: bool, report: VerifyReport, locate) -> None:
+def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quick: bool, report: VerifyReport) -> None:
     try:
-        records = list(_copies(store._records(list(indices))))
+        records = list(_copies(store.records(indices)))
     except (PackedFormatError, ValueError, IndexError) as exc:
         if len(indices) > 1:  # find which sample: one at a time
             for i in indices:
-                _check_samples(store, range(i, i + 1), stored, quick, report, locate)
+                _check_samples(store, range(i, i + 1), stored, quick, report)
             return
-        report.add(locate(indices[0]), str(exc))
+        report.add(store.where(indices[0]), str(exc))
         return
     meta = store.meta
     for i, (label, shape, payload) in zip(indices, records):
-        where = locate(i)
+        where = store.where(i)
         report.checked += 1
         if meta.labeled and not (0 <= label < max(len(meta.classes), 1)):
             report.add(where, f"label {label} is not a class index (0..{len(meta.classes) - 1})")
@@ -246,10 +174,14 @@ def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quic
             report.add(where, f"shape {tuple(shape)} disagrees with the metadata ({meta.shape or meta.channels})")
         if stored is not None and sample_checksum(label, shape, payload) != int(stored[i]):
             report.add(where, "checksum mismatch: the stored sample changed after it was written")
+        if meta.kind == "text":
+            report.tokens += shape[-1]
         if meta.encoding == "raw":
             expected = math.prod(shape) * np.dtype(meta.dtype).itemsize  # uint8 pixels, or token ids
             if len(payload) != expected:
                 report.add(where, f"{len(payload)} bytes, expected {expected} for shape {tuple(shape)} of {meta.dtype}")
+            elif meta.kind == "text" and (problem := _document_problem(meta, shape, payload)):
+                report.add(where, problem)
         elif not quick:
             try:
                 store.decode(payload, np.empty(shape, np.uint8), i)
@@ -258,13 +190,26 @@ def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quic
                 report.add(where, f"does not decode: {exc}")
 
 
+def _document_problem(meta: Metadata, shape: tuple[int, ...], payload: bytes) -> str:
+    """Why a stored text document is not one (shape (1, 1, n), ids in the vocabulary, EOS last), or ""."""
+    if tuple(shape[:2]) != (1, 1):
+        return f"shape {tuple(shape)}: a document is stored as (1, 1, n)"
+    ids = np.frombuffer(payload, np.dtype(meta.dtype).newbyteorder("<"))
+    vocab, eos = meta.tokenizer.get("vocab_size"), meta.tokenizer.get("eos_id")
+    if ids.size and int(ids.max()) >= vocab:
+        return f"token id {int(ids.max())} is outside the tokenizer's vocabulary of {vocab}"
+    if eos is not None and (not ids.size or int(ids[-1]) != eos):
+        return f"does not end with the end-of-document id {eos}"
+    return ""
+
+
 def _copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
     for label, shape, payload in records:
         yield int(label), tuple(int(d) for d in shape), bytes(payload)
 
 
 # -- against the source ------------------------------------------------------------------------
-def _compare_source(store: Store, source: str | Path, report: VerifyReport, locate, workers: int | None) -> None:
+def _compare_source(store: Store, source: str | Path, report: VerifyReport, workers: int | None) -> None:
     from .errors import PackerError
     from .options import ImageOptions
     from .parallel import default_workers, ordered_map
@@ -302,12 +247,12 @@ def _compare_source(store: Store, source: str | Path, report: VerifyReport, loca
     chunksize = remote_chunksize(len(items), workers) if remote else None  # as a conversion from it reads
     with ordered_map(ImageTask(image), items, workers=workers, chunksize=chunksize) as results:
         for i, (item, result) in enumerate(zip(items, results)):
-            where = f"{locate(i)} <- {folder.relative(item.path)}"
+            where = f"{store.where(i)} <- {folder.relative(item.path)}"
             if not isinstance(result, Encoded):
                 report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
                 continue
             try:
-                [(label, shape, payload)] = list(_copies(store._records([i])))
+                [(label, shape, payload)] = list(_copies(store.records([i])))
             except (PackedFormatError, ValueError) as exc:
                 report.add(where, str(exc))
                 continue

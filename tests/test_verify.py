@@ -49,7 +49,7 @@ def _payload_location(path: Path, fmt: str, index: int) -> tuple[Path, int]:
     if fmt == "webdataset":
         row = np.load(path / INDEX_FILE)[index]
         return path / store.meta.extra["shards"][int(row[0])], int(row[1])
-    [payload] = [bytes(payload) for _label, _shape, payload in store._records([index])]  # copied inside the read
+    [payload] = [bytes(payload) for _label, _shape, payload in store.records([index])]  # copied inside the read
     file = path / "data.mdb" if fmt == "lmdb" else path
     data = file.read_bytes()
     assert data.count(payload) == 1
@@ -80,7 +80,7 @@ def test_checksums_are_recorded_and_match(packed, fmt):
     assert store.meta.checksum == CHECKSUM
     stored = store.stored_checksums()
     assert stored.dtype == np.dtype("<u4") and stored.shape == (len(store),)
-    expected = [sample_checksum(label, shape, bytes(payload)) for label, shape, payload in store._records(range(len(store)))]
+    expected = [sample_checksum(label, shape, bytes(payload)) for label, shape, payload in store.records(range(len(store)))]
     assert stored.tolist() == expected
     report = verify(path)
     assert report.ok and report.checked == len(store), report.faults

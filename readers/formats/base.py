@@ -8,6 +8,17 @@ A format subclasses :class:`Store` and supplies how to read its metadata record
 (:meth:`Store._read_metadata`) and how to walk the stored records of a list of indices
 (:meth:`Store._records`). Formats whose storage allows something faster for fixed-shape raw
 batches (one gather from an array, a chunked HDF5 read) also override :meth:`Store._fill_raw`.
+
+What tools ask of a format, whatever it holds, is a method here that the format may override,
+so nothing outside the format's module needs its layout: :meth:`Store.records` (the stored
+records, for ``packer verify``), :meth:`Store.structure_faults` (the format's own structure:
+LMDB keys, WebDataset tar members), :meth:`Store.where` (a sample's location in messages),
+:meth:`Store.payload_offsets` and :meth:`Store.read_stream` (every payload back to back: a text
+dataset's token stream, ``readers/formats/tokens.py``).
+
+The image reads (:meth:`Store.read`, :meth:`Store.read_batch`, :meth:`Store.read_samples`)
+refuse a text dataset with one line (:meth:`Store.require_images`): its samples are token ids,
+read through ``readers.TokenDataset``.
 """
 
 from __future__ import annotations
@@ -22,11 +33,13 @@ import numpy as np
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record"]
+__all__ = ["Store", "Record", "Fault"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
 Record = tuple[int, tuple[int, int, int], "bytes | memoryview"]
+#: A structure problem a format finds: ``(where, what)``, e.g. ``("shard shard-000001.tar", "holds 9 members, ...")``.
+Fault = tuple[str, str]
 
 
 class Store:
@@ -38,6 +51,7 @@ class Store:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such packed dataset")
+        self._payload_offsets_cache: np.ndarray | None = None
         self.meta: Metadata = self._read_metadata()
 
     # -- what a format supplies ---------------------------------------------------------
@@ -66,12 +80,84 @@ class Store:
             out[j] = self.raw_view(payload, shape, int(indices[j]))
             labels[j] = label
 
+    def _payload_offsets(self) -> np.ndarray:
+        """:meth:`payload_offsets`, uncached: here one pass over every record (formats with an
+        index of their payloads override it)."""
+        n = len(self)
+        lengths = np.fromiter((len(payload) for _label, _shape, payload in self._records(range(n))), np.int64, n)
+        return np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths, dtype=np.int64)])
+
+    def _read_stream(self, start: int, stop: int, out: np.ndarray) -> None:
+        """:meth:`read_stream` of a checked range: here the payloads it touches, one by one
+        (formats that store the stream as one array override it with one slice)."""
+        offsets = self.payload_offsets()
+        first = int(np.searchsorted(offsets, start, "right")) - 1
+        last = int(np.searchsorted(offsets, stop, "left"))
+        at = 0
+        for i, (_label, _shape, payload) in zip(range(first, last), self._records(range(first, last))):
+            begin, end = int(offsets[i]), int(offsets[i + 1])
+            lo, hi = max(start, begin) - begin, min(stop, end) - begin
+            out[at : at + hi - lo] = np.frombuffer(payload, np.uint8, hi - lo, lo)
+            at += hi - lo
+
+    # -- what tools ask of any format -----------------------------------------------------
+    def records(self, indices: Sequence[int]) -> Iterator[Record]:
+        """The stored record ``(label, (C, H, W) shape, payload bytes)`` of each index, in order,
+        exactly as stored (no decoding; a text document's payload is its token ids' bytes).
+
+        Indices are checked first (negative ones count from the end). A payload may be a view
+        valid only until the next record is requested: copy it to keep it.
+        """
+        return self._records(self.check_indices(indices))
+
+    def structure_faults(self) -> Iterator[Fault]:
+        """Problems with the format's own structure that opening the store does not check, as
+        ``(where, what)`` pairs (``packer verify`` reports them). Here: none to check."""
+        return iter(())
+
+    def where(self, index: int) -> str:
+        """Where sample ``index`` is, for messages: ``"sample 12"`` (formats with several files add which)."""
+        return f"sample {index}"
+
+    def payload_offsets(self) -> np.ndarray:
+        """``(N + 1,)`` int64: payload ``i`` is bytes ``offsets[i]:offsets[i + 1]`` of the
+        *payload stream*, every stored payload back to back in index order (for a text dataset,
+        the flat token stream's bytes). Worked out once per store, then kept."""
+        if self._payload_offsets_cache is None:
+            offsets = np.asarray(self._payload_offsets(), np.int64)
+            if offsets.shape != (len(self) + 1,) or (len(self) and (offsets[0] != 0 or np.any(np.diff(offsets) < 0))):
+                raise PackedFormatError(f"{self.path}: the payload offsets are not {len(self) + 1} increasing values from 0: the dataset is corrupt")
+            self._payload_offsets_cache = offsets
+        return self._payload_offsets_cache
+
+    def read_stream(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Bytes ``start:stop`` of the payload stream (:meth:`payload_offsets`) into the uint8
+        array ``out`` (or a new one), across payload boundaries."""
+        total = int(self.payload_offsets()[-1])
+        if not 0 <= start <= stop <= total:
+            raise IndexError(f"byte range {start}:{stop} is outside the {total} bytes of {self.path}'s payloads")
+        if out is None:
+            out = np.empty(stop - start, np.uint8)
+        elif out.dtype != np.uint8 or out.shape != (stop - start,):
+            raise ValueError(f"out must be a uint8 array of shape ({stop - start},), got {out.dtype} {out.shape}")
+        self._read_stream(start, stop, out)
+        return out
+
+    def require_images(self) -> None:
+        """Raise :class:`PackedFormatError` (one line) unless the dataset holds images."""
+        if self.meta.kind != "image":
+            raise PackedFormatError(
+                f"{self.path}: a {self.meta.kind} dataset ({self.meta.count:,} documents of {self.meta.dtype} token ids), not images: "
+                "read it with readers.TokenDataset(path) (or readers.open_dataset(path))"
+            )
+
     # -- reading ------------------------------------------------------------------------
     def __len__(self) -> int:
         return self.meta.count
 
     def read(self, index: int) -> tuple[np.ndarray, int]:
         """One sample as a new (C, H, W) uint8 array and its label."""
+        self.require_images()
         i = self.check_index(index)
         for label, shape, payload in self._records([i]):
             image = np.empty(shape, np.uint8)
@@ -85,6 +171,7 @@ class Store:
         Needs a fixed sample shape (:attr:`Metadata.fixed_shape`); :meth:`read_samples` works
         for any shapes.
         """
+        self.require_images()
         if not self.meta.fixed_shape:
             raise PackedFormatError(
                 f"{self.path}: samples have different shapes, so they cannot fill one batch array: "
@@ -107,6 +194,7 @@ class Store:
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
         """Samples as separate (C, H, W) arrays: works for variable shapes too."""
+        self.require_images()
         idx = self.check_indices(indices)
         samples = []
         for i, (label, shape, payload) in zip(idx, self._records(idx)):

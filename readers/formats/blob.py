@@ -184,6 +184,16 @@ class BlobStore(Store):
             c, h, w = shapes[i]
             yield int(labels[i]), (int(c), int(h), int(w)), data[offsets[i] : offsets[i + 1]]
 
+    def _payload_offsets(self) -> np.ndarray:
+        view = self._view.get()
+        if view.images is not None:  # fixed-shape raw: sample i starts at i * C * H * W
+            return np.arange(self.meta.count + 1, dtype=np.int64) * int(self.meta.sample_nbytes or 0)
+        return view.offsets
+
+    def _read_stream(self, start: int, stop: int, out: np.ndarray) -> None:
+        """The ``data`` section is the payload stream: one slice."""
+        out[...] = self._view.get().data[start:stop]
+
     def stored_checksums(self) -> np.ndarray | None:
         if not self.meta.checksum:
             return None

@@ -36,18 +36,7 @@ from .._process import HandleCache, PerProcess, file_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
 
-__all__ = [
-    "HDF5Store",
-    "META_ATTR",
-    "IMAGES",
-    "LABELS",
-    "PAYLOAD",
-    "OFFSETS",
-    "SHAPES",
-    "CHECKSUMS",
-    "SIGNATURE",
-    "open_shared_file",
-]
+__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SIGNATURE", "open_shared_file"]
 
 #: File attribute holding the metadata record (UTF-8 JSON string), written last.
 META_ATTR = "packer_metadata"
@@ -159,6 +148,16 @@ class HDF5Store(Store):
             shared.read_payload(start, stop, payload)
             c, h, w = (int(d) for d in shapes[i])
             yield int(labels[i]), (c, h, w), memoryview(payload)
+
+    def _payload_offsets(self) -> np.ndarray:
+        shared = self._file.get()  # fixed layout: every sample has the same size
+        return shared.offsets if shared.images is None else np.arange(self.meta.count + 1) * math.prod(shared.images.shape[1:])
+
+    def _read_stream(self, start: int, stop: int, out: np.ndarray) -> None:
+        """The flat layout's ``payload`` dataset is the payload stream: one ranged read."""
+        if self._file.get().images is not None:
+            return super()._read_stream(start, stop, out)
+        self._file.get().read_payload(start, stop, out)
 
     def read(self, index: int) -> tuple[np.ndarray, int]:
         """One sample as a new (C, H, W) uint8 array and its label (raw: read straight into it)."""

@@ -21,7 +21,7 @@ import numpy as np
 from .._process import HandleCache, PerProcess, file_key
 from ..checksums import CHECKSUM_DTYPE
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Record, Store
+from .base import Fault, Record, Store
 
 __all__ = ["LMDBStore", "META_KEY", "CHECKSUMS_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
 
@@ -78,6 +78,15 @@ class LMDBStore(Store):
             size = "missing" if raw is None else f"{len(raw)} bytes"
             raise PackedFormatError(f"{self.path}: {CHECKSUMS_KEY.decode()} is {size}, expected {4 * self.meta.count} bytes")
         return np.frombuffer(raw, CHECKSUM_DTYPE)
+
+    def structure_faults(self) -> Iterator[Fault]:
+        """The environment holds exactly the sample keys, :data:`META_KEY` and (when checksums
+        are recorded) :data:`CHECKSUMS_KEY`: nothing left over, nothing missing."""
+        expected = self.meta.count + 1 + (1 if self.meta.checksum else 0)
+        entries = self._env.get().env.stat()["entries"]
+        if entries != expected:
+            extra = f", {CHECKSUMS_KEY.decode()}" if self.meta.checksum else ""
+            yield "dataset", f"holds {entries:,} keys, expected {expected:,} ({self.meta.count:,} samples, {META_KEY.decode()}{extra})"
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         header, key_format = SAMPLE_HEADER, KEY_FORMAT

@@ -2,15 +2,16 @@
 
 A text dataset stores each document as one sample (record shape ``(1, 1, n)``, payload ``n``
 little-endian uint16/uint32 token ids, EOS last). The *flat stream* is every document back to
-back; :class:`TokenStore` gives slices of it without building it:
+back: the store's payload stream (``Store.payload_offsets``, ``Store.read_stream``), so this
+module needs no format's layout. How each format serves it is that format's business:
 
-* blob: the data section *is* the flat stream, mapped (or in shared memory) and viewed as the
-  token dtype; a span is a zero-copy slice.
+* blob: the data section *is* the flat stream, mapped (or in shared memory); a span is one slice.
 * HDF5: the flat ``payload`` dataset is the stream too; a span is one ranged read.
 * LMDB, WebDataset: a span reads the (few) documents it touches and concatenates them.
 
-Document token offsets (``(N + 1,)`` int64) come from the format's own index (blob/HDF5 offsets,
-the WebDataset member index) or, for LMDB, one pass over the records, once per store and cached.
+Document token offsets (``(N + 1,)`` int64) are the store's byte offsets over the itemsize: from
+the format's own index (blob/HDF5 offsets, the WebDataset member index) or, for LMDB, one pass
+over the records, once per store and cached.
 """
 
 from __future__ import annotations
@@ -79,19 +80,10 @@ class TokenStore:
         return self._offsets
 
     def _token_offsets(self) -> np.ndarray:
-        fmt, size = self.meta.format, self.dtype.itemsize
-        if fmt == "blob":
-            byte_offsets = self.store._view.get().offsets  # type: ignore[attr-defined]
-        elif fmt == "hdf5":
-            byte_offsets = self.store._file.get().offsets  # type: ignore[attr-defined]
-        elif fmt == "webdataset":
-            nbytes = self.store._files.get().index["nbytes"]  # type: ignore[attr-defined]
-            byte_offsets = np.concatenate([[0], np.cumsum(nbytes)])
-        else:
-            lengths = np.fromiter((len(p) for _l, _s, p in self.store._records(range(len(self)))), np.int64, len(self))
-            byte_offsets = np.concatenate([[0], np.cumsum(lengths)])
-        offsets = np.asarray(byte_offsets, np.int64) // size
-        if offsets.shape != (len(self) + 1,) or int(offsets[-1]) != self.meta.tokens:
+        size = self.dtype.itemsize
+        byte_offsets = self.store.payload_offsets()
+        offsets = byte_offsets // size
+        if np.any(byte_offsets % size) or int(offsets[-1]) != self.meta.tokens:
             raise PackedFormatError(f"{self.path}: document offsets disagree with the metadata's {self.meta.tokens} tokens: the dataset is corrupt")
         return offsets
 
@@ -109,21 +101,8 @@ class TokenStore:
             raise IndexError(f"token span {start}:{stop} is outside the stream of {total} tokens")
         if out is None:
             out = np.empty(stop - start, self.dtype)
-        fmt, size = self.meta.format, self.dtype.itemsize
-        if fmt == "blob":
-            out[...] = self.store._view.get().data[start * size : stop * size].view(self.dtype)  # type: ignore[attr-defined]
-        elif fmt == "hdf5":
-            self.store._file.get().read_payload(start * size, stop * size, out.view(np.uint8))  # type: ignore[attr-defined]
-        else:
-            offsets = self.offsets
-            first = int(np.searchsorted(offsets, start, "right")) - 1
-            last = int(np.searchsorted(offsets, stop, "left"))
-            at = 0
-            for doc, (_label, _shape, payload) in zip(range(first, last), self.store._records(range(first, last))):
-                tokens = np.frombuffer(payload, self.dtype)
-                lo, hi = max(start, int(offsets[doc])) - int(offsets[doc]), min(stop, int(offsets[doc + 1])) - int(offsets[doc])
-                out[at : at + hi - lo] = tokens[lo:hi]
-                at += hi - lo
+        size = self.dtype.itemsize
+        self.store.read_stream(start * size, stop * size, out.view(np.uint8))
         return out
 
     # -- decoding ---------------------------------------------------------------------------

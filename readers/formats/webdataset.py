@@ -11,7 +11,7 @@ payload inside its shard, :data:`CHECKSUM_FILE` (a little-endian uint32 ``.npy``
 sample's checksum (``readers/checksums.py``), and :data:`META_FILE` holds the metadata record,
 written last.
 
-This module owns the layout: ``packer/writers/webdataset.py`` imports these constants, and
+This module owns the layout: ``packer/writers/webdataset/`` imports these constants, and
 ``readers/webdataset.py`` builds its torch datasets on :class:`ShardStore` (random access by
 index) and :func:`iter_tar` (streaming). Nothing here imports torch or the webdataset library.
 """
@@ -25,7 +25,7 @@ import re
 import tarfile
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -33,7 +33,8 @@ from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
 from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Record, Store
+from .base import Fault, Record, Store
+from .tar import BLOCK, iter_tar, tar_members
 
 __all__ = [
     "ShardStore",
@@ -83,7 +84,6 @@ EXTENSIONS: dict[str, str] = {name: encoding.extension for name, encoding in ENC
 LABEL_EXTENSION = "cls"
 #: Sample keys: the zero-padded sample index (fixed width: keys sort in sample order).
 KEY_FORMAT = "%010d"
-BLOCK = 512
 RECORD = 20 * BLOCK  # tar files end with zero blocks up to a multiple of this, as tarfile writes
 
 _PATTERN_RE = re.compile(r"[^%/\\]*%0?\d*d[^%/\\]*\.tar")
@@ -287,6 +287,47 @@ class ShardStore(Store):
         for j, (shard, offset) in enumerate(zip(rows["shard"].tolist(), rows["offset"].tolist())):
             flat[j] = np.frombuffer(files.map(shard), np.uint8, expected, offset)
 
+    def _payload_offsets(self) -> np.ndarray:
+        return np.concatenate([np.zeros(1, np.int64), np.cumsum(self._files.get().index["nbytes"], dtype=np.int64)])
+
+    def where(self, index: int) -> str:
+        shard = int(self._files.get().index["shard"][index]) if 0 <= index < len(self) else -1
+        return f"sample {index} ({self.shards[shard]})" if 0 <= shard < len(self.shards) else f"sample {index}"
+
+    def structure_faults(self) -> Iterator[Fault]:
+        """Every shard is a valid tar holding, in order, each of its samples' ``KEY.EXT`` and
+        ``KEY.cls`` members, at the offsets and sizes of the member index, with the index's
+        labels; a ``.npy`` member's header gives the sample's shape and dtype."""
+        index = self._files.get().index
+        extension, dtype, shapes = EXTENSIONS[self.meta.encoding], self.meta.dtype, record_shapes(index).tolist()
+        for number, name in enumerate(self.shards):
+            where, rows = f"shard {name}", np.flatnonzero(index["shard"] == number)
+            try:
+                data = self._files.get().map(number)
+            except (OSError, PackedFormatError) as exc:
+                yield where, f"cannot read ({exc})"
+                continue
+            members: list[tuple[str, int, int]] = []
+            try:
+                members.extend(tar_members(data))
+            except PackedFormatError as exc:
+                yield where, str(exc)
+            if len(members) != 2 * len(rows):
+                yield where, f"holds {len(members)} members, expected {2 * len(rows)} ({len(rows)} samples)"
+            for k, i in enumerate(rows[: len(members) // 2].tolist()):
+                (image, at, size), (label_name, label_at, label_size) = members[2 * k : 2 * k + 2]
+                row, sample, key = index[i], f"sample {i} ({name})", sample_key(i)
+                offset, nbytes = int(row["offset"]), int(row["nbytes"])
+                if (image, label_name) != (f"{key}.{extension}", f"{key}.{LABEL_EXTENSION}"):
+                    yield sample, f"members are {image!r}, {label_name!r}, expected {key}.{extension}, {key}.{LABEL_EXTENSION}"
+                if not (at <= offset and offset + nbytes == at + size):
+                    yield sample, f"the index puts its payload at {offset}+{nbytes}, the tar member is at {at}+{size}"
+                text = data[label_at : label_at + label_size]
+                if text != str(int(row["label"])).encode("ascii"):
+                    yield sample, f"its .{LABEL_EXTENSION} member says {text[:20]!r}, the index says {int(row['label'])}"
+                if extension == EXTENSIONS["raw"]:
+                    yield from _npy_faults(data[at:offset], sample_array_shape(tuple(shapes[i]), dtype), dtype, sample)
+
 
 def load_index(folder: str | Path) -> np.ndarray:
     """The member index of a shard folder as (count,) records of :data:`INDEX_DTYPE`
@@ -305,7 +346,16 @@ def load_index(folder: str | Path) -> np.ndarray:
     return index_records(index)
 
 
-_load_index = load_index  # the old name (packer/verify.py uses it until it asks the store)
+def _npy_faults(header: bytes, shape: tuple[int, ...], dtype: str, where: str) -> Iterator[Fault]:
+    """A raw sample's ``.npy`` header (the member's bytes before the indexed payload) describes
+    ``shape`` of little-endian ``dtype``, and ends where the payload starts."""
+    try:
+        got_shape, got_dtype, size = parse_npy(header)
+    except PackedFormatError as exc:
+        yield where, f"its .npy member header: {exc}"
+        return
+    if size != len(header) or got_shape != tuple(shape) or got_dtype != np.dtype(dtype).newbyteorder("<"):
+        yield where, f"its .npy header says {got_dtype} {got_shape} in {size} bytes, expected {dtype} {tuple(shape)} in {len(header)}"
 
 
 def _check_shard_size(path: Path, expected: int) -> None:
@@ -342,56 +392,3 @@ class _ShardFiles:
                     _check_shard_size(path, self.sizes[shard])
                 data = self._maps[shard] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return data
-
-
-# -- streaming ------------------------------------------------------------------------------
-def iter_tar(stream: BinaryIO, where: str) -> Iterator[tuple[str, np.ndarray]]:
-    """``(member name, data)`` of each regular file of a tar stream, data in a fresh uint8 array.
-
-    A minimal ustar reader for packer's own shards (and any plain tar without long names):
-    headers are parsed directly, so a member costs one read of its bytes. A truncated stream
-    or a damaged header raises :class:`PackedFormatError` naming ``where``.
-    """
-    readinto = getattr(stream, "readinto", None)
-    while True:
-        header = _read_exact(stream, readinto, BLOCK, where, allow_eof=True)
-        if header is None or not header.any():
-            return  # end of archive (zero block) or of the stream
-        block = header.tobytes()
-        try:
-            size = tarfile.nti(block[124:136])
-            stored = tarfile.nti(block[148:156])
-        except tarfile.InvalidHeaderError:
-            raise PackedFormatError(f"{where}: damaged tar header") from None
-        if stored not in tarfile.calc_chksums(block):
-            raise PackedFormatError(f"{where}: damaged tar header (bad checksum)")
-        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-        prefix = block[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
-        if prefix:
-            name = f"{prefix}/{name}"
-        kind = block[156:157]
-        data = _read_exact(stream, readinto, size, where)
-        padding = -size % BLOCK
-        if padding:
-            _read_exact(stream, readinto, padding, where)
-        if kind in (b"0", b"\0"):
-            yield name, data  # type: ignore[misc]
-
-
-def _read_exact(stream: BinaryIO, readinto, size: int, where: str, allow_eof: bool = False) -> np.ndarray | None:
-    out = np.empty(size, np.uint8)
-    view = memoryview(out)
-    done = 0
-    while done < size:
-        if readinto is not None:
-            n = readinto(view[done:])
-        else:
-            chunk = stream.read(size - done)
-            n = len(chunk)
-            view[done : done + n] = chunk
-        if not n:
-            if allow_eof and done == 0:
-                return None
-            raise PackedFormatError(f"{where}: the shard is truncated (ends inside a tar member); convert again")
-        done += n
-    return out
