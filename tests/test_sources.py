@@ -57,17 +57,20 @@ def test_symlink_loops_are_cut(tmp_path):
 
 
 def _symlinked_tree(root):
-    """cat/ and dog/ with links: to ``..`` and to the dog folder (leave cat/: skipped), to a file
-    and a folder inside cat/ (followed), to a file outside SRC (skipped)."""
+    """cat/ and dog/ with links in cat/: to ``..``, to the dog folder and to a dog image (they
+    would give dog images the cat label: skipped), to a file and a folder inside cat/ and to a
+    file outside SRC (followed)."""
     src = root / "src"
     write(src / "cat/1.jpg", JPEG)
     write(src / "cat/sub/2.jpg", gradient_jpeg(1))
     write(src / "dog/3.jpg", gradient_jpeg(2))
     write(root / "elsewhere/4.jpg", gradient_jpeg(3))
+    write(root / "elsewhere/more/5.jpg", gradient_jpeg(4))
     os.symlink("..", src / "cat/up")
     os.symlink("../dog", src / "cat/dogs")
     os.symlink(src / "dog/3.jpg", src / "cat/dog3.jpg")
-    os.symlink(root / "elsewhere/4.jpg", src / "cat/far.jpg")
+    os.symlink(root / "elsewhere/more", src / "cat/far_folder")
+    os.symlink(root / "elsewhere/4.jpg", src / "cat/far.jpg")  # a link farm's file: followed
     os.symlink("1.jpg", src / "cat/again.jpg")  # a file inside cat/: followed
     os.symlink("sub", src / "cat/sub_link")  # a folder inside cat/: followed (the loop check keeps one copy)
     return src
@@ -77,16 +80,16 @@ def gradient_jpeg(seed: int) -> bytes:
     return jpeg_bytes(gradient(8, 8, seed=seed))
 
 
-def test_symlinks_that_leave_their_class_folder_are_skipped_and_recorded(tmp_path):
+def test_symlinks_that_would_give_a_class_other_images_are_skipped_and_recorded(tmp_path):
     src = _symlinked_tree(tmp_path)
     folder = scan_image_folder(src)
     labels = {os.path.relpath(item.path, src): folder.classes[item.label] for item in folder.items}
-    assert labels == {"cat/1.jpg": "cat", "cat/again.jpg": "cat", "cat/sub/2.jpg": "cat", "dog/3.jpg": "dog"}
+    assert labels == {"cat/1.jpg": "cat", "cat/again.jpg": "cat", "cat/far.jpg": "cat", "cat/sub/2.jpg": "cat", "dog/3.jpg": "dog"}
     assert {(s.path, s.reason) for s in folder.skipped} == {
         ("cat/up", "symlink to '..' leads outside its class folder; not followed"),
         ("cat/dogs", "symlink to '../dog' leads outside its class folder; not followed"),
         ("cat/dog3.jpg", f"symlink to {str(src / 'dog/3.jpg')!r} leads outside its class folder; not followed"),
-        ("cat/far.jpg", f"symlink to {str(tmp_path / 'elsewhere/4.jpg')!r} leads outside its class folder; not followed"),
+        ("cat/far_folder", f"symlink to {str(tmp_path / 'elsewhere/more')!r} leads outside its class folder; not followed"),
         ("cat/sub_link", "symlink loop (folder already visited)"),
     }
 
@@ -98,28 +101,22 @@ def test_what_is_written_has_the_labels_of_the_folders_it_is_really_in(tmp_path)
     src = _symlinked_tree(tmp_path)
     report = convert(src, tmp_path / "out.lmdb", image=ImageOptions(size=8), workers=1)
     store = open_store(report.dst)
-    assert store.meta.count == 4
-    assert [store.read(i)[1] for i in range(4)] == [0, 0, 0, 1]  # cat/1, cat/again, cat/sub/2, dog/3: no dog image as a cat
-    assert {s.path for s in store.meta.skipped} == {"cat/up", "cat/dogs", "cat/dog3.jpg", "cat/far.jpg", "cat/sub_link"}
+    assert store.meta.count == 5
+    assert [store.read(i)[1] for i in range(5)] == [0, 0, 0, 0, 1]  # cat/1, again, far, sub/2; dog/3: no dog image as a cat
+    assert {s.path for s in store.meta.skipped} == {"cat/up", "cat/dogs", "cat/dog3.jpg", "cat/far_folder", "cat/sub_link"}
 
 
-def test_an_unlabeled_folder_skips_links_that_leave_it(tmp_path):
-    src = tmp_path / "src"
-    write(src / "1.jpg", JPEG)
-    write(tmp_path / "private.jpg", JPEG)
-    os.symlink(tmp_path / "private.jpg", src / "2.jpg")
-    os.symlink("1.jpg", src / "3.jpg")
-    folder = scan_image_folder(src)
-    assert [os.path.basename(i.path) for i in folder.items] == ["1.jpg", "3.jpg"]
-    assert [(s.path, s.reason) for s in folder.skipped] == [("2.jpg", "symlink leads outside SRC; not followed")]
-
-
-def test_a_class_folder_that_is_itself_a_link_is_followed(tmp_path):
+def test_a_link_farm_converts(tmp_path):
+    """Class folders of links to files elsewhere (packer bench's sample, git-annex, DVC): followed."""
+    for i, name in enumerate(["cat", "dog"]):
+        write(tmp_path / "store" / f"{i}.jpg", gradient_jpeg(i))
+        (tmp_path / "src" / name).mkdir(parents=True)
+        os.symlink(tmp_path / "store" / f"{i}.jpg", tmp_path / "src" / name / "x.jpg")
     write(tmp_path / "store/cats/1.jpg", JPEG)
-    (tmp_path / "src").mkdir()
-    os.symlink(tmp_path / "store/cats", tmp_path / "src/cat")
+    os.symlink(tmp_path / "store/cats", tmp_path / "src/lion")  # a class folder that is itself a link
     folder = scan_image_folder(tmp_path / "src")
-    assert folder.classes == ["cat"] and len(folder.items) == 1 and folder.skipped == []
+    assert [(os.path.relpath(i.path, tmp_path / "src"), i.label) for i in folder.items] == [("cat/x.jpg", 0), ("dog/x.jpg", 1), ("lion/1.jpg", 2)]
+    assert folder.skipped == []
 
 
 @pytest.mark.parametrize(

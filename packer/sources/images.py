@@ -82,9 +82,8 @@ class FolderTree(Protocol):
         """``"dir"``, ``"file"`` (anything else), or ``None`` if nothing is there."""
 
     def top(self) -> list[tuple[str, str]]:
-        """``(name, kind)`` of each top-level entry, sorted by name; kind ``"dir"``, ``"file"``,
-        ``"other"``, or ``"outside"`` (a symlink to a file outside the folder: not followed).
-        Raises ``OSError`` if the folder cannot be listed."""
+        """``(name, kind)`` of each top-level entry, sorted by name; kind ``"dir"``, ``"file"`` or
+        ``"other"``. Raises ``OSError`` if the folder cannot be listed."""
 
     def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
         """Item paths of the images below the top-level ``folder``, in :func:`image_order`,
@@ -129,9 +128,7 @@ def _scan(tree: FolderTree) -> ImageFolder:
     skipped: list[Skipped] = []
     if not class_dirs:
         items = [ImageItem(tree.path(name), -1) for name in top_images]
-        skipped = [Skipped(name, "symlink leads outside SRC; not followed") for name, what in entries
-                   if what == "outside" and is_image_name(name)]
-        folder = ImageFolder(tree.root, items, [], labeled=False, skipped=skipped, stamps=tree.stamps())
+        folder = ImageFolder(tree.root, items, [], labeled=False, stamps=tree.stamps())
     else:
         items = []
         empty = []
@@ -140,9 +137,8 @@ def _scan(tree: FolderTree) -> ImageFolder:
             if not found:
                 empty.append(name)
             items.extend(ImageItem(path, label) for path in found)
-        for name, what in entries:
-            if what in ("file", "outside") and is_image_name(name):
-                skipped.append(Skipped(name, "outside any class folder (not labeled)"))
+        for name in top_images:
+            skipped.append(Skipped(name, "outside any class folder (not labeled)"))
         folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps())
     if not folder.items:
         where = "in its class sub-folders" if class_dirs else "at its top level"
@@ -176,16 +172,14 @@ class _LocalTree:
 
     def top(self) -> list[tuple[str, str]]:
         entries = sorted(os.scandir(self.root), key=lambda e: e.name)
-        inside = _Boundary(self.root, "SRC")  # an unlabeled SRC's images: the links among them may not leave it
-        return [(e.name, "dir" if _is_dir(e) else "outside" if inside.leaves(e.path) else "file" if _is_file(e) else "other")
-                for e in entries]
+        return [(e.name, "dir" if _is_dir(e) else "file" if _is_file(e) else "other") for e in entries]
 
     def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
-        """Images below the class folder ``folder``, symlinks followed while they stay inside it
-        (a link to ``..`` or to another class's folder would give those images this label)."""
+        """Images below the class folder ``folder``; symlinks that would give it another class's
+        images (see :class:`_ClassLinks`) are recorded as skipped, not followed."""
         top = os.path.join(self.root, folder)
         root = self.root
-        inside = _Boundary(top, "its class folder")
+        links = _ClassLinks(top, root)
         found: list[str] = []
         seen: set[tuple[int, int]] = set()
 
@@ -193,12 +187,12 @@ class _LocalTree:
             skipped.append(Skipped(os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})"))
 
         def kept(dirpath: str, names: list[str]) -> list[str]:
-            """``names`` less the symlinks that leave the class folder (recorded as skipped)."""
+            """``names`` less the symlinks not followed (recorded as skipped)."""
             out = []
             for name in names:
                 path = os.path.join(dirpath, name)
-                if inside.leaves(path):
-                    skipped.append(Skipped(os.path.relpath(path, root), inside.reason(path)))
+                if links.skips(path):
+                    skipped.append(Skipped(os.path.relpath(path, root), links.reason(path)))
                 else:
                     out.append(name)
             return out
@@ -220,27 +214,41 @@ class _LocalTree:
         return found
 
 
-class _Boundary:
-    """A folder that the symlinks inside it may not lead out of (its own path resolved, so a
-    class folder that is itself a link to elsewhere is fine: its name gives the label)."""
+class _ClassLinks:
+    """Which symlinks inside a class folder are followed.
 
-    def __init__(self, folder: str | os.PathLike[str], name: str) -> None:
-        self.real = os.path.realpath(folder)
-        self.name = name
+    A link to a folder is followed only if it stays inside the class folder: a link to ``..``
+    or to another class's folder would import those images under this folder's label. A link
+    to a file is followed unless it leads into SRC outside its class folder (another class's
+    image, under this label); a link to a file outside SRC is followed, as link farms are built
+    (``packer bench``'s sample, git-annex, DVC and Hugging Face caches): where it sits is the
+    only label it has. A class folder that is itself a link is the class folder.
+    """
 
-    def leaves(self, path: str) -> bool:
-        """Whether ``path`` is a symlink whose target (resolved) lies outside the folder."""
+    def __init__(self, folder: str | os.PathLike[str], root: str | os.PathLike[str]) -> None:
+        self.folder = os.path.realpath(folder)
+        self.root = os.path.realpath(root)
+
+    def skips(self, path: str) -> bool:
+        """Whether ``path`` is a symlink that is not followed."""
         if not os.path.islink(path):
             return False
         target = os.path.realpath(path)
-        return target != self.real and not target.startswith(self.real.rstrip(os.sep) + os.sep)
+        if _within(target, self.folder):
+            return False
+        return os.path.isdir(target) or _within(target, self.root)
 
-    def reason(self, path: str) -> str:
+    @staticmethod
+    def reason(path: str) -> str:
         try:
             target = os.readlink(path)
         except OSError:  # pragma: no cover - raced with deletion
             target = "?"
-        return f"symlink to {target!r} leads outside {self.name}; not followed"
+        return f"symlink to {target!r} leads outside its class folder; not followed"
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
