@@ -13,6 +13,7 @@ The old dataset stays intact until the new one is complete (``packer/writers/bas
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from readers.schema import PackedFormatError
 
 from .errors import OptionError, OutputError, OutputExistsError
 
-__all__ = ["check_destination", "check_apart", "describe_path", "is_packer_dataset"]
+__all__ = ["check_destination", "check_apart", "describe_path", "is_packer_dataset", "kernel_filesystem", "write_error"]
 
 
 def _resolved(path: str | os.PathLike[str]) -> Path:
@@ -86,6 +87,68 @@ def check_destination(dst: Path, *, overwrite: bool) -> None:
             )
     parent = dst.parent if str(dst.parent) else Path(".")
     if not parent.is_dir():
+        if parent.exists() or parent.is_symlink():
+            raise OutputError(f"{dst}: {parent} is not a folder ({describe_path(parent)}); choose a DST inside a folder")
         raise OutputError(f"{dst}: folder {parent} does not exist; create it first")
+    kernel = kernel_filesystem(parent)
+    if kernel is not None:
+        raise OutputError(f"{dst}: {parent} is a kernel file system ({kernel}), not a disk; choose a DST on a disk")
+    if _read_only(parent):
+        raise OutputError(f"{dst}: folder {parent} is on a read-only file system; choose a DST on a writable disk")
     if not os.access(parent, os.W_OK):
-        raise OutputError(f"{dst}: folder {parent} is not writable; check its permissions")
+        raise OutputError(f"{dst}: folder {parent} is not writable; check its permissions, or choose another DST")
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # pragma: no cover - not POSIX
+        return False
+
+
+#: File systems that show the kernel's state (``/proc``, ``/sys``, ...), never a place for data;
+#: root may even pass their permission checks, and then gets ENOENT or EACCES on the first file.
+KERNEL_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf",
+    "efivarfs", "fusectl", "binfmt_misc", "devpts", "mqueue", "autofs", "rpc_pipefs", "nsfs",
+})
+
+
+def kernel_filesystem(folder: Path) -> str | None:
+    """The type of the kernel file system ``folder`` lies on (``"proc"``, ``"sysfs"``...), or
+    ``None``: a disk, or not Linux (read from ``/proc/self/mounts``, longest mount point first)."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+            table = [line.split()[1:3] for line in mounts if len(line.split()) >= 3]
+    except OSError:
+        return None
+    real = os.path.realpath(folder)
+    best, kind = "", None
+    for point, fstype in table:
+        point = point.replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind if kind in KERNEL_FILESYSTEMS else None
+
+
+#: errno -> what went wrong writing DST, and what to do (after ``DST: ``).
+_WRITE_ERRORS = {
+    errno.ENOSPC: "no space left on the device; free some space or choose another DST",
+    errno.EDQUOT: "disk quota exceeded; free some space or choose another DST",
+    errno.EROFS: "the file system is read-only; choose a DST on a writable disk",
+    errno.EACCES: "cannot write ({}); check the folder's permissions, or choose another DST",
+    errno.EPERM: "cannot write ({}); check the folder's permissions, or choose another DST",
+    errno.EFBIG: "a file grew past what this file system or your file-size limit allows; choose another DST",
+}
+
+
+def write_error(dst: Path | str, exc: OSError) -> OutputError:
+    """The one-line error for an ``OSError`` met while writing ``dst``: what happened and what
+    to do, never a traceback or a bare ``[Errno N]``. Anything not listed (``/proc`` refusing to
+    create a file says ENOENT) reads as a place packer cannot write to."""
+    what = _WRITE_ERRORS.get(exc.errno or 0)
+    reason = exc.strerror or str(exc)
+    if what is None:
+        what = "cannot write there ({}); choose a DST on a disk you can write to"
+    return OutputError(f"{dst}: {what.format(reason)}")

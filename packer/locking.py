@@ -15,6 +15,7 @@ import fcntl
 import os
 from pathlib import Path
 
+from .destination import write_error
 from .errors import OutputError
 
 __all__ = ["DestinationLock", "lock_path"]
@@ -35,7 +36,10 @@ class DestinationLock:
     def acquire(self) -> "DestinationLock":
         """Take the lock, or raise :class:`OutputError` naming the process that holds it."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # the first file a conversion creates: /proc, /sys, a read-only or full disk fail here
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise write_error(self.what, exc) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -45,9 +49,9 @@ class DestinationLock:
                     f"{self.what}: another packer conversion (pid {holder}) is writing it now; wait for it to finish, "
                     "or choose another DST"
                 ) from None
-            except OSError:
+            except OSError as exc:
                 os.close(fd)
-                raise
+                raise write_error(self.what, exc) from None
             try:  # the holder before us may have removed the file after we opened it: lock the one at the path
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -55,9 +59,13 @@ class DestinationLock:
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:  # a full disk: the lock file goes again, and the error is one line
+            self.release()
+            raise write_error(self.what, exc) from None
         return self
 
     def release(self) -> None:

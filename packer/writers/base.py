@@ -13,7 +13,6 @@ inputs each (WebDataset shards), and declares the calls the driver makes instead
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 import shutil
@@ -30,6 +29,7 @@ from readers.checksums import CHECKSUM, CHECKSUM_DTYPE, sample_checksum
 from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
+from ..destination import write_error
 from ..errors import OptionError, OutputError
 from ..locking import DestinationLock, lock_path
 from ..options import ImageOptions, StorageOptions
@@ -300,11 +300,8 @@ class Writer:
             self._lock.release()
 
     def output_error(self, exc: OSError) -> OutputError:
-        if exc.errno == errno.ENOSPC:
-            return OutputError(f"{self.dst}: no space left on the device; free some space or choose another DST")
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return OutputError(f"{self.dst}: cannot write ({exc.strerror}); check the folder's permissions")
-        return OutputError(f"{self.dst}: cannot write ({exc.strerror or exc})")
+        """The one-line error for ``exc``, met writing this output (packer/destination.py)."""
+        return write_error(self.dst, exc)
 
     def __enter__(self) -> "Writer":
         return self
