@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -35,7 +36,7 @@ from .progress import progress_bar
 from .report import ConversionReport
 from .writers import get_writer
 from .writers.base import PieceWriter, Writer, partial_path
-from .writers.journal import saved_inputs
+from .writers.journal import journal_path, saved_inputs
 
 __all__ = ["run", "Interrupted", "check_unfinished"]
 
@@ -49,9 +50,13 @@ class Interrupted(KeyboardInterrupt):
 
 def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to start over silently when an interrupted conversion to ``dst`` can be resumed."""
+    partial = partial_path(dst)
+    saved = saved_inputs(partial)
+    if saved is not None and not partial.exists():  # a run killed between its rename and this cleanup
+        shutil.rmtree(journal_path(partial), ignore_errors=True)
+        return
     if resume or overwrite:
         return
-    saved = saved_inputs(partial_path(dst))
     if saved is not None:
         raise OutputExistsError(
             f"{dst}: an interrupted conversion saved {saved:,} inputs; run the same command with --resume to "
@@ -99,6 +104,8 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
                 created=datetime.now(timezone.utc).isoformat(timespec="seconds"), extra=writer.extra(), **job.metadata_fields(writer),
             ))
     except KeyboardInterrupt:
+        if writer.finished:
+            raise Interrupted(f"interrupted after the output was complete: {writer.dst} is finished") from None
         saved = saved_inputs(writer.tmp)
         total = len(job.items) + len(job.skipped)
         if saved is None:

@@ -111,6 +111,8 @@ class Writer:
         (``packer/writers/journal.py``); with ``resume`` too, it carries on from the journal's
         last checkpoint (:attr:`resumed_inputs` inputs done) instead of starting over."""
         self.dst = Path(dst)
+        #: True once :meth:`finish` has published the output.
+        self.finished = False
         self.storage = storage if storage is not None else StorageOptions()
         self.tmp = partial_path(self.dst)
         # before anything touches DST.partial: it may be another conversion's, still running
@@ -282,9 +284,9 @@ class Writer:
         try:
             self._write_metadata(meta)
             self._publish()
-        except OSError as exc:
-            self.abort()
+        except OSError as exc:  # __exit__ then keeps the checkpoint or drops the output (its rule)
             raise self.output_error(exc) from None
+        self.finished = True  # DST is complete: nothing after this may treat the run as unfinished
         if self._journal is not None:
             self._journal.remove()
         self._lock.release()
@@ -319,6 +321,11 @@ class Writer:
         keep the last checkpoint if there is one, so ``--resume`` finishes the run and a resumed run
         never loses its predecessor's work. Otherwise (a fresh run that failed) drop everything."""
         if exc_type is None:
+            return
+        if self.finished:  # interrupted after the rename: only the journal is left to drop
+            if self._journal is not None:
+                self._journal.remove()
+            self._lock.release()
             return
         keep = issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0
         if keep and self._journal is not None and _journal.saved_inputs(self.tmp) is not None:

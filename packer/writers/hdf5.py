@@ -87,6 +87,12 @@ class HDF5Writer(Writer):
             self._file = h5py.File(self.tmp, "r+", libver=LIBVER, locking=False)
         except _H5_ERRORS as exc:
             raise OSError(0, f"the partial HDF5 file was damaged by the interruption ({exc}); run without --resume") from None
+        # an interrupted finish may have written the index and even the metadata: drop them
+        for name in (LABELS, CHECKSUMS, OFFSETS, SHAPES):
+            if name in self._file:
+                _h5_call(self._file.__delitem__, name)
+        if META_ATTR in self._file.attrs:
+            _h5_call(self._file.attrs.__delitem__, META_ATTR)
         self._layout, self._written = state["layout"], checkpoint.samples
         self._labels.extend(rows["label"].tolist())
         if self._layout == "fixed":
