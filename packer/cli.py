@@ -7,10 +7,12 @@ single ``Error: ...`` line on stderr and exit non-zero, without a traceback.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -160,19 +162,18 @@ def convert(
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
-    _interrupt_on_signals(True)  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
     try:
-        report = api.convert(
-            src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error, progress=not quiet,
-            timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens), resume=resume,
-            executor=executor, ray_address=ray_address,
-        )
+        with _interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
+            report = api.convert(
+                src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error,
+                progress=not quiet, timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens),
+                resume=resume, executor=executor, ray_address=ray_address,
+            )
     except Interrupted as exc:
         raise _UserError(str(exc), EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None
     finally:
-        _interrupt_on_signals(False)
         logger.removeHandler(printer)
         logger.propagate = True
         printer.close()
@@ -189,13 +190,23 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _interrupt_on_signals(enabled: bool) -> None:
-    """Make SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread (or restore the defaults)."""
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does
+    (a conversion keeps its checkpoint, ``packer bench`` removes its temporary files), and so does
+    SIGINT where the shell started us ignoring it (a background job); the handlers are restored after."""
     if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), _raise_interrupt if enabled else signal.SIG_DFL)
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        names.append("SIGINT")
+    saved = {name: signal.signal(getattr(signal, name), _raise_interrupt) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in saved.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 def _text_options(kind: str | None, tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions | None:
@@ -291,8 +302,9 @@ def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, gra
 
     image = ImageOptions(size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality)
     try:
-        report = run_bench(src, sample=sample, image=image, formats=formats or None, workers=workers, batch_size=batch_size,
-                           seconds=seconds, repeats=repeats, tmp_dir=tmp_dir, log=None if quiet else lambda m: click.echo(m, err=True))
+        with _interruptible():  # SIGTERM and SIGHUP clean up as Ctrl-C does
+            report = run_bench(src, sample=sample, image=image, formats=formats or None, workers=workers, batch_size=batch_size,
+                               seconds=seconds, repeats=repeats, tmp_dir=tmp_dir, log=None if quiet else lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:
         raise _UserError("interrupted; temporary files removed", EXIT_INTERRUPTED) from None
     click.echo(report.table())

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from packer import ImageOptions, convert
@@ -125,3 +126,31 @@ def test_measure_times_the_repeats_not_the_warmup() -> None:
     assert isinstance(rate, Rate) and rate.runs == 3 and len(calls) == 4
     assert 100 < rate.max <= 100 / 0.01  # the warm-up's 10**9 items are not in it; items/s, not s/item
     assert rate.median <= 100 / 0.02 and rate.min <= 100 / 0.04
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_bench_cleans_up_on_signals_even_in_the_background(tmp_path: Path, signame: str) -> None:
+    """SIGTERM and SIGHUP stop ``packer bench`` as Ctrl-C does, and so does SIGINT for a bench the
+    shell started ignoring it (a background job): the temporary folder is removed, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    src = make_image_folder(tmp_path / "images", classes=2, per_class=20, size=(200, 200))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer", "bench", str(src), "--size", "64", "--tmp-dir", str(scratch), "--seconds", "30", "-j", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a shell starts a background job
+    )
+    deadline = time.time() + 60
+    while not any(scratch.rglob("*.lmdb")):  # its first conversion is written
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(getattr(signal, signame))
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted; temporary files removed" in err and "Traceback" not in err
+    assert os.listdir(scratch) == []
