@@ -292,9 +292,12 @@ class Writer:
         self._lock.release()
 
     def abort(self) -> None:
-        """Drop the unfinished output."""
+        """Drop the unfinished output (a close that fails, as a flush into a full disk does, is
+        ignored: the output goes anyway, and the error that stopped the run is the one to report)."""
         try:
             self._close()
+        except OSError:
+            pass
         finally:
             remove_path(self.tmp)
             if getattr(self, "_journal", None) is not None:

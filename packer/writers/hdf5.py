@@ -12,6 +12,7 @@ memory and written once at the end, then the metadata attribute, last.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from array import array
@@ -31,6 +32,10 @@ __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
 
 #: Buffered payload bytes per append to the file.
 BLOCK_BYTES = 32 << 20
+#: Room kept free for HDF5's own structures (object headers, chunk index, free-space records).
+_HDF5_MARGIN = 1 << 20
+#: Index bytes per sample written at finish: label and offset int64, checksum uint32, shape 3 x int64.
+_INDEX_BYTES_PER_SAMPLE = 8 + 8 + 4 + 24
 #: Chunk length (bytes) of the flat ``payload`` dataset.
 PAYLOAD_CHUNK = 64 << 10
 #: HDF5 file-format bounds: the oldest structures that hold the data, readable by HDF5 >= 1.8.
@@ -111,8 +116,19 @@ class HDF5Writer(Writer):
         if self._pending_bytes >= BLOCK_BYTES:
             self._flush()
 
+    def _reserve(self, nbytes: int) -> None:
+        """Raise ENOSPC unless the disk holds ``nbytes`` more (plus HDF5's own structures).
+
+        libhdf5 does not survive a full disk: it drops the failed chunk writes (h5py only prints
+        them) and then crashes the process in ``flush``. So the space is checked before HDF5 is
+        asked to write, and a full disk is the usual one-line error instead of a segfault."""
+        st = os.statvfs(self.tmp.parent if str(self.tmp.parent) else ".")
+        if st.f_bavail * st.f_frsize < nbytes + _HDF5_MARGIN:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     def _flush(self, raw: bool | None = None) -> None:
         """Append the pending samples; ``raw`` is False when the metadata says they are encoded."""
+        self._reserve(self._pending_bytes)
         block = self._pending
         if self._layout is None and (block or raw is not None):
             self._layout = "fixed" if raw is not False and block and _fits_fixed(block, block[0].shape) else "flat"
@@ -186,6 +202,7 @@ class HDF5Writer(Writer):
     # -- finishing ---------------------------------------------------------------------------
     def _write_metadata(self, meta: Metadata) -> None:
         self._flush(raw=meta.encoding == "raw")
+        self._reserve(_INDEX_BYTES_PER_SAMPLE * self._written + len(meta.to_json()))
         _h5_call(self._write_index, meta)
         self._file = None
 

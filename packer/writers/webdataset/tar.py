@@ -122,7 +122,9 @@ class ShardFile:
         return ShardPart(self.name, end, np.array(self.rows, MEMBER_DTYPE), data)
 
     def discard(self) -> None:
-        self.handle.close()
+        """Close and delete the unfinished file (a close that fails to flush, on a full disk, is
+        ignored: the file goes anyway, and the error that stopped us is the one to report)."""
+        _close_quietly(self.handle)
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 
@@ -166,8 +168,15 @@ class Assembly:
         return ShardPart(self.path.name, end, np.concatenate(self.rows))
 
     def discard(self) -> None:
-        self.handle.close()
+        _close_quietly(self.handle)
         self.path.unlink(missing_ok=True)
+
+
+def _close_quietly(handle: Any) -> None:
+    try:
+        handle.close()
+    except OSError:
+        pass
 
 
 def renumber(path: Path, rows: np.ndarray, first: int, encoding: str) -> None:
