@@ -39,6 +39,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -299,8 +300,27 @@ def _context() -> multiprocessing.context.BaseContext:
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["packer.preprocess.task"])
+        _start_forkserver_deaf_to_ctrl_c()
         return context
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the fork server (if it is not running yet) with SIGINT ignored: a Python started
+    ignoring SIGINT keeps ignoring it, and the server's children (our workers) restore the
+    server's own setting, so a Ctrl-C to the terminal's process group never reaches a worker, not
+    even while it is still importing (where it printed a KeyboardInterrupt traceback before
+    ``_init_worker`` could ignore SIGINT). The parent stops the workers itself."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager

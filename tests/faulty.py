@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 
 
@@ -33,3 +34,21 @@ class FaultyTokenize:
         if "HANG" in doc.text:
             time.sleep(60)
         return self.task(doc)
+
+
+def _ignored_signals() -> int:
+    """This process's mask of ignored signals (Linux)."""
+    try:
+        with open(f"/proc/{os.getpid()}/status") as status:
+            return int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+    except OSError:  # pragma: no cover - not Linux
+        return -1
+
+
+#: The signals ignored when this module was imported: in a pool worker that is while it unpickles
+#: its work unit, before the pool's own worker set-up runs.
+IGNORED_AT_IMPORT = _ignored_signals()
+
+
+def ignored_at_import(_x: object) -> int:
+    return IGNORED_AT_IMPORT

@@ -12,7 +12,7 @@ import pytest
 
 from packer import parallel
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
-from faulty import crash_on_13, hang_on_5
+from faulty import crash_on_13, hang_on_5, ignored_at_import
 
 
 def square(x: int) -> int:
@@ -220,3 +220,14 @@ def test_workers_do_not_reimport_the_callers_main_module(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert not list(tmp_path.glob("reimported-*"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+def test_workers_ignore_ctrl_c_even_while_importing():
+    """A Ctrl-C to the terminal's process group while workers are still importing their work unit
+    printed a KeyboardInterrupt traceback per worker: they ignore SIGINT from the start now."""
+    import signal
+
+    with ordered_map(ignored_at_import, list(range(4)), workers=2) as results:
+        masks = list(results)
+    assert all(mask & (1 << (signal.SIGINT - 1)) for mask in masks), [hex(m) for m in masks]
