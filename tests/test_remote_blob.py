@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from packer import ImageOptions, convert
-from packer.errors import OutputError
+from packer.errors import OutputExistsError, OutputError
 from checkpoints import convert_until_checkpoint, inputs_converted
 
 #: S3's least part size (all parts but the last); the tests use it for part 1 and the others.
@@ -165,14 +165,18 @@ def test_sigkill_then_resume_a_blob_to_s3(s3, big_source, tmp_path, monkeypatch,
     s3.get("packer-test/resumed.blob", str(tmp_path / "fetched.blob"))
     assert_same_blob(tmp_path / "fetched.blob", Path(local.dst))
 
-    # killed again, then started over without --resume: the interrupted upload is aborted
+    # killed again: a plain re-run refuses to discard the checkpoint; started over with
+    # --overwrite, the interrupted upload is aborted
     url = "s3://packer-test/restarted.blob"
     partial = staging_folder(url) / "restarted.blob.partial"
     journal = partial.with_name(partial.name + "-journal") / "journal.json"
     args[2] = url
-    convert_until_checkpoint(args, journal, setup=SMALL_PARTS, until=lambda: stored_parts(state_path(partial)) >= 1)
+    saved = convert_until_checkpoint(args, journal, setup=SMALL_PARTS, until=lambda: stored_parts(state_path(partial)) >= 1)
     assert open_uploads(s3) == ["restarted.blob"]
-    convert(big_source, url, format="blob", image=IMAGE, workers=1)
+    with pytest.raises(OutputExistsError, match=f"saved {saved:,} inputs; run the same command with --resume"):
+        convert(big_source, url, format="blob", image=IMAGE, workers=1)
+    assert open_uploads(s3) == ["restarted.blob"] and journal.exists()
+    convert(big_source, url, format="blob", image=IMAGE, workers=1, overwrite=True)
     assert open_uploads(s3) == []
     s3.get("packer-test/restarted.blob", str(tmp_path / "restarted.blob"))
     assert_same_blob(tmp_path / "restarted.blob", Path(local.dst))
