@@ -33,7 +33,7 @@ from .options import RunOptions, StorageOptions
 from .parallel import default_workers, ordered_map
 from .preprocess.task import Encoded, Failed
 from .progress import progress_bar
-from .report import ConversionReport
+from .report import ConversionReport, human_bytes
 from .writers import get_writer
 from .writers.base import PieceWriter, Writer, partial_path
 from .writers.journal import journal_path, saved_inputs
@@ -64,24 +64,43 @@ def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
         )
 
 
-def _workers(run: RunOptions) -> int | None:
-    """The worker count: as asked, capped at the usable cores for the local pool (with a warning)."""
+def _workers(run: RunOptions, job: Job) -> int | None:
+    """The worker count for the local pool: as asked (default: the usable cores), capped at the
+    usable cores and at what the available memory holds of the job's worst-case worker, each cap
+    with a one-line warning. Ray sizes its own workers."""
     if run.executor != "local":
         return run.workers
     cores = default_workers()
-    if run.workers is None:
-        return cores
-    if run.workers > cores:
+    workers = run.workers if run.workers is not None else cores
+    if workers > cores:
         log.warning("--workers %d: this machine has %d usable cores; using %d (more processes only add memory and contention)",
-                    run.workers, cores, cores)
-        return cores
-    return run.workers
+                    workers, cores, cores)
+        workers = cores
+    available = _available_memory()
+    fits = max(1, available // job.worker_bytes()) if available else workers
+    if workers > fits:
+        log.warning("%d workers could each need %s (a %s at its largest); %s of memory is available: using %d",
+                    workers, human_bytes(job.worker_bytes()), job.noun, human_bytes(available), fits)
+        workers = fits
+    return workers
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux ``MemAvailable``), or ``None`` if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, options: RunOptions, sink: Any = None) -> ConversionReport:
     """Convert ``job`` into ``dst`` in format ``fmt``; the report of what was done."""
     run_map = get_executor(options.executor, ray_address=options.ray_address)
-    workers = _workers(options)
+    workers = _workers(options, job)
     skipped = list(job.skipped)
     if options.on_error == "fail" and skipped and job.scan_skips_fail:
         raise InputError(f"{skipped[0].path}: {skipped[0].reason} (pass --on-error skip to skip such inputs)")

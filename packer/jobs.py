@@ -34,6 +34,9 @@ __all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "changed_fields"]
 
 log = logging.getLogger("packer")
 
+#: A conversion worker before its input: interpreter, numpy, OpenCV, Pillow, the tokenizer.
+WORKER_BASE_BYTES = 128 << 20
+
 
 @dataclass
 class Job:
@@ -64,6 +67,10 @@ class Job:
     def name(self, item: Any) -> str:
         """How a skipped ``item`` is recorded (relative to the source)."""
         raise NotImplementedError
+
+    def worker_bytes(self) -> int:
+        """Memory one worker may need at its peak (the driver caps the worker count by it)."""
+        return WORKER_BASE_BYTES
 
     def chunksize(self, workers: int | None) -> int | None:
         """Inputs per work unit sent to a worker (``None``: the pool's choice)."""
@@ -101,6 +108,10 @@ class ImageJob(Job):
     def name(self, item: Any) -> str:
         assert self.folder is not None
         return self.folder.relative(item.path)
+
+    def worker_bytes(self) -> int:
+        """The base plus an image of ``--max-pixels`` decoded (3 bytes a pixel) and resized from."""
+        return WORKER_BASE_BYTES + 2 * 3 * self.image.max_pixels
 
     def chunksize(self, workers: int | None) -> int | None:
         if self.items and is_source_url(self.items[0].path):  # each chunk starts with a round trip

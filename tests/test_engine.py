@@ -181,3 +181,17 @@ def test_ctrl_c_inside_finish_then_resume_gives_the_uninterrupted_result(fmt, na
     assert report.resumed == 18
     (meta, samples), (ref_meta, ref_samples) = read_plain(tmp_path / name), read_plain(reference.dst)
     assert samples == ref_samples and meta["count"] == ref_meta["count"] == 18
+
+
+def test_workers_are_capped_by_the_memory_a_worker_may_need(image_folder, tmp_path, caplog, monkeypatch):
+    """With the default --max-pixels a worker may need ~665 MB: 1.5 GB available holds two; a
+    small --max-pixels lets every core work."""
+    import packer.engine as engine
+
+    monkeypatch.setattr(engine, "_available_memory", lambda: 1_500_000_000)
+    monkeypatch.setattr(engine, "default_workers", lambda: 8)
+    report = convert(image_folder, tmp_path / "m.lmdb", image=ImageOptions(size=8), workers=8)
+    assert report.workers == 2
+    assert any("8 workers could each need" in r.getMessage() and "using 2" in r.getMessage() for r in caplog.records)
+    report = convert(image_folder, tmp_path / "n.lmdb", image=ImageOptions(size=8, max_pixels=1_000_000), workers=8)
+    assert report.workers == 8
