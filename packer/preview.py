@@ -1,5 +1,9 @@
 """``packer preview``: a contact sheet of random samples, to see at a glance that a conversion
 looks right (orientation, colour, crop). Works for every format through the torch-free stores.
+
+A text dataset has no pictures: :func:`preview` refuses it with one line naming ``packer head``,
+and :func:`document_preview` gives its first documents decoded with the recorded tokenizer
+(what ``packer head`` prints).
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from readers.formats import open_store
+from readers.formats.base import Store
+from readers.formats.tokens import TokenStore
+from readers.tokenizer import TokenizerError
 
-from .errors import OptionError, OutputError
+from .errors import OptionError, OutputError, PackerError
 
-__all__ = ["contact_sheet", "preview"]
+__all__ = ["contact_sheet", "preview", "document_preview"]
 
 CAPTION_HEIGHT = 14
 PADDING = 4
@@ -32,6 +39,7 @@ def contact_sheet(path: str | Path, *, count: int = 16, seed: int = 0, tile: int
     if tile < 16:
         raise OptionError(f"--tile: must be at least 16 pixels, got {tile}")
     store = open_store(path)
+    _require_images(store)
     n = len(store)
     indices = sorted(np.random.default_rng(seed).choice(n, size=min(count, n), replace=False).tolist())
     columns = math.ceil(math.sqrt(len(indices)))
@@ -63,6 +71,32 @@ def preview(path: str | Path, out: str | Path, *, count: int = 16, seed: int = 0
     except OSError as exc:
         raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
     return out
+
+
+def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None = None) -> str:
+    """The first ``count`` documents of the text dataset at ``path``, each under a
+    ``--- document i (n tokens)`` line, decoded with its recorded tokenizer (or ``tokenizer``,
+    checked against the recorded sha256)."""
+    if count < 1:
+        raise OptionError(f"-n: must be at least 1, got {count}")
+    try:
+        store = TokenStore(path)
+        parts = []
+        for i in range(min(count, len(store))):
+            ids = store.document(i)
+            parts.append(f"--- document {i} ({len(ids):,} tokens)\n{store.decode(ids, tokenizer)}")
+    except TokenizerError as exc:
+        raise PackerError(str(exc)) from None
+    return "\n".join(parts)
+
+
+def _require_images(store: Store) -> None:
+    """One line, not a misread, for a dataset of token ids."""
+    if store.meta.kind != "image":
+        raise PackerError(
+            f"{store.path}: a {store.meta.kind} dataset ({store.meta.count:,} documents) has no images for a contact sheet: "
+            f"print its first documents, decoded, with: packer head {store.path}"
+        )
 
 
 def _fit_image(image: Image.Image, tile: int) -> Image.Image:

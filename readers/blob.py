@@ -28,7 +28,10 @@ class RAMDataset(PackedDataset):
     store_class = BlobStore
 
     def __init__(self, path: str | Path, transform: Transform | None = None, *, in_memory: bool = True) -> None:
-        self.store = BlobStore(path, in_memory=in_memory)
+        self.store = BlobStore(path, in_memory=False)
+        self.store.require_images()  # before loading a text blob into RAM for nothing
+        if in_memory:
+            self.store = BlobStore(path, in_memory=True)
         self.transform = transform
 
     @property

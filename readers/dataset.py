@@ -27,13 +27,15 @@ class PackedDataset(Dataset):
 
     ``label`` is -1 for unlabeled datasets. ``transform``, if given, is applied to each image
     tensor. The dataset pickles without open handles, so DataLoader workers under fork and
-    spawn each open their own.
+    spawn each open their own. A text dataset (token ids, metadata ``kind: "text"``) is refused
+    with one line naming :class:`readers.TokenDataset`, which reads it.
     """
 
     store_class: ClassVar[type[Store]] = Store
 
     def __init__(self, path: str | Path, transform: Transform | None = None) -> None:
         self.store = self.store_class(path)
+        self.store.require_images()
         self.transform = transform
 
     @property

@@ -1,17 +1,20 @@
-"""``open_dataset``: any packed dataset as its torch Dataset, whatever the format."""
+"""``open_dataset``: any packed dataset as its torch Dataset, whatever the format and kind."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dataset import PackedDataset, Transform
-from .formats import detect_format
+from .formats import open_store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tokens import TokenDataset
 
 __all__ = ["open_dataset", "DATASETS"]
 
-#: Format name -> (module, class) of its map-style torch Dataset.
+#: Format name -> (module, class) of its map-style torch Dataset of images.
 DATASETS: dict[str, tuple[str, str]] = {
     "lmdb": ("readers.lmdb", "LMDBDataset"),
     "hdf5": ("readers.hdf5", "HDF5Dataset"),
@@ -20,12 +23,22 @@ DATASETS: dict[str, tuple[str, str]] = {
 }
 
 
-def open_dataset(path: str | Path, transform: Transform | None = None, **options: Any) -> PackedDataset:
-    """Open the packed dataset at ``path`` with the reader of its format.
+def open_dataset(path: str | Path, transform: Transform | None = None, **options: Any) -> PackedDataset | TokenDataset:
+    """Open the packed dataset at ``path`` with the reader of its format and kind.
 
     The format is recognised from the path and its metadata (an LMDB folder, an HDF5 file, a
-    ``.blob`` file, a folder of WebDataset shards); ``options`` go to that reader's constructor.
+    ``.blob`` file, a folder of WebDataset shards). Images: that format's dataset
+    (``LMDBDataset`` and friends), ``options`` going to its constructor. Text (metadata
+    ``kind: "text"``), in any format: a :class:`readers.TokenDataset` (documents, or blocks with
+    ``block_size=...``; ``options`` go to it), which takes no ``transform``.
     """
-    module, name = DATASETS[detect_format(path)]
+    meta = open_store(path).meta
+    if meta.kind == "text":
+        if transform is not None:
+            raise TypeError(f"{path}: a text dataset is read by readers.TokenDataset, which takes no transform")
+        from .tokens import TokenDataset
+
+        return TokenDataset(path, **options)
+    module, name = DATASETS[meta.format]
     cls = getattr(importlib.import_module(module), name)
     return cls(path, transform=transform, **options)

@@ -1,0 +1,225 @@
+"""A text dataset through every reader and tool, in every format: ``open_dataset``, the image
+datasets (which refuse it), ``packer info``, ``packer preview``, ``packer verify``.
+
+The corpus is written here; the expected token ids are worked out here, independently of packer:
+the default ``bytes`` tokenizer gives each document's UTF-8 bytes, then the EOS id 256.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import packer
+from packer.cli import cli
+from packer.preview import document_preview
+from packer.verify import verify
+from readers import HDF5Dataset, LMDBDataset, PackedFormatError, RAMDataset, ShardDataset, TokenDataset, open_dataset
+from readers.formats import open_store
+from readers.formats.tokens import TokenStore
+from readers.schema import FORMATS
+
+EOS = 256
+#: Sorted by name, as the corpus is read; multi-byte UTF-8 and a document without a final newline.
+TEXTS = {
+    "a.txt": "hello world\n",
+    "b.txt": "héllo 東京, a second document\nwith two lines\n",
+    "c.txt": "third — and last",
+}
+DATASETS = {"lmdb": LMDBDataset, "hdf5": HDF5Dataset, "blob": RAMDataset, "webdataset": ShardDataset}
+TARGET = {"lmdb": "t.lmdb", "hdf5": "t.h5", "blob": "t.blob", "webdataset": "t.shards"}
+
+
+def expected_ids(text: str) -> list[int]:
+    return list(text.encode("utf-8")) + [EOS]
+
+
+DOCS = [expected_ids(t) for t in TEXTS.values()]
+STREAM = np.array([i for doc in DOCS for i in doc], np.int64)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    for name, text in TEXTS.items():
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def converted(corpus, tmp_path_factory):
+    """``fmt -> path``: the corpus converted to ``fmt`` once per module (read only)."""
+    made: dict[str, Path] = {}
+
+    def get(fmt: str) -> Path:
+        if fmt not in made:
+            made[fmt] = tmp_path_factory.mktemp(fmt) / TARGET[fmt]
+            packer.convert(corpus, made[fmt], format=fmt, workers=1)
+        return made[fmt]
+
+    return get
+
+
+@pytest.fixture()
+def fresh(corpus, tmp_path):
+    """``fmt -> path``: a conversion of its own, to damage."""
+    return lambda fmt: (packer.convert(corpus, tmp_path / TARGET[fmt], format=fmt, workers=1), tmp_path / TARGET[fmt])[1]
+
+
+def test_every_format_is_covered():
+    assert set(DATASETS) == set(FORMATS) == set(TARGET)
+
+
+# -- the Python API ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_open_dataset_gives_the_documents(converted, fmt):
+    ds = open_dataset(converted(fmt))
+    assert isinstance(ds, TokenDataset) and ds.meta.kind == "text" and ds.meta.format == fmt
+    assert len(ds) == len(TEXTS)
+    for i, (text, ids) in enumerate(zip(TEXTS.values(), DOCS)):
+        doc = ds[i]
+        assert doc.tolist() == ids
+        assert bytes(doc[:-1].tolist()).decode("utf-8") == text  # decoded independently of packer
+        assert ds.decode(doc[:-1]) == text  # and with the tokenizer the dataset records
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_open_dataset_blocks_cross_documents(converted, fmt):
+    ds = open_dataset(converted(fmt), block_size=7)
+    assert len(ds) == (len(STREAM) - 1) // 7
+    for i in range(len(ds)):
+        x, y = ds[i]
+        assert x.tolist() == STREAM[7 * i : 7 * i + 7].tolist() and y.tolist() == STREAM[7 * i + 1 : 7 * i + 8].tolist()
+    windows, starts = ds.read_batch([2, 0, 5])
+    assert starts.tolist() == [14, 0, 35]
+    assert windows.tolist() == [STREAM[s : s + 8].tolist() for s in (14, 0, 35)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_token_span_is_the_stream(converted, fmt):
+    tokens = TokenStore(converted(fmt))
+    assert tokens.num_tokens == len(STREAM) == tokens.meta.tokens
+    assert tokens.offsets.tolist() == np.cumsum([0] + [len(d) for d in DOCS]).tolist()
+    for start in range(len(STREAM) + 1):
+        for stop in range(start, len(STREAM) + 1, 5):
+            assert tokens.span(start, stop).tolist() == STREAM[start:stop].tolist(), (start, stop)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_store_serves_the_payload_stream(converted, fmt):
+    store = open_store(converted(fmt))
+    payloads = b"".join(np.array(d, "<u2").tobytes() for d in DOCS)
+    assert store.read_stream(0, len(payloads)).tobytes() == payloads
+    assert store.read_stream(3, 41).tobytes() == payloads[3:41]
+    assert [bytes(p) for _l, _s, p in store.records(range(len(DOCS)))] == [np.array(d, "<u2").tobytes() for d in DOCS]
+    with pytest.raises(IndexError):
+        store.read_stream(0, len(payloads) + 1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_image_readers_refuse_a_text_dataset_in_one_line(converted, fmt):
+    path = converted(fmt)
+    for attempt in (lambda: DATASETS[fmt](path), lambda: open_store(path).read(0), lambda: open_store(path).read_samples([0])):
+        with pytest.raises(PackedFormatError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "readers.TokenDataset" in message and "text dataset" in message and "\n" not in message
+        assert "corrupt" not in message
+    with pytest.raises(TypeError, match="TokenDataset"):
+        open_dataset(path, transform=lambda t: t)
+
+
+def test_open_dataset_still_opens_images(packed_32):
+    ds = open_dataset(packed_32("lmdb"))
+    image, label = ds[0]
+    assert isinstance(ds, LMDBDataset) and image.dtype == torch.uint8 and image.shape == (3, 32, 32) and label == 0
+
+
+# -- the command line ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_info_shows_documents_tokens_and_tokenizer(converted, fmt):
+    path = converted(fmt)
+    result = CliRunner().invoke(cli, ["info", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in result.output.splitlines()[1:] if line.startswith("  ") and line.split()}
+    assert rows["format"].startswith(fmt)
+    assert rows["documents"] == str(len(TEXTS))
+    assert rows["tokens"].startswith(f"{len(STREAM)} ")
+    assert rows["tokenizer"].startswith("bytes") and "vocab 257" in rows["tokenizer"] and "eos 256" in rows["tokenizer"]
+    data = json.loads(CliRunner().invoke(cli, ["info", str(path), "--json"]).output)
+    assert (data["kind"], data["count"], data["tokens"], data["dtype"]) == ("text", len(TEXTS), len(STREAM), "uint16")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_preview_refuses_in_one_line_and_names_head(converted, fmt, tmp_path):
+    path, out = converted(fmt), tmp_path / "grid.png"
+    result = CliRunner().invoke(cli, ["preview", str(path), "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [f"Error: {path}: a text dataset ({len(TEXTS)} documents) has no images for a contact sheet: "
+                                                  f"print its first documents, decoded, with: packer head {path}"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_document_preview_and_head_print_the_decoded_documents(converted, fmt):
+    path = converted(fmt)
+    shown = document_preview(path, count=2)
+    texts = list(TEXTS.values())
+    # the bytes tokenizer shows EOS as a newline
+    assert shown == f"--- document 0 ({len(DOCS[0])} tokens)\n{texts[0]}\n\n--- document 1 ({len(DOCS[1])} tokens)\n{texts[1]}\n"
+    head = CliRunner().invoke(cli, ["head", str(path), "-n", "3"])
+    assert head.exit_code == 0 and all(text in head.output for text in texts)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_checks_every_document(converted, fmt):
+    path = converted(fmt)
+    report = verify(path)
+    assert report.ok, report.faults
+    assert (report.checked, report.tokens, report.checksums) == (len(TEXTS), len(STREAM), True)
+    result = CliRunner().invoke(cli, ["verify", str(path)])
+    assert result.exit_code == 0
+    assert result.output.startswith(f"{path}: OK ({fmt}; {len(TEXTS)} of {len(TEXTS)} samples checked, checksums matched;")
+
+
+def _document_file_offset(path: Path, fmt: str, index: int) -> tuple[Path, int]:
+    """The file holding document ``index``'s ids and their offset in it (found by content)."""
+    payload = np.array(DOCS[index], "<u2").tobytes()
+    files = {"lmdb": [path / "data.mdb"], "webdataset": sorted(path.glob("*.tar"))}.get(fmt, [path])
+    [(file, data)] = [(f, f.read_bytes()) for f in files if payload in f.read_bytes()]
+    assert data.count(payload) == 1
+    return file, data.find(payload)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_finds_a_document_that_lost_its_eos(fresh, fmt):
+    path = fresh(fmt)
+    file, offset = _document_file_offset(path, fmt, 1)
+    eos_high_byte = offset + 2 * len(DOCS[1]) - 1  # 256 = 0x0100, little-endian: 00 01
+    with open(file, "r+b") as handle:
+        handle.seek(eos_high_byte)
+        assert handle.read(1) == b"\x01"
+        handle.seek(eos_high_byte)
+        handle.write(b"\x00")
+    result = CliRunner().invoke(cli, ["verify", str(path)])
+    assert result.exit_code == 1
+    faults = [line for line in result.output.splitlines() if line.startswith("fault: ")]
+    assert len(faults) == 2 and all(line.startswith("fault: sample 1") for line in faults), faults
+    assert "checksum mismatch" in faults[0] and "does not end with the end-of-document id 256" in faults[1]
+
+
+def test_verify_finds_a_wrong_npy_header_in_a_text_shard(fresh):
+    path = fresh("webdataset")
+    [shard] = sorted(path.glob("*.tar"))
+    data = shard.read_bytes()
+    n = len(DOCS[0])
+    old, new = f"'shape': ({n},)".encode(), f"'shape': ({n + 1},)".encode()
+    assert data.count(old) == 1 and len(old) == len(new)
+    shard.write_bytes(data.replace(old, new))  # the payload and its checksum are untouched
+    report = verify(path)
+    assert [(f.where, f.message.split(" says")[0]) for f in report.faults] == [(f"sample 0 ({shard.name})", "its .npy header")]
