@@ -231,17 +231,9 @@ def head(path: Path, count: int, tokenizer: str | None) -> None:
     Example:
       packer head corpus.blob -n 3
     """
-    from readers.formats.tokens import TokenStore
-    from readers.tokenizer import TokenizerError
+    from .preview import document_preview
 
-    try:
-        store = TokenStore(path)
-        for i in range(min(count, len(store))):
-            ids = store.document(i)
-            click.echo(f"--- document {i} ({len(ids):,} tokens)")
-            click.echo(store.decode(ids, tokenizer))
-    except TokenizerError as exc:
-        raise _UserError(str(exc)) from None
+    click.echo(document_preview(path, count=count, tokenizer=tokenizer))
 
 
 @cli.command()
@@ -264,14 +256,18 @@ def info(path: Path, as_json: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random samples.")
 @click.option("--tile", type=click.IntRange(16, 1024), default=128, show_default=True, help="Cell size in pixels.")
 def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
-    """Save a contact sheet of random samples, captioned with index and class.
+    """Save a contact sheet of random samples, captioned with index and class (a text dataset:
+    print its first documents, decoded, as packer head does).
 
     \b
     Example:
       packer preview train.lmdb -o grid.png --count 25
     """
-    from .preview import preview as make_preview
+    from .preview import document_preview, preview as make_preview
 
+    if read_metadata(path).kind == "text":  # no pictures to draw: the first documents, decoded
+        click.echo(document_preview(path, count=count if _given("count") else 3))
+        return
     click.echo(f"wrote {make_preview(path, output, count=count, seed=seed, tile=tile)}")
 
 

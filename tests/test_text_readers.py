@@ -156,13 +156,23 @@ def test_info_shows_documents_tokens_and_tokenizer(converted, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_preview_refuses_in_one_line_and_names_head(converted, fmt, tmp_path):
+def test_preview_prints_the_first_documents_decoded(converted, fmt, tmp_path):
     path, out = converted(fmt), tmp_path / "grid.png"
     result = CliRunner().invoke(cli, ["preview", str(path), "-o", str(out)])
-    assert result.exit_code == 1
-    assert result.output.strip().splitlines() == [f"Error: {path}: a text dataset ({len(TEXTS)} documents) has no images for a contact sheet: "
-                                                  f"print its first documents, decoded, with: packer head {path}"]
-    assert not out.exists()
+    assert result.exit_code == 0, result.output
+    assert result.output == document_preview(path, count=3) + "\n"
+    assert all(text in result.output for text in list(TEXTS.values())[:3]) and not out.exists()
+    one = CliRunner().invoke(cli, ["preview", str(path), "--count", "1"])
+    assert one.output.count("--- document") == 1
+
+
+def test_the_contact_sheet_itself_refuses_text_in_one_line(converted, tmp_path):
+    from packer.errors import PackerError
+    from packer.preview import preview
+
+    path = converted("lmdb")
+    with pytest.raises(PackerError, match="has no images for a contact sheet: print its first documents, decoded"):
+        preview(path, tmp_path / "grid.png")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
