@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
     parser.add_argument("--seconds", type=float, default=3.0, help="shortest timed Loader pass")
+    parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
+    parser.add_argument("--jobs", nargs="+", choices=["convert", "loader"], default=["convert", "loader"])
+    parser.add_argument("--tag", default="", help="suffix of the result file's name (before_after-TAG.json)")
     parser.add_argument("--update-results", action="store_true", help="write benchmarks/results/ instead of benchmarks/out/")
     args = parser.parse_args()
 
@@ -87,7 +90,8 @@ def main() -> None:
         try:
             sides = {"before": base_tree, "after": REPO}
             results: dict = {"convert": {}, "loader": {}}
-            for fmt, suffix in FORMATS.items():
+            formats = {fmt: FORMATS[fmt] for fmt in args.formats}
+            for fmt, suffix in formats.items():  # conversions (they also make the datasets the Loader reads)
                 rates: dict[str, list[float]] = {"before": [], "after": []}
                 for _ in range(args.rounds):
                     for side, tree in sides.items():
@@ -97,9 +101,10 @@ def main() -> None:
                         else:
                             dst.unlink(missing_ok=True)
                         rates[side].append(child(tree, _CONVERT, str(src), str(dst), fmt, workers))
-                results["convert"][fmt] = {side: summary(r) for side, r in rates.items()}
-                print(f"convert {fmt}: {_line(results['convert'][fmt])}", flush=True)
-            for fmt, suffix in FORMATS.items():
+                if "convert" in args.jobs:
+                    results["convert"][fmt] = {side: summary(r) for side, r in rates.items()}
+                    print(f"convert {fmt}: {_line(results['convert'][fmt])}", flush=True)
+            for fmt, suffix in formats.items() if "loader" in args.jobs else ():
                 dataset = Path(tmp) / f"after{suffix}"  # written by this tree above; both read it
                 rates = {"before": [], "after": []}
                 for _ in range(args.rounds):
@@ -123,7 +128,8 @@ def main() -> None:
         "machine": machine(),
         **results,
     }
-    print(f"wrote {save_json('before_after', payload, RESULTS_DIR if args.update_results else OUT_DIR)}")
+    name = f"before_after-{args.tag}" if args.tag else "before_after"
+    print(f"wrote {save_json(name, payload, RESULTS_DIR if args.update_results else OUT_DIR)}")
 
 
 def _fig(rate: dict) -> str:
