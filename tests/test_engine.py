@@ -195,3 +195,30 @@ def test_workers_are_capped_by_the_memory_a_worker_may_need(image_folder, tmp_pa
     assert any("8 workers could each need" in r.getMessage() and "using 2" in r.getMessage() for r in caplog.records)
     report = convert(image_folder, tmp_path / "n.lmdb", image=ImageOptions(size=8, max_pixels=1_000_000), workers=8)
     assert report.workers == 8
+
+
+def test_ctrl_c_while_the_output_is_renamed_is_reported_as_complete(image_folder, tmp_path, monkeypatch):
+    """Found by benchmarks.faults: a Ctrl-C landing between the rename and the bookkeeping said
+    "N inputs are saved; --resume", and the --resume it advised was refused (DST existed)."""
+    import os
+    import signal
+
+    import packer.writers.base as base
+    import packer.writers.journal as journal
+    from readers.formats import open_store
+
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    real_replace = os.replace
+
+    def replace_with_ctrl_c(src, dst):
+        if str(dst).endswith("done.lmdb"):  # the publishing rename (journal commits rename too)
+            os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C right now
+        real_replace(src, dst)
+
+    monkeypatch.setattr(base.os, "replace", replace_with_ctrl_c)
+    dst = tmp_path / "done.lmdb"
+    with pytest.raises(KeyboardInterrupt, match="interrupted after the output was complete"):
+        convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    monkeypatch.setattr(base.os, "replace", real_replace)
+    assert open_store(dst).meta.count == 18
+    assert not journal_path(dst.with_name("done.lmdb.partial")).exists()

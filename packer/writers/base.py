@@ -16,12 +16,15 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from abc import ABCMeta, abstractmethod
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -85,6 +88,29 @@ def publish(tmp: Path, dst: Path) -> None:
     _fsync(dst.parent if str(dst.parent) else Path("."))
     if old is not None:
         remove_path(old)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (and SIGTERM and SIGHUP where Python handles them) until the block is done,
+    then run the handler each one that came would have run (main thread only: Python runs signal
+    handlers there, whichever thread the signal reached)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    signums = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    held = {signum: handler for signum, handler in saved.items() if callable(handler)}  # SIG_DFL/SIG_IGN stay
+    for signum in held:
+        signal.signal(signum, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    for signum in caught:
+        held[signum](signum, None)
 
 
 class Writer:
@@ -283,10 +309,11 @@ class Writer:
         meta = dataclasses.replace(meta, checksum=CHECKSUM)  # every writer stores per-sample checksums
         try:
             self._write_metadata(meta)
-            self._publish()
+            with _signals_deferred():  # a Ctrl-C lands after this, when DST is complete and known to be
+                self._publish()
+                self.finished = True  # nothing after this may treat the run as unfinished
         except OSError as exc:  # __exit__ then keeps the checkpoint or drops the output (its rule)
             raise self.output_error(exc) from None
-        self.finished = True  # DST is complete: nothing after this may treat the run as unfinished
         if self._journal is not None:
             self._journal.remove()
         self._lock.release()
