@@ -52,6 +52,8 @@ class _Group(click.Group):
             raise _UserError(str(exc), exc.exit_code) from None
         except (PackedFormatError, FileNotFoundError) as exc:
             raise _UserError(str(exc)) from None
+        except KeyboardInterrupt:  # outside a command's own handling (click would say "Aborted!", exit 1)
+            raise _UserError("interrupted", EXIT_INTERRUPTED) from None
 
 
 class _WarningPrinter(logging.Handler):
