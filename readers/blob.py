@@ -27,11 +27,13 @@ class RAMDataset(PackedDataset):
 
     store_class = BlobStore
 
-    def __init__(self, path: str | Path, transform: Transform | None = None, *, in_memory: bool = True) -> None:
-        self.store = BlobStore(path, in_memory=False)
+    def __init__(
+        self, path: str | Path, transform: Transform | None = None, *, in_memory: bool = True, verify: bool | None = None
+    ) -> None:
+        self.store = BlobStore(path, in_memory=False, verify=verify)
         self.store.require_images()  # before loading a text blob into RAM for nothing
         if in_memory:
-            self.store = BlobStore(path, in_memory=True)
+            self.store = BlobStore(path, in_memory=True, verify=verify)
         self.transform = transform
 
     @property

@@ -6,6 +6,9 @@ stored payload bytes. Covering label and shape means a flipped label or a damage
 caught, not only damaged pixels. Where each format keeps the checksums is documented in
 ``docs/FORMATS.md`` (and owned by its module in ``readers/formats/``). The metadata field
 ``checksum`` names the algorithm (``"crc32"``), or is empty for a dataset without checksums.
+
+Readers check them as they read when opened with ``verify=True`` (``readers/formats/base.py``):
+a damaged sample raises :class:`CorruptSampleError`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["CHECKSUM", "CHECKSUM_DTYPE", "sample_checksum"]
+from .schema import PackedFormatError
+
+__all__ = ["CHECKSUM", "CHECKSUM_DTYPE", "sample_checksum", "CorruptSampleError"]
 
 #: The algorithm name recorded in :attr:`readers.schema.Metadata.checksum`.
 CHECKSUM = "crc32"
@@ -28,3 +33,30 @@ def sample_checksum(label: int, shape: Sequence[int], payload: bytes | memoryvie
     """CRC-32 of ``<q label, <q each dimension, payload`` (an unsigned 32-bit int)."""
     head = struct.pack(f"<{1 + len(shape)}q", int(label), *(int(d) for d in shape))
     return zlib.crc32(payload, zlib.crc32(head))
+
+
+class CorruptSampleError(PackedFormatError):
+    """A sample read with ``verify=True`` does not match the checksum stored when it was written.
+
+    ``path`` is the dataset, ``index`` the sample, ``where`` its location as the store names it
+    (``"sample 7 (shard-000001.tar)"`` for shards). Constructible from the message alone, as
+    torch re-raises a DataLoader worker's error.
+    """
+
+    def __init__(self, message: str, path: str = "", index: int = -1, where: str = "") -> None:
+        super().__init__(message)
+        self.path, self.index, self.where = path, index, where
+
+    @classmethod
+    def mismatch(cls, path: str, index: int, where: str, stored: int, computed: int) -> "CorruptSampleError":
+        """The error for sample ``index`` whose bytes give ``computed`` where ``stored`` was recorded."""
+        return cls(
+            f"{path}: {where} is damaged: its bytes do not match the checksum stored when it was written "
+            f"(stored {stored:08x}, read {computed:08x}); `packer verify {path}` lists every damaged sample: convert again",
+            path,
+            index,
+            where,
+        )
+
+    def __reduce__(self):  # keeps path, index and where through pickling
+        return (type(self), (str(self), self.path, self.index, self.where))

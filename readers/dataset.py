@@ -27,14 +27,18 @@ class PackedDataset(Dataset):
 
     ``label`` is -1 for unlabeled datasets. ``transform``, if given, is applied to each image
     tensor. The dataset pickles without open handles, so DataLoader workers under fork and
-    spawn each open their own. A text dataset (token ids, metadata ``kind: "text"``) is refused
+    spawn each open their own. ``verify=True`` checks every sample read against the checksum
+    stored when it was written, raising :class:`~readers.checksums.CorruptSampleError` (naming
+    the dataset, the index and, for shards, the shard) for a damaged one; ``False`` never
+    checks; ``None`` (default) checks jpeg/png samples, where it costs about 1% of the decode,
+    and not raw ones, where it costs more than the read (docs/RELIABILITY.md). A text dataset (token ids, metadata ``kind: "text"``) is refused
     with one line naming :class:`readers.TokenDataset`, which reads it.
     """
 
     store_class: ClassVar[type[Store]] = Store
 
-    def __init__(self, path: str | Path, transform: Transform | None = None) -> None:
-        self.store = self.store_class(path)
+    def __init__(self, path: str | Path, transform: Transform | None = None, *, verify: bool | None = None) -> None:
+        self.store = self.store_class(path, verify=verify)
         self.store.require_images()
         self.transform = transform
 

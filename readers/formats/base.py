@@ -16,8 +16,18 @@ LMDB keys, WebDataset tar members), :meth:`Store.where` (a sample's location in 
 :meth:`Store.payload_offsets` and :meth:`Store.read_stream` (every payload back to back: a text
 dataset's token stream, ``readers/formats/tokens.py``).
 
-The image reads (:meth:`Store.read`, :meth:`Store.read_batch`, :meth:`Store.read_samples`)
-refuse a text dataset with one line (:meth:`Store.require_images`): its samples are token ids,
+Integrity on read: a store opened with ``verify=True`` checks every sample the image reads
+(:meth:`Store.read`, :meth:`Store.read_batch`, :meth:`Store.read_samples`) hand out against
+the checksum stored when it was written (``readers/checksums.py``), on every path, the fast
+fixed-shape batch fills included (those check the filled rows, which are the payload bytes),
+and raises :class:`~readers.checksums.CorruptSampleError` naming the dataset and
+:meth:`Store.where` the sample is. ``verify=None`` (the default) checks jpeg/png samples, where
+the CRC costs about 1% of the decode, and not raw ones, where it would cost more than the copy
+itself (docs/RELIABILITY.md, "Checksums and packer verify"; ``benchmarks/verify_cost.py``).
+:meth:`Store.records` always hands over the bytes as stored (``packer verify`` compares them
+itself and reports, rather than raises).
+
+The image reads refuse a text dataset with one line (:meth:`Store.require_images`): its samples are token ids,
 read through ``readers.TokenDataset``.
 """
 
@@ -30,6 +40,7 @@ from typing import ClassVar, Iterator, Sequence
 
 import numpy as np
 
+from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
@@ -47,12 +58,20 @@ class Store:
 
     format_name: ClassVar[str] = ""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such packed dataset")
         self._payload_offsets_cache: np.ndarray | None = None
+        self._crcs: np.ndarray | None = None  # the stored checksums, loaded on the first verified read
         self.meta: Metadata = self._read_metadata()
+        #: Whether image reads check each sample's stored checksum (see the module docstring).
+        self.verify: bool = self._resolve_verify(verify)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_crcs"] = None  # each process loads its own (a spawned worker is not sent them)
+        return state
 
     # -- what a format supplies ---------------------------------------------------------
     @classmethod
@@ -159,7 +178,12 @@ class Store:
         """One sample as a new (C, H, W) uint8 array and its label."""
         self.require_images()
         i = self.check_index(index)
+        if self.meta.encoding == "raw" and self.meta.fixed_shape:  # the format's fast fill, straight into the array
+            images, labels = self.read_batch([i])
+            return images[0], int(labels[0])
         for label, shape, payload in self._records([i]):
+            if self.verify:
+                self.check_sample(i, label, shape, payload)
             image = np.empty(shape, np.uint8)
             self.decode(payload, image, i)
             return image, label
@@ -186,8 +210,12 @@ class Store:
         labels = np.empty(len(idx), np.int64)
         if self.meta.encoding == "raw":
             self._fill_raw(idx, out, labels)
+            if self.verify:
+                self.check_rows(idx, out, labels)
         else:
-            for j, (label, _shape, payload) in enumerate(self._records(idx)):
+            for j, (label, shape, payload) in enumerate(self._records(idx)):
+                if self.verify:
+                    self.check_sample(int(idx[j]), label, shape, payload)
                 self.decode(payload, out[j], int(idx[j]))
                 labels[j] = label
         return out, labels
@@ -198,10 +226,42 @@ class Store:
         idx = self.check_indices(indices)
         samples = []
         for i, (label, shape, payload) in zip(idx, self._records(idx)):
+            if self.verify:
+                self.check_sample(int(i), label, shape, payload)
             image = np.empty(shape, np.uint8)
             self.decode(payload, image, int(i))
             samples.append((image, label))
         return samples
+
+    # -- integrity on read ---------------------------------------------------------------
+    def _resolve_verify(self, verify: bool | None) -> bool:
+        if verify is None:
+            return bool(self.meta.checksum) and self.meta.encoding != "raw"
+        if verify and not self.meta.checksum:
+            raise PackedFormatError(
+                f"{self.path}: verify=True, but the dataset records no checksums (written by an older packer): "
+                "convert it again, or read it with verify=False"
+            )
+        return bool(verify)
+
+    def check_sample(self, index: int, label: int, shape: Sequence[int], payload: bytes | memoryview | np.ndarray) -> None:
+        """Raise :class:`CorruptSampleError` unless sample ``index``'s bytes (``payload``, as
+        stored, C-contiguous) match its stored checksum."""
+        if self._crcs is None:
+            crcs = self.stored_checksums()
+            if crcs is None:  # pragma: no cover - refused on open
+                raise PackedFormatError(f"{self.path}: no checksums stored to verify against")
+            self._crcs = crcs
+        stored, computed = int(self._crcs[index]), sample_checksum(label, shape, payload)
+        if computed != stored:
+            raise CorruptSampleError.mismatch(str(self.path), int(index), self.where(int(index)), stored, computed)
+
+    def check_rows(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
+        """:meth:`check_sample` of each raw row of a filled batch (the rows are the payloads)."""
+        shape = out.shape[1:]
+        for j, i in enumerate(indices.tolist()):
+            row = out[j] if out[j].flags.c_contiguous else np.ascontiguousarray(out[j])
+            self.check_sample(i, int(labels[j]), shape, row)
 
     # -- helpers ------------------------------------------------------------------------
     def decode(self, payload: bytes | memoryview, out: np.ndarray, index: int) -> None:

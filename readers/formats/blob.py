@@ -137,10 +137,10 @@ class BlobStore(Store):
 
     format_name = "blob"
 
-    def __init__(self, path: str | Path, *, in_memory: bool = False) -> None:
+    def __init__(self, path: str | Path, *, in_memory: bool = False, verify: bool | None = None) -> None:
         self.in_memory = in_memory
         self.header: BlobHeader | None = None
-        super().__init__(path)
+        super().__init__(path, verify=verify)
         source: Callable[[], np.ndarray] = shared_copy(str(self.path)) if in_memory else _MapFile(str(self.path))
         self._view = PerProcess(_Opener(str(self.path), self.header, self.meta, source))  # type: ignore[arg-type]
         if in_memory:
@@ -205,9 +205,10 @@ class BlobStore(Store):
 
     def pixel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """This process's (N, C, H, W) pixel array and (N,) labels, straight over the file's bytes
-        (for a device-side gather, ``readers.device_gather``); ``None`` unless fixed-shape raw."""
+        (for a device-side gather, ``readers.device_gather``); ``None`` unless fixed-shape raw, and
+        when ``verify`` is on (a device gather would bypass the checks: batches go through the host)."""
         view = self._view.get()
-        return None if view.images is None else (view.images, view.labels)
+        return None if view.images is None or self.verify else (view.images, view.labels)
 
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """One gather: ``np.take`` of the (N, C, H, W) array straight into ``out``."""

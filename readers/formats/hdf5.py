@@ -85,9 +85,9 @@ class HDF5Store(Store):
 
     format_name = "hdf5"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self._file = PerProcess(_FileOpener(str(path)))
-        super().__init__(path)
+        super().__init__(path, verify=verify)
 
     @classmethod
     def recognises(cls, path: Path) -> bool:
@@ -158,16 +158,6 @@ class HDF5Store(Store):
         if self._file.get().images is not None:
             return super()._read_stream(start, stop, out)
         self._file.get().read_payload(start, stop, out)
-
-    def read(self, index: int) -> tuple[np.ndarray, int]:
-        """One sample as a new (C, H, W) uint8 array and its label (raw: read straight into it)."""
-        shared = self._file.get()
-        if shared.images is None:
-            return super().read(index)
-        i = self.check_index(index)
-        out = np.empty((1, *shared.images.shape[1:]), np.uint8)
-        shared.read_rows(i, i + 1, out)
-        return out[0], int(shared.labels[i])
 
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         shared = self._file.get()

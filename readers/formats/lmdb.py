@@ -51,9 +51,9 @@ class LMDBStore(Store):
 
     format_name = "lmdb"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self._env = PerProcess(_EnvOpener(str(path)))
-        super().__init__(path)
+        super().__init__(path, verify=verify)
 
     @classmethod
     def recognises(cls, path: Path) -> bool:

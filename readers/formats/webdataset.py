@@ -223,8 +223,8 @@ class ShardStore(Store):
 
     format_name = "webdataset"
 
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
+        super().__init__(path, verify=verify)
         self.shards: tuple[str, ...] = tuple(self.meta.extra["shards"])
         self._files = PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"])))
         self._check_files()
