@@ -16,12 +16,17 @@ WebDataset, the shard):
   ending with its end-of-document id (when it has one), and the documents hold the metadata's
   ``tokens`` in all;
 * with ``source``: the recorded preprocessing, re-run on the source folder, gives the same
-  samples in the same order (raw and png: identical pixels; jpeg: decoded pixels within
-  :data:`JPEG_TOLERANCE` on average, since encoders may differ between library builds).
+  samples (raw and png: identical pixels; jpeg: decoded pixels within :data:`JPEG_TOLERANCE`
+  on average, since encoders may differ between library builds). Samples are matched to the
+  current inputs by content in scan order, not by position, so a changed source is reported
+  as exactly the inputs that changed (named), were added (named) or were removed (located in
+  the scan order: a sample records no source name).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import time
 from dataclasses import dataclass, field
@@ -210,12 +215,13 @@ def _copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
 
 # -- against the source ------------------------------------------------------------------------
 def _compare_source(store: Store, source: str | Path, report: VerifyReport, workers: int | None) -> None:
+    """Match the dataset's samples to the source's current inputs, then report, by name, every
+    input that changed, was added or was removed (see :func:`_match_source`)."""
     from .errors import PackerError
     from .options import ImageOptions
-    from .parallel import default_workers, ordered_map
-    from .preprocess.task import Encoded, ImageTask
+    from .preprocess.task import ImageTask
     from .sources.images import scan_image_folder
-    from .sources.remote import is_source_url, remote_chunksize
+    from .sources.remote import is_source_url
 
     meta = store.meta
     if meta.kind != "image":
@@ -240,26 +246,68 @@ def _compare_source(store: Store, source: str | Path, report: VerifyReport, work
         report.add("source", f"{source} has classes {folder.classes[:5]}..., the dataset {list(meta.classes[:5])}...")
     recorded = {s.path for s in meta.skipped}
     items = [item for item in folder.items if folder.relative(item.path) not in recorded]
-    if len(items) != meta.count:
-        report.add("source", f"{source} has {len(items):,} inputs not recorded as skipped, the dataset has {meta.count:,} samples")
-    items = items[: meta.count]
+    # a current label as the dataset numbers it (by class name; -2: a class the dataset lacks)
+    labels = {k: meta.classes.index(c) if c in meta.classes else -2 for k, c in enumerate(folder.classes)}
+    _match_source(store, ImageTask(image), items, [folder.relative(item.path) for item in items], labels, report, workers, remote)
+
+
+def _match_source(store: Store, task, items: list, names: list[str], labels: dict[int, int], report: VerifyReport,
+                  workers: int | None, remote: bool) -> None:
+    """Samples were written in scan order, less the recorded skipped inputs, and the current
+    inputs are listed in the same order: so the two sequences are aligned (``difflib``) on the
+    checksum each sample was stored with and the one each input would be stored with now.
+    Aligned equal: unchanged. Between two unchanged runs, a sample and an input of the same
+    class at the same place are the same file, *changed* (re-converted and compared); a sample
+    left over was *removed* from the source (its name is not recorded: the fault says where in
+    the scan order it was), an input left over was *added*."""
+    from .parallel import default_workers, ordered_map
+    from .preprocess.task import Encoded
+    from .sources.remote import remote_chunksize
+
     workers = workers or default_workers()
-    chunksize = remote_chunksize(len(items), workers) if remote else None  # as a conversion from it reads
-    with ordered_map(ImageTask(image), items, workers=workers, chunksize=chunksize) as results:
-        for i, (item, result) in enumerate(zip(items, results)):
-            where = f"{store.where(i)} <- {folder.relative(item.path)}"
-            if not isinstance(result, Encoded):
-                report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
-                continue
-            try:
-                [(label, shape, payload)] = list(_copies(store.records([i])))
-            except (PackedFormatError, ValueError) as exc:
-                report.add(where, str(exc))
-                continue
-            report.compared += 1
-            problem = _difference(result, label, shape, payload, meta)
-            if problem:
-                report.add(where, problem)
+
+    def convert(chosen: list) -> Iterator:
+        chunksize = remote_chunksize(len(chosen), workers) if remote else None  # as a conversion from it reads
+        with ordered_map(task, chosen, workers=workers, chunksize=chunksize) as results:
+            for result in results:
+                yield dataclasses.replace(result, label=labels.get(result.label, result.label)) if isinstance(result, Encoded) else result
+
+    fresh = [sample_checksum(r.label, r.shape, r.payload) if isinstance(r, Encoded) else -1 for r in convert(items)]
+    try:
+        stored = store.stored_checksums()
+        kept = stored.tolist() if stored is not None else [sample_checksum(*r) for r in store.records(range(len(store)))]
+    except (PackedFormatError, ValueError) as exc:
+        report.add("source", f"cannot read the dataset's samples to match them: {exc}")
+        return
+    changed: list[tuple[int, int]] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, kept, fresh, autojunk=False).get_opcodes():
+        if tag == "equal":
+            report.compared += i2 - i1
+            continue
+        samples = [(i, label) for i, (label, _shape, _payload) in zip(range(i1, i2), store.records(range(i1, i2)))]
+        inputs = [(j, labels.get(items[j].label, items[j].label)) for j in range(j1, j2)]
+        for cls in dict.fromkeys([label for _i, label in samples] + [label for _j, label in inputs]):
+            mine, theirs = [i for i, label in samples if label == cls], [j for j, label in inputs if label == cls]
+            changed.extend(zip(mine, theirs))
+            for i in mine[len(theirs):]:
+                after = f"after {names[j1 - 1]}" if j1 else "at the start"
+                report.add(store.where(i), f"removed from the source: no input gives this sample (it was {after} in scan order)")
+            for j in theirs[len(mine):]:
+                report.add(f"source {names[j]}", "added: not in the dataset")
+    for (i, j), result in zip(changed, convert([items[j] for _i, j in changed])):
+        where = f"{store.where(i)} <- {names[j]}"
+        if not isinstance(result, Encoded):
+            report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
+            continue
+        try:
+            [(label, shape, payload)] = list(_copies(store.records([i])))
+        except (PackedFormatError, ValueError) as exc:
+            report.add(where, str(exc))
+            continue
+        report.compared += 1
+        problem = _difference(result, label, shape, payload, store.meta)
+        if problem:
+            report.add(where, f"changed: {problem}")
 
 
 def _difference(expected, label: int, shape: Sequence[int], payload: bytes, meta: Metadata) -> str:

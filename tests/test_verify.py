@@ -154,3 +154,28 @@ def test_a_truncated_dataset_is_a_fault_not_a_crash(packed):
         handle.truncate(path.stat().st_size - 10)
     report = verify(path)
     assert not report.ok and report.faults[0].where == "dataset" and "truncated" in report.faults[0].message
+
+
+def test_source_comparison_names_exactly_the_changed_added_and_removed_inputs(packed, image_folder, tmp_path):
+    """Matched by content in scan order, not by position: one deleted input no longer shifts
+    every later sample onto the wrong file."""
+    path = packed("hdf5")
+    source = tmp_path / "edited"
+    shutil.copytree(image_folder, source)
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    removed, changed = files[3], files[VICTIM + 4]  # class_00 and class_01
+    shutil.copyfile(files[0], source / "class_02" / "added.jpg")  # a new input
+    shutil.copyfile(files[1], changed)  # another picture under the same name
+    removed.unlink()
+    report = verify(path, source=source, workers=1)
+    rel = lambda p: str(p.relative_to(source))  # noqa: E731
+    assert sorted(str(f) for f in report.faults) == sorted([
+        f"sample 3: removed from the source: no input gives this sample (it was after {rel(files[2])} in scan order)",
+        f"sample {VICTIM + 4} <- {rel(changed)}: " + next(f.message for f in report.faults if f.where.endswith(rel(changed))),
+        f"source {rel(source / 'class_02' / 'added.jpg')}: added: not in the dataset",
+    ]), report.faults
+    assert next(f.message for f in report.faults if f.where.endswith(rel(changed))).startswith("changed: raw pixels differ")
+    assert report.fault_count == 3 and report.compared == 18 - 1
+    result = CliRunner().invoke(cli, ["verify", str(path), "--source", str(source)])
+    assert result.exit_code == 1
+    assert [line.split(": ", 1)[0] for line in result.output.splitlines()].count("fault") == 3, result.output
