@@ -30,8 +30,9 @@ class PackedDataset(Dataset):
     spawn each open their own. ``verify=True`` checks every sample read against the checksum
     stored when it was written, raising :class:`~readers.checksums.CorruptSampleError` (naming
     the dataset, the index and, for shards, the shard) for a damaged one; ``False`` never
-    checks; ``None`` (default) checks jpeg/png samples, where it costs about 1% of the decode,
-    and not raw ones, where it costs more than the read (docs/RELIABILITY.md). A text dataset (token ids, metadata ``kind: "text"``) is refused
+    checks; ``None`` (default) checks jpeg/png samples, where the decode dwarfs it (measured:
+    within run-to-run noise), and not raw ones, where it cuts reads by more than half
+    (docs/RELIABILITY.md, ``benchmarks/verify_cost.py``). A text dataset (token ids, metadata ``kind: "text"``) is refused
     with one line naming :class:`readers.TokenDataset`, which reads it.
     """
 

@@ -22,8 +22,8 @@ the checksum stored when it was written (``readers/checksums.py``), on every pat
 fixed-shape batch fills included (those check the filled rows, which are the payload bytes),
 and raises :class:`~readers.checksums.CorruptSampleError` naming the dataset and
 :meth:`Store.where` the sample is. ``verify=None`` (the default) checks jpeg/png samples, where
-the CRC costs about 1% of the decode, and not raw ones, where it would cost more than the copy
-itself (docs/RELIABILITY.md, "Checksums and packer verify"; ``benchmarks/verify_cost.py``).
+the decode dwarfs the CRC (measured: within run-to-run noise), and not raw ones, where it cuts
+reads by more than half (docs/RELIABILITY.md, "Checksums and packer verify"; ``benchmarks/verify_cost.py``).
 :meth:`Store.records` always hands over the bytes as stored (``packer verify`` compares them
 itself and reports, rather than raises).
 
