@@ -27,6 +27,7 @@ __all__ = [
     "PackedDataset",
     "PackedFormatError",
     "IncompleteDatasetError",
+    "CorruptSampleError",
     "UnsupportedVersionError",
     "FORMAT_VERSION",
 ]
@@ -49,6 +50,7 @@ _EXPORTS = {
     "Metadata": "readers.schema",
     "PackedFormatError": "readers.schema",
     "IncompleteDatasetError": "readers.schema",
+    "CorruptSampleError": "readers.checksums",
     "UnsupportedVersionError": "readers.schema",
     "FORMAT_VERSION": "readers.schema",
 }
