@@ -366,7 +366,7 @@ def test_verify_against_an_s3_source(s3, s3_source, local_source, tmp_path):
     s3.copy("packer-test/stream", "packer-test/changed", recursive=True)
     s3.copy("packer-test/stream/class_00/img_00001.jpg", "packer-test/changed/class_00/img_00000.jpg")
     result = CliRunner().invoke(cli, ["verify", str(dst), "--source", "s3://packer-test/changed", "-j", "2"])
-    assert result.exit_code == 1 and "fault: sample 0 <- class_00/img_00000.jpg: raw pixels differ" in result.output
+    assert result.exit_code == 1 and "fault: sample 0 <- class_00/img_00000.jpg: changed: raw pixels differ" in result.output
 
 
 def test_s3_src_on_ray(s3, s3_source, local_source, tmp_path):
