@@ -146,7 +146,14 @@ def test_bench_cleans_up_on_signals_even_in_the_background(tmp_path: Path, signa
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a shell starts a background job
     )
     deadline = time.time() + 60
-    while not any(scratch.rglob("*.lmdb")):  # its first conversion is written
+    def first_conversion_written() -> bool:
+        # The bench renames ``data.lmdb.partial`` while we walk the folder: a vanished entry is a retry.
+        try:
+            return any(scratch.rglob("*.lmdb"))
+        except FileNotFoundError:
+            return False
+
+    while not first_conversion_written():
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline
         time.sleep(0.02)
