@@ -82,9 +82,10 @@ def test_dataloader_workers(packed, context):
     ds = cls(path)
     want = all_samples(ds)  # read in the main process first: the workers must not reuse its handle
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)
-    for _epoch in range(2):
-        images = torch.cat([x for x, _ in loader])
-        labels = torch.cat([y for _, y in loader])
+    for _epoch in range(2):  # fresh workers each epoch, each opening the file itself
+        batches = list(loader)
+        images = torch.cat([x for x, _ in batches])
+        labels = torch.cat([y for _, y in batches])
         assert torch.equal(images, torch.stack([x for x, _ in want]))
         assert labels.tolist() == [y for _, y in want]
 
