@@ -9,7 +9,7 @@ from .decode import decode
 from .geometry import plan_for
 from .resize import resize
 
-__all__ = ["preprocess_image"]
+__all__ = ["preprocess_image", "preprocess_pixels"]
 
 
 def preprocess_image(data: bytes, options: ImageOptions) -> np.ndarray:
@@ -17,7 +17,13 @@ def preprocess_image(data: bytes, options: ImageOptions) -> np.ndarray:
 
     Raises :class:`~packer.preprocess.decode.DecodeError` for unusable input.
     """
-    pixels = decode(data, grayscale=options.grayscale, target=options.size, max_pixels=options.max_pixels)
+    return preprocess_pixels(decode(data, grayscale=options.grayscale, target=options.size, max_pixels=options.max_pixels), options)
+
+
+def preprocess_pixels(pixels: np.ndarray, options: ImageOptions) -> np.ndarray:
+    """Decoded (H, W, C) uint8 pixels (C as ``options`` asks) -> the stored pixels: the geometry
+    of :func:`preprocess_image` (crop, resize, pad), for images that arrive decoded (a Python
+    dataset's arrays: packer/preprocess/arrays.py)."""
     plan = plan_for(options.resize_mode, pixels.shape[0], pixels.shape[1], options.size)
     top, left, height, width = plan.crop
     pixels = resize(pixels[top : top + height, left : left + width], *plan.resize)
