@@ -16,7 +16,7 @@ from .errors import OptionError
 from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
 __all__ = [
-    "ImageOptions", "StorageOptions", "TextOptions", "RunOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
+    "ImageOptions", "StorageOptions", "TextOptions", "SourceOptions", "RunOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
     "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS", "EXECUTORS",
 ]
 
@@ -186,6 +186,38 @@ class TextOptions:
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
         return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Where the inputs and their labels come from when SRC is not a folder of class folders
+    (packer/sources/labels.py, packer/sources/datasets.py).
+
+    ``labels``: a CSV, TSV, JSON or JSONL file giving each image's label (SRC: a folder or an
+    archive; paths relative to it). ``path_column`` / ``label_column``: its columns (default: the
+    first of :data:`~packer.sources.labels.PATH_COLUMNS` / ``LABEL_COLUMNS`` present).
+    ``split``: keep only the rows whose ``split_column`` (default ``split``) has this value.
+    A Python dataset of records (a Hugging Face ``datasets.Dataset``): ``image_column`` and
+    ``label_column`` name the fields (default: ``image``/``img`` and ``label``/``labels``).
+    Options that do not apply to the SRC are refused by :func:`packer.convert`.
+    """
+
+    labels: str | None = None
+    path_column: str | None = None
+    label_column: str | None = None
+    split_column: str | None = None
+    split: str | None = None
+    image_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.labels is not None:
+            object.__setattr__(self, "labels", str(self.labels))
+        for name in ("labels", "path_column", "label_column", "split_column", "split", "image_column"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise OptionError(f"--{name.replace('_', '-')}: must be a non-empty name, got {value!r}")
+        if self.split_column is not None and self.split is None:
+            raise OptionError("--split-column: names the column --split selects on; pass --split NAME too")
 
 
 @dataclass(frozen=True)
