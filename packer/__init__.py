@@ -12,9 +12,9 @@ from __future__ import annotations
 from ._version import __version__
 from .api import ConversionReport, TextConversionReport, convert
 from .errors import PackerError
-from .options import ImageOptions, RunOptions, StorageOptions, TextOptions
+from .options import ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 
 __all__ = [
     "__version__", "convert", "ConversionReport", "TextConversionReport", "ImageOptions", "TextOptions", "StorageOptions",
-    "RunOptions", "PackerError",
+    "RunOptions", "SourceOptions", "PackerError",
 ]

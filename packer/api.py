@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
 from .errors import OptionError
-from .jobs import Job, changed_fields, image_job, resolve_kind
-from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, StorageOptions, TextOptions
+from .jobs import Job, changed_fields, image_job, resolve_kind, source_fields
+from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
 from .sources.remote import is_source_url
 from .writers import format_for_path, get_writer
@@ -33,7 +34,7 @@ def resolve_format(dst: str | Path, format: str | None) -> str:
 
 
 def convert(
-    src: str | Path,
+    src: Any,
     dst: str | Path,
     *,
     format: str | None = None,
@@ -50,11 +51,16 @@ def convert(
     executor: str = "local",
     ray_address: str | None = None,
     sink: object = None,
+    source: SourceOptions | None = None,
 ) -> ConversionReport:
     """Convert the image folder or text corpus ``src`` into a packed dataset at ``dst``.
 
     Images: class sub-folders of ``src`` become labels; each image is decoded, oriented, resized
-    and encoded once (``image`` options). Text (``kind="text"``, ``text`` options given, or a
+    and encoded once (``image`` options). ``src`` may also be an archive (.tar, .tar.gz, .zip, a
+    tar of tars: packer/sources/archives.py), a folder of WebDataset shards, a folder or archive
+    whose labels are in a file (``source=SourceOptions(labels="train.csv")``:
+    packer/sources/labels.py), or a map-style Python dataset object (``dataset[i]`` is
+    ``(image, label)`` or a record: packer/sources/datasets.py). Text (``kind="text"``, ``text`` options given, or a
     folder of .txt/.jsonl/.parquet files and no images): each document is tokenised into one
     sample of token ids. Options of the other kind, and ``storage`` options the format does not
     use, are refused, never ignored.
@@ -83,7 +89,17 @@ def convert(
     unused = [name for name in changed_fields(storage) if name[2:].replace("-", "_") not in get_writer(fmt).storage_fields]
     if unused:
         raise OptionError(f"{unused[0]}: does not apply to {fmt} output; drop it")
-    if executor != "local" and not is_source_url(str(src)):
+    source = source if source is not None else SourceOptions()
+    from .sources.datasets import is_python_dataset
+
+    pyobject = is_python_dataset(src)
+    applies = source_fields(src, source)
+    unused = [name for name in changed_fields(source) if name[2:].replace("-", "_") not in applies]
+    if unused:
+        where = ("does not apply to a Python dataset" if pyobject else "applies to a Python dataset only" if unused[0] == "--image-column"
+                 else "applies with --labels only")
+        raise OptionError(f"{unused[0]}: {where}; drop it")
+    if executor != "local" and not pyobject and not is_source_url(str(src)):
         src = Path(src).resolve()  # tasks elsewhere see absolute paths
     from .remote import is_dst_url, remote_destination
 
@@ -91,24 +107,28 @@ def convert(
         with remote_destination(str(dst), fmt, overwrite=overwrite, resume=resume) as staging:
             local = staging.local_dst
             check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)
-            report = run(_job(src, kind, image, text), fmt, local, storage=storage, options=options, sink=staging.sink)
+            report = run(_job(src, kind, image, text, source, workers), fmt, local, storage=storage, options=options, sink=staging.sink)
         return dataclasses.replace(report, dst=str(dst))
     dst = Path(dst) if executor == "local" else Path(dst).resolve()
     final = get_writer(fmt).destination(dst)
-    if not is_source_url(str(src)):
+    if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)
     check_destination(final, overwrite=overwrite)
     check_unfinished(final, resume=resume, overwrite=overwrite)
-    return run(_job(src, kind, image, text), fmt, dst, storage=storage, options=options, sink=sink)
+    return run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
 
 
-def _job(src: str | Path, kind: str | None, image: ImageOptions | None, text: TextOptions | None) -> Job:
-    """The job for ``src``: an image folder or a text corpus, refusing the other kind's options."""
+def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptions | None, source: SourceOptions,
+         workers: int | None) -> Job:
+    """The job for ``src``: images (a folder, an archive, a dataset...) or a text corpus, refusing
+    the other kind's options."""
     if resolve_kind(src, kind) == "image":
         if text is not None:
             named = ", ".join(changed_fields(text)) or "--kind text"
             raise OptionError(f"{src}: text options ({named}) do not apply to an image folder; drop them, or pass --kind text")
-        return image_job(src, image if image is not None else ImageOptions())
+        return image_job(src, image if image is not None else ImageOptions(), source, workers=workers)
+    if source != SourceOptions():
+        raise OptionError(f"{changed_fields(source)[0]}: applies to images only, and {src} is a text corpus; drop it")
     from .text import text_job
 
     if image is not None and image != ImageOptions():

@@ -24,7 +24,7 @@ from .engine import Interrupted
 from .errors import PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
-from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions
+from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
 from .preprocess.geometry import RESIZE_MODES
@@ -113,6 +113,11 @@ def cli() -> None:
 @click.option("--text-field", default="text", show_default=True, help="Text: the field of .jsonl records / Parquet rows.")
 @click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
+@click.option("--labels", type=click.Path(dir_okay=False), help="Labels from a CSV/TSV/JSON/JSONL file (paths relative to SRC, a flat folder or archive).")
+@click.option("--path-column", metavar="NAME", help="With --labels: the image path column (default: path, filename, image, id...).")
+@click.option("--label-column", metavar="NAME", help="With --labels: the label column (default: label, class, category...).")
+@click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split).")
+@click.option("--split", metavar="VALUE", help="With --labels: convert only the rows of this split (e.g. val).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage, or URLs).")
@@ -140,6 +145,11 @@ def convert(
     text_field: str,
     eos: str | None,
     max_tokens: int | None,
+    labels: str | None,
+    path_column: str | None,
+    label_column: str | None,
+    split_column: str | None,
+    split: str | None,
     overwrite: bool,
     resume: bool,
     executor: str,
@@ -148,12 +158,17 @@ def convert(
 ) -> None:
     """Convert the image folder SRC (class sub-folders = labels), or a text corpus, into DST.
 
+    SRC may also be an archive (.tar, .tar.gz, .zip, a tar of tars), a folder of WebDataset
+    shards, or, with --labels, a flat folder or archive whose labels are in a file.
+
     \b
     Examples:
       packer convert imagenet/train train.lmdb --size 224
       packer convert faces/ faces.lmdb --size 112x96 --resize-mode pad --grayscale
       packer convert photos/ photos.lmdb --size 256 --resize-mode shorter --encoding jpeg
       packer convert /shared/imagenet /shared/train.shards -f webdataset --executor ray --ray-address auto
+      packer convert ILSVRC2012_img_train.tar train.lmdb --size 224
+      packer convert images/ train.lmdb --labels train.csv --split-column fold --split train
     """
     image = None  # no image option on the command line: a text corpus takes none, an image folder the defaults
     if _given("size", "resize_mode", "grayscale", "encoding", "quality", "max_pixels"):
@@ -170,6 +185,7 @@ def convert(
                 src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error,
                 progress=not quiet, timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens),
                 resume=resume, executor=executor, ray_address=ray_address,
+                source=SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split),
             )
     except Interrupted as exc:
         raise _UserError(str(exc), EXIT_INTERRUPTED) from None

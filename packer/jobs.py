@@ -7,7 +7,13 @@ named, what the resume fingerprint covers, the kind's metadata fields and its re
 timeouts, crash isolation, ``--on-error``, progress, Ray and the report's counts are the
 driver's, the same for every kind. A new kind of input is a new job here, never a new driver.
 
-* :class:`ImageJob`: an image folder, local or at a URL (:func:`image_job`).
+* :class:`ImageJob`: images with labels, from any image source (:func:`image_job` picks it):
+  a class folder, local or at a URL (packer/sources/images.py); a folder or an archive with a
+  label file (packer/sources/labels.py); an archive, a tar of tars or WebDataset shards
+  (packer/sources/archives.py); a map-style Python dataset (packer/sources/datasets.py). The
+  sources differ in how inputs are found and named, what identifies them for ``--resume`` and
+  the work unit that reads one (an image file, an archive member, ``dataset[i]``); the job
+  and the driver are the same.
 * :class:`~packer.text.TextJob`: a text corpus, tokenised (:func:`packer.text.text_job`).
 """
 
@@ -22,7 +28,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 from readers.schema import KINDS, Skipped
 
 from .errors import OptionError
-from .options import ImageOptions
+from .options import ImageOptions, SourceOptions
 from .preprocess.task import Encoded, Failed, ImageTask
 from .report import ConversionReport
 from .sources.images import ImageFolder, scan_image_folder
@@ -30,7 +36,7 @@ from .sources.remote import is_source_url, remote_chunksize
 from .writers.base import Writer
 from .writers.journal import conversion_fingerprint
 
-__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "changed_fields"]
+__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "changed_fields", "source_fields"]
 
 log = logging.getLogger("packer")
 
@@ -97,13 +103,16 @@ class Job:
 
 @dataclass
 class ImageJob(Job):
-    """An image folder: class sub-folders are labels (packer/sources/images.py)."""
+    """Images and their labels from any image source (see the module doc): ``folder`` is what
+    scanning the source found (for an archive or a dataset too, the same record)."""
 
     kind: ClassVar[str] = "image"
     noun: ClassVar[str] = "image"
     unit: ClassVar[str] = "img"
 
     folder: ImageFolder | None = None
+    #: What else ``--resume`` must find unchanged: a label file's digest and columns, a dataset's identity.
+    identity: Mapping[str, Any] = field(default_factory=dict)
 
     def name(self, item: Any) -> str:
         assert self.folder is not None
@@ -120,7 +129,7 @@ class ImageJob(Job):
 
     def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
         assert self.folder is not None
-        return ((item.path, item.label) for item in self.items), self.image.describe(), self.folder.stamps
+        return ((item.path, item.label) for item in self.items), {**self.image.describe(), **self.identity}, self.folder.stamps
 
     def metadata_fields(self, writer: Writer) -> dict[str, Any]:
         assert self.folder is not None
@@ -137,23 +146,91 @@ class ImageJob(Job):
         return ConversionReport(encoding=self.image.encoding, **counts)
 
 
-def image_job(src: str | Path, image: ImageOptions) -> ImageJob:
-    """The job of converting the image folder ``src`` (a path or a URL) with ``image`` options."""
-    folder = scan_image_folder(src)
+def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None, *, workers: int | None = None) -> ImageJob:
+    """The job of converting the images of ``src`` with ``image`` options: a class folder (a path
+    or a URL), a folder or archive with ``source.labels``, an archive, a folder of WebDataset
+    shards, or a map-style Python dataset. ``workers``: for listing the inner archives of a tar of tars."""
+    source = source if source is not None else SourceOptions()
+    from .sources.datasets import is_python_dataset
+
+    if is_python_dataset(src):
+        return _dataset_job(src, image, source)
+    from .sources.archives import is_archive, is_shard_folder, scan_archive, scan_shards
+    from .sources.labels import read_label_rows
+
+    table = read_label_rows(source) if source.labels is not None else None
+    identity = table.identity if table is not None else {}
+    if not is_source_url(str(src)) and (is_archive(src) or (table is None and is_shard_folder(src))):
+        from .preprocess.members import MemberTask
+
+        folder = scan_archive(src, table, workers) if is_archive(src) else scan_shards(src)
+        task: Callable[[Any], Encoded | Failed] = MemberTask(image)
+    elif table is not None:
+        folder = _labeled_folder(src, table)
+        task = ImageTask(image)
+    else:
+        folder = scan_image_folder(src)
+        task = ImageTask(image)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
-    return ImageJob(folder.source, folder.items, ImageTask(image), list(folder.skipped), image, folder=folder)
+    return ImageJob(folder.source, folder.items, task, list(folder.skipped), image, folder=folder, identity=identity)
+
+
+def _labeled_folder(src: Any, table: Any) -> ImageFolder:
+    """The images of the local folder ``src`` that the label file ``table`` names, with its labels."""
+    from .errors import SourceError
+    from .sources.images import ImageItem, image_files
+    from .sources.labels import match_rows
+
+    root = Path(src)
+    if is_source_url(str(src)) or not root.is_dir():
+        raise SourceError(f"{src}: with --labels, SRC must be a local folder of images or an archive (.tar, .tar.gz, .zip)")
+    matched = match_rows(table, image_files(root), lambda path, label: ImageItem(path, label), str(src))
+    if matched.unlisted:
+        log.warning("%d images in %s are not in %s (not converted)", matched.unlisted, src, table.identity["labels"])
+    if not matched.items:
+        first = f" (first: {matched.skipped[0].path}: {matched.skipped[0].reason})" if matched.skipped else ""
+        raise SourceError(f"{src}: no image of it is named by a usable row of {table.identity['labels']}{first}")
+    return ImageFolder(root, matched.items, table.classes, True, matched.skipped)
+
+
+def _dataset_job(dataset: Any, image: ImageOptions, source: SourceOptions) -> ImageJob:
+    """The job of converting a map-style Python dataset (packer/sources/datasets.py)."""
+    from .preprocess.dataset_task import DatasetTask
+    from .sources.datasets import dataset_identity, scan_dataset
+
+    folder, reader, portable, needs_main = scan_dataset(dataset, source)
+    task = DatasetTask(image, reader if portable else None, folder.labeled, len(folder.classes), needs_main)
+    identity = {"dataset": dataset_identity(dataset, reader), "image_column": reader.image_column, "label_column": reader.label_column}
+    return ImageJob(folder.source, folder.items, task, [], image, folder=folder, identity=identity)
 
 
 def resolve_kind(src: str | Path, kind: str | None) -> str:
     """``kind`` if given, else ``"text"`` when SRC is a corpus (text files and no images), else ``"image"``."""
     from .sources.text import is_text_corpus
 
+    from .sources.datasets import is_python_dataset
+
+    if is_python_dataset(src):
+        if kind not in (None, "image"):
+            raise OptionError(f"--kind {kind}: a Python dataset is converted as images only so far")
+        return "image"
     if kind is not None:
         if kind not in KINDS:
             raise OptionError(f"--kind: must be one of {', '.join(KINDS)}, got {kind!r}")
         return kind
     return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
+
+
+def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:
+    """The :class:`SourceOptions` fields that apply to ``src`` (others given are refused)."""
+    from .sources.datasets import is_python_dataset
+
+    if is_python_dataset(src):
+        return ("image_column", "label_column")
+    if source.labels is not None:
+        return ("labels", "path_column", "label_column", "split_column", "split")
+    return ()
 
 
 def changed_fields(options: Any) -> list[str]:

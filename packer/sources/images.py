@@ -21,7 +21,10 @@ from readers.schema import Skipped
 from ..errors import SourceError
 from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "is_hidden", "is_image_name", "image_order"]
+__all__ = [
+    "IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "image_files", "is_hidden", "is_image_name",
+    "image_order",
+]
 
 
 
@@ -147,6 +150,20 @@ def _scan(tree: FolderTree) -> ImageFolder:
             f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))}, any case)"
         )
     return folder
+
+
+def image_files(root: str | os.PathLike[str]) -> dict[str, str]:
+    """Every image below the local folder ``root`` (hidden names skipped, as everywhere): its path
+    relative to ``root`` (``/``-separated) -> its path. What a label file's rows are matched to
+    (packer/sources/labels.py)."""
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
+        for name in filenames:
+            if is_image_name(name):
+                path = os.path.join(dirpath, name)
+                found[os.path.relpath(path, root).replace(os.sep, "/")] = path
+    return found
 
 
 class _LocalTree:

@@ -1,0 +1,66 @@
+"""The work unit of a Python dataset SRC: one sample, ``dataset[i]``, into a stored sample.
+
+The worker reads the sample itself (the dataset was pickled to it) or receives it read
+(packer/sources/datasets.py), then converts its image as decoded pixels
+(packer/preprocess/arrays.py) and checks its label.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from ..options import ImageOptions
+from ..sources.datasets import DatasetItem, DatasetReader, LoadedItem, ParentItem
+from .arrays import encode_pixels, to_pixels
+from .decode import DecodeError, describe_error
+from .task import Encoded, Failed
+
+__all__ = ["DatasetTask"]
+
+
+@dataclass(frozen=True)
+class DatasetTask:
+    """Convert sample ``item.index`` of the dataset. ``reader``: the dataset, when the workers
+    read it (``None``: samples arrive read). ``labeled``/``classes``: what a label must be.
+    ``needs_main``: the dataset's class lives in the program's ``__main__`` (packer/parallel.py
+    then lets workers import it)."""
+
+    options: ImageOptions
+    reader: DatasetReader | None = None
+    labeled: bool = True
+    classes: int = 0
+    needs_main: bool = False
+
+    def __call__(self, item: DatasetItem | ParentItem) -> Encoded | Failed:
+        if isinstance(item, LoadedItem):
+            loaded = item
+        elif isinstance(item, ParentItem):
+            loaded = item.load()
+        else:
+            assert self.reader is not None, "a dataset read in the parent sends its samples read"
+            loaded = self.reader.load(item.index)
+        if loaded.error is not None:
+            return Failed(item.path, loaded.error)
+        label = self.label(loaded.raw_label)
+        if isinstance(label, str):
+            return Failed(item.path, label)
+        try:
+            pixels = to_pixels(loaded.image, grayscale=self.options.grayscale, max_pixels=self.options.max_pixels, layout=loaded.layout)
+            shape, payload = encode_pixels(pixels, self.options)
+        except DecodeError as exc:
+            return Failed(item.path, str(exc))
+        except Exception as exc:  # noqa: BLE001 - odd objects break conversions in odd ways; recorded, not hidden
+            return Failed(item.path, f"cannot convert the image ({type(exc).__name__}: {describe_error(exc)})")
+        return Encoded(label, shape, payload)
+
+    def label(self, raw: Any) -> int | str:
+        """The class index of ``raw``, or why it is not one."""
+        if not self.labeled:
+            return -1
+        if raw is None or isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
+            return "no label" if raw is None else f"unknown label {raw!r} (give an integer class index)"
+        if raw < 0 or (self.classes and raw >= self.classes):
+            return f"unknown label {int(raw)} (not a class index" + (f" of its {self.classes} classes)" if self.classes else ")")
+        return int(raw)

@@ -1,0 +1,41 @@
+"""The work unit of an archive SRC: one member's bytes, read from its archive by the worker, then
+converted as an image file (:class:`~packer.preprocess.task.ImageTask`) or, for a ``.npy``
+member of WebDataset shards, as decoded pixels (packer/preprocess/arrays.py)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sources.archives import Member, read_member
+from .arrays import encode_pixels, to_pixels
+from .decode import DecodeError
+from .task import Encoded, Failed, ImageTask
+
+__all__ = ["MemberTask"]
+
+
+@dataclass(frozen=True)
+class MemberTask(ImageTask):
+    """Read one archive member (:func:`~packer.sources.archives.read_member`) and convert it."""
+
+    def __call__(self, item: Member) -> Encoded | Failed:  # type: ignore[override]
+        try:
+            data = read_member(item)
+        except OSError as exc:
+            return Failed(item.path, f"cannot read it from the archive ({exc.strerror or exc})")
+        except ValueError as exc:
+            return Failed(item.path, str(exc))
+        if not item.name.lower().endswith(".npy"):
+            return self.convert(item, data)
+        try:
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+            pixels = to_pixels(array, grayscale=self.options.grayscale, max_pixels=self.options.max_pixels, layout=item.layout)
+            shape, payload = encode_pixels(pixels, self.options)
+        except DecodeError as exc:
+            return Failed(item.path, str(exc))
+        except (ValueError, OSError) as exc:
+            return Failed(item.path, f"not a readable .npy array ({exc})")
+        return Encoded(item.label, shape, payload)

@@ -1,0 +1,416 @@
+"""Archives as SRC: .tar, .tar.gz (.tgz, .tar.bz2, .tar.xz), .zip, a tar of tars, WebDataset shards.
+
+Nothing is unpacked to disk. An uncompressed tar or a zip is listed once here (member names and
+where each member's bytes lie), and each worker then reads its own members by offset
+(:func:`read_member`: one ``pread`` each, a zip member inflated in the worker), so the
+conversion is parallel over all members as a folder's is. A tar of tars (ImageNet's training
+archive) is the same: the inner archives are listed in parallel, one work unit each, and their
+members are read straight from the outer file. A compressed tar cannot be read by offset: it is
+streamed once, here, and its images travel to the workers with their bytes (it must fit in a
+quarter of the available memory; else decompress it once to a .tar, which is read in place).
+
+Labels follow the folder rules (packer/sources/images.py): the archive's top-level folders are
+the classes (a single top folder that holds only folders, as ``tar cf train.tar train/`` makes,
+is looked through), images elsewhere are skipped as outside any class; a tar of tars: each inner
+archive is a class, named by its file name less ``.tar``; a flat archive is unlabeled unless
+``--labels`` names each member's label (paths relative to the archive, or to its single top
+folder). Hidden names, ``__MACOSX/`` and non-images are ignored; a member whose path is absolute
+or climbs out with ``..``, and a link member, are refused (skipped, with the reason). Samples are
+ordered as for a folder: by class, then by path.
+
+A folder of ``.tar`` files (no class folders) is a set of WebDataset shards: each sample is the
+members sharing a key (the path up to the first dot of the file name), its image the member
+with an image or ``.npy`` extension and its label the ``.cls`` member; order is the shards'
+(sorted by name), then the members'. Shards packer wrote keep their class names.
+"""
+
+from __future__ import annotations
+
+import bz2
+import io
+import json
+import lzma
+import os
+import posixpath
+import tarfile
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable
+
+from readers.schema import Skipped
+
+from ..errors import SourceError
+from .images import ImageFolder, ImageItem
+from .labels import LabelTable, match_rows, safe_relative
+from .rules import image_order, is_hidden, is_image_name
+
+__all__ = ["Member", "ARCHIVE_SUFFIXES", "is_archive", "is_shard_folder", "scan_archive", "scan_shards", "read_member", "MEMORY_SHARE"]
+
+#: File names SRC may end with to be read as an archive (any case).
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
+#: A compressed tar is held in memory while it converts: at most this share of what is available.
+MEMORY_SHARE = 4
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated", zipfile.ZIP_BZIP2: "bzip2"}
+_PAYLOAD_EXTENSIONS = (".npy",)
+
+
+@dataclass(frozen=True)
+class Member(ImageItem):
+    """An image inside an archive. ``path`` is ``ARCHIVE/NAME`` (messages); ``name`` its path in
+    the archive as the metadata records it; ``archive``/``offset``/``size``: where its stored
+    bytes lie (``method`` ``stored``, or a zip's ``deflated``/``bzip2`` from its local header at
+    ``offset``), or ``data`` holds them (``memory``: a compressed tar, streamed)."""
+
+    name: str = ""
+    archive: str = ""
+    offset: int = 0
+    size: int = 0
+    method: str = "stored"
+    crc: int = -1
+    data: bytes | None = field(default=None, repr=False)
+    layout: str | None = None  # "chw" for the .npy payloads of packer's own shards
+
+
+@dataclass
+class _Entry:
+    """A member as listed: stored name, where it lies, what it is."""
+
+    name: str
+    offset: int = 0
+    size: int = 0
+    method: str = "stored"
+    crc: int = -1
+    data: bytes | None = None
+    link: bool = False
+
+
+def is_archive(src: str | os.PathLike[str]) -> bool:
+    """Whether SRC names an archive file (by its suffix)."""
+    return str(src).lower().endswith(ARCHIVE_SUFFIXES) and not Path(src).is_dir()
+
+
+def is_shard_folder(src: str | os.PathLike[str]) -> bool:
+    """Whether SRC is a folder of WebDataset shards: ``.tar`` files and no sub-folders."""
+    path = Path(src)
+    if not path.is_dir():
+        return False
+    entries = [e for e in os.scandir(path) if not is_hidden(e.name)]
+    return any(e.name.endswith(".tar") and e.is_file() for e in entries) and not any(e.is_dir() for e in entries)
+
+
+def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers: int | None = None) -> ImageFolder:
+    """List the archive ``src``; its images (:class:`Member`), classes and skipped members."""
+    path = Path(src)
+    if not path.exists():
+        raise SourceError(f"{src}: no such archive")
+    archive = str(path.resolve())
+    lower = archive.lower()
+    try:
+        if lower.endswith(".zip"):
+            entries = _list_zip(archive)
+        elif lower.endswith(".tar"):
+            entries = _list_tar(archive)
+        else:
+            entries = _stream_tar(archive)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
+        raise SourceError(f"{src}: cannot read the archive ({getattr(exc, 'strerror', None) or exc})") from None
+    skipped: list[Skipped] = []
+    kept = _safe(entries, skipped)
+    inner = [entry for entry in kept if entry.name.lower().endswith(".tar")]
+    if inner:
+        if labels is not None:
+            raise SourceError(f"{src}: a tar of tars takes its labels from its inner archives; drop --labels")
+        if not lower.endswith(".tar"):
+            raise SourceError(f"{src}: a compressed tar of tars cannot be read in place; decompress it once to a .tar")
+        return _tar_of_tars(archive, inner, kept, skipped, workers)
+    images = [entry for entry in kept if is_image_name(posixpath.basename(entry.name))]
+    root = _top_folder(images, looked_through=labels is None)
+    relative = {entry.name[len(root):]: entry for entry in images}
+    if labels is not None:
+        matched = match_rows(labels, relative, lambda e, label: _member(archive, e, label), src)
+        return _folder(archive, matched.items, labels.classes, labels.classes != [] or bool(matched.items), skipped + matched.skipped, [])
+    classes = sorted({name.split("/")[0] for name in relative if "/" in name})
+    if not classes:
+        items = [_member(archive, e, -1) for name, e in sorted(relative.items(), key=lambda kv: image_order(kv[0].split("/")))]
+        return _folder(archive, items, [], False, skipped, [])
+    index = {name: i for i, name in enumerate(classes)}
+    keyed = []
+    for name, entry in relative.items():
+        if "/" not in name:
+            skipped.append(Skipped(entry.name, "outside any class folder (not labeled)"))
+        else:
+            top, rest = name.split("/", 1)
+            keyed.append(((index[top], image_order(rest.split("/"))), _member(archive, entry, index[top])))
+    keyed.sort(key=lambda pair: pair[0])
+    return _folder(archive, [m for _, m in keyed], classes, True, skipped, [])
+
+
+def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
+    """The samples of the WebDataset shards in the folder ``src``, in shard then member order."""
+    folder = Path(src).resolve()
+    shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tar") and not is_hidden(p.name))
+    classes: list[str] = []
+    layout = None
+    meta = folder / "packer.json"
+    if meta.is_file():  # packer's own shards: class names, and (C, H, W) .npy payloads
+        try:
+            record = json.loads(meta.read_text(encoding="utf-8"))
+            classes, layout = list(record.get("classes") or []), "chw"
+        except (OSError, ValueError, AttributeError):
+            pass
+    items: list[Member] = []
+    skipped: list[Skipped] = []
+    labeled = False
+    for shard in shards:
+        try:
+            entries = _list_tar(str(shard))
+        except (tarfile.TarError, OSError) as exc:
+            raise SourceError(f"{shard}: cannot read the shard ({getattr(exc, 'strerror', None) or exc})") from None
+        for key, group in _samples(_safe(entries, skipped, prefix=f"{shard.name}/")):
+            where = f"{shard.name}/{key}"
+            payload = next((e for e in group if is_image_name(posixpath.basename(e.name)) or e.name.lower().endswith(_PAYLOAD_EXTENSIONS)), None)
+            if payload is None:
+                skipped.append(Skipped(where, "no image member in this sample"))
+                continue
+            label = -1
+            cls = next((e for e in group if e.name.endswith(".cls")), None)
+            if cls is not None:
+                text = _pread(str(shard), cls.offset, cls.size).decode("ascii", "replace").strip()
+                if not text.lstrip("-").isdigit() or int(text) < -1 or (classes and int(text) >= len(classes)):
+                    skipped.append(Skipped(where, f"unknown label {text[:20]!r} in {posixpath.basename(cls.name)}"))
+                    continue
+                label, labeled = int(text), labeled or int(text) >= 0
+            items.append(_member(str(shard), payload, label, name=f"{shard.name}/{payload.name}", root=str(folder), layout=layout))
+    if not items:
+        raise SourceError(f"{src}: no samples with an image found in its {len(shards)} shards")
+    stamps = {item.path: _stamp(item) for item in items}
+    return ImageFolder(str(folder), items, classes if labeled else [], labeled, skipped, [], stamps=stamps)
+
+
+def read_member(member: Member) -> bytes:
+    """The bytes of ``member``, read from its archive (in a worker: by offset, one open file per
+    archive per process). Raises ``OSError`` or ``ValueError`` (a damaged member) with the reason."""
+    if member.data is not None:
+        return member.data
+    if member.method == "stored" and member.crc < 0:
+        return _pread(member.archive, member.offset, member.size)
+    header = _pread(member.archive, member.offset, 30)
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        raise ValueError("damaged zip member (no local header where the directory says)")
+    start = member.offset + 30 + int.from_bytes(header[26:28], "little") + int.from_bytes(header[28:30], "little")
+    stored = _pread(member.archive, start, member.size)
+    if len(stored) != member.size:
+        raise ValueError("the zip file ends inside this member (truncated)")
+    try:
+        data = stored if member.method == "stored" else zlib.decompress(stored, -15) if member.method == "deflated" else bz2.decompress(stored)
+    except (zlib.error, OSError, ValueError) as exc:
+        raise ValueError(f"damaged zip member ({exc})") from None
+    if zlib.crc32(data) != member.crc:
+        raise ValueError("damaged zip member (CRC mismatch)")
+    return data
+
+
+# -- listing ------------------------------------------------------------------------------------
+def _list_tar(path: str, base: int = 0, fileobj: BinaryIO | None = None) -> list[_Entry]:
+    """The members of the uncompressed tar at ``path`` (or inside it at ``base``, via ``fileobj``)."""
+    with tarfile.open(path if fileobj is None else None, "r:", fileobj=fileobj) as tar:
+        return [_Entry(info.name, base + info.offset_data, info.size, link=info.issym() or info.islnk())
+                for info in tar if info.isfile() or info.issym() or info.islnk()]
+
+
+def _list_inner(task: tuple[str, int, int]) -> list[_Entry]:
+    """The members of the inner tar at ``offset`` (``size`` bytes) of the tar ``path`` (a work unit)."""
+    path, offset, size = task
+    with open(path, "rb") as handle:
+        return _list_tar(path, offset, _Window(handle, offset, size))
+
+
+def _stream_tar(path: str) -> list[_Entry]:
+    """The members of a compressed tar, read in one streaming pass, image bytes kept."""
+    budget = _available_memory() // MEMORY_SHARE
+    held = 0
+    entries = []
+    with tarfile.open(path, "r|*") as tar:
+        for info in tar:
+            if not (info.isfile() or info.issym() or info.islnk()):
+                continue
+            entry = _Entry(info.name, link=not info.isfile())
+            if info.isfile() and is_image_name(posixpath.basename(info.name)):
+                handle = tar.extractfile(info)
+                entry.data = handle.read() if handle is not None else b""
+                held += len(entry.data)
+                if held > budget:
+                    raise SourceError(
+                        f"{path}: a compressed tar is held in memory while it converts, and this one holds more than a "
+                        f"quarter of the memory available ({budget >> 20:,} MiB); decompress it once to a .tar (gunzip -k), "
+                        "which is read in place, in parallel"
+                    )
+            entries.append(entry)
+    return entries
+
+
+def _list_zip(path: str) -> list[_Entry]:
+    entries = []
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            method = _ZIP_METHODS.get(info.compress_type, f"method {info.compress_type}")
+            if info.flag_bits & 0x1:
+                method = "encrypted"
+            entries.append(_Entry(info.filename, info.header_offset, info.compress_size, method, info.CRC))
+    return entries
+
+
+def _tar_of_tars(archive: str, inner: list[_Entry], kept: list[_Entry], skipped: list[Skipped], workers: int | None) -> ImageFolder:
+    """Each inner tar a class (sorted by name), its images read straight from the outer file."""
+    from ..parallel import ordered_map
+
+    inner.sort(key=lambda e: e.name)
+    classes = [posixpath.basename(e.name)[: -len(".tar")] for e in inner]
+    for entry in kept:
+        if entry not in inner and is_image_name(posixpath.basename(entry.name)):
+            skipped.append(Skipped(entry.name, "outside any class archive (not labeled)"))
+    tasks = [(archive, e.offset, e.size) for e in inner]
+    items: list[Member] = []
+    empty = []
+    with ordered_map(_list_inner, tasks, workers=max(1, min(workers or os.cpu_count() or 1, len(tasks)))) as listings:
+        for label, (entry, members) in enumerate(zip(inner, listings)):
+            found = [m for m in _safe(members, skipped, prefix=f"{entry.name}/") if is_image_name(posixpath.basename(m.name))]
+            if not found:
+                empty.append(classes[label])
+            found.sort(key=lambda m: image_order(m.name.split("/")))
+            items.extend(_member(archive, m, label, name=f"{entry.name}/{m.name}") for m in found)
+    return _folder(archive, items, classes, True, skipped, empty)
+
+
+def _safe(entries: Iterable[_Entry], skipped: list[Skipped], prefix: str = "") -> list[_Entry]:
+    """The entries to consider: hidden names and ``__MACOSX/`` ignored; unsafe paths, links and
+    unreadable zip members refused (recorded). Names become clean relative paths."""
+    kept = []
+    for entry in entries:
+        name = safe_relative(entry.name)
+        if name is None:
+            skipped.append(Skipped(prefix + entry.name, "member path is absolute or leaves the archive ('..'); refused"))
+            continue
+        parts = name.split("/")
+        if any(is_hidden(part) for part in parts) or parts[0] == "__MACOSX":
+            continue
+        if entry.link or entry.method.startswith(("method", "encrypted")):
+            if is_image_name(parts[-1]) or name.lower().endswith(".tar"):
+                why = "a link inside the archive; not followed" if entry.link else f"zip member {entry.method}: not supported"
+                skipped.append(Skipped(prefix + name, why))
+            continue
+        entry.name = name
+        kept.append(entry)
+    return kept
+
+
+def _samples(entries: list[_Entry]) -> Iterable[tuple[str, list[_Entry]]]:
+    """WebDataset samples: consecutive members sharing a key (path up to the file name's first dot)."""
+    key, group = None, []
+    for entry in entries:
+        folder, base = posixpath.split(entry.name)
+        this = posixpath.join(folder, base.split(".", 1)[0])
+        if this != key and group:
+            yield key, group
+            group = []
+        key = this
+        group.append(entry)
+    if group:
+        yield key, group
+
+
+def _top_folder(entries: list[_Entry], *, looked_through: bool) -> str:
+    """``"TOP/"`` when every entry is under the one folder TOP (and, if ``looked_through``, every
+    one is in a sub-folder of it), else ``""``."""
+    tops = {e.name.split("/", 1)[0] for e in entries if "/" in e.name}
+    if len(tops) != 1 or any("/" not in e.name for e in entries):
+        return ""
+    top = tops.pop() + "/"
+    if looked_through and any("/" not in e.name[len(top):] for e in entries):
+        return ""
+    return top
+
+
+def _member(archive: str, entry: _Entry, label: int, *, name: str | None = None, root: str | None = None,
+            layout: str | None = None) -> Member:
+    """The input for ``entry`` of ``archive``: recorded as ``name`` (default: its path), found at
+    ``ROOT/name`` in messages (``root``: default the archive; for shards, their folder)."""
+    name = name if name is not None else entry.name
+    return Member(f"{root or archive}/{name}", label, name, archive, entry.offset, entry.size, entry.method, entry.crc, entry.data, layout)
+
+
+def _folder(archive: str, items: list[Member], classes: list[str], labeled: bool, skipped: list[Skipped], empty: list[str]) -> ImageFolder:
+    if not items:
+        raise SourceError(f"{archive}: no images found in the archive (looked for image files, any case)")
+    return ImageFolder(archive, items, classes, labeled, skipped, empty, stamps={item.path: _stamp(item) for item in items})
+
+
+def _stamp(item: Member) -> str:
+    st = os.stat(item.archive)
+    return f"{st.st_size}:{st.st_mtime_ns}:{item.offset}:{item.size}"
+
+
+class _Window(io.RawIOBase):
+    """Bytes ``[offset, offset + size)`` of an open file, as a seekable read-only file."""
+
+    def __init__(self, handle: BinaryIO, offset: int, size: int) -> None:
+        self.handle, self.offset, self.size, self.position = handle, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        self.position = max(0, position if whence == 0 else self.position + position if whence == 1 else self.size + position)
+        return self.position
+
+    def read(self, count: int = -1) -> bytes:
+        count = self.size - self.position if count is None or count < 0 else min(count, self.size - self.position)
+        if count <= 0:
+            return b""
+        self.handle.seek(self.offset + self.position)
+        data = self.handle.read(count)
+        self.position += len(data)
+        return data
+
+
+_handles: dict[str, int] = {}
+_owner = 0
+_MAX_HANDLES = 64
+
+
+def _pread(path: str, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of ``path``, through this process's open file for it."""
+    global _owner
+    if _owner != os.getpid():  # a forked child must not share its parent's file offsets or fds table
+        _handles.clear()
+        _owner = os.getpid()
+    fd = _handles.get(path)
+    if fd is None:
+        if len(_handles) >= _MAX_HANDLES:
+            os.close(_handles.pop(next(iter(_handles))))
+        fd = _handles[path] = os.open(path, os.O_RDONLY)
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise OSError(f"the archive ends inside this member ({len(data)} of {size} bytes)")
+    return data
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 8 << 30

@@ -1,0 +1,230 @@
+"""Labels from a file: CSV, TSV, JSON or JSONL rows naming an image and its label.
+
+``packer convert images/ out.lmdb --labels train.csv``: each row names an image relative to SRC
+(a folder or an archive) and its label. Columns are found by name (``--path-column``,
+``--label-column``; by default the first of :data:`PATH_COLUMNS` / :data:`LABEL_COLUMNS`
+present, any case). Labels are integers when every label is one (used as the class index), else
+class names, numbered by sorted name over the *whole* file (every split), so a train and a val
+conversion of one file agree on the indices; the names are the dataset's ``classes``. A
+negative integer is an unknown label (some sets mark unlabeled rows ``-1``): that row is skipped.
+``--split val`` keeps the rows whose split column (``--split-column``, default ``split``) is
+``val``.
+
+A row that cannot be used is skipped and recorded with its reason, like an undecodable image:
+no path, no label, a path leaving SRC, a file that is not there, or a path listed again (the
+first row wins). A path without an extension matches the one image of that name (Kaggle's
+``id`` columns). Samples are ordered as a class folder's are: by label, then by path.
+
+Reading is :func:`read_label_rows` (the file) then :func:`match_rows` (the rows against what
+SRC holds, a mapping of relative path to input): the same for a folder and an archive.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+from readers.schema import Skipped
+
+from ..errors import OptionError, SourceError
+from ..options import SourceOptions
+from .rules import IMAGE_EXTENSIONS, image_order
+
+__all__ = ["PATH_COLUMNS", "LABEL_COLUMNS", "SPLIT_COLUMNS", "LabelRow", "LabelTable", "Matched", "read_label_rows", "match_rows",
+           "safe_relative", "file_digest"]
+
+T = TypeVar("T")
+
+#: Column names tried, in order, for the image path (any case) when ``--path-column`` is not given.
+PATH_COLUMNS = ("path", "filepath", "file_path", "filename", "file_name", "file", "image", "image_path", "image_id", "img", "id", "name")
+#: ... and for the label.
+LABEL_COLUMNS = ("label", "labels", "class", "class_name", "category", "target", "y")
+#: ... and for the split, with ``--split``.
+SPLIT_COLUMNS = ("split", "subset", "set", "fold")
+#: Label-file suffixes and how each is read.
+_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    """One usable row: where it is (``train.csv:12``), the image path as written, the label."""
+
+    where: str
+    path: str
+    label: int
+
+
+@dataclass
+class LabelTable:
+    """What a label file says: its usable rows, the class names, the rows skipped already."""
+
+    rows: list[LabelRow]
+    classes: list[str]
+    skipped: list[Skipped] = field(default_factory=list)
+    #: The file's identity for the resume fingerprint: name, options and a digest of its bytes.
+    identity: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Matched:
+    """Inputs matched to rows, in sample order, and the rows that matched none."""
+
+    items: list[Any]
+    skipped: list[Skipped]
+    unlisted: int  # inputs of SRC no row names
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_label_rows(options: SourceOptions) -> LabelTable:
+    """The rows of ``options.labels`` for ``options.split`` (all rows without a split)."""
+    assert options.labels is not None
+    path = Path(options.labels)
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise OptionError(f"--labels {path}: cannot tell the format from the suffix (use .csv, .tsv, .json or .jsonl)")
+    try:
+        records = _read_records(path, kind)
+    except OSError as exc:
+        raise SourceError(f"--labels {path}: cannot read it ({exc.strerror or exc})") from None
+    except (ValueError, csv.Error) as exc:
+        raise SourceError(f"--labels {path}: not valid {kind.upper()} ({exc})") from None
+    if not records:
+        raise SourceError(f"--labels {path}: has no rows")
+    columns = list(records[0][1])
+    path_key = _column(path, columns, options.path_column, PATH_COLUMNS, "--path-column", "path")
+    label_key = _column(path, columns, options.label_column, LABEL_COLUMNS, "--label-column", "label")
+    split_key = _column(path, columns, options.split_column, SPLIT_COLUMNS, "--split-column", "split") if options.split else None
+    values = [_text(record.get(label_key)) for _, record in records]
+    integers = all(v is None or _is_integer(v) for v in values) and any(v is not None for v in values)
+    classes = [] if integers else sorted({v for v in values if v is not None})
+    index = {name: i for i, name in enumerate(classes)}
+    rows: list[LabelRow] = []
+    skipped: list[Skipped] = []
+    for (where, record), label in zip(records, values):
+        if split_key is not None and _text(record.get(split_key)) != options.split:
+            continue
+        image = _text(record.get(path_key))
+        if image is None:
+            skipped.append(Skipped(where, f"no {path_key!r} value"))
+        elif label is None:
+            skipped.append(Skipped(image, f"no {label_key!r} value ({where})"))
+        elif integers and int(label) < 0:
+            skipped.append(Skipped(image, f"unknown label {label} (not a class index; {where})"))
+        else:
+            rows.append(LabelRow(where, image, int(label) if integers else index[label]))
+    if split_key is not None and not rows and not skipped:
+        found = sorted({v for v in (_text(r.get(split_key)) for _, r in records) if v is not None})
+        raise OptionError(f"--split {options.split}: no row of {path} has it in column {split_key!r} (it has: {', '.join(found[:10])})")
+    identity = {"labels": str(path.resolve()), "labels_sha256": file_digest(path), "path_column": path_key, "label_column": label_key,
+                "split_column": split_key, "split": options.split}
+    return LabelTable(rows, classes, skipped, identity)
+
+
+def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, int], Any], where: str) -> Matched:
+    """The inputs ``table`` labels, ``make(input, label)`` each, ordered by label then path.
+
+    ``inputs``: SRC's images by path relative to it (``/``-separated); ``where``: SRC, for reasons.
+    """
+    stems: dict[str, list[str]] = {}
+    for name in inputs:
+        stem, ext = posixpath.splitext(name)
+        if ext.lower() in IMAGE_EXTENSIONS:
+            stems.setdefault(stem, []).append(name)
+    first: dict[str, str] = {}
+    keyed: list[tuple[int, list[str], Any]] = []
+    skipped = list(table.skipped)
+    for row in table.rows:
+        name = safe_relative(row.path)
+        if name is None:
+            skipped.append(Skipped(row.path, f"path leaves {where} (absolute, or '..'; {row.where}); refused"))
+            continue
+        if name not in inputs and not posixpath.splitext(name)[1] and len(stems.get(name, ())) == 1:
+            name = stems[name][0]  # an id without its extension
+        if name not in inputs:
+            skipped.append(Skipped(name, f"no such image in {where} ({row.where})"))
+        elif name in first:
+            skipped.append(Skipped(name, f"listed again at {row.where} (the first row, {first[name]}, is used)"))
+        else:
+            first[name] = row.where
+            keyed.append((row.label, image_order(name.split("/")), make(inputs[name], row.label)))
+    keyed.sort(key=lambda entry: (entry[0], entry[1]))
+    return Matched([item for _, _, item in keyed], skipped, len(inputs) - len(first))
+
+
+def safe_relative(name: str) -> str | None:
+    """``name`` as a clean ``/``-separated relative path, or ``None`` if it is absolute or leaves
+    its root through ``..`` (also how archive members are checked: packer/sources/archives.py)."""
+    name = name.replace("\\", "/")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        return None
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    return "/".join(parts)
+
+
+def _read_records(path: Path, kind: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(where, record)`` for each row of the file."""
+    if kind in ("csv", "tsv"):
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle, delimiter="," if kind == "csv" else "\t")
+            if reader.fieldnames is None:
+                return []
+            return [(f"{path.name}:{reader.line_num}", row) for row in reader]
+    if kind == "jsonl":
+        records = []
+        with open(path, encoding="utf-8-sig") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    record = json.loads(line)
+                    if not isinstance(record, dict):
+                        raise ValueError(f"line {number} is not an object")
+                    records.append((f"{path.name}:{number}", record))
+        return records
+    data = json.loads(path.read_text(encoding="utf-8-sig"))
+    if isinstance(data, dict):  # {"path": label, ...}
+        return [(f"{path.name}[{key!r}]", {"path": key, "label": value}) for key, value in data.items()]
+    if not isinstance(data, list) or not all(isinstance(record, dict) for record in data):
+        raise ValueError("expected a list of objects, or an object mapping each path to its label")
+    return [(f"{path.name}[{number}]", record) for number, record in enumerate(data)]
+
+
+def _column(path: Path, columns: list[str], given: str | None, aliases: tuple[str, ...], option: str, what: str) -> str:
+    """The column ``given``, else the first alias present (any case); refused naming the columns."""
+    if given is not None:
+        if given in columns:
+            return given
+        raise OptionError(f"{option} {given}: {path} has no such column (it has: {', '.join(columns)})")
+    lowered = {column.strip().lower(): column for column in columns}
+    for alias in aliases:
+        if alias in lowered:
+            return lowered[alias]
+    raise OptionError(f"--labels {path}: no {what} column (looked for {', '.join(aliases)}; it has: {', '.join(columns)}); pass {option} NAME")
+
+
+def _is_integer(text: str) -> bool:
+    return text.lstrip("-").isdigit() and text.count("-") <= 1
+
+
+def _text(value: Any) -> str | None:
+    """A cell as text (``None`` when empty); JSON integers as their digits, booleans refused as labels."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    return text or None
