@@ -20,3 +20,16 @@ def test_train_classifier_runs_a_few_steps(tmp_path):
     assert "stopped after 3 steps" in result.stdout
     assert "RandomResizedCrop" in result.stdout and "Loader(LMDBDataset" in result.stdout
     assert not any(tmp_path.glob("packer-train-*"))  # the temporary dataset is removed
+
+
+def test_mnist_from_python_packs_a_dataset_and_trains_five_epochs(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "mnist_from_python.py"), "--train", "1500", "--test", "300"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "packed 1,500 train digits" in result.stdout and "epoch 5: loss" in result.stdout
+    accuracy = float(result.stdout.split("test accuracy after 5 epochs: ")[1].split("%")[0])
+    assert accuracy > 80  # chance is 10%: the labels survived packing
+    assert not any(tmp_path.glob("packer-mnist-*"))  # the temporary blobs are removed

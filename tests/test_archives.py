@@ -1,0 +1,154 @@
+"""Archives as SRC through the CLI: .tar, .tar.gz, .zip and an ImageNet-style tar of tars give the
+class folder's samples byte for byte (read back with lmdb itself); unsafe members are refused;
+WebDataset shards keep their labels; resume notices a changed archive."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer import ImageOptions
+from packer.cli import cli
+from packer.jobs import image_job
+from test_labels import lmdb_samples, run
+
+
+@pytest.fixture(scope="module")
+def reference(image_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    dst = tmp_path_factory.mktemp("ref") / "ref.lmdb"
+    assert run(image_folder, dst).exit_code == 0
+    return lmdb_samples(dst)
+
+
+def tar_bytes(files: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def class_files(folder: Path) -> list[tuple[str, bytes]]:
+    """(class/name, bytes) of every image, in reverse order: an archive's order does not matter."""
+    return [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in sorted(folder.rglob("*.jpg"), reverse=True)]
+
+
+def make_archives(folder: Path, where: Path) -> dict[str, Path]:
+    files = class_files(folder)
+    made = {"tar": where / "train.tar", "tar.gz": where / "train.tar.gz", "zip": where / "train.zip", "tar of tars": where / "imagenet.tar"}
+    made["tar"].write_bytes(tar_bytes([(f"train/{name}", data) for name, data in files]))  # one top folder, looked through
+    with tarfile.open(made["tar.gz"], "w:gz") as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with zipfile.ZipFile(made["zip"], "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files:
+            zf.writestr(name, data)
+        zf.writestr("__MACOSX/class_00/._img.jpg", b"resource fork")
+    inner = {}
+    for name, data in files:
+        cls, base = name.split("/")
+        inner.setdefault(cls, []).append((base, data))
+    made["tar of tars"].write_bytes(tar_bytes([(f"{cls}.tar", tar_bytes(members)) for cls, members in sorted(inner.items(), reverse=True)]))
+    return made
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "zip", "tar of tars"])
+def test_an_archive_converts_to_the_class_folder_bytes(image_folder, reference, tmp_path, kind):
+    archive = make_archives(image_folder, tmp_path)[kind]
+    dst = tmp_path / "out.lmdb"
+    result = CliRunner().invoke(cli, ["convert", str(archive), str(dst), "--size", "16", "-j", "2", "-q"])
+    assert result.exit_code == 0, result.output
+    samples, meta = lmdb_samples(dst)
+    assert samples == reference[0]
+    assert meta["classes"] == reference[1]["classes"] and meta["skipped"] == []
+    assert meta["source"] == str(archive.resolve())
+
+
+def test_unsafe_members_and_links_are_refused(image_folder, tmp_path):
+    files = class_files(image_folder)
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in files:
+            zf.writestr(name, data)
+        zf.writestr("../evil.jpg", files[0][1])
+        zf.writestr("/etc/abs.jpg", files[0][1])
+        zf.writestr("class_00/../../up.jpg", files[0][1])
+    dst = tmp_path / "out.lmdb"
+    result = run(archive, dst)
+    assert result.exit_code == 0, result.output
+    samples, meta = lmdb_samples(dst)
+    assert len(samples) == len(files)
+    refused = {entry["path"]: entry["reason"] for entry in meta["skipped"]}
+    assert set(refused) == {"../evil.jpg", "/etc/abs.jpg", "class_00/../../up.jpg"}
+    assert all("refused" in reason for reason in refused.values())
+    assert not (tmp_path.parent / "evil.jpg").exists() and not (tmp_path / "evil.jpg").exists()
+
+    linked = tmp_path / "links.tar"
+    with tarfile.open(linked, "w") as tar:
+        tar.add(image_folder / "class_00", arcname="class_00")
+        info = tarfile.TarInfo("class_01/link.jpg")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(info)
+    result = run(linked, tmp_path / "links.lmdb")
+    assert result.exit_code == 0, result.output
+    _, meta = lmdb_samples(tmp_path / "links.lmdb")
+    assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [("class_01/link.jpg", "a link inside the archive; not followed")]
+    assert meta["classes"] == ["class_00"]
+
+
+def test_damaged_and_unreadable_archives_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    result = run(bad, tmp_path / "a.lmdb")
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and "cannot read the archive" in result.output
+    result = run(tmp_path / "missing.tar", tmp_path / "b.lmdb")
+    assert result.exit_code == 1 and "no such archive" in result.output
+
+
+def test_webdataset_shards_are_repacked_with_their_labels(image_folder, reference, tmp_path):
+    shards = tmp_path / "old.shards"
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(shards), "-f", "webdataset", "--size", "16", "--shard-size", "5", "-j", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    dst = tmp_path / "new.lmdb"
+    assert run(shards, dst).exit_code == 0  # raw (C, H, W) .npy payloads at the same size: the same pixels
+    samples, meta = lmdb_samples(dst)
+    assert samples == reference[0] and meta["classes"] == reference[1]["classes"]
+    assert meta["skipped"] == []
+
+    plain = tmp_path / "plain"  # shards another tool wrote: KEY.jpg + KEY.cls
+    plain.mkdir()
+    files = class_files(image_folder)[::-1]
+    members = []
+    for i, (name, data) in enumerate(files):
+        members += [(f"s{i:04d}.jpg", data), (f"s{i:04d}.cls", str(int(name[7])).encode())]
+    members += [("s9999.cls", b"1"), ("s9998.jpg", files[0][1]), ("s9998.cls", b"cat")]
+    (plain / "shard-000000.tar").write_bytes(tar_bytes(members[:10]))
+    (plain / "shard-000001.tar").write_bytes(tar_bytes(members[10:]))
+    dst = tmp_path / "plain.lmdb"
+    assert run(plain, dst).exit_code == 0
+    samples, meta = lmdb_samples(dst)
+    assert samples == reference[0]  # shard order here is class order
+    assert meta["classes"] == [] and meta["labeled"] is True
+    assert [(s["path"], s["reason"][:13]) for s in meta["skipped"]] == [
+        ("shard-000001.tar/s9999", "no image memb"), ("shard-000001.tar/s9998", "unknown label")]
+
+
+def test_resume_fingerprint_covers_the_archive(image_folder, tmp_path):
+    archive = make_archives(image_folder, tmp_path)["tar"]
+    first = image_job(archive, ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip")
+    assert image_job(archive, ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip") == first
+    data = bytearray(archive.read_bytes())
+    data[-3000] ^= 0xFF  # rewritten in place: same size, same listing, new modification time
+    archive.write_bytes(bytes(data))
+    os.utime(archive, ns=(1, 2))
+    assert image_job(archive, ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip") != first

@@ -1,0 +1,169 @@
+"""A map-style Python dataset as SRC (``packer.convert(dataset, ...)``): PIL images, numpy arrays
+(HWC uint8, CHW float) and tensors give the same samples as the same pictures saved as PNG files in
+class folders (read back with lmdb and tarfile themselves); a dataset that does not pickle is read
+in the parent with the same result; bad samples are skipped and named ``dataset[i]``."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import packer
+from packer import ImageOptions, SourceOptions
+from packer.errors import OptionError
+from packer.jobs import image_job
+from test_labels import lmdb_samples
+
+CLASSES = ["cat", "dog", "eel"]
+
+
+def pictures() -> list[tuple[np.ndarray, int]]:
+    """3 classes x 3 small RGB pictures (one stored grayscale), (H, W, 3) uint8, and labels."""
+    rng = np.random.default_rng(7)
+    out = []
+    for label in range(3):
+        for i in range(3):
+            pixels = rng.integers(0, 256, (20 + i, 24, 3), dtype=np.uint8)
+            if label == 1 and i == 2:
+                pixels = np.repeat(pixels[:, :, :1], 3, axis=2)
+            out.append((pixels, label))
+    return out
+
+
+class ArrayDataset:
+    """``(image, label)`` with the image as ``kind`` says; ``classes`` like torchvision's."""
+
+    classes = CLASSES
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.items = kind, pictures()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        pixels, label = self.items[index]
+        if self.kind == "pil":
+            return Image.fromarray(pixels), label
+        if self.kind == "chw-float":
+            return pixels.transpose(2, 0, 1).astype(np.float32) / 255.0, np.int64(label)
+        if self.kind == "tensor":
+            return torch.from_numpy(pixels.transpose(2, 0, 1).copy()), torch.tensor(label)
+        return pixels, label
+
+
+class Unpicklable(ArrayDataset):
+    """Holds a lambda (does not pickle); sample 2 raises, sample 4 has a label outside the classes."""
+
+    def __init__(self) -> None:
+        super().__init__("hwc")
+        self.hook = lambda index: index
+
+    def __getitem__(self, index: int):
+        if self.hook(index) == 2:
+            raise OSError("disk on fire")
+        pixels, label = super().__getitem__(index)
+        return pixels, 7 if index == 4 else label
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    """The pictures as PNG files in class folders, converted: what every dataset must give."""
+    root = tmp_path_factory.mktemp("png") / "images"
+    for index, (pixels, label) in enumerate(pictures()):
+        (root / CLASSES[label]).mkdir(parents=True, exist_ok=True)
+        image = Image.fromarray(pixels[:, :, 0], "L") if label == 1 and index % 3 == 2 else Image.fromarray(pixels)
+        image.save(root / CLASSES[label] / f"{index:03d}.png")
+    dst = tmp_path_factory.mktemp("ref") / "ref.lmdb"
+    packer.convert(root, dst, image=ImageOptions(size=16), workers=1)
+    return lmdb_samples(dst)
+
+
+@pytest.mark.parametrize("kind", ["pil", "hwc", "chw-float", "tensor"])
+def test_a_dataset_gives_the_class_folder_samples(reference, tmp_path, kind):
+    dst = tmp_path / "out.lmdb"
+    report = packer.convert(ArrayDataset(kind), dst, image=ImageOptions(size=16), workers=2)
+    assert report.written == 9 and report.skipped == []
+    samples, meta = lmdb_samples(dst)
+    assert samples == reference[0]
+    assert meta["classes"] == CLASSES and meta["source"] == "python:test_pydataset.ArrayDataset"
+
+
+def test_an_unpicklable_dataset_is_read_in_the_parent_and_bad_samples_skipped(reference, tmp_path):
+    assert image_job(Unpicklable(), ImageOptions()).task.reader is None  # the parent reads it
+    assert image_job(ArrayDataset("hwc"), ImageOptions()).task.reader is not None  # its workers read it
+    dst = tmp_path / "out.lmdb"
+    report = packer.convert(Unpicklable(), dst, image=ImageOptions(size=16), workers=2)
+    samples, meta = lmdb_samples(dst)
+    assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [
+        ("dataset[2]", "reading it raised OSError: disk on fire"), ("dataset[4]", "unknown label 7 (not a class index of its 3 classes)")]
+    kept = [value for key, value in sorted(reference[0].items()) if key not in (b"0000000002", b"0000000004")]
+    assert [value for _, value in sorted(samples.items())] == kept
+    assert report.written == 7
+
+    shards = tmp_path / "out.shards"  # WebDataset pieces carry the samples read here to their workers too
+    packer.convert(Unpicklable(), shards, format="webdataset", image=ImageOptions(size=16), workers=2)
+    with tarfile.open(shards / "shard-000000.tar") as tar:
+        payloads = [np.load(io.BytesIO(tar.extractfile(m).read())).tobytes() for m in tar.getmembers() if m.name.endswith(".npy")]
+    assert payloads == [value[16:] for value in kept]
+
+
+class Records:
+    """A Hugging Face-like dataset: records, ``column_names``, a ClassLabel-like feature."""
+
+    class _Label:
+        names = ["zero", "one", "two"]
+
+    column_names = ["img", "fine", "note"]
+    features = {"fine": _Label()}
+    _fingerprint = "abc123"
+
+    def __len__(self) -> int:
+        return 9
+
+    def __getitem__(self, index: int) -> dict:
+        pixels, label = pictures()[index]
+        return {"img": Image.fromarray(pixels), "fine": label, "note": "x"}
+
+
+def test_records_by_column_name(reference, tmp_path):
+    dst = tmp_path / "out.lmdb"
+    packer.convert(Records(), dst, image=ImageOptions(size=16), workers=1, source=SourceOptions(image_column="img", label_column="fine"))
+    samples, meta = lmdb_samples(dst)
+    assert samples == reference[0] and meta["classes"] == ["zero", "one", "two"]
+    with pytest.raises(OptionError, match="image_column: the dataset has no image, img"):
+        image_job(_NoImage(), ImageOptions(), SourceOptions())
+    with pytest.raises(OptionError, match="--labels: does not apply to a Python dataset"):
+        packer.convert(Records(), tmp_path / "y.lmdb", source=SourceOptions(labels="a.csv"))
+
+
+class _NoImage(Records):
+    column_names = ["pic", "fine"]
+
+
+def test_resume_fingerprint_covers_the_dataset(tmp_path):
+    def fingerprint(dataset) -> dict:
+        return image_job(dataset, ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip")
+
+    assert fingerprint(ArrayDataset("hwc")) == fingerprint(ArrayDataset("hwc"))
+    changed = ArrayDataset("hwc")
+    changed.items[3] = (changed.items[3][0] // 2, changed.items[3][1])
+    assert fingerprint(changed) != fingerprint(ArrayDataset("hwc"))
+    assert fingerprint(Unpicklable()) == fingerprint(Unpicklable())
+
+
+def test_hugging_face_dataset(reference, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    items = pictures()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    dataset = datasets.Dataset.from_dict({"image": [Image.fromarray(p) for p, _ in items], "label": [l for _, l in items]}, features=features)
+    dst = tmp_path / "hf.lmdb"
+    packer.convert(dataset, dst, image=ImageOptions(size=16), workers=2)
+    samples, meta = lmdb_samples(dst)
+    assert samples == reference[0] and meta["classes"] == CLASSES
