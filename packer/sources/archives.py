@@ -27,19 +27,21 @@ with an image or ``.npy`` extension and its label the ``.cls`` member; order is 
 from __future__ import annotations
 
 import bz2
-import io
 import json
 import lzma
+import mmap
 import os
 import posixpath
 import tarfile
 import zipfile
 import zlib
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable
+from typing import Any, Iterable
 
-from readers.schema import Skipped
+from readers.formats.tar import BLOCK, read_header
+from readers.schema import PackedFormatError, Skipped
 
 from ..errors import SourceError
 from .images import ImageFolder, ImageItem
@@ -50,10 +52,13 @@ __all__ = ["Member", "ARCHIVE_SUFFIXES", "is_archive", "is_shard_folder", "scan_
 
 #: File names SRC may end with to be read as an archive (any case).
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
+#: Inner archives per listing process (a tar of tars with fewer than twice this is listed here).
+PARALLEL_LISTING = 16
 #: A compressed tar is held in memory while it converts: at most this share of what is available.
 MEMORY_SHARE = 4
 _ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated", zipfile.ZIP_BZIP2: "bzip2"}
 _PAYLOAD_EXTENSIONS = (".npy",)
+_ZERO_BLOCK = bytes(BLOCK)
 
 
 @dataclass(frozen=True)
@@ -213,18 +218,71 @@ def read_member(member: Member) -> bytes:
 
 
 # -- listing ------------------------------------------------------------------------------------
-def _list_tar(path: str, base: int = 0, fileobj: BinaryIO | None = None) -> list[_Entry]:
-    """The members of the uncompressed tar at ``path`` (or inside it at ``base``, via ``fileobj``)."""
-    with tarfile.open(path if fileobj is None else None, "r:", fileobj=fileobj) as tar:
-        return [_Entry(info.name, base + info.offset_data, info.size, link=info.issym() or info.islnk())
-                for info in tar if info.isfile() or info.issym() or info.islnk()]
+def _list_tar(path: str, base: int = 0, size: int | None = None) -> list[_Entry]:
+    """The members of the uncompressed tar at ``path`` (or of the one inside it at ``base``,
+    ``size`` bytes long): one pass over the headers of a memory map, never the member data
+    (ustar, GNU long names and pax records as Python's tarfile writes them)."""
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return []
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                return _headers(view[base : base + size if size is not None else len(view)], base)
+            finally:
+                view.release()
+
+
+def _headers(view: memoryview, base: int) -> list[_Entry]:
+    entries: list[_Entry] = []
+    position, long_name, long_size = 0, None, None
+    while position + BLOCK <= len(view):
+        block = bytes(view[position : position + BLOCK])
+        if block == _ZERO_BLOCK:
+            break
+        try:
+            name, size, kind = read_header(block)
+        except PackedFormatError as exc:
+            raise tarfile.TarError(f"{exc} at byte {base + position}") from None
+        start = position + BLOCK
+        size = long_size if long_size is not None and kind not in (b"x", b"L", b"g") else size
+        if start + size > len(view):
+            raise tarfile.TarError(f"ends inside the member {name!r} (truncated)")
+        if kind == b"x":  # pax record of the next member: its path and size may be here
+            records = _pax(bytes(view[start : start + size]))
+            long_name = records.get("path", long_name)
+            long_size = int(records["size"]) if "size" in records else long_size
+        elif kind == b"L":  # GNU long name of the next member
+            long_name = bytes(view[start : start + size]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif kind != b"g":
+            if kind in (b"0", b"\0", b"7"):
+                entries.append(_Entry(long_name or name, base + start, size))
+            elif kind in (b"1", b"2"):
+                entries.append(_Entry(long_name or name, link=True))
+            long_name = long_size = None
+        position = start + size + (-size % BLOCK)
+    return entries
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """The ``key=value`` records of a pax header (``"%d %s=%s\\n"``)."""
+    records = {}
+    position = 0
+    while position < len(data):
+        length, _, rest = data[position:].partition(b" ")
+        if not length.isdigit() or int(length) == 0:
+            break
+        record = data[position + len(length) + 1 : position + int(length) - 1]
+        key, _, value = record.partition(b"=")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        position += int(length)
+    return records
 
 
 def _list_inner(task: tuple[str, int, int]) -> list[_Entry]:
     """The members of the inner tar at ``offset`` (``size`` bytes) of the tar ``path`` (a work unit)."""
     path, offset, size = task
-    with open(path, "rb") as handle:
-        return _list_tar(path, offset, _Window(handle, offset, size))
+    return _list_tar(path, offset, size)
 
 
 def _stream_tar(path: str) -> list[_Entry]:
@@ -276,7 +334,8 @@ def _tar_of_tars(archive: str, inner: list[_Entry], kept: list[_Entry], skipped:
     tasks = [(archive, e.offset, e.size) for e in inner]
     items: list[Member] = []
     empty = []
-    with ordered_map(_list_inner, tasks, workers=max(1, min(workers or os.cpu_count() or 1, len(tasks)))) as listings:
+    processes = max(1, min(workers or os.cpu_count() or 1, len(tasks) // PARALLEL_LISTING))  # a pool costs more than a few listings
+    with ordered_map(_list_inner, tasks, workers=processes) if processes > 1 else nullcontext(map(_list_inner, tasks)) as listings:
         for label, (entry, members) in enumerate(zip(inner, listings)):
             found = [m for m in _safe(members, skipped, prefix=f"{entry.name}/") if is_image_name(posixpath.basename(m.name))]
             if not found:
@@ -354,35 +413,6 @@ def _stamp(item: Member) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}:{item.offset}:{item.size}"
 
 
-class _Window(io.RawIOBase):
-    """Bytes ``[offset, offset + size)`` of an open file, as a seekable read-only file."""
-
-    def __init__(self, handle: BinaryIO, offset: int, size: int) -> None:
-        self.handle, self.offset, self.size, self.position = handle, offset, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, position: int, whence: int = 0) -> int:
-        self.position = max(0, position if whence == 0 else self.position + position if whence == 1 else self.size + position)
-        return self.position
-
-    def read(self, count: int = -1) -> bytes:
-        count = self.size - self.position if count is None or count < 0 else min(count, self.size - self.position)
-        if count <= 0:
-            return b""
-        self.handle.seek(self.offset + self.position)
-        data = self.handle.read(count)
-        self.position += len(data)
-        return data
-
-
 _handles: dict[str, int] = {}
 _owner = 0
 _MAX_HANDLES = 64
@@ -406,11 +436,9 @@ def _pread(path: str, offset: int, size: int) -> bytes:
 
 
 def _available_memory() -> int:
+    """Bytes of memory available to new processes (Linux ``MemAvailable``; else the free pages)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 8 << 30
+            return next(int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,111 @@
+"""Conversion speed from archives against the same images in a class folder.
+
+    python -m benchmarks.archive_vs_folder                    # -> benchmarks/out/archive_vs_folder.json
+    python -m benchmarks.archive_vs_folder --update-results   # -> benchmarks/results/ (the committed figures)
+
+The same ImageNet-like JPEGs (``common.imagenet_like``: 500x375, ~100 KB, 10 classes) are
+converted to LMDB at ``--size`` from: the class folder; a .tar of it (members read by offset in
+the workers); an ImageNet-style tar of per-class tars; a .zip (deflated members inflated in the
+workers); a .tar.gz (streamed once in this process). Every conversion is timed whole, from
+``packer.convert`` call to return (listing included), with the default worker count. Sources
+alternate within each round and the order rotates between rounds (ABAB...), so drift on a
+shared machine falls on all of them; each archive's speed is compared with the folder's in the
+same round, and the report gives the median (min-max) of those ratios over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import statistics
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import packer
+
+from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
+
+SOURCES = ("folder", "tar", "tar of tars", "zip", "tar.gz")
+
+
+def make_archives(folder: Path, where: Path) -> dict[str, Path]:
+    """The folder as each kind of archive (members in sorted order, as tar and zip write them)."""
+    files = sorted(p for p in folder.rglob("*.jpg"))
+    made = {"folder": folder, "tar": where / "train.tar", "tar of tars": where / "imagenet.tar", "zip": where / "train.zip",
+            "tar.gz": where / "train.tar.gz"}
+    with tarfile.open(made["tar"], "w") as tar:
+        tar.add(folder, arcname="train")
+    with tarfile.open(made["tar.gz"], "w:gz", compresslevel=6) as tar:
+        tar.add(folder, arcname="train")
+    with zipfile.ZipFile(made["zip"], "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in files:
+            zf.write(path, path.relative_to(folder).as_posix())
+    with tarfile.open(made["tar of tars"], "w") as outer:
+        for cls in sorted(p for p in folder.iterdir() if p.is_dir()):
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as inner:
+                for path in sorted(cls.iterdir()):
+                    inner.add(path, arcname=path.name)
+            info = tarfile.TarInfo(f"{cls.name}.tar")
+            info.size = buffer.tell()
+            buffer.seek(0)
+            outer.addfile(info, buffer)
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000, help="images (10 classes)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--size", type=int, default=64)
+    add_output_arguments(parser)
+    args = parser.parse_args()
+    folder = imagenet_like(args.images)
+    seconds: dict[str, list[float]] = {name: [] for name in SOURCES}
+    with tempfile.TemporaryDirectory(prefix="packer-archive-bench-") as tmp:
+        made = make_archives(folder, Path(tmp))
+        sizes = {name: (path.stat().st_size if path.is_file() else None) for name, path in made.items()}
+        count = None
+        for round_ in range(args.rounds + 1):  # round 0 warms the page cache and the fork server: not kept
+            order = SOURCES[round_ % len(SOURCES):] + SOURCES[: round_ % len(SOURCES)]
+            for name in order:
+                dst = Path(tmp) / "out.lmdb"
+                start = time.perf_counter()
+                report = packer.convert(made[name], dst, image=packer.ImageOptions(size=args.size), overwrite=True)
+                took = time.perf_counter() - start
+                assert count in (None, report.written), (name, report.written)
+                count = report.written
+                if round_:
+                    seconds[name].append(took)
+                print(f"round {round_} {name:12s} {report.written / took:7.1f} img/s", flush=True)
+                shutil.rmtree(dst, ignore_errors=True)
+    assert count is not None
+    results = {}
+    for name in SOURCES:
+        rates = [count / s for s in seconds[name]]
+        ratios = [f / s for f, s in zip(seconds["folder"], seconds[name])]  # archive speed / folder speed, same round
+        results[name] = {
+            "seconds": seconds[name], "images_per_s": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
+            "vs_folder": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}, "bytes": sizes[name],
+        }
+    payload = {
+        "benchmark": "archive_vs_folder", "command": "python -m benchmarks.archive_vs_folder" + (" --update-results" if args.update_results else ""),
+        "images": count, "source": str(folder.relative_to(Path(__file__).resolve().parent.parent)), "size": args.size,
+        "encoding": "raw", "format": "lmdb", "workers": cpu_count(), "rounds": args.rounds, "machine": machine(), "results": results,
+        "note": "rates are whole conversions (listing included); vs_folder: folder seconds / archive seconds in the same round",
+    }
+    path = save_json("archive_vs_folder", payload, output_dir(args.update_results, args.out))
+    print(markdown_table(
+        ["source", "img/s median (min-max)", "vs folder, median (min-max)"],
+        [[name, f"{r['images_per_s']['median']:.0f} ({r['images_per_s']['min']:.0f}-{r['images_per_s']['max']:.0f})",
+          f"{r['vs_folder']['median']:.2f}x ({r['vs_folder']['min']:.2f}-{r['vs_folder']['max']:.2f})"] for name, r in results.items()],
+    ))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
