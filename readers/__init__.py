@@ -19,6 +19,8 @@ __all__ = [
     "TokenDataset",
     "WidenTokens",
     "Loader",
+    "ResumableSampler",
+    "ResumeError",
     "CUDAPrefetcher",
     "Normalize",
     "RandomHorizontalFlip",
@@ -42,6 +44,8 @@ _EXPORTS = {
     "TokenDataset": "readers.tokens",
     "WidenTokens": "readers.tokens",
     "Loader": "readers.loader",
+    "ResumableSampler": "readers.sampler",
+    "ResumeError": "readers.epoch",
     "CUDAPrefetcher": "readers.cuda",
     "Normalize": "readers.gpu",
     "RandomHorizontalFlip": "readers.gpu",
@@ -73,6 +77,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .dataset import PackedDataset
     from .gpu import Normalize, RandomHorizontalFlip, RandomResizedCrop
     from .cuda import CUDAPrefetcher
+    from .epoch import ResumeError
     from .loader import Loader
+    from .sampler import ResumableSampler
     from .lmdb import LMDBDataset
     from .schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError

@@ -45,6 +45,11 @@ def host_arrays(dataset: Any, *, in_memory_only: bool) -> tuple[np.ndarray, np.n
         raise DeviceGatherUnavailable(f"{type(dataset).__name__}: only a RAM blob (readers.RAMDataset) can be gathered on the device")
     if in_memory_only and not getattr(store, "in_memory", False):
         raise DeviceGatherUnavailable(f"{store.path}: opened with in_memory=False (pass gather='device' to page-lock the mapped file)")
+    if getattr(store, "verify", False):
+        raise DeviceGatherUnavailable(
+            f"{store.path}: opened with verify=True, and a device gather would skip the per-sample checksum "
+            "check: open it with verify=False to gather on the GPU, or use gather='host' to keep verifying"
+        )
     found = arrays()
     if found is None:
         raise DeviceGatherUnavailable(f"{store.path}: only fixed-shape raw samples can be gathered on the device")

@@ -1,19 +1,26 @@
 """The epoch plan: which samples (or shards) each distributed rank reads in each epoch, in what order.
 
-One owner for what :class:`~readers.loader.Loader` and
-:class:`~readers.webdataset.StreamingShards` both need:
+One owner for what :class:`~readers.loader.Loader`, :class:`~readers.sampler.ResumableSampler`
+and :class:`~readers.webdataset.StreamingShards` need:
 
 * :func:`resolve_rank`: ``rank``/``world_size`` from the arguments, else from
   ``torch.distributed`` when it is initialised, else one process; validated.
-* :class:`EpochPlan` (map-style, for ``Loader``): a permutation drawn from ``(seed, epoch)``,
-  split across ranks so that every rank gets the same number of samples and batches (padded by
-  repeating the order's first samples, or the uneven tail dropped with ``drop_last``).
+* :class:`EpochPlan` (map-style, for ``Loader`` and ``ResumableSampler``): one global order per
+  epoch, a permutation drawn from ``(seed, epoch)``, read in steps of ``batch_size *
+  world_size`` positions split across ranks, so that every rank gets the same number of
+  batches (a short last step padded, or dropped with ``drop_last``). A position in it (the
+  samples the whole job has consumed) does not depend on the world size: the rest of an epoch
+  can be read with any world size or batch size, each sample once.
+* The saved state of a position (:func:`position_state`, :func:`read_position_state`): tiny,
+  rank-independent, JSON-safe ``{epoch, samples_consumed, seed, shuffle, dataset}``, with the
+  dataset's fingerprint (:func:`dataset_fingerprint`); a state that cannot continue here raises
+  :class:`ResumeError` naming what differs.
 * :class:`ShardPlan` (streaming, for ``StreamingShards``): the shard order drawn from
   ``(seed, epoch)``, every ``world_size``-th shard from ``rank``, then every ``num_workers``-th
   of those per DataLoader worker, and the seed of each worker's sample shuffle buffer.
-* :class:`EpochCursor` and :func:`check_settings`: the resume bookkeeping both share (the
+* :class:`EpochCursor` and :func:`check_settings`: the resume bookkeeping all share (the
   epoch the next iteration follows, a resume position that ``set_epoch`` to another epoch
-  drops, and the refusal of a saved state whose plan-deciding settings differ).
+  drops, and the refusal of a saved state whose order-deciding settings differ).
 
 Every plan is a pure function of its settings and the epoch: the same on every process.
 """
@@ -27,7 +34,21 @@ from typing import Any, Mapping, Sequence, TypeVar
 import numpy as np
 import torch
 
-__all__ = ["EpochPlan", "ShardPlan", "EpochCursor", "resolve_rank", "distributed_rank", "check_settings", "check_batch_size", "mix_seed"]
+__all__ = [
+    "EpochPlan",
+    "ShardPlan",
+    "EpochCursor",
+    "ResumeError",
+    "resolve_rank",
+    "distributed_rank",
+    "check_settings",
+    "check_fingerprint",
+    "dataset_fingerprint",
+    "position_state",
+    "read_position_state",
+    "check_batch_size",
+    "mix_seed",
+]
 
 T = TypeVar("T")
 
@@ -67,15 +88,82 @@ def mix_seed(*values: int) -> int:
     return seed
 
 
+class ResumeError(ValueError):
+    """A saved reading state that cannot continue here: a state of another dataset, one saved
+    with other order-deciding settings, or something that is not such a state (one line says which)."""
+
+
 def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], owner: str) -> None:
     """Refuse a saved ``state`` whose plan-deciding settings differ from ``mine`` (keys the
-    state lacks are not checked): a ``ValueError`` names the first one that differs."""
+    state lacks are not checked): a :class:`ResumeError` names the first one that differs."""
     for key, value in mine.items():
         if key in state and state[key] != value:
-            raise ValueError(
+            raise ResumeError(
                 f"load_state_dict: the state was saved with {key}={state[key]!r}, this {owner} has {key}={value!r}; "
-                "resume with the same dataset and settings"
+                f"resume with the same {key}"
             )
+
+
+def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
+    """What identifies a dataset's samples by index, JSON-safe: ``samples`` (its length) and, for
+    a packer dataset, its metadata's ``source`` and ``created`` (the conversion that wrote it)."""
+    fingerprint: dict[str, Any] = {"samples": int(length)}
+    meta = getattr(dataset, "meta", None)
+    for key in ("source", "created"):
+        value = getattr(meta, key, None)
+        if isinstance(value, str) and value:
+            fingerprint[key] = value
+    return fingerprint
+
+
+def check_fingerprint(saved: Any, mine: Mapping[str, Any], owner: str) -> None:
+    """Refuse a state saved over another dataset: a :class:`ResumeError` names the first field of
+    the fingerprint that differs (fields only one side has are not compared)."""
+    if not isinstance(saved, Mapping):
+        raise ResumeError(f"load_state_dict: the state's dataset fingerprint is {saved!r}, expected a mapping")
+    for key, value in mine.items():
+        if key in saved and saved[key] != value:
+            raise ResumeError(
+                f"load_state_dict: the state is of another dataset: it was saved over {key}={saved[key]!r}, "
+                f"this {owner} reads {key}={value!r}"
+            )
+
+
+def position_state(plan: "EpochPlan", epoch: int, consumed: int, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved state of a position in the global plan: rank-independent and JSON-safe."""
+    return {
+        "epoch": int(epoch),
+        "samples_consumed": int(consumed),
+        "seed": plan.seed,
+        "shuffle": plan.shuffle,
+        "dataset": dict(fingerprint),
+    }
+
+
+def read_position_state(state: Any, plan: "EpochPlan", fingerprint: Mapping[str, Any], owner: str) -> tuple[int, int]:
+    """``(epoch, samples_consumed)`` of a state from :func:`position_state`, checked against
+    ``plan`` and the dataset's fingerprint; any world size, batch size and ``drop_last`` may
+    continue it. An older ``Loader`` state (``batches`` per rank with its ``batch_size`` and
+    ``world_size``) is converted exactly: ``k`` batches on every rank are ``k * batch_size *
+    world_size`` positions of the same global order. Anything else: one :class:`ResumeError`."""
+    if not isinstance(state, Mapping) or "epoch" not in state:
+        raise ResumeError(f"load_state_dict: {type(state).__name__} is not a saved {owner} state (no 'epoch')")
+    check_settings(state, {"seed": plan.seed, "shuffle": plan.shuffle}, owner)
+    check_fingerprint(state.get("dataset", {}), fingerprint, owner)
+    if "samples_consumed" in state:
+        consumed = state["samples_consumed"]
+    elif {"batches", "batch_size", "world_size", "length"} <= state.keys():  # the format before the global plan
+        check_fingerprint({"samples": state["length"]}, fingerprint, owner)
+        saved = EpochPlan(int(state["length"]), int(state["batch_size"]), plan.shuffle, plan.seed,
+                          bool(state.get("drop_last", False)), 0, int(state["world_size"]))
+        if not 0 <= int(state["batches"]) <= len(saved):
+            raise ResumeError(f"load_state_dict: batches={state['batches']} is outside 0..{len(saved)} for the saved settings")
+        consumed = saved.position(0, int(state["batches"]))
+    else:
+        raise ResumeError(f"load_state_dict: the state has no 'samples_consumed' (nor an older state's 'batches'): not a saved {owner} state")
+    if isinstance(consumed, bool) or not isinstance(consumed, int) or not 0 <= consumed <= plan.length:
+        raise ResumeError(f"load_state_dict: samples_consumed={consumed!r} is outside 0..{plan.length} for this {owner}")
+    return int(state["epoch"]), consumed
 
 
 class EpochCursor:
@@ -106,11 +194,18 @@ class EpochCursor:
 class EpochPlan:
     """The batches of dataset indices rank ``rank`` of ``world_size`` reads in each epoch.
 
-    The epoch's order is a permutation drawn from ``(seed, epoch)`` when ``shuffle``, else index
-    order; rank ``r`` takes every ``world_size``-th sample from ``r``. Every rank gets the same
-    number of samples and batches: without ``drop_last`` the order is padded by repeating its
-    first samples (at most ``world_size - 1``) and a shorter last batch is kept; with
-    ``drop_last`` the tail that does not divide evenly is dropped, and so is a shorter last batch.
+    One global order per epoch: a permutation drawn from ``(seed, epoch)`` when ``shuffle``, else
+    index order, the same on every process whatever the world size. The job reads it front to
+    back in *steps*: from a position ``start`` (samples of the order the job has consumed, 0 for
+    a whole epoch), step ``s`` consumes the next ``batch_size * world_size`` positions, and rank
+    ``r`` takes every ``world_size``-th of them from ``r`` (its batch of that step). A position is
+    therefore rank-independent, and the rest of an epoch can be read with any world size or
+    batch size: whatever the settings, the positions ``start..length`` are each read once.
+
+    Every rank gets the same number of batches. The last positions, fewer than a whole step:
+    without ``drop_last`` they make a shorter last step, padded (by repeating the epoch's first
+    samples, at most ``world_size - 1``) so that every rank's last batch has the same size; with
+    ``drop_last`` they are dropped. Either way the epoch is complete after the last step.
     """
 
     length: int
@@ -127,27 +222,29 @@ class EpochPlan:
             raise ValueError(f"length must be at least 0, got {self.length!r}")
         resolve_rank(self.rank, self.world_size)
 
-    def settings(self) -> dict[str, Any]:
-        """The settings that decide the plan, as a saved state records them."""
-        return {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "batch_size": self.batch_size,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "length": self.length,
-        }
-
     @property
-    def samples_per_rank(self) -> int:
-        n, w = self.length, self.world_size
-        return n // w if self.drop_last else -(-n // w)
+    def step_size(self) -> int:
+        """Positions of the order one step consumes over all ranks: ``batch_size * world_size``."""
+        return self.batch_size * self.world_size
+
+    def steps(self, start: int = 0) -> int:
+        """Batches per rank from position ``start`` to the end of the epoch (the same on every rank)."""
+        full, tail = divmod(self.length - self._check_start(start), self.step_size)
+        return full + (tail > 0 and not self.drop_last)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
-        per_rank = self.samples_per_rank
-        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+        return self.steps(0)
+
+    def samples(self, start: int = 0) -> int:
+        """Samples each rank reads from position ``start`` to the end of the epoch (padding included)."""
+        full, tail = divmod(self.length - self._check_start(start), self.step_size)
+        return full * self.batch_size + (0 if self.drop_last else -(-tail // self.world_size))
+
+    def position(self, start: int, steps: int) -> int:
+        """The position after ``steps`` steps from ``start``: ``length`` once the epoch's last step
+        is done (its padding, or the tail ``drop_last`` drops, counts as read)."""
+        return self.length if 0 < steps >= self.steps(start) else self._check_start(start) + steps * self.step_size
 
     def order(self, epoch: int) -> np.ndarray:
         """The whole epoch's order (every rank's samples, before the split): a permutation of ``length``."""
@@ -155,18 +252,27 @@ class EpochPlan:
             return np.random.default_rng([self.seed, epoch]).permutation(self.length)
         return np.arange(self.length, dtype=np.int64)
 
-    def indices(self, epoch: int) -> np.ndarray:
-        """This rank's samples of ``epoch``, in order (``samples_per_rank`` of them)."""
-        order, n = self.order(epoch), self.length
-        total = self.samples_per_rank * self.world_size
-        if total > n:  # pad by repeating from the start (every rank the same count)
-            order = np.concatenate([order, np.resize(order, total - n)]) if n else order
-        return order[:total][self.rank :: self.world_size]
+    def batches(self, epoch: int, start: int = 0) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` from position ``start``: ``steps(start)`` arrays of indices."""
+        order, size, w = self.order(epoch), self.batch_size, self.world_size
+        full, tail = divmod(self.length - self._check_start(start), self.step_size)
+        end = start + full * self.step_size
+        out = list(order[start:end].reshape(full, size, w)[:, :, self.rank])
+        if tail and not self.drop_last:  # a shorter last step, padded to a multiple of world_size
+            last = order[end:]
+            last = np.concatenate([last, np.resize(order, -tail % w)])
+            out.append(last.reshape(-1, w)[:, self.rank])
+        return out
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
-        """This rank's batches of ``epoch``: ``len(self)`` arrays of indices."""
-        order, size = self.indices(epoch), self.batch_size
-        return [order[k * size : (k + 1) * size] for k in range(len(self))]
+    def rank_indices(self, epoch: int, start: int = 0) -> np.ndarray:
+        """This rank's samples of ``epoch`` from ``start``, in order (its batches, concatenated)."""
+        parts = self.batches(epoch, start)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _check_start(self, start: int) -> int:
+        if not 0 <= start <= self.length:
+            raise ResumeError(f"samples_consumed={start} is outside 0..{self.length} for this dataset")
+        return start
 
 
 @dataclass(frozen=True)

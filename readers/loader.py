@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .cuda import CudaTransfer, resolve_device
-from .epoch import EpochCursor, EpochPlan, check_batch_size, check_settings, resolve_rank
+from .epoch import EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, read_position_state, resolve_rank
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator, Progress
 
 __all__ = ["Loader", "BUFFER_MODES", "GATHER_MODES", "default_threads"]
@@ -104,12 +104,17 @@ class Loader:
       else; ``"device"`` insists (an error says why it cannot; a mapped blob is page-locked
       too); ``"host"`` always fills pinned buffers in threads.
 
-    * Resume: :meth:`state_dict` records the epoch and how many batches of it this rank has
-      consumed; a new Loader over the same dataset and settings given it by
-      :meth:`load_state_dict` yields exactly the remaining batches of that epoch on its next
-      iteration (the plan is a pure function of seed, epoch, rank and world size, so nothing
-      is repeated or skipped), then whole epochs again after :meth:`set_epoch`. Save it on
-      every rank (each rank's position is its own; they agree when ranks step together).
+    * Resume (elastic, exact): every epoch has one global order, read in steps of
+      ``batch_size * world_size`` samples split across ranks (:class:`~readers.epoch.EpochPlan`).
+      :meth:`state_dict` is rank-independent and JSON-safe: ``{epoch, samples_consumed, seed,
+      shuffle, dataset}``. A Loader over the same dataset (checked by its fingerprint) given it
+      by :meth:`load_state_dict` yields, over all its ranks, each sample of the epoch's rest
+      exactly once (plus the padding of a short last step, or minus the dropped tail with
+      ``drop_last``), with any ``world_size``, ``batch_size``, ``threads`` or device; the next
+      epochs (:meth:`set_epoch`) are those of an uninterrupted run with the new settings. The
+      rest is cut into steps of the new ``batch_size * world_size``, so the number of steps left
+      is ``ceil(rest / (batch_size * world_size))`` (``floor`` with ``drop_last``). All ranks
+      hold the same state when they step together: saving rank 0's is enough.
 
     Threads stop when an iteration ends, is abandoned (``break``, garbage collection) or
     :meth:`close` is called.
@@ -151,11 +156,13 @@ class Loader:
         if self.prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, got {prefetch}")
         self.plan = EpochPlan(self.source.length, batch_size, shuffle, int(seed), drop_last, rank, world_size)
+        self._fingerprint = dataset_fingerprint(dataset, self.source.length)
         self.device = resolve_device(device)
         self.buffers = buffers
-        # the epoch of the next iteration, and batches of it to skip then (a resume; None: whole)
+        # the epoch of the next iteration, and the position it starts from (a resume; None: whole)
         self._cursor = EpochCursor()
-        self._progress = Progress(0, 0)  # (epoch, batches consumed) of the latest iteration
+        self._progress = Progress(0, 0)  # (epoch, batches handed out) of the latest iteration
+        self._start = 0  # the position the latest iteration started from
         cuda = self.device is not None and self.device.type == "cuda"
         self._transfer = CudaTransfer(self.device) if cuda else None  # type: ignore[arg-type]
         self._gather = _device_gather(dataset, self.device, gather) if cuda else None
@@ -187,37 +194,38 @@ class Loader:
 
     # -- resuming ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the epoch and the batches of it consumed so far, with the settings
-        that decide the plan (checked by :meth:`load_state_dict`). Plain ints and bools: JSON-safe."""
-        epoch, consumed = self._progress.epoch, self._progress.batches
+        """Where the job is in the epoch: ``{epoch, samples_consumed, seed, shuffle, dataset}``
+        (``samples_consumed``: positions of the epoch's global order read by all ranks together;
+        ``dataset``: the fingerprint :meth:`load_state_dict` checks). Plain values: JSON-safe."""
+        epoch, consumed = self._progress.epoch, self.plan.position(self._start, self._progress.batches)
         if epoch != self.epoch:  # set_epoch was called after the last iteration: nothing of it consumed yet
             epoch, consumed = self.epoch, self._cursor.position or 0
-        return {"epoch": epoch, "batches": consumed, **self.plan.settings()}
+        return position_state(self.plan, epoch, consumed, self._fingerprint)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`): the next iteration yields the rest of
-        that epoch. The plan-deciding settings must match, or a ``ValueError`` names the one that
-        differs (a different world size would split the epoch differently)."""
-        check_settings(state, self.plan.settings(), "loader")
-        batches = int(state["batches"])
-        if not 0 <= batches <= len(self):
-            raise ValueError(f"load_state_dict: batches={batches} is outside 0..{len(self)} for this loader")
-        self._cursor.resume(state["epoch"], batches)
-        self._progress = Progress(self.epoch, batches)
+        """Continue from ``state`` (from :meth:`state_dict`, saved with any world size, batch size
+        and thread count): the next iteration yields the rest of that epoch. A state of another
+        dataset (its fingerprint), with another ``seed`` or ``shuffle``, or that is not a loader
+        state raises :class:`~readers.epoch.ResumeError` naming what differs. A state of the
+        format before the global plan (``batches`` per rank) is converted exactly."""
+        epoch, consumed = read_position_state(state, self.plan, self._fingerprint, "loader")
+        self._cursor.resume(epoch, consumed)
+        self._progress, self._start = Progress(epoch, 0), consumed
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
         return len(self.plan)
 
-    def batch_indices(self, epoch: int | None = None) -> list[np.ndarray]:
-        """The dataset indices of each batch this rank yields in ``epoch`` (default: the current one)."""
-        return self.plan.batches(self.epoch if epoch is None else epoch)
+    def batch_indices(self, epoch: int | None = None, start: int = 0) -> list[np.ndarray]:
+        """The dataset indices of each batch this rank yields in ``epoch`` (default: the current
+        one) from position ``start`` (default: the whole epoch)."""
+        return self.plan.batches(self.epoch if epoch is None else epoch, start)
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
-        self._progress = Progress(self.epoch, start)
-        batches = self.batch_indices()[start:]
+        self._progress, self._start = Progress(self.epoch, 0), start
+        batches = self.batch_indices(start=start)
         if self._gather is not None:
             return self._gather.iterate(batches, self._progress)
         it = FillingIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, self._progress)

@@ -64,14 +64,14 @@ def test_resume_mid_epoch_yields_exactly_the_rest(ds, k):
     it = iter(first)
     head = pixels(next(it) for _ in range(k))
     state = json.loads(json.dumps(first.state_dict()))  # JSON-safe
-    assert state["epoch"] == 2 and state["batches"] == k
+    assert state["epoch"] == 2 and state["samples_consumed"] == min(4 * k, 18)  # 2 ranks x batches of 2
     first.close()
 
     resumed = Loader(ds, 2, seed=11, rank=1, world_size=2, threads=2)
     resumed.load_state_dict(state)
     tail = pixels(resumed)
     assert head + tail == whole
-    assert resumed.state_dict()["batches"] == len(resumed)
+    assert resumed.state_dict()["samples_consumed"] == 18
     # across set_epoch: the next epoch is whole and identical to an uninterrupted run's
     resumed.set_epoch(3)
     ref.set_epoch(3)
@@ -81,14 +81,15 @@ def test_resume_mid_epoch_yields_exactly_the_rest(ds, k):
 def test_state_after_set_epoch_and_mismatches(ds):
     loader = Loader(ds, 4, seed=1)
     list(loader)
-    assert loader.state_dict()["batches"] == len(loader)
+    assert loader.state_dict()["samples_consumed"] == 18
     loader.set_epoch(1)
-    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batches"] == 0
-    with pytest.raises(ValueError, match="world_size"):
-        Loader(ds, 4, seed=1, rank=0, world_size=2).load_state_dict(loader.state_dict())
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["samples_consumed"] == 0
+    Loader(ds, 4, seed=1, rank=0, world_size=2).load_state_dict(loader.state_dict())  # any world size
     with pytest.raises(ValueError, match="seed"):
         Loader(ds, 4, seed=2).load_state_dict(loader.state_dict())
-    loader.load_state_dict({**loader.state_dict(), "batches": 2})
+    loader.load_state_dict({**loader.state_dict(), "samples_consumed": 8})
+    assert len(list(loader)) == 3  # the rest of epoch 1: 10 samples in batches of 4
+    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "samples_consumed": 8})
     loader.set_epoch(2)  # a resume position for another epoch is dropped
     assert len(list(loader)) == len(loader)
 

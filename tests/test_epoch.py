@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from readers import Loader
-from readers.epoch import EpochCursor, EpochPlan, ShardPlan, check_settings, resolve_rank
+from readers.epoch import EpochCursor, EpochPlan, ResumeError, ShardPlan, check_settings, position_state, read_position_state, resolve_rank
 
 
 def rank_indices(plan: EpochPlan, epoch: int = 0) -> list[int]:
@@ -156,12 +156,77 @@ def test_cursor_keeps_a_position_only_for_its_epoch():
 
 
 def test_check_settings_names_the_setting_that_differs():
+    state = json.loads(json.dumps({"epoch": 0, "seed": 1, "shuffle": True}))
+    check_settings(state, {"seed": 1, "shuffle": True}, "loader")
+    check_settings({"epoch": 0}, {"seed": 1}, "loader")  # keys the state lacks are not checked
+    with pytest.raises(ResumeError, match="saved with seed=1, this loader has seed=2"):
+        check_settings(state, {"seed": 2, "shuffle": True}, "loader")
+    with pytest.raises(ValueError, match="shuffle=True, this sampler has shuffle=False"):  # a ValueError too
+        check_settings(state, {"seed": 1, "shuffle": False}, "sampler")
+
+
+# -- the global plan: positions, steps, resume -----------------------------------------------
+def test_a_step_is_batch_size_times_world_size_positions_of_the_global_order():
+    group = plans(23, 3, batch_size=2, seed=4)
+    order = group[0].order(1)
+    for step in range(len(group[0])):
+        positions = order[step * 6 : (step + 1) * 6]
+        assert sorted(int(i) for p in group for i in p.batches(1)[step]) == sorted(int(i) for i in positions) or step == 3
+    # from a position: the rest, split the same way, whatever the settings that read the head
+    rest = [EpochPlan(23, 4, seed=4, rank=r, world_size=2).batches(1, 9) for r in range(2)]
+    assert [b.tolist() for b in rest[0]] == [order[9:17][0::2].tolist(), order[17:23][0::2].tolist()]
+    assert [b.tolist() for b in rest[1]] == [order[9:17][1::2].tolist(), order[17:23][1::2].tolist()]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_steps_samples_and_position_agree_with_the_batches(drop_last):
+    for start in range(0, 24):
+        group = plans(23, 3, batch_size=2, seed=1, drop_last=drop_last)
+        steps = group[0].steps(start)
+        assert all(len(p.batches(0, start)) == steps for p in group)  # equal steps on every rank
+        assert all(len(p.rank_indices(0, start)) == p.samples(start) for p in group)
+        assert group[0].position(start, steps) == (23 if steps else start)  # the last step completes the epoch
+        assert all(group[0].position(start, k) == start + 6 * k for k in range(steps))
+    with pytest.raises(ResumeError, match="samples_consumed=24 is outside 0..23"):
+        EpochPlan(23, 2).batches(0, 24)
+
+
+def test_position_state_round_trips_and_refuses_what_differs():
     plan = EpochPlan(10, 2, seed=1, world_size=2)
-    state = json.loads(json.dumps({"epoch": 0, **plan.settings()}))
-    check_settings(state, plan.settings(), "loader")
-    check_settings({"epoch": 0}, plan.settings(), "loader")  # an older state without the settings
-    with pytest.raises(ValueError, match="world_size=2, this loader has world_size=1"):
-        check_settings(state, EpochPlan(10, 2, seed=1).settings(), "loader")
-    with pytest.raises(ValueError, match="seed=1, this loader has seed=2"):
-        check_settings(state, EpochPlan(10, 2, seed=2, world_size=2).settings(), "loader")
-    assert np.array_equal(EpochPlan(10, 2, seed=1, world_size=2).indices(0), plan.indices(0))
+    fingerprint = {"samples": 10, "source": "/data/a", "created": "2026-01-01T00:00:00Z"}
+    state = json.loads(json.dumps(position_state(plan, 3, 4, fingerprint)))
+    assert state == {"epoch": 3, "samples_consumed": 4, "seed": 1, "shuffle": True, "dataset": fingerprint}
+    other = EpochPlan(10, 5, seed=1, drop_last=True)  # another batch size, world size, drop_last
+    assert read_position_state(state, other, fingerprint, "loader") == (3, 4)
+    with pytest.raises(ResumeError, match="another dataset: it was saved over source='/data/a', this loader reads source='/data/b'"):
+        read_position_state(state, other, {**fingerprint, "source": "/data/b"}, "loader")
+    with pytest.raises(ResumeError, match="saved over samples=10, this loader reads samples=11"):
+        read_position_state(state, EpochPlan(11, 2, seed=1), {"samples": 11}, "loader")
+    with pytest.raises(ResumeError, match="seed=1, this loader has seed=2"):
+        read_position_state(state, EpochPlan(10, 2, seed=2), fingerprint, "loader")
+    with pytest.raises(ResumeError, match="samples_consumed=11 is outside 0..10"):
+        read_position_state({**state, "samples_consumed": 11}, plan, fingerprint, "loader")
+    with pytest.raises(ResumeError, match="not a saved loader state"):
+        read_position_state({"epoch": 1, "seed": 1}, plan, fingerprint, "loader")
+    with pytest.raises(ResumeError, match="list is not a saved loader state"):
+        read_position_state([1, 2], plan, fingerprint, "loader")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_state_of_the_format_before_the_global_plan_converts_exactly(world_size):
+    """The old per-rank state (``batches`` of this rank with the settings) names the same samples."""
+    old = {"epoch": 2, "batches": 3, "seed": 5, "shuffle": True, "drop_last": False, "batch_size": 2,
+           "rank": 1, "world_size": 2, "length": 17}
+    head = [int(i) for r in range(2) for b in EpochPlan(17, 2, seed=5, rank=r, world_size=2).batches(2)[:3] for i in b]
+    epoch, start = read_position_state(old, EpochPlan(17, 4, seed=5, world_size=world_size), {"samples": 17}, "loader")
+    assert (epoch, start) == (2, 12)
+    rest = [int(i) for r in range(world_size) for i in EpochPlan(17, 4, seed=5, rank=r, world_size=world_size).rank_indices(2, start)]
+    order = EpochPlan(17, 2, seed=5).order(2).tolist()
+    assert sorted(head) == sorted(order[:12])
+    extra = collections.Counter(rest) - collections.Counter(order[12:])  # only the padding of the short last step
+    assert sum(extra.values()) == -5 % world_size and set(extra) <= set(order[: world_size - 1])
+    assert set(order[12:]) <= set(rest)
+    with pytest.raises(ResumeError, match="saved over samples=17, this loader reads samples=18"):
+        read_position_state(old, EpochPlan(18, 4, seed=5), {"samples": 18}, "loader")
+    done = read_position_state({**old, "batches": 5}, EpochPlan(17, 4, seed=5), {"samples": 17}, "loader")
+    assert done == (2, 17)  # the whole epoch (5 batches of 2 on 2 ranks, padded)

@@ -277,3 +277,15 @@ def test_cuda_loader_and_prefetcher(ds, buffers):
     assert loader.buffers_allocated <= loader.prefetch + 2
     for (a, la), (b, lb) in zip(CUDAPrefetcher(DataLoader(ds, batch_size=4)), DataLoader(ds, batch_size=4)):
         assert a.is_cuda and torch.equal(a.cpu(), b) and torch.equal(la.cpu(), lb)
+
+
+def test_device_gather_of_a_verified_blob_names_verify(packed_32):
+    """gather='device' over a blob opened with verify=True says that verify is why, and what to do
+    (the gather would bypass the per-sample checks); the check runs on the CPU."""
+    from readers import RAMDataset
+    from readers.device_gather import DeviceGatherUnavailable, host_arrays
+
+    with pytest.raises(DeviceGatherUnavailable, match="opened with verify=True.*verify=False.*gather='host'"):
+        host_arrays(RAMDataset(packed_32("blob"), verify=True), in_memory_only=False)
+    images, labels = host_arrays(RAMDataset(packed_32("blob"), verify=False), in_memory_only=False)
+    assert images.shape == (18, 3, 32, 32) and labels.shape == (18,)
