@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .codecs import decode_image
 from .dataset import PackedDataset
-from .epoch import EpochCursor, ShardPlan, check_settings, resolve_rank
+from .epoch import EpochCursor, ResumeError, ShardPlan, check_fingerprint, check_settings, dataset_fingerprint, resolve_rank
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -85,6 +85,19 @@ class StreamingShards(IterableDataset):
     partly read shard is read (not decoded) up to the position, and with ``shuffle`` the
     shuffle buffer is replayed from the worker's first shard, undecoded (shuffling works on
     the encoded bytes; decoding happens as a sample leaves the buffer).
+
+    What is exact, and what is not elastic: the state is per shard split (the shard-level plan
+    of this ``world_size`` and ``num_workers``) plus each worker's offset into its own stream.
+    Resumed with the same ``world_size``, ``num_workers`` and shuffle settings, the rest of the
+    epoch is exactly the samples not yet handed out, each once (any ``batch_size``: only the
+    interleaving of the workers' batches changes). Another ``world_size`` or ``num_workers`` is
+    refused (:class:`~readers.epoch.ResumeError`, naming it): ranks and workers read whole
+    shards through their own shuffle buffers, so what a worker handed out is a scattered
+    subset of the shards it opened, which only its own split and buffer reproduce; exactness
+    after a re-split would need a record of every sample. For elastic resume over the same
+    shards, read them map-style: ``Loader(ShardDataset(folder))`` or a ``DataLoader`` with
+    :class:`~readers.sampler.ResumableSampler`. A state of other shards (the metadata's sample
+    count, source and creation time) is refused naming what differs.
     """
 
     def __init__(
@@ -167,6 +180,8 @@ class StreamingShards(IterableDataset):
         return {
             "epoch": self.epoch,
             **self._settings(),
+            "num_workers": num_workers,
+            "dataset": self._fingerprint(),
             "skip": [min(n, t * size) for n, t in zip(counts, taken)],
             "first": following,
         }
@@ -174,8 +189,23 @@ class StreamingShards(IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
         stopped; the order-deciding settings must match (a ``ValueError`` names the one that differs)."""
+        if not isinstance(state, dict) or "skip" not in state:
+            raise ResumeError(f"load_state_dict: not a StreamingShards state (no 'skip'): {sorted(state) if isinstance(state, dict) else type(state).__name__}")
+        if state.get("world_size", self.world_size) != self.world_size:
+            raise ResumeError(
+                f"load_state_dict: the state was saved with world_size={state['world_size']}, this StreamingShards has "
+                f"world_size={self.world_size}: streamed shards are split per rank and shuffled per worker, so only the "
+                "same split continues exactly; resume with the same world_size, or read the shards map-style "
+                "(Loader(ShardDataset(...)) or readers.ResumableSampler) to resume with any"
+            )
         check_settings(state, self._settings(), "dataset")
+        if self.meta is not None:
+            check_fingerprint(state.get("dataset", {}), self._fingerprint(), "dataset")
         self._cursor.resume(state["epoch"], ([int(n) for n in state["skip"]], int(state.get("first", 0))))
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """The metadata's identity of these shards (sample count, source, creation), as states record it."""
+        return dataset_fingerprint(self, self.meta.count) if self.meta is not None else {}
 
     def _settings(self) -> dict[str, Any]:
         """The settings that decide the order, as a saved state records them."""
@@ -206,9 +236,10 @@ class StreamingShards(IterableDataset):
         if self._cursor.position is not None:
             skips, first = self._cursor.position
             if len(skips) != num_workers:
-                raise ValueError(
+                raise ResumeError(
                     f"StreamingShards: the loaded state is for {len(skips)} DataLoader workers, this iteration has "
-                    f"{num_workers}; resume with the same num_workers"
+                    f"{num_workers}; resume with the same num_workers (each worker's offset is into its own shards "
+                    "and shuffle buffer)"
                 )
             # The DataLoader asks worker 0 first: rotate so that it continues the part whose batch was next.
             worker = (worker + first) % num_workers

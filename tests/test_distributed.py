@@ -161,6 +161,32 @@ def test_streaming_resume_mid_epoch(shards, table, shuffle, k):
         list(again)
 
 
+def test_streaming_resume_with_another_batch_size_is_exact_and_a_resplit_is_refused(shards, table):
+    """Same world size and workers, batch size 2 then 3: the rest is each unread sample once.
+    Another world size or worker count, or another dataset, is refused in one line naming it."""
+    from readers import ResumeError
+
+    def make(rank=0, world_size=2):
+        return StreamingShards(shards, shuffle=True, buffer=3, seed=2, rank=rank, world_size=world_size)
+
+    first = make()
+    it = iter(DataLoader(first, batch_size=2, num_workers=2))
+    head = stream_ids([next(it) for _ in range(3)], table)
+    del it
+    state = json.loads(json.dumps(first.state_dict(3, batch_size=2, num_workers=2)))
+    assert state["dataset"]["samples"] == 18 and state["num_workers"] == 2
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = stream_ids(DataLoader(resumed, batch_size=3, num_workers=2), table)
+    assert sorted(head + tail) == sorted(stream_ids(DataLoader(make(), batch_size=None), table))
+    with pytest.raises(ResumeError, match="saved with world_size=2, this StreamingShards has world_size=3.*ResumableSampler"):
+        make(0, 3).load_state_dict(state)
+    with pytest.raises(ResumeError, match="another dataset: it was saved over samples=17, this dataset reads samples=18"):
+        make().load_state_dict({**state, "dataset": {**state["dataset"], "samples": 17}})
+    with pytest.raises(ResumeError, match="not a StreamingShards state"):
+        make().load_state_dict({"epoch": 0, "samples_consumed": 4})
+
+
 # -- StreamingShards over a text corpus ------------------------------------------------------
 #: Documents of a small corpus (sorted file order = document order); several shards of 2.
 DOCS = {
