@@ -2,19 +2,26 @@
 
     python examples/train_classifier.py                       # a tiny generated dataset, a few CPU steps
     python examples/train_classifier.py --data train.lmdb --epochs 10 --size 160
+    python examples/train_classifier.py --steps 3 --checkpoint ckpt.pt   # then again with --steps 6: resumes
 
 The training loop is the fast path end to end: ``Loader`` fills uint8 batches in background
 threads (pinned and copied on a side stream when on CUDA), and every per-pixel step (random
 resized crop, flip, the cast to float and normalisation) runs batched on the device the batch
 is on. With ``--data`` any packed format works (``readers.open_dataset``); without it, a 3-class
 folder of small JPEGs is generated and converted to LMDB in a temporary folder (nothing is
-downloaded).
+downloaded; with ``--checkpoint`` it is kept beside the checkpoint, so a restart reads the same one).
+
+``--checkpoint PATH`` saves the model, the optimiser, the step and the loader's state
+(``Loader.state_dict()``: the epoch and the samples of it consumed) after every step, atomically,
+and a run that finds it carries on from there: the rest of the interrupted epoch, each sample
+once, even with another ``--batch-size`` (or number of ranks), then whole epochs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -45,9 +52,13 @@ def make_tiny_dataset(workdir: Path) -> Path:
     return dst
 
 
-def train(data: Path, *, epochs: int | None, steps: int | None, batch_size: int, size: int, device: torch.device, lr: float) -> float:
-    """Train for ``epochs`` and/or until ``steps`` optimiser steps (``epochs=None``: as many as the
-    steps need, or 1 without ``steps``); returns the last loss."""
+def train(
+    data: Path, *, epochs: int | None, steps: int | None, batch_size: int, size: int, device: torch.device, lr: float,
+    checkpoint: Path | None = None,
+) -> float:
+    """Train for ``epochs`` and/or until ``steps`` optimiser steps in all (``epochs=None``: as many
+    as the steps need, or 1 without ``steps``), carrying on from ``checkpoint`` if it exists and
+    saving it after every step; returns the last loss."""
     dataset = open_dataset(data)
     classes = max(len(dataset.classes), 2)
     loader = Loader(dataset, batch_size, shuffle=True, seed=0, drop_last=True, device=device)
@@ -62,11 +73,18 @@ def train(data: Path, *, epochs: int | None, steps: int | None, batch_size: int,
     loss_fn = nn.CrossEntropyLoss()
     print(f"data: {dataset}\nloader: {loader}\naugment: {augment}\ndevice: {device}, mixed precision: {cuda}")
 
-    step, loss_value, start, seen = 0, float("nan"), time.perf_counter(), 0
+    step, loss_value, start, seen, first_epoch = 0, float("nan"), time.perf_counter(), 0, 0
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, map_location=device)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        loader.load_state_dict(saved["loader"])  # any batch size or number of ranks may continue it
+        step, first_epoch = saved["step"], saved["loader"]["epoch"]
+        print(f"resumed from {checkpoint}: step {step}, epoch {first_epoch}, {saved['loader']['samples_consumed']} samples of it consumed")
     if epochs is None:
-        epochs = 1 if steps is None else -(-steps // max(len(loader), 1))
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
+        epochs = 1 if steps is None else first_epoch + 1 + -(-(steps - step) // max(len(loader), 1))  # the rest of one, then whole ones
+    for epoch in range(first_epoch, epochs):
+        loader.set_epoch(epoch)  # the same epoch keeps a loaded position: the rest of it
         model.train()
         for images, labels in loader:  # uint8 (N, C, H, W) and int64 (N,), already on `device`
             x = normalize(augment(images))
@@ -79,6 +97,10 @@ def train(data: Path, *, epochs: int | None, steps: int | None, batch_size: int,
             scaler.update()
             step += 1
             seen += len(images)
+            if checkpoint is not None:  # the loader's state next to the model's, written atomically
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "loader": loader.state_dict()}
+                torch.save(state, f"{checkpoint}.tmp")
+                os.replace(f"{checkpoint}.tmp", checkpoint)
             if step % 10 == 0 or step == 1:
                 loss_value = loss.item()
                 print(f"epoch {epoch} step {step}: loss {loss_value:.3f}, {seen / (time.perf_counter() - start):,.0f} img/s")
@@ -86,6 +108,7 @@ def train(data: Path, *, epochs: int | None, steps: int | None, batch_size: int,
                 loss_value = loss.item()
                 print(f"stopped after {step} steps: loss {loss_value:.3f}")
                 return loss_value
+        print(f"end of epoch {epoch} at step {step}")
     loss_value = loss.item() if step else loss_value
     print(f"done: {step} steps, last loss {loss_value:.3f}")
     return loss_value
@@ -100,11 +123,17 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32, help="side of the random crops fed to the model")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--checkpoint", type=Path, help="save after every step; carry on from it if it exists")
     args = parser.parse_args()
     device = torch.device(args.device)
-    options = dict(epochs=args.epochs, batch_size=args.batch_size, size=args.size, device=device, lr=args.lr)
+    options = dict(epochs=args.epochs, batch_size=args.batch_size, size=args.size, device=device, lr=args.lr, checkpoint=args.checkpoint)
     if args.data is not None:
         train(args.data, steps=args.steps, **options)  # type: ignore[arg-type]
+        return
+    if args.checkpoint is not None:  # the generated dataset is kept beside the checkpoint: a restart reads the same one
+        folder = args.checkpoint.resolve().parent / f"{args.checkpoint.name}.data"
+        data = folder / "tiny.lmdb" if (folder / "tiny.lmdb").exists() else make_tiny_dataset(folder)
+        train(data, steps=5 if args.steps is None else args.steps, **options)  # type: ignore[arg-type]
         return
     with tempfile.TemporaryDirectory(prefix="packer-train-") as tmp:
         train(make_tiny_dataset(Path(tmp)), steps=5 if args.steps is None else args.steps, **options)  # type: ignore[arg-type]

@@ -22,6 +22,25 @@ def test_train_classifier_runs_a_few_steps(tmp_path):
     assert not any(tmp_path.glob("packer-train-*"))  # the temporary dataset is removed
 
 
+def test_train_classifier_checkpoints_and_resumes_its_loader(tmp_path):
+    """Stopped after 3 steps (batches of 16 of 72 samples), restarted with batches of 8: it carries
+    on from the checkpoint's loader state, the rest of epoch 0 (24 samples: 3 steps of 8), then epoch 1."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, str(ROOT / "examples" / "train_classifier.py"), "--device", "cpu", "--checkpoint", "ckpt.pt"]
+
+    def run(*args: str) -> str:
+        result = subprocess.run([*script, *args], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    first = run("--steps", "3")
+    assert "resumed" not in first and "stopped after 3 steps" in first and (tmp_path / "ckpt.pt").exists()
+    second = run("--steps", "7", "--batch-size", "8")
+    assert "resumed from ckpt.pt: step 3, epoch 0, 48 samples of it consumed" in second
+    assert "end of epoch 0 at step 6" in second  # the rest, 24 samples, is 3 steps of 8 (not 9)
+    assert "stopped after 7 steps" in second
+
+
 def test_mnist_from_python_packs_a_dataset_and_trains_five_epochs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
