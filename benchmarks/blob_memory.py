@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import machine, markdown_table, save_json
+from .common import add_output_arguments, machine, markdown_table, output_dir, save_json
 
 SHAPE = (3, 224, 224)
 BATCH = 64
@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--dir", default="/tmp", help="where the throwaway blobs are written (default /tmp)")
     parser.add_argument("--one", nargs=3, metavar=("MODE", "CONTEXT", "PATH"), help=argparse.SUPPRESS)
+    add_output_arguments(parser)
     args = parser.parse_args()
     if args.one:
         mode, context, path = args.one
@@ -200,7 +201,7 @@ def main() -> None:
     print(markdown_table(header, rows))
     payload = {"benchmark": "blob_memory", "machine": machine(), "blob_mib": round(blob_mib, 1), "samples": count,
                "shape": SHAPE, "workers": args.workers, "results": results}
-    save_json("blob_memory", payload)
+    save_json("blob_memory", payload, output_dir(args.update_results, args.out))
     print(json.dumps(payload))
 
 

@@ -7,9 +7,13 @@ and max, and compare pipelines as ratios measured in the same run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
+import shlex
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable
@@ -23,7 +27,7 @@ RESULTS_DIR = HERE / "results"
 
 __all__ = [
     "Rate", "measure", "for_at_least", "imagenet_like", "folder_stats", "cpu_count", "machine", "markdown_table", "save_json",
-    "add_output_arguments", "output_dir",
+    "add_output_arguments", "output_dir", "provenance",
 ]
 
 
@@ -110,8 +114,36 @@ def output_dir(update_results: bool = False, out: Path | None = None) -> Path:
     return RESULTS_DIR if update_results else OUT_DIR
 
 
+def provenance() -> dict:
+    """What produced a result: the command as typed, the UTC date, the commit (``+dirty`` when
+    tracked files differ from it) and the machine. ``benchmarks.render`` prints these beside
+    every table, so each published figure names its source."""
+    argv = list(sys.argv)
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        argv[0:1] = ["python", "-m", spec.name.removesuffix(".__main__")]
+    commit = "unknown"
+    try:
+        root = HERE.parent
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, check=True).stdout
+        commit += "+dirty" if dirty.strip() else ""
+    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - not a git checkout
+        pass
+    return {
+        "command": " ".join(shlex.quote(a) for a in argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": commit,
+        "load_average_at_save": [round(x, 2) for x in os.getloadavg()],  # others sharing the cores show here
+        "machine": machine(),
+    }
+
+
 def save_json(name: str, payload: dict, directory: Path = OUT_DIR) -> Path:
-    """Write ``payload`` as ``directory/name.json`` (dataclasses as dicts)."""
+    """Write ``payload`` as ``directory/name.json`` (dataclasses as dicts), with its
+    :func:`provenance` (command, date, commit, machine) wherever the payload lacks them."""
+    payload = {**provenance(), **payload}  # the benchmark's own fields win (e.g. a machine it described itself)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))

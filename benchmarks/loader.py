@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .common import Rate, cpu_count, machine, markdown_table, measure, save_json
+from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json
 
 BATCH = 256
 SIZE = 224
@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum length of one pass")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench-loader"), help="where the data is made (kept)")
+    add_output_arguments(parser)
     args = parser.parse_args()
 
     from readers import Loader
@@ -188,7 +189,7 @@ def main() -> None:
     results["copy_limit_bytes_per_s"] = limit
     print("\n(e) RAM held by the loader's buffers (default prefetch = 2 x threads, batch "
           f"{BATCH}): " + ", ".join(f"{fmt} {b / 2**20:.0f} MiB" for fmt, b in ram.items()))
-    print("\nsaved", save_json("loader", results))
+    print("\nsaved", save_json("loader", results, output_dir(args.update_results, args.out)))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from packer.parallel import keep_freed_memory, ordered_map
 from packer.preprocess.task import Encoded
 from packer.writers import get_writer
 
-from .common import Rate, cpu_count, machine, markdown_table, measure, save_json
+from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json
 
 SHAPE = (3, 224, 224)
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
@@ -67,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
+    add_output_arguments(parser)
     args = parser.parse_args()
     keep_freed_memory()  # as `packer convert` does for its process
     n, make = args.samples, MakeSample()
@@ -96,7 +97,7 @@ def main() -> None:
             for name, r in rates.items()]
     print(f"\n{n} samples of {'x'.join(map(str, SHAPE))} uint8 ({nbytes / 1e3:.0f} KB), {cpu_count()} cores\n")
     print(markdown_table(["what", "samples/s", "MB/s", f"cores at {PER_CORE} img/s/core to saturate"], rows))
-    out = save_json("one_writer", {"machine": machine(), "samples": n, "sample_bytes": nbytes, "rates": rates})
+    out = save_json("one_writer", {"machine": machine(), "samples": n, "sample_bytes": nbytes, "rates": rates}, output_dir(args.update_results, args.out))
     print(f"saved {out}")
 
 

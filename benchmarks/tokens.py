@@ -23,7 +23,7 @@ from packer.options import StorageOptions, TextOptions
 from readers import Loader, TokenDataset
 from readers.tokenizer import load_tokenizer
 
-from .common import cpu_count, machine, markdown_table, measure, save_json
+from .common import add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json
 
 WORDS = [f"w{i}{s}" for i in range(400) for s in ("", "ing", "ed")]
 
@@ -65,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--short", action="store_true", help="small corpus, one repeat")
     parser.add_argument("--workers", type=int, default=min(4, cpu_count()))
+    add_output_arguments(parser)
     args = parser.parse_args()
     docs, repeats, block, batch = (400, 1, 256, 32) if args.short else (5000, 3, 1024, 32)
     workers = args.workers
@@ -118,7 +119,9 @@ def main() -> None:
     path = save_json("tokens", {"machine": machine(), "short": args.short, "docs": docs, "workers": workers, "block_size": block,
                                 "convert_tokens_per_s": convert_rate.median, "packed_tokens_per_s": packed_rate.median,
                                 "loader_tokens_per_s": loader_rate.median, "raw_tokens_per_s": raw_rate.median,
-                                "ratio": ratio, "loader_ratio": loader_ratio})
+                                "ratio": ratio, "loader_ratio": loader_ratio,
+                                "rates": {"convert": convert_rate, "dataloader": packed_rate, "loader": loader_rate, "on_the_fly": raw_rate}},
+                     output_dir(args.update_results, args.out))
     print(f"saved {path}")
 
 
