@@ -1,0 +1,222 @@
+"""The tables of benchmarks/RESULTS.md, each rendered from committed JSON in benchmarks/results/.
+
+Every section starts with a source line: the JSON file, the command that wrote it, the machine,
+the date and the commit stored in the JSON. ``benchmarks.render`` puts them between the
+``<!-- render:NAME -->`` markers of RESULTS.md; nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from .common import RESULTS_DIR, markdown_table
+
+__all__ = ["SECTIONS", "load", "source_line", "rate", "machine_words"]
+
+
+def load(name: str) -> dict[str, Any]:
+    """benchmarks/results/NAME.json."""
+    return json.loads((RESULTS_DIR / f"{name}.json").read_text())
+
+
+def machine_words(m: dict[str, Any]) -> str:
+    gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
+    return f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB{gpu}, torch {m['torch']}"
+
+
+def source_line(*names: str) -> str:
+    """``Source: file (command; machine; date; commit)`` for each JSON behind a table."""
+    parts = []
+    for name in names:
+        d = load(name)
+        commit = d.get("commit") or d.get("head")
+        if commit:
+            when = f"commit {commit}"
+        else:
+            when = f"committed in {d['committed_in']} (provenance added from git history)"
+        parts.append(f"`benchmarks/results/{name}.json`, written by `{d['command']}`; {machine_words(d['machine'])}; "
+                     f"{d['date']}; {when}")
+        note = d.get("note") or ""
+        if note:
+            parts[-1] += f". Note: {note}"
+    return "Source: " + ". ".join(parts) + "."
+
+
+def rate(r: dict[str, Any], scale: float = 1.0, digits: int = 0) -> str:
+    """``median (min-max)``."""
+    f = lambda v: f"{v * scale:,.{digits}f}"  # noqa: E731
+    return f"{f(r['median'])} ({f(r['min'])}-{f(r['max'])})"
+
+
+def _full() -> str:
+    from .run import render  # the suite's own report, as `python -m benchmarks.run --render` prints it
+
+    return source_line("full") + "\n\n" + render(load("full")).strip()
+
+
+def _convert_rates() -> str:
+    d = load("convert_rates")
+    by_tool: dict[str, dict[int, str]] = {}
+    for row in d["rows"]:
+        by_tool.setdefault(row["tool"], {})[row["workers"]] = rate(row["rate"])
+    workers = sorted({w for cells in by_tool.values() for w in cells})
+    rows = [[tool] + [cells.get(w, "") for w in workers] for tool, cells in by_tool.items()]
+    head = f"{d['images']:,} ImageNet-like JPEGs to {d['size']}x{d['size']} {d['encoding']}, images/s, median (min-max) of {d['repeats']} whole conversions:"
+    return "\n\n".join([source_line("convert_rates"), head,
+                        markdown_table(["tool"] + [f"{w} worker{'s' if w > 1 else ''}" for w in workers], rows)])
+
+
+def _loader() -> str:
+    d = load("loader")
+    copies = d["copy_bytes_per_s"]
+    lines = [source_line("loader"), "",
+             f"{d['images']:,} raw 224x224x3 samples, batch {d['batch']}. Memory copy bandwidth, GB/s: "
+             + ", ".join(f"{t} thread(s) {rate(r, 1e-9, 1)}" for t, r in copies.items()) + ".", ""]
+    rows = []
+    for fmt in ("blob", "lmdb", "hdf5"):
+        if fmt not in d:
+            continue
+        r = d[fmt]
+        share = r["loader"]["median"] * d["sample_bytes"] / d["copy_limit_bytes_per_s"]
+        slow = r.get("per_sample_dataloader")
+        rows.append([fmt, rate(r["loader"]), f"{share:.0%}", rate(slow) if slow else "", f"{r['speedup']:.1f}x" if slow else ""])
+    lines += [markdown_table(["reader", "Loader, images/s", "of the fastest copy", "DataLoader per-sample, 0 workers", "Loader vs DataLoader"], rows)]
+    if "lmdb_by_threads" in d:
+        t = d["lmdb_by_threads"]
+        lines += ["", "Loader over LMDB by thread count, images/s:", "",
+                  markdown_table(["threads"] + list(t), [["images/s"] + [rate(r) for r in t.values()]])]
+    return "\n".join(lines)
+
+
+def _gpu() -> str:
+    runs = {"gpu": load("gpu"), "gpu-run1": load("gpu-run1")}
+    second, first = runs["gpu"], runs["gpu-run1"]
+
+    def cell(key: str, group: str, scale: float, digits: int, base: str | None = None) -> str:
+        out = rate(second[group][key], scale, digits)
+        if key in first[group]:
+            out += f" [{first[group][key]['median'] * scale:,.{digits}f}]"
+        return out
+
+    pinned = {n: r["copy_gb_per_s"]["pinned"]["median"] for n, r in runs.items()}
+    rows = [["one batch from pinned memory (the card's rate)", cell("pinned", "copy_gb_per_s", 1e-9, 1), "100%"],
+            ["the same from pageable memory", cell("pageable", "copy_gb_per_s", 1e-9, 1),
+             f"{second['copy_gb_per_s']['pageable']['median'] / pinned['gpu']:.0%}"]]
+    for key in second["delivery_gb_per_s"]:
+        shares = [f"{r['delivery_gb_per_s'][key]['median'] / pinned[n]:.0%}" for n, r in runs.items() if key in r["delivery_gb_per_s"]]
+        rows.append([key, cell(key, "delivery_gb_per_s", 1e-9, 1), " [".join(shares) + ("]" if len(shares) > 1 else "")])
+    resident = {n: r["resnet50_img_per_s"]["batch already on the GPU"]["median"] for n, r in runs.items()}
+    steps = []
+    for key in second["resnet50_img_per_s"]:
+        shares = [f"{r['resnet50_img_per_s'][key]['median'] / resident[n]:.1%}" for n, r in runs.items() if key in r["resnet50_img_per_s"]]
+        steps.append([key, cell(key, "resnet50_img_per_s", 1, 0), " [".join(shares) + ("]" if len(shares) > 1 else "")])
+    conv = ", ".join(f"{k} {v:,}" for k, v in second["convert_img_per_s"].items())
+    return "\n".join([
+        source_line("gpu", "gpu-run1"), "",
+        f"{second['images']:,} raw 224x224x3 samples, batch {second['batch']}; median (min-max) of the second run, "
+        "the first run's median in brackets.", "",
+        markdown_table(["host -> device", "GB/s", "of the pinned copy"], rows), "",
+        markdown_table(["ResNet-50 training step, bf16, batch 256", "img/s", "of resident data"], steps), "",
+        f"Conversion on that machine's 16 cores in the second run, img/s: {conv}.",
+    ])
+
+
+def _train_loop() -> str:
+    from .train_loop import render
+
+    return source_line("train_loop") + "\n\n" + render(load("train_loop"))
+
+
+def _tokens() -> str:
+    d = load("tokens")
+    r = d["rates"]
+    base = r["on_the_fly"]["median"]
+    rows = [["packer convert (blob, BPE 4k)", rate(r["convert"]), ""],
+            [f"TokenDataset blocks ({d['block_size']}), DataLoader x{d['workers']}", rate(r["dataloader"]), f"{r['dataloader']['median'] / base:.1f}x"],
+            [f"TokenDataset blocks ({d['block_size']}), readers.Loader", rate(r["loader"]), f"{r['loader']['median'] / base:.1f}x"],
+            [f"raw text + tokenise in __getitem__, DataLoader x{d['workers']}", rate(r["on_the_fly"]), "1.0x"]]
+    return "\n\n".join([source_line("tokens"), f"{d['docs']:,} documents, block {d['block_size']}, tokens/s median (min-max):",
+                        markdown_table(["pipeline", "tokens/s", "vs tokenising on the fly"], rows)])
+
+
+def _blob_memory() -> str:
+    d = load("blob_memory")
+    rows = [[r["mode"], r["context"], f"{r['load_s']:.2f}", f"{r['epoch_s']:.2f}", " + ".join(f"{p:.0f}" for p in r["pss_mib"]),
+             f"{r['total_pss_mib']:.0f}", "-" if r["blob_mapping_pss_mib"] is None else f"{r['blob_mapping_pss_mib']:.0f}",
+             "-" if r["mode"] == "baseline" else f"{r['extra_over_baseline_mib']:.0f} ({r['extra_in_blob_sizes']:.2f}x)"]
+            for r in d["results"]]
+    return "\n\n".join([source_line("blob_memory"),
+                        f"{d['samples']:,} raw samples = {d['blob_mib']:,.0f} MiB; {d['workers']} DataLoader workers, one shuffled epoch; PSS in MiB.",
+                        markdown_table(["mode", "start", "load s", "epoch s", "PSS parent + workers", "total PSS", "blob mappings PSS", "extra vs baseline"], rows)])
+
+
+def _one_writer() -> str:
+    d = load("one_writer")
+    rows = [[name, rate(r), f"{r['median'] * d['sample_bytes'] / 1e6:,.0f}"] for name, r in d["rates"].items()]
+    return "\n\n".join([source_line("one_writer"), f"{d['samples']:,} samples of {d['sample_bytes']:,} bytes, decoding taken away:",
+                        markdown_table(["what", "samples/s, median (min-max)", "MB/s"], rows)])
+
+
+def _before_after(tag: str = "") -> Callable[[], str]:
+    name = "before_after" + (f"-{tag}" if tag else "")
+
+    def section() -> str:
+        d = load(name)
+        rows = [[job, fmt, rate(side["before"]), rate(side["after"]), f"{side['after']['median'] / side['before']['median']:.2f}"]
+                for job in ("convert", "loader") for fmt, side in d[job].items()]
+        return "\n\n".join([source_line(name), f"{d['base']} (before) against {d['head']} (after), alternating, {d['rounds']} rounds; images/s, median (min-max):",
+                            markdown_table(["job", "format", "before", "after", "after/before (medians)"], rows)])
+
+    return section
+
+
+def _verify_cost() -> str:
+    d = load("verify_cost")
+    rows = [[r["format"], r["encoding"], r["reader"], rate(r["off"]), rate(r["on"]),
+             f"{r['cost']:.1%} ({min(r['pair_costs']):.1%} to {max(r['pair_costs']):.1%})"] for r in d["results"]]
+    return "\n\n".join([source_line("verify_cost"), markdown_table(
+        ["format", "storage", "reader", "verify off (img/s)", "verify on (img/s)", "cost: median (min to max) over pairs"], rows)])
+
+
+def _archive() -> str:
+    d = load("archive_vs_folder")
+    rows = [[src, rate(r["images_per_s"]), f"{r['vs_folder']['median']:.2f}x ({r['vs_folder']['min']:.2f}-{r['vs_folder']['max']:.2f})"]
+            for src, r in d["results"].items()]
+    return "\n\n".join([source_line("archive_vs_folder"),
+                        f"{d['images']:,} JPEGs to {d['format']} at {d['size']}x{d['size']} {d['encoding']}, {d['workers']} workers, {d['rounds']} rounds:",
+                        markdown_table(["source", "img/s, median (min-max)", "speed vs the folder, same round: median (min-max)"], rows)])
+
+
+def _faults() -> str:
+    d = load("faults")
+    lost = sum(s["data_lost"] for s in d["summary"])
+    return source_line("faults") + f"\n\n{len(d['trials'])} trials, data lost: {lost}."
+
+
+def _preprocess() -> str:
+    d = load("preprocess-quick")
+    rows = [[r["set"], r["method"], rate(r), f"{r['psnr_db']:.2f}"] for r in d["rows"]]
+    return "\n\n".join([source_line("preprocess-quick"), markdown_table(
+        ["images", "method", "images/s median (min-max), 1 thread", "PSNR vs float Lanczos (dB)"], rows)])
+
+
+#: RESULTS.md block name -> its renderer.
+SECTIONS: dict[str, Callable[[], str]] = {
+    "convert_rates": _convert_rates,
+    "full": _full,
+    "loader": _loader,
+    "gpu": _gpu,
+    "tokens": _tokens,
+    "blob_memory": _blob_memory,
+    "train_loop": _train_loop,
+    "one_writer": _one_writer,
+    "preprocess": _preprocess,
+    "before_after": _before_after(),
+    "before_after-convert-recheck": _before_after("convert-recheck"),
+    "before_after-elastic": _before_after("elastic"),
+    "verify_cost": _verify_cost,
+    "faults": _faults,
+    "archive_vs_folder": _archive,
+}
+
