@@ -121,7 +121,7 @@ def collate(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor | l
 
     The copy is numpy's (one thread), the same for every pipeline: ``torch.stack`` of large
     uint8 tensors runs on torch's OpenMP pool, whose threads spin against any other load on
-    the machine and made figures swing by 10x on a busy 2-core box.
+    the machine and made figures swing wildly on a busy 2-core box.
     """
     images = [image for image, _ in batch]
     labels = torch.tensor([label for _, label in batch], dtype=torch.int64)

@@ -2,8 +2,8 @@
 
 Two decoders, one result:
 
-* Ordinary JPEGs (YCbCr or grayscale, complete) go through OpenCV, which decodes ~25% faster
-  than Pillow here and can decode at 1/2, 1/4 or 1/8 scale in the DCT domain
+* Ordinary JPEGs (YCbCr or grayscale, complete) go through OpenCV, which decodes faster
+  than Pillow here (``benchmarks/results/preprocess-quick.json``) and can decode at 1/2, 1/4 or 1/8 scale in the DCT domain
   (``IMREAD_REDUCED_*``) when the image is far larger than what will be kept.
 * Everything else (PNG, GIF's first frame, BMP, TIFF, WebP, CMYK JPEGs, 16-bit, palette,
   alpha) goes through Pillow, which also gives the definitive error for a damaged file.

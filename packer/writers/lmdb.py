@@ -1,8 +1,8 @@
 """Write a packer LMDB (layout owned by ``readers/formats/lmdb.py``).
 
 Samples are appended in large write transactions (keys are increasing, so ``append=True``
-skips B-tree searches). LMDB writes straight into its memory map (``writemap``), 7x faster here
-than its default of copying every page through malloc'd buffers. A write into a memory map
+skips B-tree searches). LMDB writes straight into its memory map (``writemap``), much faster here
+(an uncommitted measurement) than its default of copying every page through malloc'd buffers. A write into a memory map
 cannot report a full disk (the process would get SIGBUS instead), so the file's blocks are
 reserved with ``posix_fallocate`` before the map grows over them: a full disk is an ordinary
 ``ENOSPC`` error. The map grows by half whenever it fills, and the file is cut back to the pages

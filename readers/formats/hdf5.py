@@ -271,7 +271,7 @@ class _SharedFile:
 
         From the mapped file where possible (:class:`_Mapped`). Else uncompressed one-sample
         chunks are copied by h5py straight from the file into ``out`` (``read_direct_chunk``:
-        2-3x faster than a selection, which goes through HDF5's chunk cache); anything else is
+        faster than a selection, which goes through HDF5's chunk cache); anything else is
         one hyperslab read.
         """
         images = self.images

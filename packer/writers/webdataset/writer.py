@@ -43,7 +43,7 @@ DEFAULT_SHARD_SIZE = 1000
 #: Fragment the pieces when there are fewer than this many per worker ...
 _PIECES_PER_WORKER = 2
 #: Workers from which fragments are worth a warning: their assembly in one process was the
-#: bound at ~2,000 img/s with 16 workers (docs/SCALING.md), and not yet with 2.
+#: bound with 16 workers on a 16-core host (an uncommitted run, docs/SCALING.md), and not with 2.
 _ASSEMBLY_BOUND_WORKERS = 8
 #: ... and inputs (fewer convert in seconds either way).
 _ASSEMBLY_BOUND_INPUTS = 10_000
