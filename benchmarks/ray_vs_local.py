@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import imagenet_like, machine, markdown_table, save_json
+from benchmarks.common import add_output_arguments, imagenet_like, machine, markdown_table, output_dir, save_json
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
 
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--formats", nargs="+", default=["lmdb", "webdataset"], choices=sorted(SUFFIX))
     parser.add_argument("--abba", action="store_true", help="local, ray, ray, local; each side averaged")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
 
     src = imagenet_like(args.images, classes=10, workers=args.workers)
@@ -83,7 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.images:,} images of {src} at {args.size}x{args.size}, raw, order {'-'.join(order)}; "
           f"Ray start-up {ray_start:.1f} s (not timed)")
     print(markdown_table(["format", "cores", "local img/s", "ray img/s", "ray overhead"], rows))
-    save_json("ray_vs_local", {"machine": machine(), "args": vars(args), "runs": runs})
+    save_json("ray_vs_local", {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k not in ("update_results", "out")},
+                               "runs": runs, "ray_start_s": ray_start,
+                               "mean_rates": {fmt: {"local": mean[fmt, "local"], "ray": mean[fmt, "ray"]} for fmt in args.formats}},
+              output_dir(args.update_results, args.out))
 
 
 if __name__ == "__main__":

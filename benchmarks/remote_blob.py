@@ -27,7 +27,7 @@ from typing import Any
 
 from packer import ImageOptions, convert
 
-from .common import Rate, cpu_count, imagenet_like, machine, markdown_table, measure, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, measure, output_dir, save_json
 
 
 class PeakDisk:
@@ -80,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
+    add_output_arguments(parser)
     args = parser.parse_args()
     src = imagenet_like(args.images)
     proc, endpoint = moto_server()
@@ -123,7 +124,8 @@ def main() -> None:
     print(f"\n{args.images} images to raw 224x224 blobs of {size / 1e6:,.0f} MB, {cpu_count()} cores, moto S3 on 127.0.0.1\n")
     print(markdown_table(["DST", "img/s", "vs local", "peak local disk (of the blob)"], rows))
     out = save_json("remote_blob", {"machine": machine(), "images": args.images, "blob_bytes": size,
-                                    "rows": {name: {"rate": rate, "peak_local_bytes": peak} for name, (rate, peak) in results.items()}})
+                                    "rows": {name: {"rate": rate, "peak_local_bytes": peak} for name, (rate, peak) in results.items()}},
+                    output_dir(args.update_results, args.out))
     print(f"saved {out}")
 
 

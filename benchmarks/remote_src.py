@@ -27,7 +27,7 @@ from packer import ImageOptions, convert
 from packer.preprocess.task import ImageTask
 from packer.sources.images import scan_image_folder
 
-from .common import Rate, cpu_count, imagenet_like, machine, markdown_table, measure, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, measure, output_dir, save_json
 
 #: The HTTP server: a directory listing and files, each GET answered after a delay.
 SERVER = """
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--latency", type=float, default=0.03, help="seconds the server waits before each GET")
     parser.add_argument("--repeats", type=int, default=3)
+    add_output_arguments(parser)
     args = parser.parse_args()
     src = imagenet_like(args.images)
     image = ImageOptions(size=224)
@@ -106,7 +107,7 @@ def main() -> None:
     wall = len(items) / rates[next(name for name in rates if name.startswith("(c)"))].median
     print(f"\nof a (c) pass ({wall:.1f} s): listing the SRC {listing:.2f} s; the HTTP server process used {server_cpu:.1f} s of CPU")
     out = save_json("remote_src", {"machine": machine(), "images": len(items), "latency_s": args.latency, "rates": rates,
-                                   "listing_s": listing, "server_cpu_s_per_pass": server_cpu})
+                                   "listing_s": listing, "server_cpu_s_per_pass": server_cpu}, output_dir(args.update_results, args.out))
     print(f"saved {out}")
 
 
