@@ -1,4 +1,4 @@
-"""Render benchmarks/RESULTS.md's tables and the README's performance block from the committed JSON.
+"""Render benchmarks/RESULTS.md's tables (and docs/RELIABILITY.md's) and the README's performance block from the committed JSON.
 
     python -m benchmarks.render            # rewrite the generated blocks in place
     python -m benchmarks.render --check    # exit 1 when README.md or RESULTS.md differ from the JSON
@@ -21,10 +21,12 @@ from pathlib import Path
 from .common import HERE
 from .render_sections import SECTIONS, load, machine_words
 
-__all__ = ["README", "RESULTS", "Figures", "readme_block", "render_results", "render_readme", "main"]
+__all__ = ["README", "RESULTS", "BLOCK_FILES", "Figures", "readme_block", "render_results", "render_readme", "main"]
 
 README = HERE.parent / "README.md"
 RESULTS = HERE / "RESULTS.md"
+#: Files whose ``<!-- render:NAME -->`` blocks are generated (README.md has its own block).
+BLOCK_FILES = [RESULTS, HERE.parent / "docs" / "RELIABILITY.md"]
 BLOCK = re.compile(r"(<!-- render:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /render:(?P=name) -->)", re.S)
 README_BLOCK = re.compile(r"(<!-- results:begin[^>]*-->\n)(?P<body>.*?)(<!-- results:end -->)", re.S)
 TUTORIAL = "raw folder, tutorial (float on CPU)"
@@ -108,17 +110,13 @@ def readme_block(figures: Figures | None = None) -> str:
     return "\n".join(lines)
 
 
-def _replace_blocks(text: str) -> str:
+def render_results(text: str) -> str:
+    """A file (RESULTS.md, docs/RELIABILITY.md) with every render block regenerated."""
     names = [m.group("name") for m in BLOCK.finditer(text)]
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
-        raise SystemExit(f"benchmarks/RESULTS.md: unknown render block(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+        raise SystemExit(f"unknown render block(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
     return BLOCK.sub(lambda m: m.group(1) + SECTIONS[m.group("name")]() + "\n" + m.group(4), text)
-
-
-def render_results(text: str) -> str:
-    """RESULTS.md with every render block regenerated."""
-    return _replace_blocks(text)
 
 
 def render_readme(text: str) -> str:
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a file differs from what the JSON renders")
     args = parser.parse_args(argv)
     stale = []
-    for path, render in ((RESULTS, render_results), (README, render_readme)):
+    for path, render in [(path, render_results) for path in BLOCK_FILES] + [(README, render_readme)]:
         old = path.read_text()
         new = render(old)
         if new == old:
