@@ -3,8 +3,9 @@
 Why threads and not DataLoader worker processes: a batch of packed raw pixels needs no
 decoding, only copying (an LMDB read, a numpy gather, a file read), and those release the GIL.
 Worker processes must send every batch through shared memory to the training process, which
-caps them at about 1.1 GB/s on our machines (~7,800 images/s of 224x224x3 uint8, even for a
-dataset that does nothing). Threads of the training process fill preallocated batch arrays in
+caps them (on the 2-core development VM, packed raw 224x224x3 datasets read through a
+DataLoader at 5,057-6,411 images/s with 2 workers against 14,051-18,505 with none:
+``benchmarks/results/full.json``, ``python -m benchmarks.run``). Threads of the training process fill preallocated batch arrays in
 place instead, so one batch costs one copy out of storage and nothing else.
 
 Pipeline: the epoch's index plan (shuffled by ``seed`` and the epoch, split between
