@@ -151,6 +151,7 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
         for done, (item, result) in enumerate(zip(items, results), done + 1):
             if isinstance(result, Encoded):
                 writer.add(result)
+                writer.record_source(job.name(item))
                 if result.decoder_messages:  # captured in the worker (packer/preprocess/messages.py)
                     log.warning("%s: converted, but the decoder printed: %s", job.name(item), result.decoder_messages)
             elif isinstance(result, Failed):
@@ -159,6 +160,8 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
                 name = job.name(item)
                 skipped.append(Skipped(name, result.reason))
                 log.warning("skipped %s: %s", name, result.reason)
+            else:  # None: a piece writer's worker wrote it
+                writer.record_source(job.name(item))
             bar.update(1)
             writer.progress(done, skipped)  # a resume checkpoint, when one is due
 

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from readers.formats.blob import MAGIC as BLOB_MAGIC
-from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE
+from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE
 from readers.remote import is_url
 
 from .errors import OptionError, OutputError
@@ -239,7 +239,7 @@ class _RemoteShards:
         if fs.exists(f"{root}/{META_FILE}"):
             return True
         names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
-        return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE) for name in names)
+        return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE) for name in names)
 
 
 class _RemoteBlob:

@@ -18,9 +18,10 @@ WebDataset, the shard):
 * with ``source``: the recorded preprocessing, re-run on the source folder, gives the same
   samples (raw and png: identical pixels; jpeg: decoded pixels within :data:`JPEG_TOLERANCE`
   on average, since encoders may differ between library builds). Samples are matched to the
-  current inputs by content in scan order, not by position, so a changed source is reported
-  as exactly the inputs that changed (named), were added (named) or were removed (located in
-  the scan order: a sample records no source name).
+  current inputs by the source name each sample records (``Store.source_names``), so a
+  changed source is reported as exactly the inputs that changed, were added or were removed,
+  each by its own name. Datasets written before names were recorded are matched by content in
+  scan order instead (a removed input is then located in the scan order, not named).
 """
 
 from __future__ import annotations
@@ -248,29 +249,85 @@ def _compare_source(store: Store, source: str | Path, report: VerifyReport, work
     items = [item for item in folder.items if folder.relative(item.path) not in recorded]
     # a current label as the dataset numbers it (by class name; -2: a class the dataset lacks)
     labels = {k: meta.classes.index(c) if c in meta.classes else -2 for k, c in enumerate(folder.classes)}
-    _match_source(store, ImageTask(image), items, [folder.relative(item.path) for item in items], labels, report, workers, remote)
+    names = [folder.relative(item.path) for item in items]
+    try:
+        recorded_names = store.source_names()
+    except PackedFormatError as exc:
+        report.add("source", f"cannot read the recorded source names, matching by content: {exc}")
+        recorded_names = None
+    match = _match_by_name if recorded_names is not None else _match_source
+    match(store, _Converter(ImageTask(image), labels, workers, remote), items, names, labels, report, recorded_names)
 
 
-def _match_source(store: Store, task, items: list, names: list[str], labels: dict[int, int], report: VerifyReport,
-                  workers: int | None, remote: bool) -> None:
+@dataclass(frozen=True)
+class _Converter:
+    """Converts source inputs as the recorded conversion did, labels numbered as the dataset numbers them."""
+
+    task: object
+    labels: dict[int, int]
+    workers: int | None
+    remote: bool
+
+    def __call__(self, chosen: list) -> Iterator:
+        from .parallel import default_workers, ordered_map
+        from .preprocess.task import Encoded
+        from .sources.remote import remote_chunksize
+
+        workers = self.workers or default_workers()
+        chunksize = remote_chunksize(len(chosen), workers) if self.remote else None  # as a conversion from it reads
+        with ordered_map(self.task, chosen, workers=workers, chunksize=chunksize) as results:
+            for result in results:
+                yield dataclasses.replace(result, label=self.labels.get(result.label, result.label)) if isinstance(result, Encoded) else result
+
+
+def _match_by_name(store: Store, convert: _Converter, items: list, names: list[str], labels: dict[int, int],
+                   report: VerifyReport, recorded: list[str]) -> None:
+    """Each sample is the input its recorded source name names: an input with no sample was
+    *added*, a sample whose input is gone was *removed* (both named), and every other input is
+    re-converted and compared with its sample (its checksum first, then the pixels)."""
+    from .preprocess.task import Encoded
+
+    where_is = {name: i for i, name in enumerate(recorded)}
+    current = set(names)
+    for i, name in enumerate(recorded):
+        if name not in current:
+            report.add(store.where(i), f"removed from the source: {name} is no longer there")
+    for name in names:
+        if name not in where_is:
+            report.add(f"source {name}", "added: not in the dataset")
+    pairs = [(where_is[name], j) for j, name in enumerate(names) if name in where_is]
+    try:
+        stored = store.stored_checksums()
+    except (PackedFormatError, ValueError):
+        stored = None
+    for (i, j), result in zip(pairs, convert([items[j] for _i, j in pairs])):
+        where = f"{store.where(i)} <- {names[j]}"
+        if not isinstance(result, Encoded):
+            report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
+            continue
+        report.compared += 1
+        if stored is not None and sample_checksum(result.label, result.shape, result.payload) == int(stored[i]):
+            continue
+        try:
+            [(label, shape, payload)] = list(_copies(store.records([i])))
+        except (PackedFormatError, ValueError) as exc:
+            report.add(where, str(exc))
+            continue
+        problem = _difference(result, label, shape, payload, store.meta)
+        if problem:
+            report.add(where, f"changed: {problem}")
+
+
+def _match_source(store: Store, convert: _Converter, items: list, names: list[str], labels: dict[int, int],
+                  report: VerifyReport, _recorded: None = None) -> None:
     """Samples were written in scan order, less the recorded skipped inputs, and the current
     inputs are listed in the same order: so the two sequences are aligned (``difflib``) on the
     checksum each sample was stored with and the one each input would be stored with now.
     Aligned equal: unchanged. Between two unchanged runs, a sample and an input of the same
     class at the same place are the same file, *changed* (re-converted and compared); a sample
-    left over was *removed* from the source (its name is not recorded: the fault says where in
-    the scan order it was), an input left over was *added*."""
-    from .parallel import default_workers, ordered_map
+    left over was *removed* from the source (no name is recorded: the fault says where in
+    the scan order it was), an input left over was *added*. (Datasets that record no source names.)"""
     from .preprocess.task import Encoded
-    from .sources.remote import remote_chunksize
-
-    workers = workers or default_workers()
-
-    def convert(chosen: list) -> Iterator:
-        chunksize = remote_chunksize(len(chosen), workers) if remote else None  # as a conversion from it reads
-        with ordered_map(task, chosen, workers=workers, chunksize=chunksize) as results:
-            for result in results:
-                yield dataclasses.replace(result, label=labels.get(result.label, result.label)) if isinstance(result, Encoded) else result
 
     fresh = [sample_checksum(r.label, r.shape, r.payload) if isinstance(r, Encoded) else -1 for r in convert(items)]
     try:

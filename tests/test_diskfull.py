@@ -15,7 +15,7 @@ from imagefiles import write
 from packer import ImageOptions, StorageOptions, convert
 from packer import parallel
 from packer.cli import cli
-from packer.writers import base
+from packer.writers import files  # publish() and its syncs
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from packer.writers.lmdb import LMDBWriter
@@ -65,8 +65,8 @@ def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_publication_syncs_every_file_and_folder(tmp_path, image_folder, monkeypatch, fmt):
     synced: list[Path] = []
-    original = base._fsync
-    monkeypatch.setattr(base, "_fsync", lambda path, *a: (synced.append(Path(path)), original(path, *a))[1])
+    original = files._fsync
+    monkeypatch.setattr(files, "_fsync", lambda path, *a: (synced.append(Path(path)), original(path, *a))[1])
     dst = tmp_path / "out" / f"data{SUFFIX[fmt]}"
     dst.parent.mkdir()
     storage = StorageOptions(shard_size=5) if fmt == "webdataset" else None

@@ -203,7 +203,7 @@ def test_ctrl_c_while_the_output_is_renamed_is_reported_as_complete(image_folder
     import os
     import signal
 
-    import packer.writers.base as base
+    import packer.writers.files as files  # where publish() renames
     import packer.writers.journal as journal
     from readers.formats import open_store
 
@@ -215,10 +215,10 @@ def test_ctrl_c_while_the_output_is_renamed_is_reported_as_complete(image_folder
             os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C right now
         real_replace(src, dst)
 
-    monkeypatch.setattr(base.os, "replace", replace_with_ctrl_c)
+    monkeypatch.setattr(files.os, "replace", replace_with_ctrl_c)
     dst = tmp_path / "done.lmdb"
     with pytest.raises(KeyboardInterrupt, match="interrupted after the output was complete"):
         convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
-    monkeypatch.setattr(base.os, "replace", real_replace)
+    monkeypatch.setattr(files.os, "replace", real_replace)
     assert open_store(dst).meta.count == 18
     assert not journal_path(dst.with_name("done.lmdb.partial")).exists()

@@ -26,7 +26,7 @@ from packer.writers.hdf5 import HDF5Writer
 from readers import HDF5Dataset, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from readers.formats import detect_format, open_store
 from readers.formats import hdf5 as hdf5_store
-from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES
+from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES
 from readers.loader import default_threads
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "FORMATS.md"
@@ -83,7 +83,7 @@ def test_fixed_layout_on_disk(packed_32):
     path = packed_32("hdf5")
     assert detect_format(path) == "hdf5"
     with h5py.File(path, "r") as f:
-        assert set(f) == {IMAGES, LABELS, CHECKSUMS}
+        assert set(f) == {IMAGES, LABELS, CHECKSUMS, SOURCES}
         assert f[IMAGES].shape == (18, 3, 32, 32) and f[IMAGES].chunks == (1, 3, 32, 32) and f[IMAGES].compression is None
         assert f[LABELS].dtype == np.int64 and f[LABELS][()].tolist() == [0] * 6 + [1] * 6 + [2] * 6
         assert json.loads(f.attrs[META_ATTR])["extra"] == {"compression": None}
@@ -91,7 +91,7 @@ def test_fixed_layout_on_disk(packed_32):
 
 def test_variable_shapes_use_the_flat_layout(shorter_h5):
     with h5py.File(shorter_h5, "r") as f:
-        assert set(f) == {PAYLOAD, OFFSETS, SHAPES, LABELS, CHECKSUMS}
+        assert set(f) == {PAYLOAD, OFFSETS, SHAPES, LABELS, CHECKSUMS, SOURCES}
         offsets, shapes = f[OFFSETS][()], f[SHAPES][()]
         assert offsets[0] == 0 and offsets[-1] == f[PAYLOAD].shape[0]
         assert np.array_equal(np.diff(offsets), shapes.prod(axis=1))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import h5py
+import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -15,8 +17,10 @@ from packer.cli import cli
 from packer.verify import verify
 from readers.checksums import CHECKSUM, sample_checksum
 from readers.formats import open_store
-from readers.formats.blob import BlobHeader, HEADER
-from readers.formats.webdataset import INDEX_FILE
+from readers.formats.blob import BlobHeader, HEADER, SOURCES_HEADER
+from readers.formats.hdf5 import SOURCES
+from readers.formats.lmdb import SOURCES_KEY
+from readers.formats.webdataset import INDEX_FILE, SOURCES_FILE
 
 FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
@@ -156,26 +160,81 @@ def test_a_truncated_dataset_is_a_fault_not_a_crash(packed):
     assert not report.ok and report.faults[0].where == "dataset" and "truncated" in report.faults[0].message
 
 
-def test_source_comparison_names_exactly_the_changed_added_and_removed_inputs(packed, image_folder, tmp_path):
-    """Matched by content in scan order, not by position: one deleted input no longer shifts
-    every later sample onto the wrong file."""
-    path = packed("hdf5")
-    source = tmp_path / "edited"
+def _edit_source(image_folder: Path, source: Path) -> tuple[list[Path], Path, Path, Path]:
+    """A copy of the source with one input removed, one changed and one added."""
     shutil.copytree(image_folder, source)
     files = sorted(p for p in source.rglob("*") if p.is_file())
     removed, changed = files[3], files[VICTIM + 4]  # class_00 and class_01
-    shutil.copyfile(files[0], source / "class_02" / "added.jpg")  # a new input
+    added = source / "class_02" / "added.jpg"
+    shutil.copyfile(files[0], added)  # a new input
     shutil.copyfile(files[1], changed)  # another picture under the same name
     removed.unlink()
+    return files, removed, changed, added
+
+
+def _drop_source_names(path: Path, fmt: str) -> None:
+    """Make ``path`` look written before samples recorded their source names (each format's structure removed)."""
+    if fmt == "lmdb":
+        env = lmdb.open(str(path), subdir=True, lock=False)
+        with env.begin(write=True) as txn:
+            assert txn.delete(SOURCES_KEY)
+        env.close()
+    elif fmt == "hdf5":
+        with h5py.File(path, "r+") as file:
+            del file[SOURCES]
+    elif fmt == "webdataset":
+        (path / SOURCES_FILE).unlink()
+    else:
+        with open(path, "r+b") as handle:
+            handle.seek(HEADER.size)
+            handle.write(bytes(SOURCES_HEADER.size))
+    assert open_store(path).source_names() is None
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_source_comparison_names_exactly_the_changed_added_and_removed_inputs(fmt, packed, image_folder, tmp_path):
+    """Matched by the source name each sample records: one deleted input is one fault naming it,
+    and no later sample shifts onto the wrong file."""
+    path = packed(fmt)
+    source = tmp_path / "edited"
+    files, removed, changed, added = _edit_source(image_folder, source)
+    rel = lambda p: str(p.relative_to(source))  # noqa: E731
+    store = open_store(path)
+    assert store.source_names() == [rel(f) for f in files] and store.source_name(3) == rel(removed)
+    report = verify(path, source=source, workers=1)
+    assert sorted(f.message for f in report.faults if f.where.startswith("sample 3")) == [
+        f"removed from the source: {rel(removed)} is no longer there"
+    ], report.faults
+    assert [str(f) for f in report.faults if f.where.startswith("source")] == [f"source {rel(added)}: added: not in the dataset"]
+    [change] = [f for f in report.faults if f.where.endswith(f" <- {rel(changed)}")]
+    assert change.where.startswith(f"sample {VICTIM + 4}") and change.message.startswith("changed: raw pixels differ")
+    assert report.fault_count == 3 and report.compared == len(files) - 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_dataset_without_source_names_is_matched_by_content(fmt, packed, image_folder, tmp_path):
+    """Written before names were recorded: still verifies, and --source matches by content in
+    scan order (the removed input is located, not named)."""
+    path = packed(fmt)
+    _drop_source_names(path, fmt)
+    assert verify(path).ok
+    source = tmp_path / "edited"
+    files, removed, changed, added = _edit_source(image_folder, source)
     report = verify(path, source=source, workers=1)
     rel = lambda p: str(p.relative_to(source))  # noqa: E731
-    assert sorted(str(f) for f in report.faults) == sorted([
-        f"sample 3: removed from the source: no input gives this sample (it was after {rel(files[2])} in scan order)",
-        f"sample {VICTIM + 4} <- {rel(changed)}: " + next(f.message for f in report.faults if f.where.endswith(rel(changed))),
-        f"source {rel(source / 'class_02' / 'added.jpg')}: added: not in the dataset",
-    ]), report.faults
-    assert next(f.message for f in report.faults if f.where.endswith(rel(changed))).startswith("changed: raw pixels differ")
-    assert report.fault_count == 3 and report.compared == 18 - 1
+    assert sorted(re.sub(r" \(shard-\d+\.tar\)", "", str(f)) for f in report.faults if f.where.startswith("sample 3")) == [
+        "sample 3: removed from the source: no input gives this sample (it was after "
+        f"{rel(files[2])} in scan order)"
+    ], report.faults
+    assert any(f.where.endswith(rel(changed)) and f.message.startswith("changed: raw pixels differ") for f in report.faults)
+    assert f"source {rel(added)}: added: not in the dataset" in [str(f) for f in report.faults]
+    assert report.fault_count == 3 and report.compared == len(files) - 1
+
+
+def test_verify_source_through_the_cli_counts_three_faults(packed, image_folder, tmp_path):
+    path = packed("hdf5")
+    source = tmp_path / "edited"
+    _edit_source(image_folder, source)
     result = CliRunner().invoke(cli, ["verify", str(path), "--source", str(source)])
     assert result.exit_code == 1
     assert [line.split(": ", 1)[0] for line in result.output.splitlines()].count("fault") == 3, result.output

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import shutil
 import signal
 import threading
 import time
@@ -29,9 +27,11 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 import numpy as np
 
 from readers.checksums import CHECKSUM, CHECKSUM_DTYPE, sample_checksum
+from readers.formats.names import encode_source_names
 from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
+from .files import fsync_tree, partial_path, publish, remove_path
 from ..destination import write_error
 from ..errors import OptionError, OutputError
 from ..locking import DestinationLock, lock_path
@@ -39,55 +39,6 @@ from ..options import ImageOptions, StorageOptions
 from ..preprocess.task import Encoded, Failed
 
 __all__ = ["Writer", "PieceWriter", "Piece", "partial_path", "remove_path", "fsync_tree", "publish"]
-
-
-def partial_path(dst: Path) -> Path:
-    """Where an unfinished conversion to ``dst`` is written."""
-    return dst.with_name(dst.name + ".partial")
-
-
-def remove_path(path: Path) -> None:
-    """Remove a file or a folder tree if it exists."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    """fsync a file, or every file and folder under a folder."""
-    if path.is_dir():
-        for dirpath, _dirnames, filenames in os.walk(path):
-            for name in filenames:
-                _fsync(Path(dirpath) / name)
-            _fsync(Path(dirpath))
-    else:
-        _fsync(path)
-
-
-def publish(tmp: Path, dst: Path) -> None:
-    """Sync ``tmp`` and rename it to ``dst`` (replacing an existing one), then sync the folder."""
-    fsync_tree(tmp)
-    old = None
-    if dst.exists() or dst.is_symlink():
-        old = dst.with_name(dst.name + ".replaced")
-        remove_path(old)
-        os.replace(dst, old)
-    os.replace(tmp, dst)
-    _fsync(dst.parent if str(dst.parent) else Path("."))
-    if old is not None:
-        remove_path(old)
 
 
 @contextmanager
@@ -157,6 +108,10 @@ class Writer:
         self._mixed_shapes = False
         #: Per-sample checksums (readers/checksums.py), in sample order; the format stores them.
         self.checksums = array("I")
+        #: Per-sample source names (:meth:`record_source`), in sample order; ``None`` once they
+        #: no longer match the samples (a caller that adds samples without naming them).
+        self.source_names: list[str] | None = []
+        self._new_names: list[str] = []
         #: Inputs an interrupted run had already dealt with (``resume``), and those it skipped.
         self.resumed_inputs = 0
         self.resumed_skipped: list[Skipped] = []
@@ -267,6 +222,20 @@ class Writer:
         self.count += len(rows)
         self.payload_bytes += nbytes
 
+    def record_source(self, name: str) -> None:
+        """Name the input the last sample booked came from (relative to the source); the driver
+        calls it once per written sample, in order. The format stores the names
+        (``readers/formats/names.py``) when every sample has one."""
+        if self.source_names is not None:
+            self.source_names.append(name)
+            if self._journal is not None:
+                self._new_names.append(name)
+
+    def source_names_bytes(self) -> bytes | None:
+        """The stored form of the source names, or ``None`` unless every sample has one."""
+        names = self.source_names
+        return encode_source_names(names) if names is not None and len(names) == self.count else None
+
     def progress(self, inputs: int, skipped: Sequence[Skipped]) -> None:
         """``inputs`` inputs are dealt with (``skipped`` of them not written): commit a checkpoint
         to the resume journal when one is due (every few seconds or hundreds of MB)."""
@@ -278,8 +247,12 @@ class Writer:
         try:
             state = self._sync()
             rows = np.array(self._new_rows, _journal.ROW_DTYPE)
-            self._journal.commit(_journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state), rows)
+            if self.source_names is not None and len(self.source_names) != self.count:
+                self.source_names = None  # samples without names: none are stored (and none journaled)
+            names = self._new_names if self.source_names is not None else []
+            self._journal.commit(_journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state), rows, names)
             self._new_rows.clear()
+            self._new_names.clear()
             self._committed()
         except OSError as exc:
             raise self.output_error(exc) from None
@@ -293,6 +266,7 @@ class Writer:
         self.checksums = array("I", (rows["crc32"] & 0xFFFFFFFF).tolist())
         self._note_shapes(rows)
         self.resumed_inputs, self.resumed_skipped = checkpoint.inputs, list(checkpoint.skipped)
+        self.source_names = checkpoint.names
         self._reopen(checkpoint)
 
     def checksum_array(self) -> np.ndarray:

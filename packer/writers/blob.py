@@ -139,10 +139,14 @@ class BlobWriter(Writer):
         put("checksums", self.checksum_array().tobytes())
         put("metadata", meta.to_json().encode())
         assert set(sections) == set(SECTIONS)
+        names = self.source_names_bytes()
+        if names is not None:
+            put("sources", names)  # after the metadata: readers that predate it never reach it
+        sources = sections.pop("sources", (0, 0))
         handle.flush()
         os.fsync(handle.fileno())  # everything is on disk before the header says it is complete
         handle.seek(0)
-        handle.write(BlobHeader(FORMAT_VERSION, ALIGNMENT, self.count, sections).pack())
+        handle.write(BlobHeader(FORMAT_VERSION, ALIGNMENT, self.count, sections, sources).pack())
         handle.flush()
         os.fsync(handle.fileno())
         handle.close()

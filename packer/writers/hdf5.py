@@ -21,7 +21,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES
+from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES
 from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
@@ -93,7 +93,7 @@ class HDF5Writer(Writer):
         except _H5_ERRORS as exc:
             raise OSError(0, f"the partial HDF5 file was damaged by the interruption ({exc}); run without --resume") from None
         # an interrupted finish may have written the index and even the metadata: drop them
-        for name in (LABELS, CHECKSUMS, OFFSETS, SHAPES):
+        for name in (LABELS, CHECKSUMS, SOURCES, OFFSETS, SHAPES):
             if name in self._file:
                 _h5_call(self._file.__delitem__, name)
         if META_ATTR in self._file.attrs:
@@ -202,14 +202,17 @@ class HDF5Writer(Writer):
     # -- finishing ---------------------------------------------------------------------------
     def _write_metadata(self, meta: Metadata) -> None:
         self._flush(raw=meta.encoding == "raw")
-        self._reserve(_INDEX_BYTES_PER_SAMPLE * self._written + len(meta.to_json()))
-        _h5_call(self._write_index, meta)
+        names = self.source_names_bytes()
+        self._reserve(_INDEX_BYTES_PER_SAMPLE * self._written + len(meta.to_json()) + len(names or b""))
+        _h5_call(self._write_index, meta, names)
         self._file = None
 
-    def _write_index(self, meta: Metadata) -> None:
+    def _write_index(self, meta: Metadata, names: bytes | None) -> None:
         file = self._file
         file.create_dataset(LABELS, data=np.frombuffer(self._labels, np.int64))
         file.create_dataset(CHECKSUMS, data=self.checksum_array())
+        if names is not None:
+            file.create_dataset(SOURCES, data=np.frombuffer(names, np.uint8))
         if self._layout == "flat":
             file.create_dataset(OFFSETS, data=np.frombuffer(self._offsets, np.int64))
             file.create_dataset(SHAPES, data=np.frombuffer(self._shapes, np.int64).reshape(-1, 3))

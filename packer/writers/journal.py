@@ -3,7 +3,9 @@
 A writer commits a *checkpoint* now and then (:data:`CHECKPOINT_SECONDS`, or after
 :data:`CHECKPOINT_BYTES` of payload): it makes everything written so far durable (its format's
 flush and ``fsync``), appends one row per sample written since the last checkpoint to
-``samples.i64`` (raw little-endian int64 rows: records of :data:`ROW_DTYPE`) and syncs it, then atomically replaces ``journal.json`` (write, ``fsync``,
+``samples.i64`` (raw little-endian int64 rows: records of :data:`ROW_DTYPE`) and one line per
+sample to ``names.jsonl`` (its source name, a JSON string) and syncs both, then atomically
+replaces ``journal.json`` (write, ``fsync``,
 rename, ``fsync`` the folder). The journal records the inputs consumed, the samples written,
 the skipped inputs, the writer's own state (bytes of its data, shard list) and a
 *fingerprint* of the conversion (source listing and every option that changes the output).
@@ -56,6 +58,8 @@ _ROW_BYTES = ROW_DTYPE.itemsize
 JOURNAL_VERSION = 1
 #: The checkpoint record inside the journal folder.
 JOURNAL_FILE = "journal.json"
+#: One JSON string per line: each journaled sample's source name, in sample order.
+NAMES_FILE = "names.jsonl"
 
 
 def journal_path(tmp: Path) -> Path:
@@ -111,6 +115,8 @@ class Checkpoint:
     skipped: list[Skipped]
     state: dict[str, Any]
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, ROW_DTYPE))  # (samples,) ROW_DTYPE records
+    #: Each sample's source name, or ``None`` when the journal does not hold one per sample.
+    names: list[str] | None = field(default_factory=list)
 
 
 class Journal:
@@ -120,6 +126,7 @@ class Journal:
         self.folder = journal_path(tmp)
         self.fingerprint = dict(fingerprint)
         self._rows_file = self.folder / "samples.i64"
+        self._names_file = self.folder / NAMES_FILE
         self._json_file = self.folder / JOURNAL_FILE
 
     def remove(self) -> None:
@@ -133,6 +140,7 @@ class Journal:
         self.remove()
         self.folder.mkdir()
         self._rows_file.touch()
+        self._names_file.touch()
 
     def load(self) -> Checkpoint | None:
         """The last checkpoint, or ``None`` if there is no usable journal.
@@ -156,16 +164,37 @@ class Journal:
             return None
         rows = np.frombuffer(raw, ROW_DTYPE).copy()
         skipped = [Skipped(str(s["path"]), str(s["reason"])) for s in data["skipped"]]
-        return Checkpoint(int(data["inputs"]), samples, int(data["payload_bytes"]), skipped, dict(data["state"]), rows)
+        return Checkpoint(int(data["inputs"]), samples, int(data["payload_bytes"]), skipped, dict(data["state"]), rows,
+                          self._load_names(samples))
 
-    def commit(self, checkpoint: Checkpoint, new_rows: np.ndarray) -> None:
-        """Append ``new_rows`` (:data:`ROW_DTYPE` records), sync, then atomically replace the journal record."""
+    def _load_names(self, samples: int) -> list[str] | None:
+        """The first ``samples`` names (later lines are not durable: cut off), or ``None`` if
+        fewer were journaled (the names file is then emptied: no later name can line up)."""
+        try:
+            with open(self._names_file, "r+b") as handle:
+                lines = handle.read().split(b"\n")[:-1]  # the last piece has no newline: not durable
+                keep = lines[:samples] if len(lines) >= samples else []
+                handle.truncate(sum(len(line) + 1 for line in keep))
+            names = [json.loads(line) for line in keep]
+        except (OSError, ValueError):
+            return None
+        return names if len(names) == samples and all(isinstance(n, str) for n in names) else None
+
+    def commit(self, checkpoint: Checkpoint, new_rows: np.ndarray, new_names: Iterable[str] = ()) -> None:
+        """Append ``new_rows`` (:data:`ROW_DTYPE` records) and ``new_names`` (their source names,
+        when known), sync, then atomically replace the journal record."""
         if new_rows.dtype != ROW_DTYPE:
             raise TypeError(f"journal rows must be {ROW_DTYPE}, not {new_rows.dtype}")
         with open(self._rows_file, "ab") as handle:
             handle.write(np.ascontiguousarray(new_rows).tobytes())
             handle.flush()
             os.fsync(handle.fileno())
+        lines = "".join(json.dumps(name, ensure_ascii=True) + "\n" for name in new_names)
+        if lines:
+            with open(self._names_file, "ab") as handle:
+                handle.write(lines.encode("ascii"))
+                handle.flush()
+                os.fsync(handle.fileno())
         record = {
             "version": JOURNAL_VERSION,
             "fingerprint": self.fingerprint,

@@ -18,7 +18,7 @@ from typing import Any
 
 import lmdb
 
-from readers.formats.lmdb import CHECKSUMS_KEY, DATA_FILE, LOCK_FILE, META_KEY, SAMPLE_HEADER, sample_key
+from readers.formats.lmdb import CHECKSUMS_KEY, DATA_FILE, LOCK_FILE, META_KEY, SAMPLE_HEADER, SOURCES_KEY, sample_key
 from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
@@ -120,6 +120,9 @@ class LMDBWriter(Writer):
     def _write_metadata(self, meta: Metadata) -> None:
         self._pending.append((CHECKSUMS_KEY, self.checksum_array().tobytes()))  # sorts before META_KEY
         self._pending.append((META_KEY, meta.to_json().encode()))
+        names = self.source_names_bytes()
+        if names is not None:  # in the same transaction as META_KEY (it sorts after it)
+            self._pending.append((SOURCES_KEY, names))
         self._flush()
         _lmdb_call(self._env.sync, True)
         used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]

@@ -64,6 +64,7 @@ class Store:
             raise FileNotFoundError(f"{self.path}: no such packed dataset")
         self._payload_offsets_cache: np.ndarray | None = None
         self._crcs: np.ndarray | None = None  # the stored checksums, loaded on the first verified read
+        self._names: list[str] | None = None  # the source names, loaded on the first source_name()
         self.meta: Metadata = self._read_metadata()
         #: Whether image reads check each sample's stored checksum (see the module docstring).
         self.verify: bool = self._resolve_verify(verify)
@@ -71,6 +72,7 @@ class Store:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_crcs"] = None  # each process loads its own (a spawned worker is not sent them)
+        state["_names"] = None
         return state
 
     # -- what a format supplies ---------------------------------------------------------
@@ -92,6 +94,21 @@ class Store:
         One uint32 per sample, in index order; ``None`` when the metadata records no checksum.
         """
         return None
+
+    def source_names(self) -> list[str] | None:
+        """Each sample's source name, in index order (``readers/formats/names.py``), or ``None``
+        for a dataset written before names were recorded. Read from storage on every call."""
+        return None
+
+    def source_name(self, index: int) -> str | None:
+        """The input sample ``index`` was converted from, relative to the source, or ``None``
+        when the dataset records no names (the names are loaded once, on the first call)."""
+        index = int(self.check_indices([index])[0])
+        if self._names is None:
+            self._names = self.source_names()
+            if self._names is None:
+                return None
+        return self._names[index]
 
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """Fill ``out`` (N, C, H, W) and ``labels`` (N,) for fixed-shape raw storage."""

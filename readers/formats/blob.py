@@ -14,6 +14,9 @@ starting on a multiple of :data:`ALIGNMENT`:
 * ``checksums``: ``(N,)`` little-endian uint32, each sample's checksum (``readers/checksums.py``;
   empty when the metadata records no ``checksum``).
 * ``metadata``: the UTF-8 JSON record (:class:`readers.schema.Metadata`).
+* ``sources`` (optional, after ``metadata``): each sample's source name, a JSON array
+  (``readers/formats/names.py``). Its (offset, length) pair follows :data:`HEADER` in the
+  header page (:data:`SOURCES_HEADER`); zeros, as in blobs written before it, mean none.
 
 The writer (``packer/writers/blob.py``, which imports these constants) writes the header page
 as zeros first and fills it in *last*, after everything else is on disk: a file without the
@@ -47,6 +50,7 @@ from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from .base import Record, Store
+from .names import decode_source_names
 
 __all__ = [
     "BlobStore",
@@ -57,6 +61,7 @@ __all__ = [
     "HEADER",
     "ALIGNMENT",
     "SECTIONS",
+    "SOURCES_HEADER",
     "LABEL_DTYPE",
     "OFFSET_DTYPE",
     "SHAPE_DTYPE",
@@ -72,6 +77,9 @@ HEADER = struct.Struct("<8sIIQ12Q")
 ALIGNMENT = 4096
 #: Section names, in header and file order.
 SECTIONS = ("data", "labels", "offsets", "shapes", "checksums", "metadata")
+#: The optional ``sources`` section's (offset, length), uint64 little-endian, right after
+#: :data:`HEADER` (readers that predate it never look there; the header page is zero-padded).
+SOURCES_HEADER = struct.Struct("<QQ")
 LABEL_DTYPE = np.dtype("<i8")
 OFFSET_DTYPE = np.dtype("<i8")
 SHAPE_DTYPE = np.dtype("<i8")
@@ -84,22 +92,24 @@ def align(position: int) -> int:
 
 @dataclass(frozen=True)
 class BlobHeader:
-    """The parsed header: version, alignment, count and ``{section: (offset, length)}``."""
+    """The parsed header: version, alignment, count, ``{section: (offset, length)}`` and the
+    optional ``sources`` section's (offset, length) (:data:`SOURCES_HEADER`; ``(0, 0)``: none)."""
 
     version: int
     alignment: int
     count: int
     sections: dict[str, tuple[int, int]]
+    sources: tuple[int, int] = (0, 0)
 
     def pack(self) -> bytes:
-        """The header bytes (:data:`HEADER`), as written at offset 0."""
+        """The header bytes (:data:`HEADER`, then :data:`SOURCES_HEADER`), as written at offset 0."""
         pairs = [v for name in SECTIONS for v in self.sections[name]]
-        return HEADER.pack(MAGIC, self.version, self.alignment, self.count, *pairs)
+        return HEADER.pack(MAGIC, self.version, self.alignment, self.count, *pairs) + SOURCES_HEADER.pack(*self.sources)
 
     @property
     def end(self) -> int:
         """Where the last section ends: the file is at least this long."""
-        return max(offset + length for offset, length in self.sections.values())
+        return max(offset + length for offset, length in [*self.sections.values(), self.sources])
 
     @classmethod
     def unpack(cls, raw: bytes, *, where: str, file_size: int) -> "BlobHeader":
@@ -117,7 +127,8 @@ class BlobHeader:
                 f"version {FORMAT_VERSION}: upgrade packer (pip install -U packer)"
             )
         sections = {name: (pairs[2 * k], pairs[2 * k + 1]) for k, name in enumerate(SECTIONS)}
-        header = cls(version, alignment, count, sections)
+        sources = SOURCES_HEADER.unpack_from(raw, HEADER.size) if len(raw) >= HEADER.size + SOURCES_HEADER.size else (0, 0)
+        header = cls(version, alignment, count, sections, tuple(sources))
         if header.end > file_size:
             raise IncompleteDatasetError(
                 f"{where}: truncated: it has {file_size:,} bytes but its header describes {header.end:,}; "
@@ -161,7 +172,7 @@ class BlobStore(Store):
             raise PackedFormatError(f"{where}: not a blob (a blob is a single file)")
         with open(self.path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            header = BlobHeader.unpack(handle.read(HEADER.size), where=where, file_size=size)
+            header = BlobHeader.unpack(handle.read(HEADER.size + SOURCES_HEADER.size), where=where, file_size=size)
             meta_offset, meta_length = header.sections["metadata"]
             if meta_length == 0:
                 raise IncompleteDatasetError(f"{where}: no metadata record: the conversion did not finish; convert again")
@@ -202,6 +213,15 @@ class BlobStore(Store):
             handle.seek(offset)
             raw = handle.read(length)
         return np.frombuffer(raw, CHECKSUM_DTYPE)  # length checked against the count on open
+
+    def source_names(self) -> list[str] | None:
+        offset, length = self.header.sources  # type: ignore[union-attr]
+        if length == 0:
+            return None
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            raw = handle.read(length)
+        return decode_source_names(raw, self.meta.count, where=f"{self.path} (sources)")
 
     def pixel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """This process's (N, C, H, W) pixel array and (N,) labels, straight over the file's bytes
@@ -260,7 +280,7 @@ class _Opener:
 
     def __call__(self) -> _View:
         buffer = self.source()
-        if len(buffer) < self.header.end or bytes(buffer[: HEADER.size]) != self.header.pack():
+        if len(buffer) < self.header.end or bytes(buffer[: HEADER.size + SOURCES_HEADER.size]) != self.header.pack():
             raise PackedFormatError(f"{self.path}: the file changed since it was opened; open the dataset again")
 
         def section(name: str, dtype: np.dtype) -> np.ndarray:

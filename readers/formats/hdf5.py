@@ -35,8 +35,9 @@ import numpy as np
 from .._process import HandleCache, PerProcess, file_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
+from .names import decode_source_names
 
-__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SIGNATURE", "open_shared_file"]
+__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "open_shared_file"]
 
 #: File attribute holding the metadata record (UTF-8 JSON string), written last.
 META_ATTR = "packer_metadata"
@@ -52,6 +53,8 @@ OFFSETS = "offsets"
 SHAPES = "shapes"
 #: uint32 (N,): every sample's checksum (readers/checksums.py).
 CHECKSUMS = "crc32"
+#: uint8 (bytes,): every sample's source name, a JSON array (readers/formats/names.py); optional.
+SOURCES = "sources"
 #: The first 8 bytes of an HDF5 file (packer writes no user block, so it is at offset 0).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -130,6 +133,12 @@ class HDF5Store(Store):
         if values.shape != (self.meta.count,):
             raise PackedFormatError(f"{self.path}: {CHECKSUMS} has shape {values.shape}, expected ({self.meta.count},)")
         return values.astype(np.uint32, copy=False)
+
+    def source_names(self) -> list[str] | None:
+        file = self._file.get().file
+        if SOURCES not in file:
+            return None
+        return decode_source_names(file[SOURCES][()].tobytes(), self.meta.count, where=f"{self.path} {SOURCES}")
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         shared = self._file.get()

@@ -20,15 +20,19 @@ import numpy as np
 
 from .._process import HandleCache, PerProcess, file_key
 from ..checksums import CHECKSUM_DTYPE
+from .names import decode_source_names
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Fault, Record, Store
 
-__all__ = ["LMDBStore", "META_KEY", "CHECKSUMS_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
+__all__ = ["LMDBStore", "META_KEY", "CHECKSUMS_KEY", "SOURCES_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
 
 META_KEY = b"__meta__"
 #: Every sample's checksum, ``count`` little-endian uint32s (sorts before META_KEY: both are
 #: appended at the end, in key order).
 CHECKSUMS_KEY = b"__crc32__"
+#: Every sample's source name (``readers/formats/names.py``): a JSON array; absent in datasets
+#: written before names were recorded.
+SOURCES_KEY = b"__sources__"
 SAMPLE_HEADER = struct.Struct("<iIIHH")
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
@@ -79,13 +83,22 @@ class LMDBStore(Store):
             raise PackedFormatError(f"{self.path}: {CHECKSUMS_KEY.decode()} is {size}, expected {4 * self.meta.count} bytes")
         return np.frombuffer(raw, CHECKSUM_DTYPE)
 
+    def source_names(self) -> list[str] | None:
+        with self._env.get().env.begin() as txn:
+            raw = txn.get(SOURCES_KEY)
+        return None if raw is None else decode_source_names(raw, self.meta.count, where=f"{self.path} {SOURCES_KEY.decode()}")
+
     def structure_faults(self) -> Iterator[Fault]:
-        """The environment holds exactly the sample keys, :data:`META_KEY` and (when checksums
-        are recorded) :data:`CHECKSUMS_KEY`: nothing left over, nothing missing."""
-        expected = self.meta.count + 1 + (1 if self.meta.checksum else 0)
+        """The environment holds exactly the sample keys, :data:`META_KEY`, (when checksums
+        are recorded) :data:`CHECKSUMS_KEY` and (when present) :data:`SOURCES_KEY`: nothing left
+        over, nothing missing."""
+        with self._env.get().env.begin() as txn:
+            named = txn.get(SOURCES_KEY) is not None
+        expected = self.meta.count + 1 + (1 if self.meta.checksum else 0) + named
         entries = self._env.get().env.stat()["entries"]
         if entries != expected:
             extra = f", {CHECKSUMS_KEY.decode()}" if self.meta.checksum else ""
+            extra += f", {SOURCES_KEY.decode()}" if named else ""
             yield "dataset", f"holds {entries:,} keys, expected {expected:,} ({self.meta.count:,} samples, {META_KEY.decode()}{extra})"
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:

@@ -34,6 +34,7 @@ from ..checksums import CHECKSUM_DTYPE
 from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Fault, Record, Store
+from .names import decode_source_names
 from .tar import BLOCK, iter_tar, tar_members
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "record_shapes",
     "load_index",
     "CHECKSUM_FILE",
+    "SOURCES_FILE",
     "DEFAULT_PATTERN",
     "EXTENSIONS",
     "LABEL_EXTENSION",
@@ -77,6 +79,8 @@ INDEX_COLUMNS: tuple[str, ...] = tuple(INDEX_DTYPE.names or ())
 SHAPE_COLUMNS = ("channels", "height", "width")
 #: Every sample's checksum (readers/checksums.py): a uint32 ``.npy`` array of shape (count,).
 CHECKSUM_FILE = "packer-crc32.npy"
+#: Every sample's source name (readers/formats/names.py): a JSON array; absent in older datasets.
+SOURCES_FILE = "packer-sources.json"
 #: Shard file names when DST is a folder; a DST like ``out/train-%06d.tar`` picks its own.
 DEFAULT_PATTERN = "shard-%06d.tar"
 #: Member extension of the image of a sample, by metadata ``encoding`` (from the encoding table).
@@ -263,6 +267,15 @@ class ShardStore(Store):
                 f"{self.path / CHECKSUM_FILE}: expected uint32 ({self.meta.count},), got {values.dtype} {values.shape}"
             )
         return values
+
+    def source_names(self) -> list[str] | None:
+        try:
+            raw = (self.path / SOURCES_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise PackedFormatError(f"{self.path / SOURCES_FILE}: cannot read the source names ({exc})") from None
+        return decode_source_names(raw, self.meta.count, where=str(self.path / SOURCES_FILE))
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         files = self._files.get()

@@ -22,6 +22,7 @@ from readers.formats.webdataset import (
     INDEX_FILE,
     INDEX_COLUMNS,
     META_FILE,
+    SOURCES_FILE,
     check_pattern,
     index_array,
     npy_header,
@@ -318,6 +319,9 @@ class ShardWriter(PieceWriter):
         rows = np.concatenate(self._index) if self._index else np.empty(0, ROW_DTYPE)
         np.save(self.tmp / INDEX_FILE, index_array(rows), allow_pickle=False)  # the plain (count, 7) int64 array
         np.save(self.tmp / CHECKSUM_FILE, self.checksum_array(), allow_pickle=False)
+        names = self.source_names_bytes()
+        if names is not None:
+            (self.tmp / SOURCES_FILE).write_bytes(names)
         leftovers = [p.name for p in self.tmp.iterdir() if p.name.startswith(TMP_PREFIX)]
         if leftovers:  # pragma: no cover - internal invariant
             raise OSError(errno.EIO, f"unpublished shard files {leftovers}")
@@ -329,8 +333,9 @@ class ShardWriter(PieceWriter):
         if self.sink is None:
             super()._publish()
             return
-        for name in (INDEX_FILE, CHECKSUM_FILE):
-            self.sink.put(self.tmp / name)
+        for name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE):
+            if (self.tmp / name).exists():
+                self.sink.put(self.tmp / name)
         self.sink.flush()
         self.sink.put(self.tmp / META_FILE)
         self.sink.flush()
