@@ -18,6 +18,8 @@ and :class:`~readers.webdataset.StreamingShards` need:
 * :class:`ShardPlan` (streaming, for ``StreamingShards``): the shard order drawn from
   ``(seed, epoch)``, every ``world_size``-th shard from ``rank``, then every ``num_workers``-th
   of those per DataLoader worker, and the seed of each worker's sample shuffle buffer.
+* :func:`equal_batches` (streaming): how many samples each DataLoader worker of each rank
+  yields so that every rank yields the same number of batches (padded or truncated).
 * :class:`EpochCursor` and :func:`check_settings`: the resume bookkeeping all share (the
   epoch the next iteration follows, a resume position that ``set_epoch`` to another epoch
   drops, and the refusal of a saved state whose order-deciding settings differ).
@@ -48,6 +50,7 @@ __all__ = [
     "read_position_state",
     "check_batch_size",
     "mix_seed",
+    "equal_batches",
 ]
 
 T = TypeVar("T")
@@ -301,3 +304,55 @@ class ShardPlan:
     def sample_rng(self, epoch: int, worker: int) -> random.Random:
         """The generator of ``worker``'s sample shuffle buffer in ``epoch`` (seeded by seed, epoch, rank, worker)."""
         return random.Random(mix_seed(self.seed, epoch, self.rank, worker))
+
+
+def equal_batches(counts: Sequence[Sequence[int]], batch_size: int, drop_last: bool = False) -> list[list[int]]:
+    """How many samples worker ``w`` of rank ``r`` yields, ``out[r][w]``, so that every rank yields
+    the same number of whole batches of ``batch_size``, given ``counts[r][w]``: the samples of the
+    shards that worker reads. Every ``out[r][w]`` is a multiple of ``batch_size``.
+
+    * Pad (``drop_last=False``): each worker's samples are padded up to whole batches, then a
+      rank with fewer batches than the longest gets whole batches more, spread over its workers
+      that have samples (evenly, the lowest worker ids first for the remainder). What pads is a
+      repeat of the worker's own samples (the caller's part); only padding is read twice.
+    * Drop (``drop_last=True``): each rank keeps the first ``N`` whole batches of the DataLoader's
+      round robin over its workers (an exhausted worker skipped), ``N`` the shortest rank's
+      number of whole batches: each worker's tail past that is not read, nothing is read twice.
+
+    The result depends only on ``counts``: every process computes every rank's share alike.
+    Raises ``ValueError`` when padding is needed on a rank without samples."""
+    check_batch_size(batch_size)
+    if drop_last:
+        whole = [[int(c) // batch_size for c in rank] for rank in counts]
+        steps = min((sum(rank) for rank in whole), default=0)
+        return [[batch_size * n for n in _round_robin_first(rank, steps)] for rank in whole]
+    batches = [[-(-int(c) // batch_size) for c in rank] for rank in counts]
+    steps = max((sum(rank) for rank in batches), default=0)
+    out = []
+    for r, (rank, natural) in enumerate(zip(counts, batches)):
+        extra, owners = steps - sum(natural), [w for w, c in enumerate(rank) if c > 0]
+        if extra and not owners:
+            raise ValueError(
+                f"rank {r} of {len(counts)} reads no samples, so it cannot repeat any up to the other ranks' {steps} batches: "
+                "give every rank a shard (fewer ranks or more shards), or drop_last=True"
+            )
+        share, rest = divmod(extra, max(1, len(owners)))
+        more = {w: share + (i < rest) for i, w in enumerate(owners)}
+        out.append([batch_size * (n + more.get(w, 0)) for w, n in enumerate(natural)])
+    return out
+
+
+def _round_robin_first(batches: Sequence[int], steps: int) -> list[int]:
+    """How many of the first ``steps`` batches of an in-order round robin over workers holding
+    ``batches[w]`` batches (an exhausted worker skipped) come from each worker."""
+    low, high = 0, max(batches, default=0)  # the largest full round `level` with sum(min(b, level)) <= steps
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if sum(min(b, mid) for b in batches) <= steps else (low, mid - 1)
+    taken = [min(b, low) for b in batches]
+    left = steps - sum(taken)
+    for w, b in enumerate(batches):
+        if left and b > low:
+            taken[w] += 1
+            left -= 1
+    return taken

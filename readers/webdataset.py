@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlparse
@@ -27,7 +28,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .codecs import decode_image
 from .dataset import PackedDataset
-from .epoch import EpochCursor, ResumeError, ShardPlan, check_fingerprint, check_settings, dataset_fingerprint, resolve_rank
+from .epoch import (EpochCursor, ResumeError, ShardPlan, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint,
+                    equal_batches, resolve_rank)
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -61,10 +63,10 @@ class StreamingShards(IterableDataset):
     Every epoch each process computes the same shard order (:class:`~readers.epoch.ShardPlan`:
     shuffled with ``seed`` and the epoch when ``shuffle``), takes every ``world_size``-th shard
     from ``rank``, then every ``num_workers``-th of those from its DataLoader worker id: each
-    sample is read exactly once per epoch over all ranks and workers. With ``shuffle``, samples
-    also pass through a shuffle buffer of ``buffer`` samples seeded from (seed, epoch, rank,
-    worker). Call :meth:`set_epoch` before each epoch (as with ``DistributedSampler``) for a new
-    order; with ``persistent_workers=True`` the workers do not see it.
+    sample is read once per epoch over all ranks and workers (plus the padding below). With
+    ``shuffle``, samples pass through a shuffle buffer of ``buffer`` samples seeded from (seed,
+    epoch, rank, worker). Call :meth:`set_epoch` before each epoch (as with
+    ``DistributedSampler``); with ``persistent_workers=True`` the workers do not see it.
 
     Remote shards (readers/remote.py): http(s) URLs stream through ``gopen``, other fsspec URLs
     (``s3://bucket/data/``, ...) through fsspec; a folder URL (or shards sharing one) has its
@@ -72,30 +74,41 @@ class StreamingShards(IterableDataset):
     ``cache_bytes`` (least recently used out), for later epochs.
 
     ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
-    ``len()`` is the number of samples this rank reads per epoch, from the metadata (a packer
-    folder, or the folder holding local shards); without metadata it raises ``TypeError``.
+
+    Equal steps on every rank (so that DDP never waits on a rank with a batch fewer): ranks
+    read whole shards, so their sample counts differ; from the metadata's per-shard counts
+    every rank computes every rank's and worker's share (:func:`~readers.epoch.equal_batches`).
+    Pass the DataLoader's ``batch_size`` and ``num_workers`` (``batch_size=None``: batches of
+    one sample, any ``num_workers``). By default each worker's samples are padded to whole
+    batches by repeating its own samples from its first shard on, then ranks with fewer
+    batches get whole batches of such repeats up to the longest rank (as ``DistributedSampler``
+    pads; every batch is full); with ``drop_last=True`` each rank stops after the shortest
+    rank's number of whole batches (each worker's unread tail dropped, nothing read twice).
+    The shuffle buffer does not change the counts: padding follows a worker's shuffled stream,
+    truncation cuts it. ``len()`` is the number of samples this rank yields per epoch (padding
+    included), a multiple of ``batch_size``: ``len(DataLoader(...))`` is the true number of
+    batches. A DataLoader with another worker count (when ``batch_size`` is given) is refused.
+    Without metadata (unknown counts) ranks are not equalised, ``len()`` raises ``TypeError``,
+    and ``batch_size``/``drop_last``/``num_workers`` are refused.
 
     Resume mid-epoch (sample-exact, needs the metadata): the training process counts the
-    batches its ``DataLoader`` yielded this epoch and saves ``state_dict(batches,
-    batch_size=..., num_workers=...)``; after a restart, :meth:`load_state_dict` makes the next
-    iteration of that epoch yield exactly the samples not yet seen, in the same order. The
-    worker positions are derived from the DataLoader's in-order round robin over its workers
-    (the default ``in_order=True``, ``drop_last=False``), so the same ``batch_size`` and
-    ``num_workers`` must be used again. Whole shards already read are not opened again; a
-    partly read shard is read (not decoded) up to the position, and with ``shuffle`` the
-    shuffle buffer is replayed from the worker's first shard, undecoded (shuffling works on
-    the encoded bytes; decoding happens as a sample leaves the buffer).
+    batches its ``DataLoader`` yielded this epoch and saves ``state_dict(batches)``
+    (``batch_size``/``num_workers``: the DataLoader's, if not given to the constructor); after
+    a restart, :meth:`load_state_dict` makes the next iteration of that epoch yield exactly the
+    samples not yet seen (the rest of the padded epoch), in the same order. Positions follow
+    the DataLoader's in-order round robin over its workers (``in_order=True``,
+    ``drop_last=False``, the defaults). Whole shards already read are not opened again; a
+    partly read shard, and with ``shuffle`` the worker's stream through its buffer, is replayed
+    up to the position undecoded (the buffer holds encoded bytes).
 
-    What is exact, and what is not elastic: the state is per shard split (the shard-level plan
-    of this ``world_size`` and ``num_workers``) plus each worker's offset into its own stream.
-    Resumed with the same ``world_size``, ``num_workers`` and shuffle settings, the rest of the
-    epoch is exactly the samples not yet handed out, each once (any ``batch_size``: only the
-    interleaving of the workers' batches changes). Another ``world_size`` or ``num_workers`` is
-    refused (:class:`~readers.epoch.ResumeError`, naming it): ranks and workers read whole
-    shards through their own shuffle buffers, so what a worker handed out is a scattered
-    subset of the shards it opened, which only its own split and buffer reproduce; exactness
-    after a re-split would need a record of every sample. For elastic resume over the same
-    shards, read them map-style: ``Loader(ShardDataset(folder))`` or a ``DataLoader`` with
+    What is exact, and what is not elastic: the state is the shard split of this
+    ``world_size`` and ``num_workers`` plus each worker's offset into its own stream. Resumed
+    with the same settings, the rest of the epoch is exactly the samples not yet handed out,
+    each once (with ``batch_size=None`` here, the DataLoader's batch size may change: only the
+    interleaving of the workers' batches does). Another ``world_size`` or ``num_workers`` is
+    refused (:class:`~readers.epoch.ResumeError`, naming it): what a worker handed out is a
+    scattered subset of its shards that only its own split and buffer reproduce. For elastic
+    resume read the shards map-style: ``Loader(ShardDataset(folder))`` or a ``DataLoader`` with
     :class:`~readers.sampler.ResumableSampler`. A state of other shards (the metadata's sample
     count, source and creation time) is refused naming what differs.
     """
@@ -112,8 +125,21 @@ class StreamingShards(IterableDataset):
         transform: Transform | None = None,
         cache_dir: str | Path | None = None,
         cache_bytes: int = 10 << 30,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        num_workers: int = 0,
     ) -> None:
         self.urls, self.meta = _resolve(urls_or_path)
+        if batch_size is not None:
+            check_batch_size(batch_size)
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+            raise ValueError(f"num_workers must be a DataLoader's worker count (an integer >= 0), got {num_workers!r}")
+        if self.meta is None and (batch_size is not None or drop_last or num_workers):
+            raise ValueError(
+                "StreamingShards: batch_size, drop_last and num_workers equalise the ranks' batches from the shards' sample "
+                "counts, and these shards have no packer metadata beside them; leave them out, or stream a packer shard folder"
+            )
+        self.batch_size, self.drop_last, self.num_workers = batch_size, bool(drop_last), num_workers
         self.cache = None
         if cache_dir is not None:
             from .remote import ShardCache
@@ -129,6 +155,8 @@ class StreamingShards(IterableDataset):
         self.transform = transform
         # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
         self._cursor = EpochCursor()
+        if self.meta is not None:
+            self._shares(num_workers)  # refuses now a split that cannot be equalised (a rank without shards)
 
     # -- the plan (readers/epoch.py) ---------------------------------------------------------
     shuffle = property(lambda self: self.plan.shuffle, doc="Whether shards and samples are shuffled.")
@@ -147,25 +175,44 @@ class StreamingShards(IterableDataset):
         A resume position loaded for another epoch is dropped."""
         self._cursor.set_epoch(epoch)
 
-    # -- resuming ----------------------------------------------------------------------------
-    def _worker_counts(self, num_workers: int) -> list[int]:
-        """Samples each of ``num_workers`` DataLoader workers (0: none, in-process) reads this epoch."""
+    # -- equal steps --------------------------------------------------------------------------
+    def _shares(self, num_workers: int) -> tuple[list[int], list[int]]:
+        """For each of ``num_workers`` DataLoader workers (0: none) of this rank, this epoch: the
+        samples of its shards, and how many it yields (padded or truncated, :func:`equal_batches`)."""
         if self.meta is None:
-            raise TypeError("StreamingShards: resuming needs the shard sample counts (no packer metadata beside these shards)")
-        counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
-        workers = max(1, num_workers)
-        return [sum(counts[_basename(url)] for url in self.shards_for(w, workers)) for w in range(workers)]
+            raise TypeError("StreamingShards: the number of samples is unknown (no packer metadata beside these shards)")
+        key = (self.epoch, max(1, num_workers))
+        if getattr(self, "_shares_cache", (None,))[0] != key:
+            counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
+            try:
+                natural = [[sum(counts[_basename(url)] for url in replace(self.plan, rank=r).shards(self.urls, self.epoch, w, key[1]))
+                            for w in range(key[1])] for r in range(self.world_size)]
+            except KeyError as exc:
+                raise TypeError(f"StreamingShards: shard {exc} is not listed in the metadata") from None
+            shares = equal_batches(natural, self.batch_size or 1, self.drop_last)
+            self._shares_cache = (key, (natural[self.rank], shares[self.rank]))
+        return self._shares_cache[1]
 
-    def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int = 0) -> dict[str, Any]:
+    # -- resuming ----------------------------------------------------------------------------
+    def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
         """The position after this rank's ``DataLoader(self, batch_size=..., num_workers=...)``
-        yielded ``batches`` batches (samples, for ``batch_size=None``) of the current epoch.
+        yielded ``batches`` batches (samples, for ``batch_size=None``) of the current epoch;
+        ``batch_size`` and ``num_workers`` default to the constructor's, and must match them
+        when the constructor has a ``batch_size``.
 
         Returns plain JSON-safe values: the epoch, the settings that decide the order, and how
         many samples each worker has handed out (``skip``)."""
+        batch_size = self.batch_size if batch_size is None else batch_size
+        num_workers = self.num_workers if num_workers is None else num_workers
+        if self.batch_size is not None and (batch_size, max(1, num_workers)) != (self.batch_size, max(1, self.num_workers)):
+            raise ValueError(
+                f"state_dict: batch_size={batch_size}, num_workers={num_workers}, but this StreamingShards equalises batches "
+                f"of batch_size={self.batch_size} over num_workers={self.num_workers}: pass the DataLoader's, as the constructor has them"
+            )
         size = 1 if batch_size is None else int(batch_size)
         if size < 1 or batches < 0:
             raise ValueError(f"state_dict: need batches >= 0 and batch_size >= 1, got {batches!r}, {batch_size!r}")
-        counts = self._worker_counts(num_workers)
+        counts = self._shares(num_workers)[1]
         per_worker = [-(-n // size) for n in counts]  # batches each worker yields (the last may be short)
         taken = [0] * len(counts)
         left, following = int(batches), 0  # `following`: the worker whose batch comes next
@@ -210,7 +257,7 @@ class StreamingShards(IterableDataset):
     def _settings(self) -> dict[str, Any]:
         """The settings that decide the order, as a saved state records them."""
         return {"seed": self.seed, "shuffle": self.shuffle, "buffer": self.buffer, "rank": self.rank,
-                "world_size": self.world_size, "shards": len(self.urls)}
+                "world_size": self.world_size, "shards": len(self.urls), "batch_size": self.batch_size, "drop_last": self.drop_last}
 
     @property
     def classes(self) -> list[str]:
@@ -221,17 +268,17 @@ class StreamingShards(IterableDataset):
         return self.plan.shards(self.urls, self.epoch, worker, num_workers)
 
     def __len__(self) -> int:
-        if self.meta is None:
-            raise TypeError("StreamingShards: the number of samples is unknown (no packer metadata beside these shards)")
-        counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
-        try:
-            return sum(counts[_basename(url)] for url in self.shards_for())
-        except KeyError as exc:
-            raise TypeError(f"StreamingShards: shard {exc} is not listed in the metadata") from None
+        """Samples this rank yields per epoch, padding included (the same on every rank)."""
+        return sum(self._shares(self.num_workers)[1])
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.batch_size is not None and num_workers != max(1, self.num_workers):
+            raise ValueError(
+                f"StreamingShards: equal batches were computed for num_workers={self.num_workers}, this DataLoader has "
+                f"{num_workers if info is not None else 0} workers; pass the DataLoader's num_workers to StreamingShards"
+            )
         skip = 0
         if self._cursor.position is not None:
             skips, first = self._cursor.position
@@ -245,19 +292,47 @@ class StreamingShards(IterableDataset):
             worker = (worker + first) % num_workers
             skip = skips[worker]
         urls = self.shards_for(worker, num_workers)
-        if skip and not self.shuffle and self.meta is not None:  # whole shards already read are not opened
-            counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
-            while urls and counts.get(_basename(urls[0]), skip + 1) <= skip:
-                skip -= counts[_basename(urls[0])]
-                urls = urls[1:]
-        samples = self._samples(urls)
-        if self.shuffle:
-            samples = _shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
-        for n, (encoded, label) in enumerate(samples):
-            if n < skip:
-                continue  # handed out before the restart: not decoded again
+        own, share = None, None  # without metadata: the worker's samples as they come
+        if self.meta is not None:
+            natural, shares = self._shares(num_workers)
+            own, share = natural[worker], shares[worker]
+        for encoded, label in self._positions(urls, worker, skip, own, share):
             sample = _decode(*encoded, self.meta)
             yield (self.transform(sample) if self.transform is not None else sample), label
+
+    def _positions(self, urls: list[str], worker: int, skip: int, own: int | None, share: int | None) -> Iterator[Any]:
+        """The worker's encoded samples from position ``skip`` to ``share``: its ``own`` samples
+        (shuffled or not; truncated when ``share`` is smaller), then, when ``share`` is larger,
+        repeats of its samples in stored order from its first shard on (the padding). Positions
+        before ``skip`` were handed out before a restart: read, not decoded again."""
+        end = own if share is None or own is None else min(own, share)
+        if end is None or skip < end:
+            n, rest = 0, urls
+            if skip and not self.shuffle and self.meta is not None:  # whole shards already read are not opened
+                counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
+                while rest and n + counts.get(_basename(rest[0]), skip + 1) <= skip:
+                    n += counts[_basename(rest[0])]
+                    rest = rest[1:]
+            samples = self._samples(rest)
+            if self.shuffle:
+                samples = _shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
+            for sample in samples:
+                if end is not None and n >= end:
+                    break
+                if n >= skip:
+                    yield sample
+                n += 1
+        n = own or 0
+        while share is not None and n < share:  # the padding (equal_batches pads only workers with samples)
+            before = n
+            for sample in self._samples(urls):
+                if n >= share:
+                    break
+                if n >= skip:
+                    yield sample
+                n += 1
+            if n == before:
+                raise PackedFormatError(f"{urls[0] if urls else 'StreamingShards'}: no samples to pad with, the metadata counts {own}")
 
     def _samples(self, urls: list[str]) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
         """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded."""

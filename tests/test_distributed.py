@@ -118,17 +118,19 @@ def stream_ids(loader, table) -> list[int]:
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_streaming_nodes_x_gpus_x_workers_read_each_sample_once(shards, table, shuffle):
+def test_streaming_nodes_x_gpus_x_workers_read_each_sample_once_plus_padding(shards, table, shuffle):
+    """9 shards of 2 over 4 ranks (3, 2, 2, 2 shards): every sample on one rank, the shorter
+    ranks padded with repeats of their own samples up to the longest rank's 6."""
     for epoch in (0, 1):
-        union = []
+        parts = []
         for node in range(NODES):
             for gpu in range(GPUS):
                 stream = StreamingShards(shards, shuffle=shuffle, buffer=3, seed=4, rank=node * GPUS + gpu, world_size=NODES * GPUS)
                 stream.set_epoch(epoch)
                 got = stream_ids(DataLoader(stream, batch_size=None, num_workers=2), table)
-                assert len(got) == len(stream)
-                union += got
-        assert sorted(union) == list(range(18))
+                assert len(got) == len(stream) == 6
+                parts.append(set(got))
+        assert set().union(*parts) == set(range(18)) and sum(map(len, parts)) == 18  # disjoint: repeats stay on their rank
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -235,10 +237,10 @@ def test_streaming_text_over_ranks_reads_each_document_once(text_shards, shuffle
     for rank in range(2):
         stream = StreamingShards(text_shards, shuffle=shuffle, buffer=2, seed=3, rank=rank, world_size=2)
         stream.set_epoch(1)
-        part = [ids.tolist() for ids, _ in stream]
-        assert len(part) == len(stream)
-        union += part
-    assert sorted(union) == sorted(expected_ids())
+        part = [tuple(ids.tolist()) for ids, _ in stream]
+        assert len(part) == len(stream) == 3  # shards of 2, 2, 1 documents: the rank with 2 repeats one
+        union.append(set(part))
+    assert union[0] | union[1] == {tuple(ids) for ids in expected_ids()} and len(union[0]) + len(union[1]) == len(DOCS)
 
 
 def test_streaming_text_refuses_a_member_that_is_not_token_ids(text_shards, tmp_path):

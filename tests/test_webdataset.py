@@ -172,18 +172,20 @@ def fingerprints(ds: ShardDataset) -> dict[bytes, int]:
     return table
 
 
-def test_streaming_reads_every_sample_once_over_ranks_and_workers(small_shards):
+def test_streaming_reads_every_sample_over_ranks_and_workers_padding_the_shorter_rank(small_shards):
+    """9 shards of 2 over 2 ranks: 10 and 8 samples; the second rank repeats 2 of its own."""
     table = fingerprints(ShardDataset(small_shards))
     for epoch in range(2):
-        seen = []
+        parts = []
         for rank in range(2):
             stream = StreamingShards(small_shards, shuffle=True, buffer=4, seed=7, rank=rank, world_size=2)
             stream.set_epoch(epoch)
             loader = DataLoader(stream, batch_size=None, num_workers=2)
             got = [table[x.numpy().tobytes()] for x, _ in loader]
-            assert len(got) == len(stream)
-            seen += got
-        assert sorted(seen) == list(range(18))
+            assert len(got) == len(stream) == 10
+            parts.append(got)
+        assert set(parts[0]) | set(parts[1]) == set(range(18)) and not set(parts[0]) & set(parts[1])
+        assert len(set(parts[0])) == 10 and len(set(parts[1])) == 8  # the padding repeats the rank's own samples
 
 
 def test_streaming_order_is_reproducible_per_seed_and_epoch(small_shards):

@@ -1,0 +1,204 @@
+"""StreamingShards gives every rank the same number of batches per epoch (padded, or truncated
+with ``drop_last``), over ranks, DataLoader workers, batch sizes and shuffle buffers, and a
+resumed epoch yields exactly the rest of the padded one.
+
+Ranks read whole shards, so the shards' sizes decide their natural counts: 18 samples in shards
+of 2 (9 shards), 5 (5, 5, 5, 3) and 7 (7, 7, 4). Most checks run the DataLoader's workers in this
+process (``run``: each worker's stream cut into batches, taken in the DataLoader's in-order round
+robin); ``test_the_in_process_workers_match_a_real_dataloader`` checks that against torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+import readers.webdataset as webdataset_module
+from packer import ImageOptions, StorageOptions, convert
+from readers import ShardDataset, StreamingShards
+from readers.epoch import equal_batches
+
+SIZES = (2, 5, 7)
+
+
+@pytest.fixture(scope="module")
+def folders(image_folder, tmp_path_factory) -> dict[int, Path]:
+    base = tmp_path_factory.mktemp("equal")
+    for size in SIZES:
+        convert(image_folder, base / f"s{size}", format="webdataset", image=ImageOptions(size=16),
+                storage=StorageOptions(shard_size=size), workers=1)
+    return {size: base / f"s{size}" for size in SIZES}
+
+
+@pytest.fixture(scope="module")
+def table(folders) -> dict[bytes, int]:
+    ds = ShardDataset(folders[2])
+    return {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+
+
+def run(stream: StreamingShards, table, batch_size: int | None, num_workers: int) -> list[list[int]]:
+    """The batches (sample ids) ``DataLoader(stream, batch_size, num_workers)`` yields, its workers run here."""
+    size, parts = batch_size or 1, []
+    for w in range(max(1, num_workers)):
+        info = SimpleNamespace(id=w, num_workers=num_workers) if num_workers else None
+        with mock.patch.object(webdataset_module, "get_worker_info", return_value=info):
+            ids = [table[x.numpy().tobytes()] for x, _ in stream]
+        parts.append([ids[i : i + size] for i in range(0, len(ids), size)])
+    out = []
+    while any(parts):  # in-order round robin, an exhausted worker skipped
+        out += [part.pop(0) for part in parts if part]
+    return out
+
+
+def natural_counts(stream: StreamingShards, num_workers: int) -> list[int]:
+    """Samples of the shards each worker of this rank reads (the metadata's per-shard counts)."""
+    counts = dict(zip(stream.meta.extra["shards"], stream.meta.extra["shard_counts"]))
+    workers = max(1, num_workers)
+    return [sum(counts[Path(url).name] for url in stream.shards_for(w, workers)) for w in range(workers)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    world_size=st.integers(1, 3),
+    num_workers=st.sampled_from([0, 2, 3]),
+    batch_size=st.sampled_from([None, 1, 2, 4]),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    buffer=st.sampled_from([1, 3, 100]),
+    epoch=st.integers(0, 3),
+)
+def test_every_rank_yields_the_same_number_of_batches(folders, table, size, world_size, num_workers, batch_size,
+                                                      drop_last, shuffle, buffer, epoch):
+    ranks, naturals = [], []
+    for rank in range(world_size):
+        stream = StreamingShards(folders[size], shuffle=shuffle, buffer=buffer, seed=3, rank=rank, world_size=world_size,
+                                 batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
+        stream.set_epoch(epoch)
+        batches = run(stream, table, batch_size, num_workers)
+        assert len(DataLoader(stream, batch_size=batch_size, num_workers=num_workers)) == len(batches)
+        assert len(stream) == sum(map(len, batches)) and {len(b) for b in batches} <= {batch_size or 1}  # all full
+        ranks.append(batches)
+        naturals.append(natural_counts(stream, num_workers if batch_size else 0))
+    steps = {len(batches) for batches in ranks}
+    assert len(steps) == 1, f"ranks yield {[len(b) for b in ranks]} batches"
+    b = batch_size or 1
+    if drop_last:  # the shortest rank's whole batches; nothing twice
+        assert steps == {min(sum(c // b for c in n) for n in naturals)}
+        seen = [i for batches in ranks for batch in batches for i in batch]
+        assert len(seen) == len(set(seen))
+    else:  # the longest rank's batches (each worker rounded up); every sample, repeats only of a rank's own
+        assert steps == {max(sum(math.ceil(c / b) for c in n) for n in naturals)}
+        sets = [{i for batch in batches for i in batch} for batches in ranks]
+        assert set().union(*sets) == set(range(18)) and sum(map(len, sets)) == 18
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    rank=st.integers(0, 1),
+    num_workers=st.sampled_from([0, 2]),
+    batch_size=st.sampled_from([None, 2, 3]),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    stop=st.floats(0, 1),
+)
+def test_a_resumed_epoch_yields_the_rest_of_the_padded_epoch_exactly(folders, table, size, rank, num_workers, batch_size,
+                                                                     drop_last, shuffle, stop):
+    def make() -> StreamingShards:
+        stream = StreamingShards(folders[size], shuffle=shuffle, buffer=3, seed=8, rank=rank, world_size=2,
+                                 batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
+        stream.set_epoch(1)
+        return stream
+
+    whole = run(make(), table, batch_size, num_workers)
+    k = round(stop * len(whole))
+    state = json.loads(json.dumps(make().state_dict(k)))
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert whole[:k] + run(resumed, table, batch_size, num_workers) == whole
+    resumed.set_epoch(2)  # the next epoch is whole again
+    again = make()
+    again.set_epoch(2)
+    assert run(resumed, table, batch_size, num_workers) == run(again, table, batch_size, num_workers)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_in_process_workers_match_a_real_dataloader(folders, table, drop_last):
+    """Shards of 5, 5, 5, 3 over 2 ranks, a shard per worker, batches of 2: the rank with the
+    3 is padded from 5 to 6 batches, or the other truncated from 4 to 3; a real DataLoader,
+    then resumed."""
+    def make(rank: int) -> StreamingShards:
+        return StreamingShards(folders[5], shuffle=True, buffer=3, seed=1, rank=rank, world_size=2,
+                               batch_size=2, drop_last=drop_last, num_workers=2)
+
+    for rank in range(2):
+        loader = DataLoader(make(rank), batch_size=2, num_workers=2)
+        got = [[table[x.numpy().tobytes()] for x in images] for images, _ in loader]
+        assert got == run(make(rank), table, 2, 2) and len(got) == len(loader) == (3 if drop_last else 6)
+    stream = make(1)
+    stream.load_state_dict(json.loads(json.dumps(make(1).state_dict(2))))
+    tail = [[table[x.numpy().tobytes()] for x in images] for images, _ in DataLoader(stream, batch_size=2, num_workers=2)]
+    assert tail == got[2:]
+
+
+@given(
+    counts=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=4), min_size=1, max_size=5).filter(
+        lambda c: len({len(r) for r in c}) == 1),
+    batch_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+)
+def test_equal_batches_rule(counts, batch_size, drop_last):
+    """The rule on its own: equal whole batches per rank; pads only workers with samples, by
+    whole batches; truncation keeps the first batches of the DataLoader's round robin."""
+    if not drop_last and any(sum(r) == 0 for r in counts) and any(sum(r) for r in counts):
+        with pytest.raises(ValueError, match="reads no samples.*drop_last=True"):
+            equal_batches(counts, batch_size, drop_last)
+        return
+    out = equal_batches(counts, batch_size, drop_last)
+    assert all(n % batch_size == 0 for rank in out for n in rank)
+    assert len({sum(rank) for rank in out}) == 1
+    for natural, share in zip(counts, out):
+        if drop_last:
+            whole, taken, left = [c // batch_size for c in natural], [0] * len(natural), sum(share) // batch_size
+            while left:  # the round robin, one batch at a time
+                for w in range(len(natural)):
+                    if left and taken[w] < whole[w]:
+                        taken[w], left = taken[w] + 1, left - 1
+            assert share == [batch_size * t for t in taken]
+        else:
+            rounded = [batch_size * math.ceil(c / batch_size) for c in natural]
+            assert all(s >= r and (s == r or c > 0) for s, r, c in zip(share, rounded, natural))
+
+
+def test_settings_that_cannot_be_kept_are_refused(folders, small_shards_without_meta):
+    with pytest.raises(ValueError, match="rank 3 of 4 reads no samples.*drop_last=True"):
+        StreamingShards(folders[7], rank=0, world_size=4)  # 3 shards
+    assert len(StreamingShards(folders[7], rank=0, world_size=4, drop_last=True)) == 0
+    stream = StreamingShards(folders[5], batch_size=2, num_workers=2)
+    with pytest.raises(ValueError, match="computed for num_workers=2, this DataLoader has 0 workers"):
+        list(DataLoader(stream, batch_size=2))
+    with pytest.raises(ValueError, match="batch_size=3.*equalises batches of batch_size=2"):
+        stream.state_dict(1, batch_size=3)
+    with pytest.raises(ValueError, match="no packer metadata"):
+        StreamingShards(small_shards_without_meta, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        StreamingShards(folders[5], batch_size=0)
+
+
+@pytest.fixture
+def small_shards_without_meta(folders, tmp_path) -> list[str]:
+    """Two shards copied without the metadata beside them."""
+    import shutil
+
+    for name in ("shard-000000.tar", "shard-000001.tar"):
+        shutil.copy(folders[5] / name, tmp_path / name)
+    return [str(tmp_path / "shard-000000.tar"), str(tmp_path / "shard-000001.tar")]
