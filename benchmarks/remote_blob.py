@@ -93,17 +93,25 @@ def main() -> None:
     fs.mkdir("bench")
     image = ImageOptions(size=224)
     results: dict[str, tuple[Rate, int]] = {}
-    real_sink = remote._sink
+    real = remote.REMOTE["blob"]  # how a blob DST at a URL is written (packer/remote.py)
+
+    class StagedWhole(real):  # type: ignore[misc, valid-type]
+        """(c): no multipart sink, so the blob is staged whole and uploaded at the end."""
+
+        @staticmethod
+        def sink(url: str) -> None:
+            return None
+
     try:
         with tempfile.TemporaryDirectory(prefix="packer-remote-blob-") as tmp:
             cases = {
-                "(a) local blob": (str(Path(tmp) / "local.blob"), Path(tmp), real_sink),
-                "(b) s3:// streamed (multipart)": ("s3://bench/streamed.blob", remote.staging_folder("s3://bench/streamed.blob"), real_sink),
-                "(c) s3:// staged whole": ("s3://bench/staged.blob", remote.staging_folder("s3://bench/staged.blob"), lambda fmt, url: None),
+                "(a) local blob": (str(Path(tmp) / "local.blob"), Path(tmp), real),
+                "(b) s3:// streamed (multipart)": ("s3://bench/streamed.blob", remote.staging_folder("s3://bench/streamed.blob"), real),
+                "(c) s3:// staged whole": ("s3://bench/staged.blob", remote.staging_folder("s3://bench/staged.blob"), StagedWhole),
             }
-            for name, (dst, watch, sink) in cases.items():
+            for name, (dst, watch, kind) in cases.items():
                 watch.mkdir(parents=True, exist_ok=True)
-                remote._sink = sink  # (c): no multipart sink, so the blob is staged whole and uploaded
+                remote.REMOTE["blob"] = kind
                 peaks: list[int] = []
 
                 def one_pass() -> int:
@@ -117,7 +125,7 @@ def main() -> None:
         size = fs.size("bench/streamed.blob")
         assert fs.size("bench/staged.blob") == size
     finally:
-        remote._sink = real_sink
+        remote.REMOTE["blob"] = real
         proc.kill()
     rows = [[name, str(rate), f"{rate.median / results['(a) local blob'][0].median:.2f}x", f"{peak / 1e6:,.0f} MB ({peak / size:.0%})"]
             for name, (rate, peak) in results.items()]
