@@ -29,6 +29,7 @@ from ._version import __version__
 from .errors import InputError, OutputExistsError
 from .executors import get_executor
 from .jobs import Job
+from .memory import available_memory
 from .options import RunOptions, StorageOptions
 from .parallel import default_workers, ordered_map
 from .preprocess.task import Encoded, Failed
@@ -76,25 +77,13 @@ def _workers(run: RunOptions, job: Job) -> int | None:
         log.warning("--workers %d: this machine has %d usable cores; using %d (more processes only add memory and contention)",
                     workers, cores, cores)
         workers = cores
-    available = _available_memory()
+    available = available_memory()
     fits = max(1, available // job.worker_bytes()) if available else workers
     if workers > fits:
         log.warning("%d workers could each need %s (a %s at its largest); %s of memory is available: using %d",
                     workers, human_bytes(job.worker_bytes()), job.noun, human_bytes(available), fits)
         workers = fits
     return workers
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available to new processes (Linux ``MemAvailable``), or ``None`` if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, options: RunOptions, sink: Any = None) -> ConversionReport:

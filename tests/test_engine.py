@@ -188,7 +188,7 @@ def test_workers_are_capped_by_the_memory_a_worker_may_need(image_folder, tmp_pa
     small --max-pixels lets every core work."""
     import packer.engine as engine
 
-    monkeypatch.setattr(engine, "_available_memory", lambda: 1_500_000_000)
+    monkeypatch.setattr(engine, "available_memory", lambda: 1_500_000_000)
     monkeypatch.setattr(engine, "default_workers", lambda: 8)
     report = convert(image_folder, tmp_path / "m.lmdb", image=ImageOptions(size=8), workers=8)
     assert report.workers == 2

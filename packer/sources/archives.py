@@ -44,6 +44,7 @@ from readers.formats.tar import BLOCK, read_header
 from readers.schema import PackedFormatError, Skipped
 
 from ..errors import SourceError
+from ..memory import available_memory
 from .images import ImageFolder, ImageItem
 from .labels import LabelTable, match_rows, safe_relative
 from .rules import image_order, is_hidden, is_image_name
@@ -287,7 +288,7 @@ def _list_inner(task: tuple[str, int, int]) -> list[_Entry]:
 
 def _stream_tar(path: str) -> list[_Entry]:
     """The members of a compressed tar, read in one streaming pass, image bytes kept."""
-    budget = _available_memory() // MEMORY_SHARE
+    budget = (available_memory() or 0) // MEMORY_SHARE
     held = 0
     entries = []
     with tarfile.open(path, "r|*") as tar:
@@ -434,11 +435,3 @@ def _pread(path: str, offset: int, size: int) -> bytes:
         raise OSError(f"the archive ends inside this member ({len(data)} of {size} bytes)")
     return data
 
-
-def _available_memory() -> int:
-    """Bytes of memory available to new processes (Linux ``MemAvailable``; else the free pages)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            return next(int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, StopIteration):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
