@@ -34,17 +34,16 @@ def open_dataset(
     read; ``None``: jpeg/png yes, raw no, see :class:`~readers.dataset.PackedDataset`) and
     ``options`` going to its constructor. Text (metadata ``kind: "text"``), in any format: a
     :class:`readers.TokenDataset` (documents, or blocks with ``block_size=...``; ``options`` go
-    to it), which takes no ``transform`` and does not check checksums (``verify=True`` is refused).
+    to it), which takes no ``transform``; ``verify=True`` checks each document it reads
+    (``None``: no, as for raw images).
     """
     meta = open_store(path).meta
     if meta.kind == "text":
         if transform is not None:
             raise TypeError(f"{path}: a text dataset is read by readers.TokenDataset, which takes no transform")
-        if verify:
-            raise TypeError(f"{path}: a text dataset is read by readers.TokenDataset, which does not check checksums: use packer verify")
         from .tokens import TokenDataset
 
-        return TokenDataset(path, **options)
+        return TokenDataset(path, verify=bool(verify), **options)
     module, name = DATASETS[meta.format]
     cls = getattr(importlib.import_module(module), name)
     return cls(path, transform=transform, verify=verify, **options)

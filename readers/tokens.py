@@ -34,7 +34,10 @@ class TokenDataset(Dataset):
 
     ``expect_tokenizer``: ``"bytes"``, a tokenizer file or its sha256; a dataset made with another
     tokenizer is refused. ``in_memory``: a blob is copied once into shared memory (as
-    :class:`readers.RAMDataset`); other formats ignore it.
+    :class:`readers.RAMDataset`); other formats ignore it. ``verify=True``: every document a
+    read touches is checked against its stored checksum, once per process
+    (:class:`readers.formats.tokens.TokenStore`); a damaged one raises
+    :class:`readers.checksums.CorruptSampleError`. Off by default, as for raw image samples.
     """
 
     def __init__(
@@ -46,12 +49,13 @@ class TokenDataset(Dataset):
         *,
         expect_tokenizer: str | os.PathLike[str] | None = None,
         in_memory: bool = False,
+        verify: bool = False,
     ) -> None:
         if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if random_windows and block_size is None:
             raise ValueError("random_windows needs a block_size")
-        self.tokens = TokenStore(path, expect_tokenizer=expect_tokenizer, in_memory=in_memory)
+        self.tokens = TokenStore(path, expect_tokenizer=expect_tokenizer, in_memory=in_memory, verify=verify)
         self.block_size = block_size
         self.random_windows = random_windows
         self.seed = seed

@@ -132,3 +132,52 @@ def _no_checksum(meta):
     import dataclasses
 
     return dataclasses.replace(meta, checksum="")
+
+
+# -- text: token stores and TokenDataset -------------------------------------------------------
+DOCUMENTS = 10  # document VICTIM (7) gets the flipped byte
+
+
+@pytest.fixture()
+def tokens(tmp_path):
+    """``fmt -> path``: 10 distinct text documents (byte tokenizer) converted to ``fmt``."""
+    import packer
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(1)
+    for d in range(DOCUMENTS):
+        (corpus / f"{d:02d}.txt").write_text("".join(chr(c) for c in rng.integers(97, 123, 40 + d)), encoding="ascii")
+
+    def get(fmt: str):
+        path = tmp_path / f"t{SUFFIX[fmt]}"
+        packer.convert(corpus, path, format=fmt, workers=1, storage=packer.StorageOptions(shard_size=3) if fmt == "webdataset" else None)
+        return path
+
+    return get
+
+
+def _damage_document(path, fmt: str) -> None:
+    """Flip a byte in the middle of document VICTIM's token ids, found by its own bytes (no packer layout)."""
+    [document] = [bytes(p) for _l, _s, p in store_class(fmt)(path).records([VICTIM])]  # copied inside the read
+    files = sorted(path.glob("*.tar")) if fmt == "webdataset" else [path / "data.mdb" if fmt == "lmdb" else path]
+    [(file, offset)] = [(f, f.read_bytes().find(document)) for f in files if document in f.read_bytes()]
+    _flip(file, offset + len(document) // 2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_flipped_token_byte_is_caught_by_token_datasets_and_the_loader(tokens, fmt):
+    path = tokens(fmt)
+    clean = [readers.TokenDataset(path)[d] for d in range(DOCUMENTS)]
+    blocks = [readers.TokenDataset(path, block_size=16)[b] for b in range(len(readers.TokenDataset(path, block_size=16)))]
+    assert [t.tolist() for t in readers.TokenDataset(path, verify=True)] == [t.tolist() for t in clean]  # undamaged: identical
+    _damage_document(path, fmt)
+    for dataset in (readers.TokenDataset(path, verify=True), readers.open_dataset(path, verify=True)):
+        _expect_corrupt(path, fmt, lambda: dataset[VICTIM])
+    windows = readers.TokenDataset(path, block_size=16, verify=True)
+    _expect_corrupt(path, fmt, lambda: [windows[b] for b in range(len(windows))])
+    _expect_corrupt(path, fmt, lambda: list(readers.Loader(readers.TokenDataset(path, block_size=16, verify=True), batch_size=4)))
+    damaged = readers.TokenDataset(path)[VICTIM]  # verify off (the default): the damaged ids, without a word
+    assert damaged.shape == clean[VICTIM].shape and damaged.tolist() != clean[VICTIM].tolist()
+    assert readers.TokenDataset(path, verify=True)[VICTIM + 1].tolist() == clean[VICTIM + 1].tolist()
+    assert len(blocks) == len(windows)

@@ -12,6 +12,12 @@ module needs no format's layout. How each format serves it is that format's busi
 Document token offsets (``(N + 1,)`` int64) are the store's byte offsets over the itemsize: from
 the format's own index (blob/HDF5 offsets, the WebDataset member index) or, for LMDB, one pass
 over the records, once per store and cached.
+
+``verify=True`` checks every document a read touches against its stored checksum (a document
+is the checksummed sample: label -1, shape ``(1, 1, n)``, its token bytes), once per document
+and process: the first read of any of its tokens checks the whole document (a window that
+covers it is checked in place; one that covers part of it reads the rest). A damaged document
+raises :class:`~readers.checksums.CorruptSampleError` naming the dataset and the document.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 
 from ..schema import Metadata, PackedFormatError
 from ..tokenizer import Tokenizer, TokenizerError, file_sha256, load_tokenizer
-from . import open_store
+from . import detect_format, store_class
 from .base import Store
 
 __all__ = ["TokenStore", "check_tokenizer"]
@@ -52,9 +58,11 @@ def check_tokenizer(meta: Metadata, expect: str | os.PathLike[str], *, where: st
 class TokenStore:
     """A text dataset's tokens; picklable, opens storage lazily per process."""
 
-    def __init__(self, path: str | Path, *, expect_tokenizer: str | os.PathLike[str] | None = None, in_memory: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, expect_tokenizer: str | os.PathLike[str] | None = None, in_memory: bool = False, verify: bool = False
+    ) -> None:
         self.path = Path(path)
-        self.store: Store = _open(self.path, in_memory)
+        self.store: Store = _open(self.path, in_memory, bool(verify))
         self.meta: Metadata = self.store.meta
         if self.meta.kind != "text":
             raise PackedFormatError(f"{self.path}: holds {self.meta.kind} samples, not text tokens; use open_dataset()")
@@ -63,6 +71,12 @@ class TokenStore:
         self.dtype = np.dtype(self.meta.dtype).newbyteorder("<")
         self._offsets: np.ndarray | None = None
         self._tokenizer: Tokenizer | None = None
+        self._checked: np.ndarray | None = None  # verify: documents this process has checked
+
+    @property
+    def verify(self) -> bool:
+        """Whether reads check each document's stored checksum (see the module docstring)."""
+        return self.store.verify
 
     def __len__(self) -> int:
         return self.meta.count
@@ -103,7 +117,28 @@ class TokenStore:
             out = np.empty(stop - start, self.dtype)
         size = self.dtype.itemsize
         self.store.read_stream(start * size, stop * size, out.view(np.uint8))
+        if self.store.verify and stop > start:
+            self._check_documents(start, stop, out)
         return out
+
+    def _check_documents(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Check each document that tokens ``start:stop`` (read into ``out``) touch, once per process."""
+        offsets = self.offsets
+        if self._checked is None:
+            self._checked = np.zeros(len(self), bool)
+        first = int(np.searchsorted(offsets, start, "right")) - 1
+        last = int(np.searchsorted(offsets, stop, "left"))
+        for d in range(first, last):
+            if self._checked[d]:
+                continue
+            lo, hi = int(offsets[d]), int(offsets[d + 1])
+            if start <= lo and hi <= stop:
+                tokens = out[lo - start : hi - start]
+            else:
+                tokens = np.empty(hi - lo, self.dtype)
+                self.store.read_stream(lo * self.dtype.itemsize, hi * self.dtype.itemsize, tokens.view(np.uint8))
+            self.store.check_sample(d, -1, (1, 1, hi - lo), np.ascontiguousarray(tokens).view(np.uint8))
+            self._checked[d] = True
 
     # -- decoding ---------------------------------------------------------------------------
     def tokenizer(self, spec: str | os.PathLike[str] | None = None) -> Tokenizer:
@@ -129,13 +164,14 @@ class TokenStore:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_tokenizer"] = None  # loaded again where needed
+        state["_checked"] = None  # each process checks what it reads
         return state
 
 
-def _open(path: Path, in_memory: bool) -> Store:
+def _open(path: Path, in_memory: bool, verify: bool) -> Store:
     if in_memory:
         from .blob import BlobStore
 
         if BlobStore.recognises(path):
-            return BlobStore(path, in_memory=True)
-    return open_store(path)
+            return BlobStore(path, in_memory=True, verify=verify)
+    return store_class(detect_format(path))(path, verify=verify)
