@@ -91,8 +91,8 @@ def readme_block(figures: Figures | None = None) -> str:
         src = "convert_rates.json"
         lines += [
             f"Conversion to raw 224x224 with {cores} workers runs at {fig(_span(packer, 0, ''), src)} images/s across the formats, against",
-            f"{fig(f'{naive:,.0f}', src)} for a plain PIL loop writing LMDB in the same run (`benchmarks/results/convert_rates.json`,",
-            f"`{conv['command']}`, {conv['date']}, the machine shared with other work).",
+            f"{fig(f'{naive:,.0f}', src)} images/s for a plain PIL loop writing LMDB in the same run, on the machine shared with other work",
+            f"(`benchmarks/results/convert_rates.json`, `python -m benchmarks.convert_rates`, {conv['date']}).",
         ]
     runs = [load("gpu"), load("gpu-run1")]
     gather = [r["delivery_gb_per_s"]["Loader blob, GPU gather"]["median"] for r in runs]
@@ -103,7 +103,7 @@ def readme_block(figures: Figures | None = None) -> str:
     lines += [
         f"On one {runs[0]['machine']['gpu']} ({runs[0]['machine']['cores']} vCPUs, two runs on {runs[0]['date']}), `Loader` feeds a ResNet-50 bf16",
         f"training step at {fig(_span([100 * s for s in step], 1, '%'), src)} of its speed on data already on the GPU (blob, LMDB, HDF5;",
-        f"the step's own noise is about ±2%), and gathers a RAM blob onto the card at {fig(_span([g / 1e9 for g in gather], 1, ' GB/s'), src)}",
+        f"above 100% is the step's own noise), and gathers a RAM blob onto the card at {fig(_span([g / 1e9 for g in gather], 1, ' GB/s'), src)}",
         f"({fig(_span([100 * s for s in share], 0, '%'), src)} of a pinned copy) (`benchmarks/results/gpu.json`, `gpu-run1.json`, `python -m benchmarks.gpu`).",
         "Every table, the targets we missed and why: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).",
     ]

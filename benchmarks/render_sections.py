@@ -245,7 +245,13 @@ def _preprocess() -> str:
         ["images", "method", "images/s median (min-max), 1 thread", "PSNR vs float Lanczos (dB)"], rows)])
 
 
-def _status(met: bool) -> str:
+def _status(met: bool, source: str | None = None) -> str:
+    """met/missed, or unclear when the JSON says the machine was loaded beyond its cores when saved."""
+    if source is not None:
+        d = load(source)
+        busy = d.get("load_average_at_save", [0])[0]
+        if busy > 1.5 * d["machine"]["cores"]:
+            return f"unclear: load average {busy:.1f} on {d['machine']['cores']} cores when saved"
     return "**met**" if met else "**missed**"
 
 
@@ -274,8 +280,9 @@ def _targets() -> str:
              for r in (gpu, gpu1) for k, v in r["resnet50_img_per_s"].items() if k.startswith("Loader")]
     peers = {p: best(p) for p in {r["pipeline"] for r in reads} if not p.startswith(("packer", "raw folder")) and p.endswith("(raw)")}
     fastest_peer = max(peers.items(), key=lambda kv: kv[1])
-    peer_conv = max((x["median"], x["tool"]) for x in full["convert"] if not x["tool"].startswith(("packer", "naive")) and x["workers"] == 2)
-    packer_conv = max(x["median"] for x in full["convert"] if x["tool"].startswith("packer") and x["workers"] == 2)
+    raw2 = [x for x in full["convert"] if x["workers"] == 2 and x["encoding"] == "raw"]
+    peer_conv = max((x["median"], x["tool"]) for x in raw2 if not x["tool"].startswith(("packer", "naive")))
+    packer_conv = max((x["median"], x["tool"]) for x in raw2 if x["tool"].startswith("packer"))
     train = load("train_loop")["targets"]
     tok = load("tokens")
     mem = [r["extra_in_blob_sizes"] for r in load("blob_memory")["results"] if r["mode"] in ("in-memory", "mmap")]
@@ -285,17 +292,18 @@ def _targets() -> str:
          f"{best('packer lmdb (raw)', False) / tut:.1f}x through a plain DataLoader, {best('packer lmdb (raw)', True) / tut:.1f}x through `readers.Loader`",
          _status(best("packer lmdb (raw)", False) / tut >= 40)],
         ["#2", f"conversion on {cores} cores ≥ 1.8x the 1-worker rate", "convert_rates",
-         f"LMDB {lmdb2:,.0f} vs {lmdb1:,.0f} img/s: {lmdb2 / lmdb1:.2f}x", _status(lmdb2 / lmdb1 >= 1.8)],
+         f"LMDB {lmdb2:,.0f} vs {lmdb1:,.0f} img/s: {lmdb2 / lmdb1:.2f}x", _status(lmdb2 / lmdb1 >= 1.8, "convert_rates")],
         ["#2", "conversion ≥ 1.5x a straightforward PIL loop", "convert_rates",
          f"LMDB {lmdb2:,.0f} vs {naive:,.0f} img/s: {lmdb2 / naive:.2f}x; best ({best_conv[1]}) {best_conv[0]:,.0f}: {best_conv[0] / naive:.2f}x",
-         _status(lmdb2 / naive >= 1.5)],
+         _status(lmdb2 / naive >= 1.5, "convert_rates")],
         ["#3", "every format, raw 224x224, ≥ 20x the tutorial folder", "full", f"DataLoader {lo(dl)}, Loader {lo(ld)}", _status(min(dl) >= 20)],
         ["#3", "blob memory with 4 workers close to 1x the blob (1.25x at most taken as close)", "blob_memory",
-         f"{min(mem):.2f}-{max(mem):.2f}x the blob over the baseline (fork and spawn, in-memory and mmap)", _status(max(mem) <= 1.25)],
+         f"{min(mem):.2f}x" + (f"-{max(mem):.2f}x" if f"{min(mem):.2f}" != f"{max(mem):.2f}" else "")
+         + " the blob over the baseline (fork and spawn, in-memory and mmap; memory, not timed)", _status(max(mem) <= 1.25)],
         ["#4", "`Loader` over the blob ≥ 70% of copy bandwidth", "loader",
-         f"{load_['blob']['loader']['median']:,.0f} img/s = {share:.0%} of the fastest copy measured", _status(share >= 0.7)],
+         f"{load_['blob']['loader']['median']:,.0f} img/s = {share:.0%} of the fastest copy measured", _status(share >= 0.7, "loader")],
         ["#4", "`Loader` over LMDB / HDF5 ≥ 2x plain per-sample DataLoader", "loader",
-         f"{load_['lmdb']['speedup']:.1f}x / {load_['hdf5']['speedup']:.1f}x", _status(min(load_["lmdb"]["speedup"], load_["hdf5"]["speedup"]) >= 2)],
+         f"{load_['lmdb']['speedup']:.1f}x / {load_['hdf5']['speedup']:.1f}x", _status(min(load_["lmdb"]["speedup"], load_["hdf5"]["speedup"]) >= 2, "loader")],
         ["#4", "on a GPU: `Loader` host-to-device ≥ 80% of the card's pinned copy rate", "gpu",
          f"H100, two runs: RAM blob, GPU gather, {min(gather):.0%}-{max(gather):.0%}", _status(min(gather) >= 0.8)],
         ["#4", "on a GPU: ResNet-50 bf16 step fed by `Loader` ≥ 95% of the step on resident data", "gpu",
@@ -305,19 +313,20 @@ def _targets() -> str:
          _status(min(any_raw) / tut >= 20 and min(any_raw) / tricks >= 5)],
         ["#5", "best packer path ≥ 10x the fastest peer (raw)", "full",
          f"{max(any_raw):,.0f} vs {fastest_peer[0]} {fastest_peer[1]:,.0f}: {max(any_raw) / fastest_peer[1]:.1f}x", _status(max(any_raw) / fastest_peer[1] >= 10)],
-        ["#5", "conversion ≥ 1.5x the fastest peer's (2 workers, same run)", "full",
-         f"packer best {packer_conv:,.0f} vs {peer_conv[1]} {peer_conv[0]:,.0f}: {packer_conv / peer_conv[0]:.2f}x", _status(packer_conv / peer_conv[0] >= 1.5)],
+        ["#5", "conversion ≥ 1.5x the fastest peer's (raw, 2 workers, same run)", "full",
+         f"{packer_conv[1]} {packer_conv[0]:,.0f} vs {peer_conv[1]} {peer_conv[0]:,.0f}: {packer_conv[0] / peer_conv[0]:.2f}x",
+         _status(packer_conv[0] / peer_conv[0] >= 1.5)],
         ["#5", "training loop: (4) ≥ 5x (1), ≥ 2x (3), same loss", "train_loop",
          f"{train['packed_vs_1']:.1f}x, {train['packed_vs_3']:.1f}x, loss {'within' if train['loss_within_noise'] else 'outside'} {train['loss_tolerance']}",
          _status(train["speed_5x_vs_1_met"] and train["speed_2x_vs_3_met"] and train["loss_within_noise"])],
         ["#6", "token blocks ≥ 50x tokenising on the fly", "tokens",
-         f"{tok['ratio']:.1f}x through a DataLoader, {tok['loader_ratio']:.1f}x through `readers.Loader`", _status(tok["ratio"] >= 50)],
+         f"{tok['ratio']:.1f}x through a DataLoader, {tok['loader_ratio']:.1f}x through `readers.Loader`", _status(tok["ratio"] >= 50, "tokens")],
     ]
     try:
         ray = load("ray_vs_local")
         over = {f: 1 - m["ray"] / m["local"] for f, m in ray["mean_rates"].items()}
         rows.append(["#8", "Ray overhead < 15% at 2 cores", "ray_vs_local", ", ".join(f"{v:+.1%} ({f})" for f, v in over.items()),
-                     _status(max(over.values()) < 0.15)])
+                     _status(max(over.values()) < 0.15, "ray_vs_local")])
     except FileNotFoundError:
         pass
     return markdown_table(["issue", "target", "source (benchmarks/results/)", "measured", "status"],
