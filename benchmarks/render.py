@@ -103,7 +103,7 @@ def readme_block(figures: Figures | None = None) -> str:
     lines += [
         f"On one {runs[0]['machine']['gpu']} ({runs[0]['machine']['cores']} vCPUs, two runs on {runs[0]['date']}), `Loader` feeds a ResNet-50 bf16",
         f"training step at {fig(_span([100 * s for s in step], 1, '%'), src)} of its speed on data already on the GPU (blob, LMDB, HDF5;",
-        f"above 100% is the step's own noise), and gathers a RAM blob onto the card at {fig(_span([g / 1e9 for g in gather], 1, ' GB/s'), src)}",
+        f"a rate above the resident step's is its own noise), and gathers a RAM blob onto the card at {fig(_span([g / 1e9 for g in gather], 1, ' GB/s'), src)}",
         f"({fig(_span([100 * s for s in share], 0, '%'), src)} of a pinned copy) (`benchmarks/results/gpu.json`, `gpu-run1.json`, `python -m benchmarks.gpu`).",
         "Every table, the targets we missed and why: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).",
     ]
