@@ -36,7 +36,7 @@ from .preprocess.task import Encoded, Failed
 from .progress import progress_bar
 from .report import ConversionReport, human_bytes
 from .writers import get_writer
-from .writers.base import PieceWriter, Writer, partial_path
+from .writers.base import PieceWriter, Writer, Written, partial_path
 from .writers.journal import journal_path, saved_inputs
 
 __all__ = ["run", "Interrupted", "check_unfinished"]
@@ -149,15 +149,17 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
                 name = job.name(item)
                 skipped.append(Skipped(name, result.reason))
                 log.warning("skipped %s: %s", name, result.reason)
-            else:  # None: a piece writer's worker wrote it
+            else:  # None or Written: a piece writer's worker wrote it
                 writer.record_source(job.name(item))
+                if isinstance(result, Written):  # captured in the worker, as the pool's are
+                    log.warning("%s: converted, but the decoder printed: %s", job.name(item), result.decoder_messages)
             bar.update(1)
             writer.progress(done, skipped)  # a resume checkpoint, when one is due
 
 
 @contextmanager
 def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | None, timeout: float, run_map: Any = ordered_map, *,
-              in_memory: bool = False) -> Iterator[Iterator[Encoded | Failed | None]]:
+              in_memory: bool = False) -> Iterator[Iterator[Encoded | Failed | Written | None]]:
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
     Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here. A writer

@@ -38,7 +38,7 @@ from ..locking import DestinationLock, lock_path
 from ..options import ImageOptions, StorageOptions
 from ..preprocess.task import Encoded, Failed
 
-__all__ = ["Writer", "PieceWriter", "Piece", "partial_path", "remove_path", "fsync_tree", "publish"]
+__all__ = ["Writer", "PieceWriter", "Piece", "Written", "partial_path", "remove_path", "fsync_tree", "publish"]
 
 
 @contextmanager
@@ -355,6 +355,15 @@ class Piece:
     last: bool = True
 
 
+@dataclass(frozen=True)
+class Written:
+    """The outcome of an input a piece's worker wrote whose decoders printed something
+    (``decoder_messages``, captured in the worker): the driver warns with it, as for a sample
+    converted by the pool (an input written without a word is just ``None``)."""
+
+    decoder_messages: str
+
+
 class PieceWriter(Writer, metaclass=ABCMeta):
     """A writer whose output worker processes write, a :class:`Piece` of consecutive inputs each.
 
@@ -390,10 +399,11 @@ class PieceWriter(Writer, metaclass=ABCMeta):
         another machine than this writer, e.g. Ray with a URL DST)."""
 
     @abstractmethod
-    def add_piece(self, result: Any) -> list[Failed | None]:
+    def add_piece(self, result: Any) -> list[Failed | Written | None]:
         """Publish the output of one piece's task (``result``: what :meth:`piece_task`'s work unit
         returned), called in piece order. Returns one outcome per input of the piece: ``None``
-        when written, else its :class:`Failed` (for the caller to record, or raise with
+        when written (:class:`Written` when its decoders printed something), else its
+        :class:`Failed` (for the caller to record, or raise with
         ``--on-error fail``). Raises :class:`OutputError` if the worker could not write."""
 
     def _write(self, index: int, sample: Encoded) -> None:

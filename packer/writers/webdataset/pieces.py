@@ -32,6 +32,8 @@ class PieceResult:
     inputs: int
     parts: tuple[ShardPart, ...] = ()
     failed: tuple[tuple[int, Failed], ...] = ()
+    #: What the decoders printed converting inputs that were written (offset in piece, text).
+    messages: tuple[tuple[int, str], ...] = ()
     error: tuple[int, str] | None = None  # an OSError while writing, as (errno, message)
     fragment: bool = False  # parts are bare member streams (at most one), to assemble
     last: bool = True  # the piece's last fragment (always, for a whole piece)
@@ -56,6 +58,7 @@ class PieceTask:
         task = self.task if self.task is not None else ImageTask(self.image)
         parts: list[ShardPart] = []
         failed: list[tuple[int, Failed]] = []
+        messages: list[tuple[int, str]] = []
         shard: ShardFile | None = None
         written = 0
         raw = self.image.encoding == "raw"
@@ -64,6 +67,8 @@ class PieceTask:
                 if isinstance(result, Failed):
                     failed.append((offset, result))
                     continue
+                if result.decoder_messages:
+                    messages.append((offset, result.decoder_messages))
                 if piece.fragment is None and shard is not None and self._full(shard, ShardFile.sample_bytes(result, raw)):
                     parts.append(shard.close())
                     shard = None
@@ -81,7 +86,8 @@ class PieceTask:
                 shard.discard()
             return PieceResult(piece.number, piece.start, len(piece.items), error=(exc.errno or 0, exc.strerror or str(exc)))
         return PieceResult(
-            piece.number, piece.start, len(piece.items), tuple(parts), tuple(failed), fragment=piece.fragment is not None, last=piece.last
+            piece.number, piece.start, len(piece.items), tuple(parts), tuple(failed), tuple(messages),
+            fragment=piece.fragment is not None, last=piece.last,
         )
 
     def _full(self, shard: ShardFile, incoming: int) -> bool:

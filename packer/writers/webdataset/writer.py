@@ -32,7 +32,7 @@ from readers.schema import Metadata, PackedFormatError
 from ...errors import OptionError
 from ...options import ImageOptions, StorageOptions
 from ...preprocess.task import Encoded, Failed
-from ..base import Piece, PieceWriter, remove_path
+from ..base import Piece, PieceWriter, Written, remove_path
 from ..journal import ROW_DTYPE, Checkpoint
 from .pieces import PieceResult, PieceTask, fragments
 from .tar import TMP_PREFIX, Assembly, ShardPart, is_full, renumber
@@ -156,7 +156,7 @@ class ShardWriter(PieceWriter):
         folder = None if in_memory else str(self.tmp)
         return PieceTask(image, folder, self.storage.shard_size, self.storage.shard_bytes, task)
 
-    def add_piece(self, result: PieceResult) -> list[Failed | None]:
+    def add_piece(self, result: PieceResult) -> list[Failed | Written | None]:
         """Number, rename and index a finished piece's shards (call in input order).
 
         Returns each input's outcome in the piece: ``None`` when written, else its
@@ -176,9 +176,11 @@ class ShardWriter(PieceWriter):
             raise self.output_error(exc) from None
         if result.last:  # a checkpoint never falls inside a piece
             self._published_inputs = result.start + result.inputs
-        outcomes: list[Failed | None] = [None] * result.inputs
+        outcomes: list[Failed | Written | None] = [None] * result.inputs
         for offset, failure in result.failed:
             outcomes[offset] = failure
+        for offset, text in result.messages:
+            outcomes[offset] = Written(text)
         return outcomes
 
     def _assemble(self, result: PieceResult) -> None:
