@@ -10,12 +10,14 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import lmdb
 import pytest
 from click.testing import CliRunner
 
 from packer import ImageOptions
 from packer.cli import cli
 from packer.jobs import image_job
+from readers.formats.lmdb import SOURCES_KEY
 from test_labels import lmdb_samples, run
 
 
@@ -152,3 +154,33 @@ def test_resume_fingerprint_covers_the_archive(image_folder, tmp_path):
     archive.write_bytes(bytes(data))
     os.utime(archive, ns=(1, 2))
     assert image_job(archive, ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip") != first
+
+
+def test_a_tar_on_ray_gives_the_local_pools_bytes(image_folder, reference, tmp_path):
+    """Ray tasks read a .tar's members by offset from the (shared) archive path, as the local
+    pool's workers do: the same LMDB, source names included (lmdb itself). (A .tar.gz's members
+    travel with their bytes, like any item.)"""
+    ray = pytest.importorskip("ray", reason="the Ray executor needs: pip install 'packer[ray]'")
+    from packer import convert
+
+    archive = make_archives(image_folder, tmp_path)["tar"]
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
+    try:
+        convert(archive, tmp_path / "ray.lmdb", image=ImageOptions(size=16), executor="ray")
+    finally:
+        if started:
+            ray.shutdown()
+    local = convert(archive, tmp_path / "local.lmdb", image=ImageOptions(size=16), workers=2)
+    samples, meta = lmdb_samples(tmp_path / "ray.lmdb")
+    local_samples, local_meta = lmdb_samples(local.dst)
+    assert samples == local_samples and len(samples) >= len(reference[0]) > 0
+    assert meta["classes"] == local_meta["classes"] == reference[1]["classes"] and meta["count"] == local_meta["count"]
+    names = []
+    for path in (tmp_path / "ray.lmdb", local.dst):
+        env = lmdb.open(str(path), readonly=True, lock=False, subdir=path.is_dir())
+        with env.begin() as txn:
+            names.append(txn.get(SOURCES_KEY))
+        env.close()
+    assert names[0] == names[1] is not None

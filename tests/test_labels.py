@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from packer.cli import cli
+from readers.formats.lmdb import SOURCES_KEY
 
 
 def lmdb_samples(path: Path) -> tuple[dict[bytes, bytes], dict]:
@@ -29,6 +30,7 @@ def lmdb_samples(path: Path) -> tuple[dict[bytes, bytes], dict]:
         env.close()
     meta = json.loads(rows.pop(b"__meta__"))
     rows.pop(b"__crc32__", None)
+    rows.pop(SOURCES_KEY, None)  # each sample's source name: a file's path, an archive member's, dataset[i]
     return rows, meta
 
 

@@ -15,6 +15,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 
@@ -24,6 +25,7 @@ from imagefiles import jpeg_bytes, write
 from packer import ImageOptions, SourceOptions, convert
 from packer.samples import natural_image
 from packer.writers.journal import journal_path
+from readers.formats.lmdb import SOURCES_KEY
 from test_labels import lmdb_samples
 
 COUNT = 240
@@ -66,6 +68,15 @@ def sources(tmp_path_factory) -> dict[str, tuple[Path, SourceOptions | None]]:
     }
 
 
+def _raw(path: Path, key: bytes) -> bytes | None:
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=path.is_dir())
+    try:
+        with env.begin() as txn:
+            return txn.get(key)
+    finally:
+        env.close()
+
+
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
@@ -83,6 +94,7 @@ def _tar(files: list[tuple[str, bytes]]) -> bytes:
 def _same(dst: Path, reference: Path) -> None:
     rows, meta = lmdb_samples(dst)
     ref_rows, ref_meta = lmdb_samples(reference)
+    assert _raw(dst, SOURCES_KEY) == _raw(reference, SOURCES_KEY)  # each sample's source name too
     meta.pop("created"), ref_meta.pop("created")
     assert rows == ref_rows and meta == ref_meta
     assert meta["count"] == COUNT - 1 and [s["path"] for s in meta["skipped"]] == [s["path"] for s in ref_meta["skipped"]]
