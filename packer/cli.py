@@ -20,6 +20,7 @@ from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
 from ._version import __version__
+from .doctor_cli import doctor as doctor_command
 from .engine import Interrupted
 from .errors import PackerError
 from .executors import EXECUTORS
@@ -351,6 +352,9 @@ def verify(path: Path, source: str | None, quick: bool, workers: int | None) -> 
     if not report.ok:
         raise _UserError(report.summary())
     click.echo(report.summary())
+
+
+cli.add_command(doctor_command)  # packer doctor: packer/doctor_cli.py
 
 
 def main() -> None:

@@ -32,6 +32,8 @@ __all__ = [
     "CorruptSampleError",
     "UnsupportedVersionError",
     "FORMAT_VERSION",
+    "diagnose",
+    "Diagnosis",
 ]
 
 _EXPORTS = {
@@ -57,6 +59,8 @@ _EXPORTS = {
     "CorruptSampleError": "readers.checksums",
     "UnsupportedVersionError": "readers.schema",
     "FORMAT_VERSION": "readers.schema",
+    "diagnose": "readers.diagnose",
+    "Diagnosis": "readers.diagnose",
 }
 
 
@@ -75,6 +79,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dataset import PackedDataset
+    from .diagnose import Diagnosis, diagnose
     from .gpu import Normalize, RandomHorizontalFlip, RandomResizedCrop
     from .cuda import CUDAPrefetcher
     from .epoch import ResumeError

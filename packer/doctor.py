@@ -1,0 +1,242 @@
+"""``packer doctor``: is a training loop over this folder (or packed dataset) starving for data?
+
+:func:`run_doctor` builds the loader a user would write (a folder: per-file PIL decode and
+resize in a torch ``DataLoader`` with worker processes; a packed dataset: ``readers.Loader``),
+takes the user's ``step(images, labels)`` (``--step module:function``) or a built-in model-free
+step of a given cost (:class:`CostStep`), and runs :func:`readers.diagnose.diagnose` on them.
+For a folder it also converts an evenly spaced sample to a temporary blob and times
+``readers.Loader`` over it in the same rounds, so "convert it" comes with a figure measured on
+this machine. The chart (``--plot``) is :func:`plot`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from readers.diagnose import DiagnoseError, Diagnosis, diagnose
+from readers.schema import PackedFormatError
+
+from .bench import sample_folder
+from .bench_timing import collate
+from .errors import OptionError, PackerError, SourceError
+from .options import ImageOptions
+from .parallel import default_workers
+from .sources.images import scan_image_folder
+
+__all__ = ["run_doctor", "CostStep", "PILFolder", "load_step", "plot", "DoctorError", "DEFAULT_STEP_MS"]
+
+#: Cost of the built-in step per batch (about what a ResNet-50 training step on one modern GPU
+#: takes for a batch of 64; an assumption to replace with ``--step``, not a measurement).
+DEFAULT_STEP_MS = 25.0
+
+
+class DoctorError(PackerError):
+    """The step, the loader or an option cannot be diagnosed (one line)."""
+
+
+class CostStep:
+    """A model-free step costing ``ms`` per batch: it reads every pixel once (``float().mean()``,
+    which also waits for a CUDA device), then sleeps the rest, leaving the CPU free, as a GPU
+    step does."""
+
+    def __init__(self, ms: float) -> None:
+        if not ms >= 0:
+            raise OptionError(f"--step-ms: must be at least 0, got {ms!r}")
+        self.ms = float(ms)
+        self.__qualname__ = f"CostStep({self.ms:g} ms)"
+
+    def __call__(self, images: torch.Tensor, labels: Any) -> None:
+        start = time.perf_counter()
+        images.float().mean().item()
+        left = self.ms / 1000 - (time.perf_counter() - start)
+        if left > 0:
+            time.sleep(left)
+
+
+class PILFolder(Dataset):
+    """An image folder read the usual way: PIL decode, RGB, resize and center-crop to ``size``."""
+
+    def __init__(self, items: list[tuple[str, int]], size: int) -> None:
+        self.items, self.size = items, size
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image, ImageOps
+
+        path, label = self.items[index]
+        with Image.open(path) as image:
+            image = ImageOps.fit(image.convert("RGB"), (self.size, self.size))
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(self.size, self.size, 3)
+        return pixels.permute(2, 0, 1).contiguous(), label
+
+
+def load_step(spec: str) -> Callable[[Any, Any], Any]:
+    """``module:function`` -> the function (the current directory is importable, as for ``python -m``)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise OptionError(f"--step {spec!r}: expected module:function, e.g. train:step")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's module: one line
+        raise DoctorError(f"--step {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    step = getattr(module, attr, None)
+    if not callable(step):
+        raise DoctorError(f"--step {spec!r}: {module_name} has no function {attr!r}")
+    return step
+
+
+@dataclass
+class DoctorReport:
+    """The diagnosis, and what the sample conversion measured (for a folder)."""
+
+    diagnosis: Diagnosis
+    source: str
+    kind: str  # "folder" or the packed format
+    sample: int = 0
+    convert_images_per_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "kind": self.kind, "sample": self.sample,
+                "convert_images_per_s": self.convert_images_per_s, "diagnosis": self.diagnosis.to_dict()}
+
+    def __str__(self) -> str:
+        return str(self.diagnosis)
+
+
+def _is_packed(src: Path) -> str | None:
+    from .info import read_metadata
+
+    try:
+        return read_metadata(src).format
+    except (PackedFormatError, FileNotFoundError, NotADirectoryError, OSError, ValueError):
+        return None
+
+
+def run_doctor(
+    src: str | Path,
+    *,
+    step: str | None = None,
+    step_ms: float = DEFAULT_STEP_MS,
+    batch_size: int = 64,
+    size: int = 224,
+    workers: int | None = None,
+    device: str | None = None,
+    batches: int = 30,
+    rounds: int = 3,
+    sample: int = 500,
+    trace: str | Path | None = None,
+    tmp_dir: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> DoctorReport:
+    """Diagnose a training loop over ``src`` (an image folder or a packed dataset).
+
+    ``step``: ``"module:function"`` (``function(images, labels)``), else :class:`CostStep` of
+    ``step_ms``. A folder is read by :class:`PILFolder` (``size``) in a ``DataLoader`` with
+    ``workers`` processes (default: all cores), and a ``sample`` of it is converted to a
+    temporary blob (removed on return) whose ``readers.Loader`` is the measured alternative.
+    """
+    say = log or (lambda message: None)
+    src = Path(src)
+    if not src.exists():
+        raise SourceError(f"{src}: no such file or folder")
+    if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"--device {device}: CUDA is not available here; use --device cpu")
+    user_step = load_step(step) if step is not None else CostStep(step_ms)
+    fmt = _is_packed(src)
+    tmp = Path(tempfile.mkdtemp(prefix="packer-doctor-", dir=tmp_dir))
+    try:
+        from readers.loader import Loader
+
+        if fmt is not None:
+            from readers.open import open_dataset
+
+            loader: Any = Loader(open_dataset(src), batch_size, device=device if device and device.startswith("cuda") else None)
+            report = DoctorReport(None, str(src), fmt)  # type: ignore[arg-type]
+            alternatives: dict[str, tuple[Any, str]] = {}
+        else:
+            folder = scan_image_folder(src)
+            items = [(item.path, item.label) for item in folder.items]
+            cores = default_workers() if workers is None else workers
+            # the conversion first: a process pool forked after the DataLoader's workers ran is not needed then
+            from .api import convert
+
+            picked = sample_folder(src, tmp / "sample", sample)
+            say(f"converting a sample of {len(picked):,} images to a blob (--size {size})")
+            done = convert(tmp / "sample", tmp / "sample.blob", format="blob", image=ImageOptions(size=size), workers=max(1, cores))
+            from readers.blob import RAMDataset
+
+            packed = Loader(RAMDataset(tmp / "sample.blob"), batch_size)
+            how = (f"packer convert {src} train.blob --size {size} (converting ran at {done.images_per_second:,.0f} img/s here: "
+                   f"~{len(items) / max(done.images_per_second, 1e-9) / 60:,.1f} min for the {len(items):,} images), "
+                   f"then readers.Loader(readers.RAMDataset('train.blob'), {batch_size})")
+            alternatives = {f"packed blob ({len(picked)} images)": (packed, how)}
+            loader = DataLoader(PILFolder(items, size), batch_size=batch_size, shuffle=True, num_workers=cores,
+                                collate_fn=collate, persistent_workers=cores > 0)
+            report = DoctorReport(None, str(src), "folder", len(picked), done.images_per_second)  # type: ignore[arg-type]
+        say(f"diagnosing: {batches} batches of {batch_size} per measurement, {rounds} rounds")
+        try:
+            report.diagnosis = diagnose(loader, user_step, batches=batches, rounds=rounds, device=device, trace=trace,
+                                        alternatives=alternatives, name=_describe(loader))
+        except DiagnoseError as exc:
+            raise DoctorError(str(exc)) from None
+        return report
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _describe(loader: Any) -> str:
+    if isinstance(loader, DataLoader):
+        return f"DataLoader({type(loader.dataset).__name__}, num_workers={loader.num_workers})"
+    return repr(loader).split(", shuffle")[0] + ")"
+
+
+def plot(diagnosis: Diagnosis, path: str | Path) -> Path:
+    """A chart of the rates measured (loader, step, loop, alternatives) and of the loop's time split."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise OptionError("--plot needs matplotlib: pip install 'packer[bench]'") from None
+    d = diagnosis
+    bars = [("loader alone", d.loader), ("step alone", d.step), ("training loop", d.together)]
+    bars += [(alt.label, alt.measured) for alt in d.alternatives]
+    fig, (rates, split) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 1]})
+    names = [name for name, _ in bars]
+    medians = [m.images_per_s for _, m in bars]
+    errors = [[m.images_per_s - m.min for _, m in bars], [m.max - m.images_per_s for _, m in bars]]
+    rates.barh(names, medians, xerr=errors, color=["#4c72b0", "#55a868", "#c44e52"] + ["#8172b2"] * len(d.alternatives))
+    rates.set_xscale("log")
+    for y, value in enumerate(medians):
+        rates.annotate(f" {value:,.0f}", (value, y), va="center", fontsize=8)
+    rates.invert_yaxis()
+    rates.set_xlabel("images/s, log scale (median, min-max of the rounds)")
+    rates.set_title(d.verdict.split(";")[0])
+    parts = [("waiting for data", d.data_bound), ("copy to device", d.copy_share), ("step", max(0.0, 1 - d.data_bound - d.copy_share))]
+    bottom = 0.0
+    for (name, share), color in zip(parts, ["#c44e52", "#dd8452", "#55a868"]):
+        split.bar(["training loop"], [share * 100], bottom=[bottom], label=f"{name} {share:.0%}", color=color)
+        bottom += share * 100
+    split.set_ylabel("% of the loop's time")
+    split.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,54 @@
+"""The ``packer doctor`` command (click): options -> :func:`packer.doctor.run_doctor` -> the report.
+
+Kept apart from :mod:`packer.doctor` so that ``packer --help`` does not import torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+__all__ = ["doctor"]
+
+
+@click.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--step", metavar="MODULE:FUNCTION", help="Your training step, step(images, labels), imported from MODULE (the current folder is importable).")
+@click.option("--step-ms", type=click.FloatRange(0), default=25.0, show_default=True, help="Without --step: cost of the built-in model-free step, ms per batch.")
+@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--size", type=click.IntRange(1), default=224, show_default=True, help="A folder: images resized and center-cropped to SIZE x SIZE.")
+@click.option("--workers", "-j", type=click.IntRange(0), help="A folder: DataLoader worker processes (default: all cores).")
+@click.option("--device", help="Where the step runs: cpu or cuda[:N] (default: cuda when available).")
+@click.option("--batches", type=click.IntRange(1), default=30, show_default=True, help="Batches per measurement, over all rounds.")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True, help="Interleaved rounds of the measurements.")
+@click.option("--sample", type=click.IntRange(1), default=500, show_default=True, help="A folder: images converted to a temporary blob to time the packed alternative.")
+@click.option("--trace", type=click.Path(path_type=Path, file_okay=False), help="Write a torch.profiler trace (TensorBoard / Perfetto) to this folder.")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), help="Draw the rates and the time split to this PNG (needs matplotlib: packer[bench]).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of the report.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def doctor(src: Path, step: str | None, step_ms: float, batch_size: int, size: int, workers: int | None, device: str | None,
+           batches: int, rounds: int, sample: int, trace: Path | None, plot: Path | None, as_json: bool, quiet: bool) -> None:
+    """Is your GPU starving? Time the loader, the step and the loop; say what bounds it and what to change.
+
+    SRC is an image folder (read the usual way: PIL in DataLoader workers; a sample is also
+    converted to a blob to measure the packed alternative) or a packed dataset (readers.Loader).
+
+    \b
+    Examples:
+      packer doctor imagenet/train --batch-size 256 --device cuda
+      packer doctor train.blob --step train:step --trace prof/ --plot doctor.png
+    """
+    from .doctor import plot as draw, run_doctor
+
+    if plot is not None:  # refuse before measuring for a minute
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--plot needs matplotlib: pip install 'packer[bench]'") from None
+    say = None if quiet else (lambda message: click.echo(message, err=True))
+    report = run_doctor(src, step=step, step_ms=step_ms, batch_size=batch_size, size=size, workers=workers, device=device,
+                        batches=batches, rounds=rounds, sample=sample, trace=trace, log=say)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
+    if plot is not None:
+        click.echo(f"wrote {draw(report.diagnosis, plot)}", err=as_json)

@@ -1,0 +1,174 @@
+"""readers.diagnose and ``packer doctor``: the verdict follows what was slow, errors are one line,
+the profiler trace (read back as Chrome-trace JSON) holds the stages' ranges. Small and fast: the
+"slow" parts sleep a few ms per batch."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import readers
+from packer.cli import cli
+from readers.diagnose import LoaderError, StepError, diagnose
+
+SLEEP = 0.02  # the slow side: 20 ms a batch; the fast side costs well under 1 ms
+
+
+class Batches:
+    """An iterable of ``n`` batches of 8 tiny uint8 images, ``sleep`` s before each (re-iterable)."""
+
+    def __init__(self, sleep: float = 0.0, n: int = 50, dtype: torch.dtype = torch.uint8) -> None:
+        self.sleep, self.n, self.dtype = sleep, n, dtype
+
+    def __iter__(self):
+        for _ in range(self.n):
+            if self.sleep:
+                time.sleep(self.sleep)
+            yield torch.zeros(8, 3, 4, 4, dtype=self.dtype), torch.zeros(8, dtype=torch.int64)
+
+
+def fast_step(images, labels):
+    images.float().sum()
+
+
+def slow_step(images, labels):
+    time.sleep(SLEEP)
+
+
+def test_slow_loader_is_data_bound_and_the_faster_alternative_is_advised():
+    d = diagnose(Batches(SLEEP), fast_step, batches=9, device="cpu", alternatives={"fast copy": (Batches(), "use the fast copy")})
+    assert d.bound == "data-bound" and d.data_bound > 0.8, d
+    assert d.verdict.startswith(f"data-bound: {d.data_bound:.0%} of each step waits for data")
+    assert d.loader.images_per_s < 8 / SLEEP * 1.05 < d.step.images_per_s  # 8 images per 20 ms at most
+    assert d.alternatives[0].measured.images_per_s > 3 * d.loader.images_per_s
+    assert any(line.startswith("fast copy: ") and line.endswith("use the fast copy") for line in d.advice)
+    report = str(d)
+    assert "(a) loader alone" in report and "(b) step alone" in report and "(c) training loop" in report
+    assert json.loads(json.dumps(d.to_dict()))["bound"] == "data-bound"
+
+
+def test_fast_loader_with_slow_step_is_compute_bound():
+    d = diagnose(Batches(), slow_step, batches=9, device="cpu")
+    assert d.bound == "compute-bound" and d.data_bound < 0.15, d
+    assert d.verdict.startswith("compute-bound") and "faster data would not help" in d.verdict
+    assert d.step.images_per_s < 8 / SLEEP * 1.05 < d.loader.images_per_s
+    assert d.together.images_per_s == pytest.approx(d.step.images_per_s, rel=0.3)
+
+
+def test_float_batches_get_measured_normalisation_advice():
+    d = diagnose(Batches(SLEEP, dtype=torch.float32), fast_step, batches=6, device="cpu")
+    assert d.host_normalise_ms is not None and d.host_normalise_ms > 0
+    assert any("normalise on the device (readers.Normalize)" in line for line in d.advice)
+
+
+def test_crashing_step_loader_and_non_batches_are_one_line_errors():
+    def broken(images, labels):
+        return 1 / 0
+
+    with pytest.raises(StepError, match=r"^the step .*broken raised ZeroDivisionError: division by zero$"):
+        diagnose(Batches(), broken, batches=3, device="cpu")
+
+    def failing():
+        yield torch.zeros(2, 3), torch.zeros(2)
+        raise OSError("disk gone\nsecond line")
+
+    with pytest.raises(LoaderError, match=r"raised OSError: disk gone$"):
+        diagnose(type("L", (), {"__iter__": lambda self: failing()})(), fast_step, batches=6, device="cpu", warmup=0)
+    with pytest.raises(LoaderError, match="yielded a int, not an \\(images, labels\\) batch"):
+        diagnose([1, 2, 3], fast_step, batches=3, device="cpu")
+    with pytest.raises(LoaderError, match="yielded no batches"):
+        diagnose([], fast_step, batches=3, device="cpu")
+
+
+def _trace_names(path: str) -> set[str]:
+    with open(path) as handle:
+        return {event.get("name", "") for event in json.load(handle)["traceEvents"]}
+
+
+def test_trace_holds_the_loops_and_the_loaders_ranges(packed_32, tmp_path):
+    loader = readers.Loader(readers.open_dataset(packed_32("blob")), 4)
+    d = diagnose(loader, fast_step, batches=3, device="cpu", trace=tmp_path / "trace")
+    assert d.trace is not None and d.trace.endswith(".pt.trace.json") and d.trace.startswith(str(tmp_path / "trace"))
+    names = _trace_names(d.trace)
+    assert {"diagnose.wait_for_batch", "diagnose.copy_to_device", "diagnose.step"} <= names
+    assert {"packer.loader.wait", "packer.loader.fill"} <= names  # fill runs in the loader's threads
+
+
+# -- packer doctor ---------------------------------------------------------------------------
+FAST = ["--batch-size", "4", "--batches", "3", "--rounds", "3", "--step-ms", "1", "--size", "32", "-q"]
+
+
+def test_doctor_on_a_folder_measures_the_packed_alternative(image_folder):
+    result = CliRunner().invoke(cli, ["doctor", str(image_folder), "--workers", "0", "--sample", "8", "--json", *FAST])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    d = report["diagnosis"]
+    assert report["kind"] == "folder" and report["sample"] == 8 and report["convert_images_per_s"] > 0
+    assert d["loader_name"] == "DataLoader(PILFolder, num_workers=0)" and d["sample_shape"] == [3, 32, 32]
+    (alt,) = d["alternatives"]
+    assert alt["label"] == "packed blob (8 images)" and alt["how"].startswith(f"packer convert {image_folder} train.blob --size 32")
+    assert alt["measured"]["images_per_s"] > 0
+
+
+STEPS = '''
+import time
+
+calls = []
+
+def step(images, labels):
+    assert images.shape[1:] == (3, 32, 32) and images.dtype.is_floating_point is False
+    time.sleep(0.02)
+
+def broken(images, labels):
+    raise RuntimeError("CUDA out of memory (pretend)")
+'''
+
+
+def test_doctor_on_a_blob_with_a_user_step(packed_32, tmp_path, monkeypatch):
+    (tmp_path / "mysteps.py").write_text(STEPS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mysteps", raising=False)
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", "mysteps:step", *FAST])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("diagnosis of Loader(RAMDataset, batch_size=4)")
+    assert "verdict: compute-bound" in result.output  # 20 ms a step against a RAM blob of 18 images
+
+
+@pytest.mark.parametrize(
+    "step, message",
+    [
+        ("mysteps:broken", "Error: the step broken raised RuntimeError: CUDA out of memory (pretend)"),
+        ("mysteps:nothing", "Error: --step 'mysteps:nothing': mysteps has no function 'nothing'"),
+        ("nosuchmodule:step", "Error: --step 'nosuchmodule:step': cannot import 'nosuchmodule': ModuleNotFoundError"),
+        ("mysteps", "Error: --step 'mysteps': expected module:function"),
+    ],
+)
+def test_doctor_step_errors_are_one_line(packed_32, tmp_path, monkeypatch, step, message):
+    (tmp_path / "mysteps.py").write_text(STEPS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mysteps", raising=False)
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", step, *FAST])
+    assert result.exit_code in (1, 2) and result.output.startswith(message), result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_doctor_plot_without_matplotlib_names_the_extra(packed_32, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *FAST])
+    assert result.exit_code == 1 and result.output == "Error: --plot needs matplotlib: pip install 'packer[bench]'\n"
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_doctor_plot_draws_a_png(packed_32, tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *FAST])
+    assert result.exit_code == 0, result.output
+    with Image.open(tmp_path / "p.png") as image:
+        assert image.format == "PNG" and image.size == (1100, 380)
