@@ -296,10 +296,19 @@ class ShardPlan:
 
     def shards(self, items: Sequence[T], epoch: int, worker: int = 0, num_workers: int = 1) -> list[T]:
         """The part of ``items`` (shards, in their stored order) that ``worker`` reads in ``epoch``."""
+        return self._order(items, epoch)[self.rank :: self.world_size][worker::num_workers]
+
+    def split(self, items: Sequence[T], epoch: int, num_workers: int = 1) -> list[list[list[T]]]:
+        """Every rank's parts of ``items`` in ``epoch``, per worker: ``split(...)[r][w]`` is what
+        :meth:`shards` gives worker ``w`` of rank ``r`` (one shuffle for all)."""
+        order = self._order(items, epoch)
+        return [[order[r :: self.world_size][w::num_workers] for w in range(num_workers)] for r in range(self.world_size)]
+
+    def _order(self, items: Sequence[T], epoch: int) -> list[T]:
         order = list(items)
         if self.shuffle:
             random.Random(mix_seed(self.seed, epoch)).shuffle(order)
-        return order[self.rank :: self.world_size][worker::num_workers]
+        return order
 
     def sample_rng(self, epoch: int, worker: int) -> random.Random:
         """The generator of ``worker``'s sample shuffle buffer in ``epoch`` (seeded by seed, epoch, rank, worker)."""

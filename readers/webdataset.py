@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlparse
@@ -185,8 +184,8 @@ class StreamingShards(IterableDataset):
         if getattr(self, "_shares_cache", (None,))[0] != key:
             counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
             try:
-                natural = [[sum(counts[_basename(url)] for url in replace(self.plan, rank=r).shards(self.urls, self.epoch, w, key[1]))
-                            for w in range(key[1])] for r in range(self.world_size)]
+                natural = [[sum(counts[_basename(url)] for url in part) for part in rank]
+                           for rank in self.plan.split(self.urls, self.epoch, key[1])]
             except KeyError as exc:
                 raise TypeError(f"StreamingShards: shard {exc} is not listed in the metadata") from None
             shares = equal_batches(natural, self.batch_size or 1, self.drop_last)

@@ -202,3 +202,16 @@ def small_shards_without_meta(folders, tmp_path) -> list[str]:
     for name in ("shard-000000.tar", "shard-000001.tar"):
         shutil.copy(folders[5] / name, tmp_path / name)
     return [str(tmp_path / "shard-000000.tar"), str(tmp_path / "shard-000001.tar")]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_split_of_every_rank_is_what_each_rank_reads(shuffle):
+    """``ShardPlan.split`` (every rank's shares at once, one shuffle) agrees with each rank's ``shards``."""
+    from readers.epoch import ShardPlan
+
+    items = [f"shard-{i}" for i in range(11)]
+    for world_size, num_workers, epoch in [(1, 1, 0), (2, 3, 1), (3, 2, 2), (4, 1, 5)]:
+        split = ShardPlan(shuffle, 5, 0, world_size).split(items, epoch, num_workers)
+        assert split == [[ShardPlan(shuffle, 5, r, world_size).shards(items, epoch, w, num_workers) for w in range(num_workers)]
+                         for r in range(world_size)]
+        assert sorted(s for rank in split for part in rank for s in part) == sorted(items)
