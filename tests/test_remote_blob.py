@@ -53,9 +53,10 @@ def assert_same_blob(fetched: Path, local: Path, *, images: bool = True) -> None
     a, b = fetched.read_bytes(), local.read_bytes()
     _, version, alignment, count, *pairs = struct.unpack("<8sIIQ12Q", a[:120])
     assert a[:120] == b[:120] and len(a) == len(b)
-    meta_offset = pairs[-2]
+    meta_offset, meta_end = pairs[-2], pairs[-2] + pairs[-1]
     assert a[:meta_offset] == b[:meta_offset]  # header, data, labels, offsets, shapes, checksums
-    meta_a, meta_b = (json.loads(x[meta_offset:].rstrip(b"\0")) for x in (a, b))
+    assert a[meta_end:] == b[meta_end:]  # the source names (after the metadata)
+    meta_a, meta_b = (json.loads(x[meta_offset:meta_end]) for x in (a, b))
     assert {**meta_a, "created": None} == {**meta_b, "created": None}
     if not images:
         return
