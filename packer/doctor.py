@@ -3,7 +3,7 @@
 :func:`run_doctor` builds the loader a user would write (a folder: per-file PIL decode and
 resize in a torch ``DataLoader`` with worker processes; a packed dataset: ``readers.Loader``),
 takes the user's ``step(images, labels)`` (``--step module:function``) or a built-in model-free
-step of a given cost (:class:`CostStep`), and runs :func:`readers.diagnose.diagnose` on them.
+step of a given cost (:class:`CostStep`), and runs :func:`readers.diagnose` on them.
 For a folder it also converts an evenly spaced sample to a temporary blob and times
 ``readers.Loader`` over it in the same rounds, so "convert it" comes with a figure measured on
 this machine. The chart (``--plot``) is :func:`plot`.
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from readers.diagnose import DiagnoseError, Diagnosis, diagnose
+from readers.diagnose_loop import DiagnoseError, Diagnosis, diagnose
 from readers.schema import PackedFormatError
 
 from .bench import sample_folder

@@ -59,8 +59,8 @@ _EXPORTS = {
     "CorruptSampleError": "readers.checksums",
     "UnsupportedVersionError": "readers.schema",
     "FORMAT_VERSION": "readers.schema",
-    "diagnose": "readers.diagnose",
-    "Diagnosis": "readers.diagnose",
+    "diagnose": "readers.diagnose_loop",
+    "Diagnosis": "readers.diagnose_report",
 }
 
 
@@ -79,7 +79,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dataset import PackedDataset
-    from .diagnose import Diagnosis, diagnose
+    from .diagnose_loop import diagnose
+    from .diagnose_report import Diagnosis
     from .gpu import Normalize, RandomHorizontalFlip, RandomResizedCrop
     from .cuda import CUDAPrefetcher
     from .epoch import ResumeError

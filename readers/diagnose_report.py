@@ -1,4 +1,4 @@
-"""What :func:`readers.diagnose.diagnose` found: the figures, the verdict and the advice, in words.
+"""What :func:`readers.diagnose` (:mod:`readers.diagnose_loop`) found: the figures, the verdict and the advice, in words.
 
 Only measured figures go into the text: the verdict comes from the time the loop spent waiting
 for data, each piece of advice from an alternative timed in the same rounds (or from a cost
@@ -31,10 +31,14 @@ class Measured:
     max: float
     batches_per_s: float
     mb_per_s: float
-    cpu_cores: float
+    cpu_cores: float | None  # None: measured for too short a time to count CPU ticks
 
     def __str__(self) -> str:
         return f"{self.images_per_s:,.0f} img/s ({self.min:,.0f}-{self.max:,.0f})"
+
+    @property
+    def busy(self) -> str:
+        return "CPU not measured (too short)" if self.cpu_cores is None else f"{self.cpu_cores:.1f} cores busy"
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Diagnosis:
     together: Measured  # (c) the training loop
     data_bound: float  # fraction of (c)'s time spent waiting for the next batch
     copy_share: float  # fraction of (c)'s time spent copying batches to the device
-    cpu_cores: float  # CPU cores busy on average over all measurements (process + children)
+    cpu_cores: float | None  # CPU cores busy on average over all measurements (process + children)
     cores: int  # cores this process may use
     peak_rss_mb: float
     children_peak_rss_mb: float
@@ -88,15 +92,16 @@ class Diagnosis:
         lines = [
             f"diagnosis of {self.loader_name}: batches of {self.batch_size} x {shape} {self.sample_dtype}, step on {self.device}",
             f"  measured in {self.rounds} interleaved rounds of {self.batches_per_round} batches each; median (min-max) of the rounds",
-            f"  (a) loader alone    {self.loader}  {self.loader.mb_per_s:,.0f} MB/s  {self.loader.cpu_cores:.1f} cores busy",
+            f"  (a) loader alone    {self.loader}  {self.loader.mb_per_s:,.0f} MB/s  {self.loader.busy}",
             f"  (b) step alone      {self.step}  (one batch already on the device: the headspace)",
-            f"  (c) training loop   {self.together}  {self.together.cpu_cores:.1f} cores busy",
+            f"  (c) training loop   {self.together}  {self.together.busy}",
             f"  waiting for data: {self.data_bound:.0%} of the loop; copying to the device: {self.copy_share:.0%}",
-            f"  CPU: {self.cpu_cores:.1f} of {self.cores} cores busy on average (this process and its workers); "
+            f"  CPU: {'-' if self.cpu_cores is None else format(self.cpu_cores, '.1f')} of {self.cores} cores busy on average "
+            "(this process and its workers); "
             f"peak RSS {self.peak_rss_mb:,.0f} MB (+ {self.children_peak_rss_mb:,.0f} MB in live workers)",
         ]
         for alt in self.alternatives:
-            lines.append(f"  alternative: {alt.label:<24} {alt.measured}  {alt.measured.cpu_cores:.1f} cores busy")
+            lines.append(f"  alternative: {alt.label:<24} {alt.measured}  {alt.measured.busy}")
         if self.trace:
             lines.append(f"  profiler trace: {self.trace} (TensorBoard: tensorboard --logdir DIR; or ui.perfetto.dev)")
         lines.append(f"verdict: {self.verdict}")
@@ -136,7 +141,7 @@ def advise(d: Diagnosis) -> list[str]:
         if not faster and d.alternatives:
             advice.append("none of the alternatives measured here reads faster than this loader: " + ", ".join(
                 f"{a.label} {a.measured.images_per_s:,.0f} img/s" for a in d.alternatives))
-        if d.cpu_cores >= 0.85 * d.cores:
+        if d.cpu_cores is not None and d.cpu_cores >= 0.85 * d.cores:
             advice.append(f"the CPU is saturated ({d.cpu_cores:.1f} of {d.cores} cores busy): more workers or threads cannot help, "
                           "less work per image can (decode once, ahead of training: packer convert)")
     if d.copy_share >= PARTLY_DATA_BOUND:
@@ -152,5 +157,6 @@ def advise(d: Diagnosis) -> list[str]:
             "normalise on the device (readers.Normalize)"
         )
     if not advice:
-        advice.append("nothing to change on the data side" if d.bound == "compute-bound" else "no measured alternative: try packer doctor on the source folder")
+        advice.append("nothing to change on the data side" if d.bound == "compute-bound" else
+                      "no alternative loader was measured (diagnose(..., alternatives=...); packer doctor on an image folder times a packed copy)")
     return advice

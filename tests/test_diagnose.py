@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import readers
 from packer.cli import cli
-from readers.diagnose import LoaderError, StepError, diagnose
+from readers.diagnose_loop import LoaderError, StepError, diagnose
 
 SLEEP = 0.02  # the slow side: 20 ms a batch; the fast side costs well under 1 ms
 
@@ -172,3 +172,30 @@ def test_doctor_plot_draws_a_png(packed_32, tmp_path):
     assert result.exit_code == 0, result.output
     with Image.open(tmp_path / "p.png") as image:
         assert image.format == "PNG" and image.size == (1100, 380)
+
+
+def test_readers_diagnose_is_the_function_even_after_its_module_is_imported():
+    import readers.diagnose_loop  # noqa: F401 - importing a submodule sets an attribute of the package
+
+    assert readers.diagnose is diagnose and readers.Diagnosis.__name__ == "Diagnosis"
+
+
+def test_example_diagnose_folder_flips_from_data_bound_to_compute_bound(tmp_path):
+    """The seed-style experiment, tiny: the JPEG folder loop waits for data, the blob loop much less."""
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    args = ["--images", "12", "--size", "64", "--batch-size", "4", "--batches", "6", "--workers", "1", "--step-ms", "5", "--device", "cpu"]
+    result = subprocess.run([sys.executable, str(root / "examples" / "diagnose_folder.py"), *args],
+                            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    found = re.fullmatch(r"folder: data-bound, (\d+)% waiting, .*; blob: [a-z -]+, (\d+)% waiting, .*", last)
+    assert found, result.stdout
+    assert int(found[2]) < int(found[1]) / 2
+    assert "diagnosis of the JPEG folder (PIL, 1 workers)" in result.stdout and "diagnosis of the blob (readers.Loader)" in result.stdout
+    assert not any(tmp_path.glob("packer-diagnose-*"))  # the temporary folder is removed

@@ -1,4 +1,7 @@
-"""``diagnose(loader, step)``: is the training loop waiting for data, and what would help?
+"""``readers.diagnose(loader, step)``: is the training loop waiting for data, and what would help?
+
+(This module is ``diagnose_loop``, not ``diagnose``, so that ``readers.diagnose`` stays the function
+once the module is imported.)
 
 Three measurements, taken in interleaved rounds so that machine noise hits all of them alike:
 
@@ -34,6 +37,9 @@ from .diagnose_report import Alternative, Diagnosis, Measured, advise, verdict
 __all__ = ["diagnose", "Diagnosis", "Alternative", "Measured", "DiagnoseError", "StepError", "LoaderError"]
 
 Step = Callable[[Any, Any], Any]
+
+#: CPU time is counted in clock ticks (10 ms): a shorter measurement gives no CPU figure.
+_CPU_MIN_SECONDS = 0.5
 
 
 class DiagnoseError(ValueError):
@@ -79,7 +85,7 @@ class _Rounds:
             images_per_s=statistics.median(rates), min=min(rates), max=max(rates),
             batches_per_s=statistics.median(p.batches / p.seconds for p in phases if p.seconds > 0),
             mb_per_s=statistics.median(p.bytes / p.seconds / 1e6 for p in phases if p.seconds > 0),
-            cpu_cores=sum(p.cpu for p in phases) / seconds if seconds > 0 else 0.0,
+            cpu_cores=sum(p.cpu for p in phases) / seconds if seconds >= _CPU_MIN_SECONDS else None,
         )
 
 
@@ -342,7 +348,7 @@ def diagnose(
         together=results.measured("together"),
         data_bound=sum(p.wait for p in together) / total if total > 0 else 0.0,
         copy_share=sum(p.copy for p in together) / total if total > 0 else 0.0,
-        cpu_cores=cpu / wall if wall > 0 else 0.0,
+        cpu_cores=cpu / wall if wall >= _CPU_MIN_SECONDS else None,
         cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
         peak_rss_mb=rss,
         children_peak_rss_mb=children_rss,
