@@ -36,8 +36,8 @@ from .sources.images import scan_image_folder
 
 __all__ = ["run_doctor", "CostStep", "PILFolder", "load_step", "plot", "DoctorError", "DEFAULT_STEP_MS"]
 
-#: Cost of the built-in step per batch (about what a ResNet-50 training step on one modern GPU
-#: takes for a batch of 64; an assumption to replace with ``--step``, not a measurement).
+#: Cost of the built-in step per batch, ms: a stand-in for a GPU step, not a measurement of one
+#: (``--step module:function`` times the real thing).
 DEFAULT_STEP_MS = 25.0
 
 

@@ -5,6 +5,7 @@ Kept apart from :mod:`packer.doctor` so that ``packer --help`` does not import t
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -25,10 +26,10 @@ __all__ = ["doctor"]
 @click.option("--sample", type=click.IntRange(1), default=500, show_default=True, help="A folder: images converted to a temporary blob to time the packed alternative.")
 @click.option("--trace", type=click.Path(path_type=Path, file_okay=False), help="Write a torch.profiler trace (TensorBoard / Perfetto) to this folder.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), help="Draw the rates and the time split to this PNG (needs matplotlib: packer[bench]).")
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of the report.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write the figures (and the command, date, machine) as JSON to this file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 def doctor(src: Path, step: str | None, step_ms: float, batch_size: int, size: int, workers: int | None, device: str | None,
-           batches: int, rounds: int, sample: int, trace: Path | None, plot: Path | None, as_json: bool, quiet: bool) -> None:
+           batches: int, rounds: int, sample: int, trace: Path | None, plot: Path | None, json_path: Path | None, quiet: bool) -> None:
     """Is your GPU starving? Time the loader, the step and the loop; say what bounds it and what to change.
 
     SRC is an image folder (read the usual way: PIL in DataLoader workers; a sample is also
@@ -49,6 +50,34 @@ def doctor(src: Path, step: str | None, step_ms: float, batch_size: int, size: i
     say = None if quiet else (lambda message: click.echo(message, err=True))
     report = run_doctor(src, step=step, step_ms=step_ms, batch_size=batch_size, size=size, workers=workers, device=device,
                         batches=batches, rounds=rounds, sample=sample, trace=trace, log=say)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
+    click.echo(str(report))
+    if json_path is not None:
+        record = {"command": _command_line(click.get_current_context()), **_machine(), **report.to_dict()}
+        json_path.write_text(json.dumps(record, indent=2) + "\n")
+        click.echo(f"wrote {json_path}")
     if plot is not None:
-        click.echo(f"wrote {draw(report.diagnosis, plot)}", err=as_json)
+        click.echo(f"wrote {draw(report.diagnosis, plot)}")
+
+
+def _command_line(ctx: click.Context) -> str:
+    """``packer doctor SRC`` and the options given on the command line (what --json records)."""
+    from click.core import ParameterSource
+
+    parts = ["packer", "doctor", str(ctx.params["src"])]
+    for param in ctx.command.params:
+        name = param.name or ""
+        if name != "src" and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+            value = ctx.params[name]
+            parts += [param.opts[0]] if value is True else [param.opts[0], str(value)]
+    return shlex.join(parts)
+
+
+def _machine() -> dict[str, object]:
+    """When and where the figures were measured."""
+    import datetime
+    import os
+    import platform
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "cores": len(os.sched_getaffinity(0)), "load_average": list(os.getloadavg())}

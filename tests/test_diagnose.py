@@ -103,10 +103,13 @@ def test_trace_holds_the_loops_and_the_loaders_ranges(packed_32, tmp_path):
 FAST = ["--batch-size", "4", "--batches", "3", "--rounds", "3", "--step-ms", "1", "--size", "32", "-q"]
 
 
-def test_doctor_on_a_folder_measures_the_packed_alternative(image_folder):
-    result = CliRunner().invoke(cli, ["doctor", str(image_folder), "--workers", "0", "--sample", "8", "--json", *FAST])
+def test_doctor_on_a_folder_measures_the_packed_alternative(image_folder, tmp_path):
+    out = tmp_path / "doctor.json"
+    result = CliRunner().invoke(cli, ["doctor", str(image_folder), "--workers", "0", "--sample", "8", "--json", str(out), *FAST])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    assert result.output.startswith("diagnosis of DataLoader(PILFolder, num_workers=0)") and f"wrote {out}" in result.output
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("packer doctor") and report["cores"] >= 1
     d = report["diagnosis"]
     assert report["kind"] == "folder" and report["sample"] == 8 and report["convert_images_per_s"] > 0
     assert d["loader_name"] == "DataLoader(PILFolder, num_workers=0)" and d["sample_shape"] == [3, 32, 32]
