@@ -184,3 +184,62 @@ def test_a_tar_on_ray_gives_the_local_pools_bytes(image_folder, reference, tmp_p
             names.append(txn.get(SOURCES_KEY))
         env.close()
     assert names[0] == names[1] is not None
+
+
+@pytest.mark.parametrize("inflater", ["zlib", "installed"])
+def test_a_compressed_tar_streams_as_tarfile_reads_it(image_folder, tmp_path, monkeypatch, inflater):
+    """The streaming pass gives tarfile's names and bytes (pax long names, a gzip of two members,
+    bzip2, xz), with Python's zlib and with the inflater installed (zlib-ng where present); a
+    truncated or damaged .tar.gz is a one-line error."""
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+
+    from packer.sources import tarstream
+
+    if inflater == "zlib":
+        monkeypatch.setattr(tarstream, "gzip_inflater", lambda: zlib)
+    files = [(f"train/{name}", data) for name, data in class_files(image_folder)]
+    files.append(("train/class_00/" + "n" * 150 + ".jpg", files[0][1]))  # a pax path (over 100 bytes)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    plain = buffer.getvalue()
+    half = len(plain) // 2
+    made = {
+        "gz": gzip.compress(plain), "two-member.gz": gzip.compress(plain[:half]) + gzip.compress(plain[half:]),
+        "bz2": bz2.compress(plain), "xz": lzma.compress(plain),
+    }
+    expected = [(i.name, tarfile.open(fileobj=io.BytesIO(plain)).extractfile(i.name).read()) for i in tarfile.open(fileobj=io.BytesIO(plain))]
+    for suffix, data in made.items():
+        path = tmp_path / f"a.tar.{suffix}"
+        path.write_bytes(data)
+        entries = tarstream.stream_tar(str(path), lambda name: True, lambda held: None)
+        assert [(e.name, e.data) for e in entries] == expected, suffix
+    truncated = tmp_path / "cut.tar.gz"
+    truncated.write_bytes(made["gz"][: len(made["gz"]) // 2])
+    damaged = tmp_path / "damaged.tar.gz"
+    damaged.write_bytes(made["gz"][:5000] + bytes(200) + made["gz"][5200:])
+    for path in (truncated, damaged):
+        result = run(path, tmp_path / f"{path.stem}.lmdb")
+        assert result.exit_code == 1 and result.output.startswith("Error: ") and "cannot read the archive" in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_compressed_tar_over_its_memory_share_is_refused_in_one_line(image_folder, tmp_path, monkeypatch):
+    """A .tar.gz is held in memory while it converts: over 1/MEMORY_SHARE of the available memory
+    it is refused, naming the fix, and the inflating thread is stopped."""
+    import threading
+
+    import packer.sources.archives as archives
+
+    archive = make_archives(image_folder, tmp_path)["tar.gz"]
+    monkeypatch.setattr(archives, "available_memory", lambda: 4 * 3000)  # room for about one member
+    result = run(archive, tmp_path / "o.lmdb")
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and "gunzip -k" in result.output, result.output
+    assert not any(t.name == "packer-inflate" for t in threading.enumerate())
+    assert not (tmp_path / "o.lmdb").exists()

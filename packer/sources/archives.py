@@ -6,8 +6,10 @@ where each member's bytes lie), and each worker then reads its own members by of
 conversion is parallel over all members as a folder's is. A tar of tars (ImageNet's training
 archive) is the same: the inner archives are listed in parallel, one work unit each, and their
 members are read straight from the outer file. A compressed tar cannot be read by offset: it is
-streamed once, here, and its images travel to the workers with their bytes (it must fit in a
-quarter of the available memory; else decompress it once to a .tar, which is read in place).
+streamed once, here (packer/sources/tarstream.py: inflated by zlib-ng where installed, in a
+thread while this one parses), and its images travel to the workers with their bytes (it must fit
+in a quarter of the available memory; else decompress it once to a .tar, which is read in place).
+Its order and labels are known only at its end, so no worker can start before that pass ends.
 
 Labels follow the folder rules (packer/sources/images.py): the archive's top-level folders are
 the classes (a single top folder that holds only folders, as ``tar cf train.tar train/`` makes,
@@ -29,7 +31,6 @@ from __future__ import annotations
 import bz2
 import json
 import lzma
-import mmap
 import os
 import posixpath
 import tarfile
@@ -40,14 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from readers.formats.tar import BLOCK, read_header
-from readers.schema import PackedFormatError, Skipped
+from readers.schema import Skipped
 
 from ..errors import SourceError
 from ..memory import available_memory
 from .images import ImageFolder, ImageItem
 from .labels import LabelTable, match_rows, safe_relative
 from .rules import image_order, is_hidden, is_image_name
+from .tarstream import Entry, list_tar, stream_tar
 
 __all__ = ["Member", "ARCHIVE_SUFFIXES", "is_archive", "is_shard_folder", "scan_archive", "scan_shards", "read_member", "MEMORY_SHARE"]
 
@@ -59,7 +60,6 @@ PARALLEL_LISTING = 16
 MEMORY_SHARE = 4
 _ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated", zipfile.ZIP_BZIP2: "bzip2"}
 _PAYLOAD_EXTENSIONS = (".npy",)
-_ZERO_BLOCK = bytes(BLOCK)
 
 
 @dataclass(frozen=True)
@@ -77,19 +77,6 @@ class Member(ImageItem):
     crc: int = -1
     data: bytes | None = field(default=None, repr=False)
     layout: str | None = None  # "chw" for the .npy payloads of packer's own shards
-
-
-@dataclass
-class _Entry:
-    """A member as listed: stored name, where it lies, what it is."""
-
-    name: str
-    offset: int = 0
-    size: int = 0
-    method: str = "stored"
-    crc: int = -1
-    data: bytes | None = None
-    link: bool = False
 
 
 def is_archive(src: str | os.PathLike[str]) -> bool:
@@ -117,7 +104,7 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
         if lower.endswith(".zip"):
             entries = _list_zip(archive)
         elif lower.endswith(".tar"):
-            entries = _list_tar(archive)
+            entries = list_tar(archive)
         else:
             entries = _stream_tar(archive)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
@@ -171,7 +158,7 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
     labeled = False
     for shard in shards:
         try:
-            entries = _list_tar(str(shard))
+            entries = list_tar(str(shard))
         except (tarfile.TarError, OSError) as exc:
             raise SourceError(f"{shard}: cannot read the shard ({getattr(exc, 'strerror', None) or exc})") from None
         for key, group in _samples(_safe(entries, skipped, prefix=f"{shard.name}/")):
@@ -219,98 +206,29 @@ def read_member(member: Member) -> bytes:
 
 
 # -- listing ------------------------------------------------------------------------------------
-def _list_tar(path: str, base: int = 0, size: int | None = None) -> list[_Entry]:
-    """The members of the uncompressed tar at ``path`` (or of the one inside it at ``base``,
-    ``size`` bytes long): one pass over the headers of a memory map, never the member data
-    (ustar, GNU long names and pax records as Python's tarfile writes them)."""
-    with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
-            return []
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                return _headers(view[base : base + size if size is not None else len(view)], base)
-            finally:
-                view.release()
-
-
-def _headers(view: memoryview, base: int) -> list[_Entry]:
-    entries: list[_Entry] = []
-    position, long_name, long_size = 0, None, None
-    while position + BLOCK <= len(view):
-        block = bytes(view[position : position + BLOCK])
-        if block == _ZERO_BLOCK:
-            break
-        try:
-            name, size, kind = read_header(block)
-        except PackedFormatError as exc:
-            raise tarfile.TarError(f"{exc} at byte {base + position}") from None
-        start = position + BLOCK
-        size = long_size if long_size is not None and kind not in (b"x", b"L", b"g") else size
-        if start + size > len(view):
-            raise tarfile.TarError(f"ends inside the member {name!r} (truncated)")
-        if kind == b"x":  # pax record of the next member: its path and size may be here
-            records = _pax(bytes(view[start : start + size]))
-            long_name = records.get("path", long_name)
-            long_size = int(records["size"]) if "size" in records else long_size
-        elif kind == b"L":  # GNU long name of the next member
-            long_name = bytes(view[start : start + size]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif kind != b"g":
-            if kind in (b"0", b"\0", b"7"):
-                entries.append(_Entry(long_name or name, base + start, size))
-            elif kind in (b"1", b"2"):
-                entries.append(_Entry(long_name or name, link=True))
-            long_name = long_size = None
-        position = start + size + (-size % BLOCK)
-    return entries
-
-
-def _pax(data: bytes) -> dict[str, str]:
-    """The ``key=value`` records of a pax header (``"%d %s=%s\\n"``)."""
-    records = {}
-    position = 0
-    while position < len(data):
-        length, _, rest = data[position:].partition(b" ")
-        if not length.isdigit() or int(length) == 0:
-            break
-        record = data[position + len(length) + 1 : position + int(length) - 1]
-        key, _, value = record.partition(b"=")
-        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        position += int(length)
-    return records
-
-
-def _list_inner(task: tuple[str, int, int]) -> list[_Entry]:
+def _list_inner(task: tuple[str, int, int]) -> list[Entry]:
     """The members of the inner tar at ``offset`` (``size`` bytes) of the tar ``path`` (a work unit)."""
     path, offset, size = task
-    return _list_tar(path, offset, size)
+    return list_tar(path, offset, size)
 
 
-def _stream_tar(path: str) -> list[_Entry]:
-    """The members of a compressed tar, read in one streaming pass, image bytes kept."""
+def _stream_tar(path: str) -> list[Entry]:
+    """The members of a compressed tar, read in one streaming pass, image bytes kept (at most
+    1/MEMORY_SHARE of the available memory)."""
     budget = (available_memory() or 0) // MEMORY_SHARE
-    held = 0
-    entries = []
-    with tarfile.open(path, "r|*") as tar:
-        for info in tar:
-            if not (info.isfile() or info.issym() or info.islnk()):
-                continue
-            entry = _Entry(info.name, link=not info.isfile())
-            if info.isfile() and is_image_name(posixpath.basename(info.name)):
-                handle = tar.extractfile(info)
-                entry.data = handle.read() if handle is not None else b""
-                held += len(entry.data)
-                if held > budget:
-                    raise SourceError(
-                        f"{path}: a compressed tar is held in memory while it converts, and this one holds more than a "
-                        f"quarter of the memory available ({budget >> 20:,} MiB); decompress it once to a .tar (gunzip -k), "
-                        "which is read in place, in parallel"
-                    )
-            entries.append(entry)
-    return entries
+
+    def within(held: int) -> None:
+        if budget and held > budget:
+            raise SourceError(
+                f"{path}: a compressed tar is held in memory while it converts, and this one holds more than a "
+                f"quarter of the memory available ({budget >> 20:,} MiB); decompress it once to a .tar (gunzip -k), "
+                "which is read in place, in parallel"
+            )
+
+    return stream_tar(path, lambda name: is_image_name(posixpath.basename(name)), within)
 
 
-def _list_zip(path: str) -> list[_Entry]:
+def _list_zip(path: str) -> list[Entry]:
     entries = []
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
@@ -319,11 +237,11 @@ def _list_zip(path: str) -> list[_Entry]:
             method = _ZIP_METHODS.get(info.compress_type, f"method {info.compress_type}")
             if info.flag_bits & 0x1:
                 method = "encrypted"
-            entries.append(_Entry(info.filename, info.header_offset, info.compress_size, method, info.CRC))
+            entries.append(Entry(info.filename, info.header_offset, info.compress_size, method, info.CRC))
     return entries
 
 
-def _tar_of_tars(archive: str, inner: list[_Entry], kept: list[_Entry], skipped: list[Skipped], workers: int | None) -> ImageFolder:
+def _tar_of_tars(archive: str, inner: list[Entry], kept: list[Entry], skipped: list[Skipped], workers: int | None) -> ImageFolder:
     """Each inner tar a class (sorted by name), its images read straight from the outer file."""
     from ..parallel import ordered_map
 
@@ -346,7 +264,7 @@ def _tar_of_tars(archive: str, inner: list[_Entry], kept: list[_Entry], skipped:
     return _folder(archive, items, classes, True, skipped, empty)
 
 
-def _safe(entries: Iterable[_Entry], skipped: list[Skipped], prefix: str = "") -> list[_Entry]:
+def _safe(entries: Iterable[Entry], skipped: list[Skipped], prefix: str = "") -> list[Entry]:
     """The entries to consider: hidden names and ``__MACOSX/`` ignored; unsafe paths, links and
     unreadable zip members refused (recorded). Names become clean relative paths."""
     kept = []
@@ -368,7 +286,7 @@ def _safe(entries: Iterable[_Entry], skipped: list[Skipped], prefix: str = "") -
     return kept
 
 
-def _samples(entries: list[_Entry]) -> Iterable[tuple[str, list[_Entry]]]:
+def _samples(entries: list[Entry]) -> Iterable[tuple[str, list[Entry]]]:
     """WebDataset samples: consecutive members sharing a key (path up to the file name's first dot)."""
     key, group = None, []
     for entry in entries:
@@ -383,7 +301,7 @@ def _samples(entries: list[_Entry]) -> Iterable[tuple[str, list[_Entry]]]:
         yield key, group
 
 
-def _top_folder(entries: list[_Entry], *, looked_through: bool) -> str:
+def _top_folder(entries: list[Entry], *, looked_through: bool) -> str:
     """``"TOP/"`` when every entry is under the one folder TOP (and, if ``looked_through``, every
     one is in a sub-folder of it), else ``""``."""
     tops = {e.name.split("/", 1)[0] for e in entries if "/" in e.name}
@@ -395,7 +313,7 @@ def _top_folder(entries: list[_Entry], *, looked_through: bool) -> str:
     return top
 
 
-def _member(archive: str, entry: _Entry, label: int, *, name: str | None = None, root: str | None = None,
+def _member(archive: str, entry: Entry, label: int, *, name: str | None = None, root: str | None = None,
             layout: str | None = None) -> Member:
     """The input for ``entry`` of ``archive``: recorded as ``name`` (default: its path), found at
     ``ROOT/name`` in messages (``root``: default the archive; for shards, their folder)."""
