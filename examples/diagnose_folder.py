@@ -1,19 +1,21 @@
 """Is the GPU starving? The same training loop over a raw JPEG folder, then over packer's blob.
 
-    python examples/diagnose_folder.py                          # 300 ImageNet-sized JPEGs, a model step
-    python examples/diagnose_folder.py --step-ms 25             # the model-free step instead (25 ms a batch)
+    python examples/diagnose_folder.py                          # 300 ImageNet-sized JPEGs; ResNet-18 on CUDA
+    python examples/diagnose_folder.py --model small            # a light CNN step on the CPU
     python examples/diagnose_folder.py --images 48 --step-ms 5  # a quick run
 
 A folder of ``--images`` generated JPEGs of 500x375 (ImageNet's typical size; nothing is
 downloaded) is read the usual way: PIL decode, resize and center-crop in a torch ``DataLoader``
 with worker processes. :func:`readers.diagnose` times the loader alone, the step alone and the
-loop, and says what bounds it: on a GPU, and on a CPU with a light step, the decoding. Then the
+loop, and says what bounds it: with a GPU step (or its CPU stand-in), the decoding. Then the
 folder is converted once (``packer.convert``) to a RAM blob and the same loop runs over
 ``readers.Loader``: the verdict flips to compute-bound, and the loop runs as fast as the step.
 
-The step is a ResNet-18-style training step on CUDA (``--model resnet``, the default there) and a
-light patchify CNN on the CPU (``--model small``), or the built-in model-free step of a fixed cost
-(``--step-ms``, from ``packer doctor``). Everything is written to a temporary folder and removed.
+The step is a ResNet-18-style training step on CUDA (``--model resnet``, the default there). On
+the CPU the default is the model-free step of ``packer doctor`` (25 ms a batch, ``--step-ms``),
+which stands for a GPU step: it leaves the CPU to the loader. A model on the CPU (``--model small``)
+shares the cores with the decoding workers, and the diagnosis then says the step is contended.
+Everything is written to a temporary folder and removed.
 """
 
 from __future__ import annotations
@@ -92,16 +94,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=24, help="batches per measurement, over 3 rounds")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="DataLoader worker processes for the folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--model", choices=("small", "resnet"), help="default: resnet on CUDA, small on the CPU")
-    parser.add_argument("--step-ms", type=float, help="use the model-free step of this cost (ms a batch) instead of a model")
+    parser.add_argument("--model", choices=("small", "resnet"), help="default: resnet on CUDA, the model-free step on the CPU")
+    parser.add_argument("--step-ms", type=float, help="use the model-free step of this cost (ms a batch; default on the CPU: 25)")
     args = parser.parse_args()
     device = torch.device(args.device)
 
-    if args.step_ms is not None:
-        step = CostStep(args.step_ms)
+    if args.step_ms is not None or (args.model is None and device.type != "cuda"):
+        step: CostStep | TrainStep = CostStep(25.0 if args.step_ms is None else args.step_ms)
     else:
-        model = (args.model or ("resnet" if device.type == "cuda" else "small"))
-        step = TrainStep(resnet18(3) if model == "resnet" else small_model(3), device)
+        step = TrainStep(resnet18(3) if (args.model or "resnet") == "resnet" else small_model(3), device)
 
     with tempfile.TemporaryDirectory(prefix="packer-diagnose-") as tmp:
         per_class = -(-args.images // 3)

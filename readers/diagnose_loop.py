@@ -65,6 +65,7 @@ class _Phase:
     cpu: float = 0.0
     wait: float = 0.0
     copy: float = 0.0
+    stepping: float = 0.0
 
     def rate(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else 0.0
@@ -236,7 +237,8 @@ def _time_together(cycle: _Cycle, step: Step, batches: int, device: torch.device
         with label("diagnose.step"):
             _call_step(step, images, labels)
             _sync(device)
-        phase.wait, phase.copy = phase.wait + t1 - t0, phase.copy + t2 - t1
+        t3 = time.perf_counter()
+        phase.wait, phase.copy, phase.stepping = phase.wait + t1 - t0, phase.copy + t2 - t1, phase.stepping + t3 - t2
         phase.batches, phase.images, phase.bytes = phase.batches + 1, phase.images + len(images), phase.bytes + _nbytes(images)
     phase.seconds, phase.cpu = time.perf_counter() - start, cpu_seconds() - cpu0
     return phase
@@ -259,6 +261,13 @@ def _trace(cycle: _Cycle, step: Step, batches: int, device: torch.device, trace:
         _time_together(cycle, step, batches, device, ranges=True)
     written = sorted(set(folder.glob("*.pt.trace.json")) - before)
     return str(written[-1]) if written else str(folder)
+
+
+def _slowdown(together: list[_Phase], alone: list[_Phase]) -> float:
+    """How many times longer a step takes inside the loop than alone (> 1: something competes with it)."""
+    in_loop = sum(p.stepping for p in together) / max(1, sum(p.batches for p in together))
+    by_itself = sum(p.seconds for p in alone) / max(1, sum(p.batches for p in alone))
+    return in_loop / by_itself if by_itself > 0 else 1.0
 
 
 def _host_normalise_ms(images: torch.Tensor) -> float:
@@ -348,6 +357,7 @@ def diagnose(
         together=results.measured("together"),
         data_bound=sum(p.wait for p in together) / total if total > 0 else 0.0,
         copy_share=sum(p.copy for p in together) / total if total > 0 else 0.0,
+        step_slowdown=_slowdown(together, results.phases["step"]),
         cpu_cores=cpu / wall if wall >= _CPU_MIN_SECONDS else None,
         cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
         peak_rss_mb=rss,

@@ -17,6 +17,8 @@ __all__ = ["Measured", "Alternative", "Diagnosis", "verdict", "advise", "DATA_BO
 DATA_BOUND = 0.5
 #: ... and at and above which it is partly data-bound (below: compute-bound).
 PARTLY_DATA_BOUND = 0.15
+#: A step this many times slower inside the loop than alone is competing with the loader.
+CONTENDED = 1.25
 #: An alternative must be this much faster than the loader to be advised.
 _FASTER = 1.1
 
@@ -66,6 +68,7 @@ class Diagnosis:
     together: Measured  # (c) the training loop
     data_bound: float  # fraction of (c)'s time spent waiting for the next batch
     copy_share: float  # fraction of (c)'s time spent copying batches to the device
+    step_slowdown: float  # a step's time inside (c) over its time alone in (b)
     cpu_cores: float | None  # CPU cores busy on average over all measurements (process + children)
     cores: int  # cores this process may use
     peak_rss_mb: float
@@ -95,7 +98,8 @@ class Diagnosis:
             f"  (a) loader alone    {self.loader}  {self.loader.mb_per_s:,.0f} MB/s  {self.loader.busy}",
             f"  (b) step alone      {self.step}  (one batch already on the device: the headspace)",
             f"  (c) training loop   {self.together}  {self.together.busy}",
-            f"  waiting for data: {self.data_bound:.0%} of the loop; copying to the device: {self.copy_share:.0%}",
+            f"  waiting for data: {self.data_bound:.0%} of the loop; copying to the device: {self.copy_share:.0%}; "
+            f"a step takes x{self.step_slowdown:.2f} its time alone",
             f"  CPU: {'-' if self.cpu_cores is None else format(self.cpu_cores, '.1f')} of {self.cores} cores busy on average "
             "(this process and its workers); "
             f"peak RSS {self.peak_rss_mb:,.0f} MB (+ {self.children_peak_rss_mb:,.0f} MB in live workers)",
@@ -117,6 +121,12 @@ def verdict(d: Diagnosis) -> str:
     if d.bound == "partly data-bound":
         return f"partly data-bound: {d.data_bound:.0%} of each step waits for data; {figures}"
     share = d.together.images_per_s / d.step.images_per_s if d.step.images_per_s > 0 else 0.0
+    if d.step_slowdown >= CONTENDED:
+        return (
+            f"compute-bound but contended: only {d.data_bound:.0%} of each step waits for data, yet a step takes "
+            f"x{d.step_slowdown:.1f} its time alone: the loader competes with it for the CPU (the loop runs at {share:.0%} "
+            f"of the step alone, {d.together.images_per_s:,.0f} of {d.step.images_per_s:,.0f} img/s)"
+        )
     return (
         f"compute-bound: only {d.data_bound:.0%} of each step waits for data; the loop runs at {share:.0%} of the step alone "
         f"({d.together.images_per_s:,.0f} of {d.step.images_per_s:,.0f} img/s); faster data would not help"
@@ -126,7 +136,7 @@ def verdict(d: Diagnosis) -> str:
 def advise(d: Diagnosis) -> list[str]:
     """The changes worth making, each with the gain measured here."""
     advice: list[str] = []
-    if d.bound != "compute-bound":
+    if d.bound != "compute-bound" or d.step_slowdown >= CONTENDED:
         faster = sorted(
             (a for a in d.alternatives if a.measured.images_per_s > _FASTER * d.loader.images_per_s),
             key=lambda a: -a.measured.images_per_s,

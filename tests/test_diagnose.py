@@ -202,3 +202,18 @@ def test_example_diagnose_folder_flips_from_data_bound_to_compute_bound(tmp_path
     assert int(found[2]) < int(found[1]) / 2
     assert "diagnosis of the JPEG folder (PIL, 1 workers)" in result.stdout and "diagnosis of the blob (readers.Loader)" in result.stdout
     assert not any(tmp_path.glob("packer-diagnose-*"))  # the temporary folder is removed
+
+
+def test_a_step_slowed_inside_the_loop_is_called_contended():
+    from readers.diagnose_report import Measured, advise, verdict
+
+    def rate(images_per_s):
+        return Measured(images_per_s, images_per_s, images_per_s, images_per_s / 8, 1.0, 1.9)
+
+    d = readers.Diagnosis("L", "cpu", 8, [3, 4, 4], "uint8", 3, 3, rate(40), rate(31), rate(23), 0.14, 0.0, 1.6, 1.9, 2, 1, 1)
+    assert d.bound == "compute-bound"
+    assert verdict(d).startswith("compute-bound but contended: only 14% of each step waits for data, yet a step takes x1.6")
+    assert advise(d) == ["the CPU is saturated (1.9 of 2 cores busy): more workers or threads cannot help, "
+                         "less work per image can (decode once, ahead of training: packer convert)"]
+    d.step_slowdown = 1.1
+    assert verdict(d).startswith("compute-bound: only 14%") and advise(d) == ["nothing to change on the data side"]
