@@ -126,3 +126,50 @@ def test_overwrite_of_a_remote_dst_refuses_user_objects(s3, src):
     convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=8), workers=1)
     report = convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=12), workers=1, overwrite=True)
     assert report.shape == (3, 12, 12)
+
+
+SLOW_ADD = "import time, packer.writers.base as b; add = b.Writer.add; b.Writer.add = lambda s, x: (time.sleep(0.05), add(s, x))[1]"
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_sigkilled_conversions_lock_file_never_blocks_or_confuses_a_later_run(image_folder, tmp_path, checkpointed):
+    """SIGKILL leaves the empty ``DST.partial-lock`` (the flock goes with the process): readers
+    and ``packer info`` name the unfinished conversion, not the lock; the next run is refused only
+    for a checkpoint it could resume (never "another conversion is writing it"); --resume, or a
+    plain run when nothing was saved, takes the lock over, finishes, and leaves no lock file."""
+    import sys
+
+    from checkpoints import convert_until_checkpoint
+    from readers.schema import IncompleteDatasetError
+
+    dst = tmp_path / "d.lmdb"
+    lock, journal = tmp_path / "d.lmdb.partial-lock", tmp_path / "d.lmdb.partial-journal" / "journal.json"
+    args = ["convert", str(image_folder), str(dst), "--size", "8", "-j", "1", "-q"]
+    if checkpointed:
+        assert convert_until_checkpoint(args, journal, setup=SLOW_ADD) > 0
+    else:  # killed before its first checkpoint: the lock file is there, the journal holds nothing
+        import signal
+        import subprocess
+        import time
+
+        child = f"{SLOW_ADD}; import packer.writers.journal as j; j.CHECKPOINT_SECONDS = 1e9; from packer.cli import cli; cli({args!r})"
+        proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+        while not (tmp_path / "d.lmdb.partial" / "data.mdb").exists():
+            assert proc.poll() is None
+            time.sleep(0.01)
+        time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert lock.exists() and not dst.exists()
+    with pytest.raises(IncompleteDatasetError, match="d.lmdb.partial is an unfinished conversion"):
+        open_store(dst)
+    info = run("info", dst)
+    assert info.exit_code == 1 and "unfinished conversion" in info.output and "lock" not in info.output
+    again = run(*args)
+    if checkpointed:
+        assert again.exit_code == 1 and "--resume" in again.output and "another packer conversion" not in again.output
+        assert lock.exists() and journal.exists()  # the refusal touched nothing
+        again = run(*args, "--resume")
+    assert again.exit_code == 0, again.output
+    assert open_store(dst).meta.count == 18 and not lock.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.lmdb"]
