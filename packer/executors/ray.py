@@ -26,6 +26,7 @@ uploads them (packer/remote.py).
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -47,6 +48,10 @@ _MAX_CHUNK = 64
 _NODE_RETRIES = 2
 
 _remote_chunk: Any = None  # the Ray remote function, made on first use (importing does nothing)
+#: How packer starts (or joins) Ray: no dashboard, workers' output not forwarded, and Ray's own
+#: driver messages ("Started a local Ray instance", its token-authentication notice) at ERROR
+#: only: packer's summary says what ran, so ``--quiet`` stays quiet (errors still show).
+RAY_INIT: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
 _worker_ready = False
 
 
@@ -105,7 +110,7 @@ def ray_ordered_map(
         raise ValueError(f"item_timeout must be positive, got {item_timeout!r}")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address, **RAY_INIT)
     elif address is not None:
         raise OptionError(f"--ray-address {address}: Ray is already initialised in this process (pass no address)")
     if _remote_chunk is None:
@@ -140,7 +145,7 @@ class RayExecutor:
         next map then leaves it, as it would have left a cluster it joined itself."""
         ray = _import_ray()
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            ray.init(address=self.address, **RAY_INIT)
             self._started = True
         elif self.address is not None and not self._started:
             raise OptionError(f"--ray-address {self.address}: Ray is already initialised in this process (pass no address)")
