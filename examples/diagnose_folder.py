@@ -21,7 +21,12 @@ Everything is written to a temporary folder and removed.
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import platform
+import shlex
+import sys
 import tempfile
 from pathlib import Path
 
@@ -96,6 +101,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", choices=("small", "resnet"), help="default: resnet on CUDA, the model-free step on the CPU")
     parser.add_argument("--step-ms", type=float, help="use the model-free step of this cost (ms a batch; default on the CPU: 25)")
+    parser.add_argument("--json", type=Path, help="also write both diagnoses, the command, date and machine to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
 
@@ -125,6 +131,16 @@ def main() -> None:
     print(f"folder: {raw.bound}, {raw.data_bound:.0%} waiting, {raw.together.images_per_s:,.0f} img/s; "
           f"blob: {packed.bound}, {packed.data_bound:.0%} waiting, {packed.together.images_per_s:,.0f} img/s "
           f"(x{packed.together.images_per_s / raw.together.images_per_s:.1f})")
+    if args.json is not None:
+        record = {
+            "command": shlex.join(["python", "examples/diagnose_folder.py", *sys.argv[1:]]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.machine(), "cores": len(os.sched_getaffinity(0)), "load_average": list(os.getloadavg()),
+            "cuda": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "step": step.__qualname__, "folder": raw.to_dict(), "blob": packed.to_dict(),
+        }
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

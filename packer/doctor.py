@@ -119,12 +119,16 @@ class DoctorReport:
 
 
 def _is_packed(src: Path) -> str | None:
+    """The format of a packed image dataset at ``src``; None when it is not packed (a folder)."""
     from .info import read_metadata
 
     try:
-        return read_metadata(src).format
+        meta = read_metadata(src)
     except (PackedFormatError, FileNotFoundError, NotADirectoryError, OSError, ValueError):
         return None
+    if meta.kind != "image":
+        raise DoctorError(f"{src}: a {meta.kind} dataset; packer doctor measures loaders of (images, labels) batches")
+    return meta.format
 
 
 def run_doctor(
@@ -185,8 +189,11 @@ def run_doctor(
                    f"~{len(items) / max(done.images_per_second, 1e-9) / 60:,.1f} min for the {len(items):,} images), "
                    f"then readers.Loader(readers.RAMDataset('train.blob'), {batch_size})")
             alternatives = {f"packed blob ({len(picked)} images)": (packed, how)}
-            loader = DataLoader(PILFolder(items, size), batch_size=batch_size, shuffle=True, num_workers=cores,
-                                collate_fn=collate, persistent_workers=cores > 0)
+            loader = _folder_loader(items, size, batch_size, cores)
+            if cores < default_workers():  # more workers: measured too, in the same rounds
+                more = default_workers()
+                alternatives[f"num_workers={more}"] = (_folder_loader(items, size, batch_size, more),
+                                                       f"--workers {more} (DataLoader(num_workers={more}))")
             report = DoctorReport(None, str(src), "folder", len(picked), done.images_per_second)  # type: ignore[arg-type]
         say(f"diagnosing: {batches} batches of {batch_size} per measurement, {rounds} rounds")
         try:
@@ -197,6 +204,11 @@ def run_doctor(
         return report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _folder_loader(items: list[tuple[str, int]], size: int, batch_size: int, workers: int) -> DataLoader:
+    return DataLoader(PILFolder(items, size), batch_size=batch_size, shuffle=True, num_workers=workers,
+                      collate_fn=collate, persistent_workers=workers > 0)
 
 
 def _describe(loader: Any) -> str:
@@ -223,8 +235,8 @@ def plot(diagnosis: Diagnosis, path: str | Path) -> Path:
     errors = [[m.images_per_s - m.min for _, m in bars], [m.max - m.images_per_s for _, m in bars]]
     rates.barh(names, medians, xerr=errors, color=["#4c72b0", "#55a868", "#c44e52"] + ["#8172b2"] * len(d.alternatives))
     rates.set_xscale("log")
-    for y, value in enumerate(medians):
-        rates.annotate(f" {value:,.0f}", (value, y), va="center", fontsize=8)
+    for y, (_name, m) in enumerate(bars):  # the median, written right of its error bar
+        rates.annotate(f" {m.images_per_s:,.0f}", (max(m.max, m.images_per_s), y), va="center", fontsize=8)
     rates.invert_yaxis()
     rates.set_xlabel("images/s, log scale (median, min-max of the rounds)")
     rates.set_title(d.verdict.split(";")[0])

@@ -91,11 +91,24 @@ class _Rounds:
 
 
 class _Cycle:
-    """Batches from ``loader`` forever (a new epoch when one ends), checked to be ``(images, labels)``."""
+    """Batches from ``loader`` forever (a new epoch when one ends), checked to be ``(images, labels)``.
+
+    ``backlog``: how many batches the loader prepares ahead (DataLoader: ``prefetch_factor`` per
+    worker; packer's Loader: ``prefetch``). While another measurement runs, the loader fills that
+    many; :meth:`drain` takes them, untimed, so that each measurement sees the steady rate."""
 
     def __init__(self, loader: Iterable[Any], name: str) -> None:
         self.loader, self.name = loader, name
         self._it: Iterator[Any] | None = None
+        workers = getattr(loader, "num_workers", 0) or 0
+        if workers > 0:
+            self.backlog = workers * (getattr(loader, "prefetch_factor", None) or 2)
+        else:
+            self.backlog = int(getattr(loader, "prefetch", 0) or 0)
+
+    def drain(self) -> None:
+        for _ in range(self.backlog):
+            self.next()
 
     def next(self) -> tuple[Any, Any]:
         for fresh in (False, True):
@@ -198,6 +211,7 @@ def _call_step(step: Step, images: Any, labels: Any) -> None:
 
 
 def _time_loader(cycle: _Cycle, batches: int) -> _Phase:
+    cycle.drain()
     phase, cpu0, start = _Phase(), cpu_seconds(), time.perf_counter()
     for _ in range(batches):
         images, _labels = cycle.next()
@@ -221,6 +235,7 @@ def _time_step(step: Step, cached: tuple[Any, Any], batches: int, device: torch.
 def _time_together(cycle: _Cycle, step: Step, batches: int, device: torch.device, ranges: bool = False) -> _Phase:
     """The user's loop; on CUDA the copy and the step are synchronised, so the time waiting for
     the next batch is time the device would sit idle."""
+    cycle.drain()
     phase, cpu0 = _Phase(), cpu_seconds()
     label = torch.profiler.record_function if ranges else (lambda name: contextlib.nullcontext())
     _sync(device)
@@ -297,7 +312,8 @@ def diagnose(
 
     ``loader``: any iterable of ``(images, labels)`` batches (re-iterated when an epoch ends);
     ``step(images, labels)``: one training step (its result is ignored). ``batches``: batches per
-    measurement in all (split over ``rounds`` rounds, after ``warmup`` untimed batches).
+    measurement in all (split over ``rounds`` rounds, after ``warmup`` untimed batches; before each
+    timed run of the loader, the batches it prepared ahead while idle are taken untimed).
     ``device``: where the step runs (default: CUDA when available, else the CPU); batches are
     copied there as the training loop would. ``trace``: a folder where one extra, short profiled
     pass writes a ``torch.profiler`` trace (TensorBoard / Perfetto) with the loop's stages (and

@@ -13,7 +13,9 @@ import torch
 from click.testing import CliRunner
 
 import readers
+from packer import convert
 from packer.cli import cli
+from packer.parallel import default_workers
 from readers.diagnose_loop import LoaderError, StepError, diagnose
 
 SLEEP = 0.02  # the slow side: 20 ms a batch; the fast side costs well under 1 ms
@@ -113,9 +115,20 @@ def test_doctor_on_a_folder_measures_the_packed_alternative(image_folder, tmp_pa
     d = report["diagnosis"]
     assert report["kind"] == "folder" and report["sample"] == 8 and report["convert_images_per_s"] > 0
     assert d["loader_name"] == "DataLoader(PILFolder, num_workers=0)" and d["sample_shape"] == [3, 32, 32]
-    (alt,) = d["alternatives"]
+    alt, *more = d["alternatives"]
     assert alt["label"] == "packed blob (8 images)" and alt["how"].startswith(f"packer convert {image_folder} train.blob --size 32")
     assert alt["measured"]["images_per_s"] > 0
+    cores = default_workers()
+    assert [m["label"] for m in more] == [f"num_workers={cores}"] and more[0]["measured"]["images_per_s"] > 0
+
+
+def test_doctor_refuses_a_text_dataset(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("hello world\n" * 20)
+    convert(tmp_path / "corpus", tmp_path / "text.blob", kind="text", workers=1)
+    result = CliRunner().invoke(cli, ["doctor", str(tmp_path / "text.blob"), *FAST])
+    assert result.exit_code == 1 and result.output == (
+        f"Error: {tmp_path / 'text.blob'}: a text dataset; packer doctor measures loaders of (images, labels) batches\n")
 
 
 STEPS = '''
