@@ -149,10 +149,13 @@ def test_doctor_on_a_blob_with_a_user_step(packed_32, tmp_path, monkeypatch):
     (tmp_path / "mysteps.py").write_text(STEPS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "mysteps", raising=False)
-    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", "mysteps:step", *FAST])
+    out = tmp_path / "doctor.json"
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", "mysteps:step", "--json", str(out), *FAST])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("diagnosis of Loader(RAMDataset, batch_size=4)")
-    assert "verdict: compute-bound" in result.output  # 20 ms a step against a RAM blob of 18 images
+    assert result.output.startswith("diagnosis of Loader(RAMDataset, batch_size=4)") and "\nverdict: " in result.output
+    d = json.loads(out.read_text())["diagnosis"]
+    assert d["step"]["images_per_s"] < 4 / 0.02 * 1.05  # the user's step (20 ms a batch of 4) is what ran
+    assert d["loader"]["images_per_s"] > d["step"]["images_per_s"]
 
 
 @pytest.mark.parametrize(
