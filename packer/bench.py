@@ -3,7 +3,8 @@
 :func:`run_bench` converts a deterministic sample of an image folder to every format whose writer
 is available, with the caller's preprocessing options, times reading each through a torch
 ``DataLoader`` (``num_workers`` 0 and all cores; and ``readers.Loader`` when it exists) against
-reading the raw folder with the same preprocessing, and returns a :class:`BenchReport` with a
+reading the raw folder the usual way (PIL, ``Resize`` + ``CenterCrop`` of the same geometry: with
+``--size 224 --resize 256`` the standard crop; :func:`~packer.bench_timing.folder_baseline`), and returns a :class:`BenchReport` with a
 table and a recommendation. Its temporary files are removed whatever happens (Ctrl-C included).
 
 This module samples, converts and drives the run; the timing helpers and the readers compared
@@ -25,9 +26,11 @@ from .bench_timing import (
     DATASET_CLASSES,
     FolderDataset,
     Rate,
+    UsualFolder,
     collate,
     disk_bytes,
     epoch_of,
+    folder_baseline,
     for_at_least,
     loader_rates,
     measure,
@@ -50,6 +53,8 @@ __all__ = [
     "timed_pass",
     "epoch_of",
     "FolderDataset",
+    "UsualFolder",
+    "folder_baseline",
     "collate",
     "open_packed",
     "loader_rates",
@@ -154,7 +159,7 @@ def run_bench(
 
         say(f"timing the raw folder (num_workers {', '.join(map(str, settings))})")
         raw_rates = loader_rates(  # worker processes first, then in this process (see above)
-            FolderDataset(items, image), settings=settings[::-1], batch_size=batch_size, seconds=seconds, repeats=repeats, with_loader=False
+            folder_baseline(items, image), settings=settings[::-1], batch_size=batch_size, seconds=seconds, repeats=repeats, with_loader=False
         )
         report.rows += [BenchRow(RAW_FOLDER, reader, raw_rates[reader]) for reader in sorted(raw_rates)]
         for name, skipped in pending:

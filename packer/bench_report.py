@@ -124,6 +124,8 @@ def _cli_options(image: ImageOptions) -> str:
     if image.size is not None:
         h, w = image.size
         parts.append(f" --size {h}" if h == w else f" --size {h}x{w}")
+        if image.resize is not None:
+            parts.append(f" --resize {image.resize}")
         if image.resize_mode != "center-crop":
             parts.append(f" --resize-mode {image.resize_mode}")
     if image.grayscale:

@@ -30,6 +30,9 @@ __all__ = [
     "timed_pass",
     "epoch_of",
     "FolderDataset",
+    "UsualFolder",
+    "usual_crop",
+    "folder_baseline",
     "collate",
     "open_packed",
     "loader_rates",
@@ -151,6 +154,54 @@ class FolderDataset(Dataset):
         with open(path, "rb") as handle:
             pixels = preprocess_image(handle.read(), self.image)
         return torch.from_numpy(pixels).permute(2, 0, 1), label
+
+
+def usual_crop(image: Any, size: tuple[int, int], shorter: int) -> Any:
+    """torchvision's ``Resize(shorter)`` + ``CenterCrop(size)`` on a PIL image, spelled out
+    (torchvision is not a dependency): the shorter side to ``shorter``, the longer one
+    ``int(shorter * long / short)``, bilinear with PIL's antialiasing, then the centre crop at
+    ``round((side - crop) / 2)``."""
+    from PIL import Image
+
+    w, h = image.size
+    nw, nh = (shorter, int(shorter * h / w)) if w <= h else (int(shorter * w / h), shorter)
+    image = image.resize((nw, nh), Image.BILINEAR)
+    th, tw = size
+    top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
+    return image.crop((left, top, left + tw, top + th))
+
+
+class UsualFolder(Dataset):
+    """The usual per-file pipeline: PIL open, ``Resize`` + ``CenterCrop`` (:func:`usual_crop`),
+    uint8 ``(C, H, W)`` tensor, label; no float normalisation (the GPU's job, as with packer).
+
+    ``shorter``: the ``Resize`` side (``ImageOptions.resize``; the standard 256 for 224)."""
+
+    def __init__(self, items: Sequence[tuple[str, int]], size: tuple[int, int], shorter: int, grayscale: bool = False) -> None:
+        self.items = list(items)
+        self.size, self.shorter, self.mode = size, shorter, "L" if grayscale else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        path, label = self.items[index]
+        with Image.open(path) as image:
+            pixels = np.asarray(usual_crop(image.convert(self.mode), self.size, self.shorter))
+        pixels = pixels.reshape(*pixels.shape[:2], -1)
+        return torch.from_numpy(pixels.copy()).permute(2, 0, 1), label
+
+
+def folder_baseline(items: Sequence[tuple[str, int]], image: ImageOptions) -> Dataset:
+    """What packed data is compared with: the usual PIL pipeline (:class:`UsualFolder`) for a
+    centre crop of a fixed size, with ``Resize(image.resize)`` (``--resize``; else the crop's
+    larger side, packer's default view); other modes, which that pipeline does not spell the
+    same way, read per file with packer's own preprocessing (:class:`FolderDataset`)."""
+    if image.resize_mode == "center-crop" and image.size is not None:
+        return UsualFolder(items, image.size, image.resize or max(image.size), image.grayscale)
+    return FolderDataset(items, image)
 
 
 def open_packed(path: str | Path, format_name: str) -> Dataset:

@@ -97,6 +97,7 @@ def cli() -> None:
 @click.argument("dst", type=click.Path())
 @click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's suffix: .lmdb, .h5/.hdf5, .blob).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size: N (square) or HEIGHTxWIDTH.")
+@click.option("--resize", type=click.IntRange(1), metavar="N", help="Center-crop: scale the shorter side to N first (--size 224 --resize 256: the standard Resize(256) + CenterCrop(224)).")
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="center-crop (default with --size), pad, stretch, shorter (shorter side to N), none (default without --size).")
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
@@ -129,6 +130,7 @@ def convert(
     dst: str,
     format_name: str | None,
     size: str | None,
+    resize: int | None,
     resize_mode: str | None,
     grayscale: bool,
     encoding: str,
@@ -165,6 +167,7 @@ def convert(
     \b
     Examples:
       packer convert imagenet/train train.lmdb --size 224
+      packer convert imagenet/val val.lmdb --size 224 --resize 256
       packer convert faces/ faces.lmdb --size 112x96 --resize-mode pad --grayscale
       packer convert photos/ photos.lmdb --size 256 --resize-mode shorter --encoding jpeg
       packer convert /shared/imagenet /shared/train.shards -f webdataset --executor ray --ray-address auto
@@ -172,8 +175,9 @@ def convert(
       packer convert images/ train.lmdb --labels train.csv --split-column fold --split train
     """
     image = None  # no image option on the command line: a text corpus takes none, an image folder the defaults
-    if _given("size", "resize_mode", "grayscale", "encoding", "quality", "max_pixels"):
-        image = ImageOptions(size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality, max_pixels=max_pixels)
+    if _given("size", "resize", "resize_mode", "grayscale", "encoding", "quality", "max_pixels"):
+        image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality,
+                             max_pixels=max_pixels)
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
@@ -294,6 +298,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 @click.argument("src", type=click.Path(path_type=Path))
 @click.option("--sample", type=click.IntRange(1), default=2000, show_default=True, help="Images of SRC to convert and time (evenly spaced).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size, as in packer convert.")
+@click.option("--resize", type=click.IntRange(1), metavar="N", help="As in packer convert (the raw folder is read with the same crop).")
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="As in packer convert.")
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
@@ -305,7 +310,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True, help="Timed passes per figure (after a warm-up).")
 @click.option("--tmp-dir", type=click.Path(path_type=Path, file_okay=False), help="Where the temporary conversions go (removed afterwards).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int | None,
+def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int | None,
           formats: tuple[str, ...], batch_size: int, workers: int | None, seconds: float, repeats: int, tmp_dir: Path | None, quiet: bool) -> None:
     """Time reading a sample of SRC packed in each format against the raw folder, on this machine.
 
@@ -315,7 +320,7 @@ def bench(src: Path, sample: int, size: str | None, resize_mode: str | None, gra
     """
     from .bench import run_bench
 
-    image = ImageOptions(size=size, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality)
+    image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality)
     try:
         with _interruptible():  # SIGTERM and SIGHUP clean up as Ctrl-C does
             report = run_bench(src, sample=sample, image=image, formats=formats or None, workers=workers, batch_size=batch_size,

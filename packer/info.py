@@ -43,6 +43,7 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
     if len(meta.classes) > MAX_LISTED:
         classes += f", ... ({len(meta.classes) - MAX_LISTED} more)"
     size_text = "x".join(map(str, pre.get("size") or [])) or "original"
+    resize_text = f" after the shorter side to {pre['resize']}" if pre.get("resize") else ""
     rows = [
         ("format", f"{meta.format}, format version {meta.format_version}, written by packer {meta.tool_version}"),
         ("created", meta.created),
@@ -50,7 +51,7 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("shape", shape),
         ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}"),
         ("classes", classes),
-        ("preprocess", f"size {size_text}, {pre.get('resize_mode')}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
+        ("preprocess", f"size {size_text}, {pre.get('resize_mode')}{resize_text}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
         ("source", meta.source),
         ("on disk", f"{size:,} bytes"),
         ("skipped", f"{len(meta.skipped):,}"),

@@ -72,6 +72,10 @@ class ImageOptions:
     ``size``: N, (height, width) or ``"HxW"``; ``None`` keeps the original size.
     ``resize_mode``: one of :data:`~packer.preprocess.geometry.RESIZE_MODES`; defaults to
     ``center-crop`` when a size is given, else ``none``.
+    ``resize``: with ``center-crop``, first scale the shorter side to this (at least the size's
+    larger side), then keep the centre ``size``: ``size=224, resize=256`` is torchvision's
+    ``Resize(256)`` + ``CenterCrop(224)``, the standard evaluation crop. Without it the shorter
+    side is scaled to the size itself (the widest centre view).
     ``encoding``: ``raw`` (uint8 pixels, nothing to decode when reading), ``jpeg`` (lossy,
     ``quality``, default :data:`DEFAULT_QUALITY`) or ``png`` (lossless); ``quality`` with another
     encoding is refused (it would do nothing).
@@ -83,6 +87,7 @@ class ImageOptions:
     encoding: str = "raw"
     quality: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
+    resize: int | None = None
 
     def __post_init__(self) -> None:
         size = parse_size(self.size)
@@ -99,6 +104,8 @@ class ImageOptions:
             raise OptionError(f"--resize-mode {mode} needs --size")
         if mode == "shorter" and size[0] != size[1]:
             raise OptionError(f"--resize-mode shorter takes one number (--size N), got {size[0]}x{size[1]}")
+        if self.resize is not None:
+            self._check_resize(mode, size)
         if self.encoding not in ENCODINGS:
             raise OptionError(f"--encoding: unknown encoding {self.encoding!r} (choose from: {', '.join(ENCODINGS)})")
         if self.quality is not None and self.encoding != "jpeg":
@@ -109,6 +116,25 @@ class ImageOptions:
             raise OptionError(f"--quality: must be an integer from 1 to 100, got {self.quality!r}")
         if not (isinstance(self.max_pixels, int) and self.max_pixels > 0):
             raise OptionError(f"--max-pixels: must be a positive integer, got {self.max_pixels!r}")
+
+    def _check_resize(self, mode: str, size: tuple[int, int] | None) -> None:
+        resize = self.resize
+        if isinstance(resize, bool) or not isinstance(resize, int) or not 1 <= resize <= 65535:
+            raise OptionError(f"--resize: must be a whole number of pixels (1 to 65535), got {resize!r}")
+        if size is None:
+            raise OptionError("--resize: scales the shorter side before the centre crop of --size; give --size too (e.g. --size 224 --resize 256)")
+        if mode != "center-crop":
+            raise OptionError(f"--resize: applies to --resize-mode center-crop only, not {mode}; drop one of them")
+        if resize < max(size):
+            raise OptionError(f"--resize {resize}: must be at least the crop's larger side ({max(size)}), e.g. --size 224 --resize 256")
+
+    @property
+    def decode_target(self) -> tuple[int, int] | None:
+        """(height, width) of the region the source is resized to before cropping, at least: the
+        size, or with ``resize`` the crop's footprint at that scale (a square of ``resize``)."""
+        if self.resize is None or self.size is None:
+            return self.size
+        return (max(self.resize, self.size[0]), max(self.resize, self.size[1]))
 
     @property
     def channels(self) -> int:
@@ -121,7 +147,7 @@ class ImageOptions:
 
     def describe(self) -> dict[str, Any]:
         """The preprocessing record stored in metadata."""
-        return {
+        record: dict[str, Any] = {
             "size": list(self.size) if self.size is not None else None,
             "resize_mode": self.resize_mode,
             "grayscale": self.grayscale,
@@ -131,6 +157,9 @@ class ImageOptions:
             "resample": "antialiased (area)",
             "exif_orientation": "applied",
         }
+        if self.resize is not None:  # recorded only when given: files without it read as before
+            record["resize"] = self.resize
+        return record
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,7 @@ def _compare_source(store: Store, source: str | Path, report: VerifyReport, work
         image = ImageOptions(
             size=tuple(pre["size"]) if pre.get("size") else None,
             resize_mode=pre.get("resize_mode"),
+            resize=pre.get("resize"),  # absent before --resize existed: the crop of --size alone
             grayscale=bool(pre.get("grayscale")),
             encoding=pre.get("encoding", meta.encoding),
             quality=pre.get("quality"),

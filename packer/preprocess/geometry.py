@@ -10,20 +10,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Plan", "RESIZE_MODES", "FIXED_SIZE_MODES", "plan_for"]
+__all__ = ["Plan", "RESIZE_MODES", "FIXED_SIZE_MODES", "plan_for", "standard_crop"]
 
 
 @dataclass(frozen=True)
 class Plan:
     """Crop ``(top, left, height, width)`` of the source, resize it to ``resize`` (height,
-    width), then centre it on a zero canvas of ``pad`` (height, width) if given."""
+    width), then keep ``recrop`` (top, left, height, width) of the result if given, or centre it
+    on a zero canvas of ``pad`` (height, width) if given."""
 
     crop: tuple[int, int, int, int]
     resize: tuple[int, int]
     pad: tuple[int, int] | None = None
+    recrop: tuple[int, int, int, int] | None = None
 
     @property
     def output(self) -> tuple[int, int]:
+        if self.recrop is not None:
+            return self.recrop[2:]
         return self.pad if self.pad is not None else self.resize
 
 
@@ -86,7 +90,28 @@ RESIZE_MODES: dict[str, Callable[[int, int, Size | None], Plan]] = {
 FIXED_SIZE_MODES = ("center-crop", "pad", "stretch")
 
 
-def plan_for(mode: str, height: int, width: int, size: Size | None) -> Plan:
+def standard_crop(h: int, w: int, size: Size, resize: int) -> Plan:
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(size)``, with its arithmetic: the shorter
+    side to ``resize``, the longer ``int(resize * long / short)``, then the centre ``size`` at
+    ``round((side - crop) / 2)``.
+
+    The whole image is resized, then cropped: a crop of whole source pixels first would shift the
+    view by up to a source pixel against what users' pipelines produce (tests/test_crop.py
+    bounds the difference against PIL's).
+    """
+    th, tw = size
+    rh, rw = (resize, int(resize * w / h)) if h <= w else (int(resize * h / w), resize)
+    rh, rw = max(rh, th), max(rw, tw)
+    return Plan(crop=_full(h, w), resize=(rh, rw), recrop=(int(round((rh - th) / 2.0)), int(round((rw - tw) / 2.0)), th, tw))
+
+
+def plan_for(mode: str, height: int, width: int, size: Size | None, resize: int | None = None) -> Plan:
+    """The plan of ``mode`` for a ``height`` x ``width`` source; ``resize`` (centre crop only):
+    scale the shorter side to it first (:func:`standard_crop`)."""
+    if resize is not None:
+        if mode != "center-crop" or size is None:  # pragma: no cover - ImageOptions refuses these
+            raise ValueError(f"resize={resize} applies to the center-crop mode with a size only")
+        return standard_crop(height, width, size, resize)
     try:
         mode_fn = RESIZE_MODES[mode]
     except KeyError:
