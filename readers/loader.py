@@ -278,7 +278,8 @@ class Loader:
 # -- torch.profiler ranges of the stages (readers.diagnose(trace=...), packer doctor --trace) --
 def _stage(name: str) -> Any:
     """A profiler range while a torch profiler runs; nothing otherwise (an idle ``record_function``
-    still costs a dispatcher call: ~0.1 ms each on the busy 2-core VM)."""
+    still makes a dispatcher call). With or without: within noise, benchmarks/results/loader_ranges.json
+    (``python -m benchmarks.loader_ranges``)."""
     return record_function(name) if getattr(_profiler, "_is_profiler_enabled", True) else contextlib.nullcontext()
 
 
