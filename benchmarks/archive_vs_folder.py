@@ -20,6 +20,7 @@ import argparse
 import io
 import shutil
 import statistics
+import sys
 import tarfile
 import tempfile
 import time
@@ -104,7 +105,7 @@ def main() -> None:
             "vs_folder": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}, "bytes": sizes[name],
         }
     payload = {
-        "benchmark": "archive_vs_folder", "command": "python -m benchmarks.archive_vs_folder" + (" --update-results" if args.update_results else ""),
+        "benchmark": "archive_vs_folder", "command": " ".join(["python -m benchmarks.archive_vs_folder", *sys.argv[1:]]),
         "images": count, "source": str(folder.relative_to(Path(__file__).resolve().parent.parent)), "size": args.size,
         "encoding": "raw", "format": "lmdb", "workers": cpu_count(), "rounds": args.rounds, "machine": machine(), "results": results,
         "note": "rates are whole conversions (listing included); vs_folder: folder seconds / archive seconds in the same round; "
