@@ -83,10 +83,11 @@ def sample_folder(src: str | Path, dst: Path, sample: int) -> list[tuple[str, in
         items = [items[int(i * step)] for i in range(sample)]
     dst.mkdir(parents=True)
     linked = []
-    for i, item in enumerate(items):
-        parent = dst / folder.classes[item.label] if item.label >= 0 else dst
-        parent.mkdir(exist_ok=True)
-        target = parent / f"{i:06d}_{Path(item.path).name}"
+    for item in items:
+        # the same relative path: the sample's conversion records the same source names (and so
+        # has the size on disk) that converting SRC itself would give
+        target = dst / folder.relative(item.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.abspath(item.path), target)
         linked.append((str(target), item.label))
     return linked

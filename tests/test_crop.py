@@ -111,3 +111,26 @@ def test_cli_records_resize_and_verify_source_reproduces_it(tmp_path: Path) -> N
     assert checked.exit_code == 0, checked.output
     refused = runner.invoke(cli, ["convert", str(src), str(tmp_path / "x.lmdb"), "--size", "64", "--resize", "32"])
     assert refused.exit_code != 0 and "--resize 32" in refused.output and not (tmp_path / "x.lmdb").exists()
+
+
+def test_bench_baseline_is_the_usual_pipeline_with_the_same_crop(tmp_path: Path) -> None:
+    """``packer bench``'s raw folder is read the usual way (PIL, Resize + CenterCrop) with the crop
+    that was packed, so its rows compare the same pictures: PIL's reference pixels, and within the
+    bound of what the packed dataset holds."""
+    from packer.api import convert
+    from packer.bench_timing import UsualFolder, folder_baseline
+    from packer.sources.images import scan_image_folder
+    from readers import LMDBDataset
+
+    src = make_image_folder(tmp_path / "src", classes=2, per_class=2, size=(375, 500))
+    items = [(item.path, item.label) for item in scan_image_folder(src).items]
+    image = ImageOptions(size=224, resize=256)
+    baseline = folder_baseline(items, image)
+    assert isinstance(baseline, UsualFolder)
+    packed = LMDBDataset(convert(src, tmp_path / "d.lmdb", image=image, workers=1).dst)
+    for i, (path, label) in enumerate(items):
+        pixels, got_label = baseline[i]
+        assert got_label == label == packed[i][1]
+        reference = pil_reference(Path(path).read_bytes(), 256, 224)
+        assert np.array_equal(pixels.permute(1, 2, 0).numpy(), reference.astype(np.uint8))
+        assert float(np.abs(packed[i][0].numpy().astype(np.int16) - pixels.numpy().astype(np.int16)).mean()) < BOUND
