@@ -19,10 +19,11 @@ from packer.writers import files  # publish() and its syncs
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from packer.writers.lmdb import LMDBWriter
-from packer.writers.webdataset import _ShardFile
+from packer.writers.webdataset.tar import ShardFile
 from packer.writers.journal import journal_path
 from readers.formats import open_store
 
+FAULTS = Path(__file__).parent / "faults"
 FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
 #: The lowest-level write of each format, where the error is injected.
@@ -30,7 +31,7 @@ LOW_LEVEL = {
     "lmdb": (LMDBWriter, "_flush"),
     "hdf5": (HDF5Writer, "_append_fixed"),
     "blob": (BlobWriter, "_write"),
-    "webdataset": (_ShardFile, "_member"),
+    "webdataset": (ShardFile, "_member"),
 }
 ERRORS = {
     errno.ENOSPC: "no space left on the device",
@@ -52,8 +53,13 @@ def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(cls, name, failing)
-    if fmt == "webdataset":  # its shards are written in the workers: fork them, so they see the patch
-        monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("fork"))
+    if fmt == "webdataset":
+        # Its shards are written in the workers. A forked worker would see the patch, but fork in a
+        # process with threads (earlier tests leave some) can hang on a lock held at the fork: the
+        # workers are spawned instead and tests/faults/sitecustomize.py injects the same fault there.
+        monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        monkeypatch.setenv("PACKER_TEST_SHARD_ERRNO", str(code))
     dst = tmp_path / f"out{SUFFIX[fmt]}"
     extra = ["--format", fmt] + (["--shard-size", "4"] if fmt == "webdataset" else [])
     result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--size", "8", "-q", "-j", "1", *extra])

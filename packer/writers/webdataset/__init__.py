@@ -35,9 +35,6 @@ the worker count: the output is identical whatever the worker count (and whether
 """
 
 from .pieces import Piece, PieceResult, PieceTask
-from .tar import ShardFile
 from .writer import DEFAULT_SHARD_SIZE, ShardSink, ShardWriter, split_destination
 
 __all__ = ["ShardWriter", "ShardSink", "PieceTask", "Piece", "PieceResult", "split_destination", "DEFAULT_SHARD_SIZE"]
-
-_ShardFile = ShardFile  # the name tests/test_diskfull.py patches
