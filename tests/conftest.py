@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,12 @@ import pytest
 from packer import ImageOptions, convert
 from packer.samples import make_image_folder
 from loopback import LOOPBACK, free_port, restart_worker_server
+
+# A shell starts a background job (`pytest ... &` in a script) with SIGINT ignored, and Python
+# then never raises KeyboardInterrupt: the Ctrl-C tests would fail for how the suite was started.
+# They test Python's default, so the suite restores it (children inherit it).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 CLASSES = 3
 PER_CLASS = 6
