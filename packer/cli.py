@@ -25,6 +25,7 @@ from .engine import Interrupted
 from .errors import PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
+from .jobs import changed_fields
 from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
@@ -80,6 +81,19 @@ class _WarningPrinter(logging.Handler):
         super().close()
 
 
+def label_file_options(command):
+    """The label-file options of a SRC (``SourceOptions``): convert's, and verify's for --source."""
+    for option in reversed([
+        click.option("--labels", type=click.Path(dir_okay=False), help="Labels from a CSV/TSV/JSON/JSONL file (paths relative to SRC, a flat folder or archive)."),
+        click.option("--path-column", metavar="NAME", help="With --labels: the image path column (default: path, filename, image, id...)."),
+        click.option("--label-column", metavar="NAME", help="With --labels: the label column (default: label, class, category...)."),
+        click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split)."),
+        click.option("--split", metavar="VALUE", help="With --labels: convert only the rows of this split (e.g. val)."),
+    ]):
+        command = option(command)
+    return command
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="packer")
 def cli() -> None:
@@ -115,11 +129,7 @@ def cli() -> None:
 @click.option("--text-field", default="text", show_default=True, help="Text: the field of .jsonl records / Parquet rows.")
 @click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
-@click.option("--labels", type=click.Path(dir_okay=False), help="Labels from a CSV/TSV/JSON/JSONL file (paths relative to SRC, a flat folder or archive).")
-@click.option("--path-column", metavar="NAME", help="With --labels: the image path column (default: path, filename, image, id...).")
-@click.option("--label-column", metavar="NAME", help="With --labels: the label column (default: label, class, category...).")
-@click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split).")
-@click.option("--split", metavar="VALUE", help="With --labels: convert only the rows of this split (e.g. val).")
+@label_file_options
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage, or URLs).")
@@ -334,10 +344,12 @@ def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_m
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--source", metavar="DIR|URL", help="Also redo the recorded preprocessing on this image folder (a path or a URL, as SRC) and compare every sample.")
+@click.option("--source", metavar="SRC", help="Also redo the recorded preprocessing on this source (what convert took as SRC: a folder, URL, archive or WebDataset shards) and compare every sample.")
+@label_file_options
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
-def verify(path: Path, source: str | None, quick: bool, workers: int | None) -> None:
+def verify(path: Path, source: str | None, labels: str | None, path_column: str | None, label_column: str | None,
+           split_column: str | None, split: str | None, quick: bool, workers: int | None) -> None:
     """Check a packed dataset: metadata, structure, every sample's checksum and decode.
 
     Prints each fault (sample index and shard) and exits non-zero if there is any.
@@ -346,10 +358,15 @@ def verify(path: Path, source: str | None, quick: bool, workers: int | None) -> 
     Examples:
       packer verify train.lmdb
       packer verify train.lmdb --source imagenet/train
+      packer verify val.lmdb --source ILSVRC2012_img_val.tar --labels val.csv
     """
     from .verify import verify as run_verify
 
-    report = run_verify(path, source=source, quick=quick, workers=workers)
+    options = SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split)
+    given = changed_fields(options)
+    if source is None and given:
+        raise click.UsageError(f"{given[0]}: only with --source (the label file of the source it compares with)")
+    report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
     for fault in report.faults:
         click.echo(f"fault: {fault}")
     if report.fault_count > len(report.faults):

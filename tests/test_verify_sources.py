@@ -1,0 +1,113 @@
+"""`packer verify --source` against every SRC the command line converts: archives (.tar, .tar.gz,
+.zip, a tar of tars), WebDataset shards, and a flat folder with its label file. An unchanged
+source is OK; a changed, removed or added input is reported by its own name; a changed label in
+the label file is reported as a label difference; a Python dataset is refused in one line."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from packer.cli import cli
+from packer.options import SourceOptions
+from packer.verify import verify
+from test_archives import make_archives, tar_bytes
+from test_labels import flat, run, write_labels  # noqa: F401 - flat: a fixture
+
+
+def verify_cli(*args: str) -> object:
+    return CliRunner().invoke(cli, ["verify", *map(str, args), "-j", "1"])
+
+
+def flipped(data: bytes) -> bytes:
+    """The JPEG ``data`` mirrored left-right: same size, other pixels."""
+    out = io.BytesIO()
+    Image.open(io.BytesIO(data)).transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "zip", "tar of tars"])
+def test_an_unchanged_archive_verifies_and_every_sample_is_compared(image_folder, tmp_path, kind):
+    archive = make_archives(image_folder, tmp_path)[kind]
+    dst = tmp_path / "out.lmdb"
+    assert run(archive, dst).exit_code == 0
+    result = verify_cli(dst, "--source", archive)
+    assert result.exit_code == 0, result.output
+    assert "18 compared with the source" in result.output
+
+
+def test_a_changed_and_a_removed_member_are_named(image_folder, tmp_path):
+    archive = make_archives(image_folder, tmp_path)["tar"]
+    dst = tmp_path / "out.lmdb"
+    assert run(archive, dst).exit_code == 0
+    with tarfile.open(archive) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]
+    edited = [(name, flipped(data) if name == "train/class_01/img_00002.jpg" else data)
+              for name, data in members if name != "train/class_02/img_00004.jpg"]
+    edited.append(("train/class_00/new.jpg", members[0][1]))
+    archive.write_bytes(tar_bytes(edited))
+    result = verify_cli(dst, "--source", archive)
+    assert result.exit_code == 1
+    faults = [line for line in result.output.splitlines() if line.startswith("fault:")]
+    assert len(faults) == 3, result.output
+    assert any("<- train/class_01/img_00002.jpg: changed: raw pixels differ" in f for f in faults)
+    assert any("removed from the source: train/class_02/img_00004.jpg is no longer there" in f for f in faults)
+    assert any("source train/class_00/new.jpg: added" in f for f in faults)
+
+
+def test_webdataset_shards_as_the_source(image_folder, tmp_path):
+    shards = tmp_path / "shards"
+    assert CliRunner().invoke(cli, ["convert", str(image_folder), str(shards), "--format", "webdataset", "--encoding", "png",
+                                    "--shard-size", "5", "-j", "1", "-q"]).exit_code == 0
+    dst = tmp_path / "repacked.lmdb"
+    assert run(shards, dst).exit_code == 0
+    result = verify_cli(dst, "--source", shards)
+    assert result.exit_code == 0, result.output
+    assert "18 compared with the source" in result.output
+
+
+def test_a_label_file_source_verifies_with_its_options_and_names_a_changed_label(flat, tmp_path):
+    root, pairs = flat
+    csv = write_labels(tmp_path / "train.csv", [{"file": name, "class": cls} for name, cls in pairs])
+    dst = tmp_path / "out.lmdb"
+    assert run(root, dst, "--labels", csv, "--path-column", "file").exit_code == 0
+    result = verify_cli(dst, "--source", root, "--labels", csv, "--path-column", "file")
+    assert result.exit_code == 0, result.output
+    assert f"{len(pairs)} compared with the source" in result.output
+
+    without = verify_cli(dst, "--source", root)  # a flat folder: no class folders, so no classes
+    assert without.exit_code == 1 and "has classes" in without.output
+
+    moved = pairs[0][0]
+    rows = [{"file": name, "class": "class_02" if name == moved else cls} for name, cls in pairs]
+    write_labels(csv, rows)
+    changed = verify_cli(dst, "--source", root, "--labels", csv, "--path-column", "file")
+    assert changed.exit_code == 1
+    faults = [line for line in changed.output.splitlines() if line.startswith("fault:")]
+    assert len(faults) == 1 and f"<- {moved}: changed: label 0, the source gives 2" in faults[0], changed.output
+
+
+def test_label_options_without_source_are_refused(lmdb_32, tmp_path):
+    result = verify_cli(lmdb_32, "--labels", tmp_path / "x.csv")
+    assert result.exit_code == 2
+    assert "--labels: only with --source" in result.output
+
+
+def test_a_python_dataset_is_refused_in_one_line(lmdb_32):
+    report = verify(lmdb_32, source=[(Image.new("RGB", (8, 8)), 0)], workers=1)
+    assert not report.ok and len(report.faults) == 1
+    assert "not a Python dataset" in str(report.faults[0])
+
+
+def test_source_options_reach_the_api(flat, tmp_path):
+    root, pairs = flat
+    csv = write_labels(tmp_path / "t.jsonl", [{"path": name, "label": cls} for name, cls in pairs])
+    dst = tmp_path / "out.lmdb"
+    assert run(root, dst, "--labels", csv).exit_code == 0
+    assert verify(dst, source=root, source_options=SourceOptions(labels=str(csv)), workers=1).ok
+    assert not verify(dst, source=root, workers=1).ok
