@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from readers.diagnose_loop import DiagnoseError, Diagnosis, diagnose
 from readers.schema import PackedFormatError
 
 from .bench import sample_folder
-from .bench_timing import collate
+from .bench_timing import UsualFolder, collate
 from .errors import OptionError, PackerError, SourceError
 from .options import ImageOptions
 from .parallel import default_workers
@@ -64,23 +64,12 @@ class CostStep:
             time.sleep(left)
 
 
-class PILFolder(Dataset):
-    """An image folder read the usual way: PIL decode, RGB, resize and center-crop to ``size``."""
+class PILFolder(UsualFolder):
+    """An image folder read the usual way (:class:`packer.bench_timing.UsualFolder`): PIL decode,
+    RGB, ``Resize(size)`` + ``CenterCrop(size)``, uint8 ``(3, size, size)``."""
 
     def __init__(self, items: list[tuple[str, int]], size: int) -> None:
-        self.items, self.size = items, size
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image, ImageOps
-
-        path, label = self.items[index]
-        with Image.open(path) as image:
-            image = ImageOps.fit(image.convert("RGB"), (self.size, self.size))
-        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(self.size, self.size, 3)
-        return pixels.permute(2, 0, 1).contiguous(), label
+        super().__init__(items, (size, size), size)
 
 
 def load_step(spec: str) -> Callable[[Any, Any], Any]:
