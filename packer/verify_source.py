@@ -146,7 +146,7 @@ def _match_by_name(store: Store, convert: _Converter, items: list, names: list[s
             report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
             continue
         report.compared += 1
-        if stored is not None and sample_checksum(result.label, result.shape, result.payload) == int(stored[i]):
+        if stored is not None and result.checksum == int(stored[i]):
             continue
         try:
             [(label, shape, payload)] = list(copies(store.records([i])))
@@ -169,7 +169,7 @@ def _match_source(store: Store, convert: _Converter, items: list, names: list[st
     the scan order it was), an input left over was *added*. (Datasets that record no source names.)"""
     from .preprocess.task import Encoded
 
-    fresh = [sample_checksum(r.label, r.shape, r.payload) if isinstance(r, Encoded) else -1 for r in convert(items)]
+    fresh = [r.checksum if isinstance(r, Encoded) else -1 for r in convert(items)]
     try:
         stored = store.stored_checksums()
         kept = stored.tolist() if stored is not None else [sample_checksum(*r) for r in store.records(range(len(store)))]

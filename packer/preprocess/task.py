@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
+
+from readers.checksums import sample_checksum
 
 from ..options import ImageOptions
 from ..sources.images import ImageItem
@@ -38,6 +40,13 @@ class Encoded:
     #: What the decoders printed while converting it (libjpeg's "Corrupt JPEG data: ...", a
     #: Pillow warning), or ``""``: the driver logs it as one packer warning for the input.
     decoder_messages: str = ""
+    #: The sample's checksum (``readers.checksums.sample_checksum`` of label, shape and payload),
+    #: computed where the sample is made, in the worker, so the one writing process does not
+    #: (it travels with the pickled sample; ``dataclasses.replace`` recomputes it).
+    checksum: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checksum", sample_checksum(self.label, self.shape, self.payload))
 
 
 @dataclass(frozen=True)

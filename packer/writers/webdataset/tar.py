@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from readers.checksums import sample_checksum
 from readers.encodings import get_encoding
 from readers.formats.webdataset import BLOCK, INDEX_DTYPE, LABEL_EXTENSION, RECORD, npy_header, sample_array_shape, sample_key, tar_header
 
@@ -97,7 +96,7 @@ class ShardFile:
         self._member(f"{key}.{LABEL_EXTENSION}", len(label), label)
         channels, height, width = sample.shape
         offset = image_header + BLOCK + len(head)
-        crc = sample_checksum(sample.label, sample.shape, sample.payload)
+        crc = sample.checksum  # computed in the worker
         self.rows.append(
             (offset, len(sample.payload), sample.label, channels, height, width, image_header, image_size, label_header, len(label), crc)
         )

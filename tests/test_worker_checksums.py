@@ -1,0 +1,47 @@
+"""Each sample's checksum is computed where the sample is made (in the conversion worker) and
+travels with it, so the one writing process does not compute it (issue 16, item 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import struct
+import zlib
+
+import lmdb
+import numpy as np
+
+from packer import ImageOptions, convert
+from packer.preprocess.task import Encoded
+from readers.formats.lmdb import CHECKSUMS_KEY
+
+
+def crc(label: int, shape: tuple[int, ...], payload: bytes) -> int:
+    """docs/FORMATS.md: CRC-32 of <q label, <q each dimension, then the payload (zlib directly)."""
+    return zlib.crc32(payload, zlib.crc32(struct.pack(f"<{1 + len(shape)}q", label, *shape)))
+
+
+def test_a_sample_carries_its_checksum_from_where_it_was_made():
+    sample = Encoded(3, (1, 2, 2), b"\x01\x02\x03\x04")
+    assert sample.checksum == crc(3, (1, 2, 2), b"\x01\x02\x03\x04")
+    object.__setattr__(sample, "checksum", 12345)  # as if computed elsewhere: pickling keeps it, never recomputes
+    assert pickle.loads(pickle.dumps(sample)).checksum == 12345
+    relabelled = dataclasses.replace(sample, label=4)  # a new sample: its own checksum
+    assert relabelled.checksum == crc(4, (1, 2, 2), b"\x01\x02\x03\x04")
+
+
+def test_the_stored_checksums_are_the_workers(image_folder, tmp_path):
+    """A conversion with worker processes stores, for every sample, the CRC of its label, shape
+    and payload as read back with lmdb and recomputed with zlib (docs/FORMATS.md)."""
+    dst = tmp_path / "out.lmdb"
+    convert(image_folder, dst, image=ImageOptions(size=8), workers=2)
+    env = lmdb.open(str(dst), readonly=True, lock=False, subdir=dst.is_dir())
+    with env.begin() as txn:
+        stored = np.frombuffer(txn.get(CHECKSUMS_KEY), "<u4").tolist()
+        values = [txn.get(b"%010d" % i) for i in range(len(stored))]
+    env.close()
+    recomputed = []
+    for value in values:
+        label, height, width, channels, _reserved = struct.unpack_from("<iIIHH", value)
+        recomputed.append(crc(label, (channels, height, width), value[16:]))
+    assert len(stored) == 18 and stored == recomputed
