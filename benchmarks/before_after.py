@@ -7,8 +7,10 @@ revisions, run in alternation (ABAB...), so that drift of the machine hits both 
 The base revision is checked out into a temporary git worktree; each measurement runs in a
 fresh child process whose ``PYTHONPATH`` puts that tree's ``packer`` and ``readers`` first, so
 both sides use the same Python, libraries and data:
-* conversion: the suite's ImageNet-like JPEGs (``benchmarks.common.imagenet_like``) to each
-  format at 224x224 raw, with all usable cores, images/s of the whole ``convert`` call;
+* conversion: the suite's ImageNet-like JPEGs (``benchmarks.common.imagenet_like``; with
+  ``--source presized`` the same images at 224x224 as BMP, nothing to decode or resize:
+  ``benchmarks.common.presized``) to each format at 224x224 raw, with all usable cores,
+  images/s of the whole ``convert`` call;
 * ``Loader``: the same datasets (the on-disk formats are shared by both revisions, written
   once by this tree), batches of 256 with 2 threads, images/s over at least ``--seconds``
   after a warm-up pass, pages warm in the OS cache.
@@ -28,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import OUT_DIR, RESULTS_DIR, cpu_count, imagenet_like, machine, markdown_table, save_json
+from .common import OUT_DIR, RESULTS_DIR, cpu_count, imagenet_like, machine, markdown_table, presized, save_json
 
 FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
 REPO = Path(__file__).resolve().parent.parent
@@ -78,11 +80,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="shortest timed Loader pass")
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
     parser.add_argument("--jobs", nargs="+", choices=["convert", "loader"], default=["convert", "loader"])
+    parser.add_argument("--source", choices=["jpeg", "presized"], default="jpeg",
+                        help="jpeg: ImageNet-like 500x375 JPEGs; presized: the same at 224x224 as BMP (nothing to decode or resize)")
     parser.add_argument("--tag", default="", help="suffix of the result file's name (before_after-TAG.json)")
     parser.add_argument("--update-results", action="store_true", help="write benchmarks/results/ instead of benchmarks/out/")
     args = parser.parse_args()
 
-    src = imagenet_like(args.images)
+    src = imagenet_like(args.images) if args.source == "jpeg" else presized(args.images)
     workers = str(cpu_count())
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = Path(tmp) / "base"
@@ -124,6 +128,7 @@ def main() -> None:
         "base": args.base,
         "head": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "images": args.images,
+        "source": args.source,
         "rounds": args.rounds,
         "machine": machine(),
         **results,
