@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import shutil
+import struct
 import threading
 import time
 
+import lmdb
 import numpy as np
 import pytest
 import torch
@@ -13,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from readers import CUDAPrefetcher, LMDBDataset, Loader
 from readers.open import open_dataset
-from readers.schema import FORMATS
+from readers.schema import FORMATS, PackedFormatError
 
 
 def packed_dataset(packed_32, fmt: str):
@@ -184,6 +187,49 @@ def test_any_read_batch_source(ds):
     """A source that is only ``read_batch(indices, out)`` (tokens later): the store itself."""
     images, labels = next(iter(Loader(ds.store, 4, shuffle=False)))
     assert torch.equal(images, torch.stack([ds[i][0] for i in range(4)]))
+
+
+def _lmdb_sample(txn, index: int) -> tuple[np.ndarray, int]:
+    """Sample ``index`` read with lmdb itself (docs/FORMATS.md: key ``%010d``, a 16-byte header
+    ``<iIIHH`` label, height, width, channels, then planar pixels)."""
+    value = txn.get(b"%010d" % index)
+    label, height, width, channels, _ = struct.unpack_from("<iIIHH", value)
+    return np.frombuffer(value, np.uint8, offset=16).reshape(channels, height, width), label
+
+
+def test_lmdb_batches_match_the_file_read_with_lmdb(tmp_path, lmdb_32):
+    """The LMDB batch path (one flat row copy per value) against lmdb reading the file directly
+    (a copy: lmdb opens a file once per process, and the fixture's may be open)."""
+    path = tmp_path / "copy.lmdb"
+    shutil.copytree(lmdb_32, path)
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    with env.begin() as txn:
+        expected = [_lmdb_sample(txn, i) for i in range(18)]  # bytes values: valid after the transaction
+    env.close()
+    loader = Loader(LMDBDataset(path), 5, shuffle=True, seed=3, threads=2)
+    got = []
+    for (images, labels), indices in zip(loader, loader.batch_indices()):
+        for j, i in enumerate(indices.tolist()):
+            pixels, label = expected[i]
+            assert np.array_equal(images[j].numpy(), pixels) and int(labels[j]) == label
+            got.append(i)
+    assert sorted(got) == list(range(18))
+
+
+def test_lmdb_sample_of_another_shape_is_refused(tmp_path, lmdb_32):
+    """A value whose header gives another shape of the same byte count (1x96x32 for 3x32x32)."""
+    dst = tmp_path / "reshaped.lmdb"
+    shutil.copytree(lmdb_32, dst)
+    env = lmdb.open(str(dst), subdir=True)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(b"%010d" % 5))
+        label = struct.unpack_from("<i", value)[0]
+        struct.pack_into("<iIIHH", value, 0, label, 96, 32, 1, 0)
+        txn.put(b"%010d" % 5, bytes(value))
+    env.close()
+    with pytest.raises(PackedFormatError, match=r"sample 5 is 1x96x32, expected 3x32x32"):
+        for _ in Loader(LMDBDataset(dst), 4, shuffle=False):
+            pass
 
 
 # -- buffers ---------------------------------------------------------------------------------

@@ -113,6 +113,30 @@ class LMDBStore(Store):
                 yield label, (channels, height, width), value[header.size:]
 
 
+    def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
+        """A fixed-shape raw batch in one transaction, each value's pixels copied as one flat row
+        straight into ``out`` (no per-sample array views); every header is still checked against
+        the dataset's shape."""
+        if not out.flags.c_contiguous:
+            return super()._fill_raw(indices, out, labels)
+        channels, height, width = self.meta.shape  # type: ignore[misc]
+        nbytes = channels * height * width
+        flat = out.reshape(len(indices), nbytes)
+        header, key_format, size = SAMPLE_HEADER, KEY_FORMAT, SAMPLE_HEADER.size + nbytes
+        with self._env.get().env.begin(buffers=True) as txn:
+            get = txn.get
+            for j, i in enumerate(indices.tolist()):
+                value = get(key_format % i)
+                if value is None or len(value) < header.size:
+                    raise PackedFormatError(f"{self.path}: sample {i} is missing or truncated")
+                label, h, w, c, _reserved = header.unpack_from(value)
+                if (c, h, w) != (channels, height, width) or len(value) != size:
+                    self.raw_view(value[header.size :], (c, h, w), i)  # raises if the bytes do not fill the header's shape
+                    raise PackedFormatError(f"{self.path}: sample {i} is {c}x{h}x{w}, expected {channels}x{height}x{width}: the file is corrupt")
+                labels[j] = label
+                flat[j] = np.frombuffer(value, np.uint8, nbytes, header.size)
+
+
 class _EnvOpener:
     """Picklable opener: the shared read-only environment of one path."""
 
