@@ -99,6 +99,24 @@ def _loader() -> str:
     return "\n".join(lines)
 
 
+def _loader_ceiling() -> str:
+    d = load("loader_ceiling")
+    pct = lambda r: f"{r['median']:.0%} ({r['min']:.0%}-{r['max']:.0%})"  # noqa: E731
+    rows = [[f"{fmt}, buffers={mode!r}", rate(e["images_per_s"]), pct(e["of_random_rows"]), pct(e["of_contiguous"]),
+             pct(e["of_recycle"]) if "of_recycle" in e else ""]
+            for fmt, modes in d["loader"].items() for mode, e in modes.items()]
+    c = d["ceilings"]
+    return "\n".join([
+        source_line("loader_ceiling"), "",
+        f"{d['images']:,} raw 224x224x3 samples, batch {d['batch']}, {d['rounds']} interleaved rounds of {d['seconds']:g} s, "
+        f"load average per round {', '.join(f'{x:g}' for x in d['load_average_per_round'])} on {d['cores']} cores. "
+        f"Ceilings, images/s: (a) {d['ceiling_threads']} threads copying random rows {rate(c['random_rows'])}, "
+        f"(b) the same threads copying consecutive rows {rate(c['contiguous'])}. Shares are per round, then median (min-max).", "",
+        markdown_table(["Loader", "images/s", "of (a)", "of (b)", "checked / recycle"], rows), "",
+        "Targets (issue 20): the blob at 80% of (a) or more (70% of (b)), LMDB and HDF5 at 60% of (a) or more, "
+        "`\"checked\"` within 5% of `\"recycle\"`."])
+
+
 def _gpu() -> str:
     runs = {"gpu": load("gpu"), "gpu-run1": load("gpu-run1")}
     second, first = runs["gpu"], runs["gpu-run1"]
@@ -340,6 +358,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "convert_rates": _convert_rates,
     "full": _full,
     "loader": _loader,
+    "loader_ceiling": _loader_ceiling,
     "gpu": _gpu,
     "tokens": _tokens,
     "blob_memory": _blob_memory,
