@@ -3,6 +3,12 @@
     python -m benchmarks.loader_ceiling                     # 5,000 raw 224x224x3 samples (made once, in /tmp)
     python -m benchmarks.loader_ceiling --update-results    # ... to benchmarks/results/loader_ceiling.json
     python -m benchmarks.loader_ceiling --images 500 --rounds 2 --seconds 0.3   # a quick look
+    GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0x10000 python -m benchmarks.loader_ceiling --tag nt --update-results
+
+The environment's ``GLIBC_TUNABLES`` is recorded: glibc's ``memcpy`` (what numpy's copies end in)
+switches to non-temporal stores above a threshold it derives from the cache size the CPU
+reports, and a VM reporting a very large L3 never reaches it; ``--tag`` names the JSON
+``loader_ceiling-TAG.json`` so such a run sits beside the default one.
 
 Measured side by side in interleaved rounds (each round runs every measurement once, the order
 reversed every other round), all pages warm in RAM, batches of ``--batch`` rows of 150,528 bytes:
@@ -93,6 +99,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="length of one measurement")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of " + ", ".join(FORMATS))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench-loader"), help="where the data is made (kept)")
+    parser.add_argument("--tag", default="", help="save as loader_ceiling-TAG.json")
     add_output_arguments(parser)
     args = parser.parse_args()
     from readers import Loader
@@ -132,6 +139,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "images": args.images, "batch": args.batch, "sample_bytes": int(rows[0].nbytes), "ceiling_threads": args.threads,
         "rounds": args.rounds, "seconds": args.seconds, "cores": cpu_count(), "load_average_per_round": load,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "ceilings": {"random_rows": summary(random_rows), "contiguous": summary(contiguous)},
         "loader": {},
     }
@@ -154,7 +162,7 @@ def main() -> None:
     print(f"(a) random-row copy, {args.threads} threads: {_rate(results['ceilings']['random_rows'])} images/s; "
           f"(b) contiguous copy: {_rate(results['ceilings']['contiguous'])} images/s")
     print(markdown_table(["Loader", "images/s", "of (a)", "of (b)", "checked / recycle", "fresh buffers"], table))
-    print("\nsaved", save_json("loader_ceiling", results, output_dir(args.update_results, args.out)))
+    print("\nsaved", save_json("loader_ceiling" + (f"-{args.tag}" if args.tag else ""), results, output_dir(args.update_results, args.out)))
 
 
 def _rate(r: dict[str, Any]) -> str:
