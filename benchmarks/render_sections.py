@@ -99,16 +99,21 @@ def _loader() -> str:
     return "\n".join(lines)
 
 
-def _loader_ceiling() -> str:
-    d = load("loader_ceiling")
+def _loader_ceiling(tag: str = "") -> Callable[[], str]:
+    return lambda: _ceiling_section("loader_ceiling" + (f"-{tag}" if tag else ""))
+
+
+def _ceiling_section(name: str) -> str:
+    d = load(name)
     pct = lambda r: f"{r['median']:.0%} ({r['min']:.0%}-{r['max']:.0%})"  # noqa: E731
     rows = [[f"{fmt}, buffers={mode!r}", rate(e["images_per_s"]), pct(e["of_random_rows"]), pct(e["of_contiguous"]),
              pct(e["of_recycle"]) if "of_recycle" in e else ""]
             for fmt, modes in d["loader"].items() for mode, e in modes.items()]
     c = d["ceilings"]
     return "\n".join([
-        source_line("loader_ceiling"), "",
-        f"{d['images']:,} raw 224x224x3 samples, batch {d['batch']}, {d['rounds']} interleaved rounds of {d['seconds']:g} s, "
+        source_line(name), "",
+        (f"Run with `GLIBC_TUNABLES={d['glibc_tunables']}`. " if d.get("glibc_tunables") else "")
+        + f"{d['images']:,} raw 224x224x3 samples, batch {d['batch']}, {d['rounds']} interleaved rounds of {d['seconds']:g} s, "
         f"load average per round {', '.join(f'{x:g}' for x in d['load_average_per_round'])} on {d['cores']} cores. "
         f"Ceilings, images/s: (a) {d['ceiling_threads']} threads copying random rows {rate(c['random_rows'])}, "
         f"(b) the same threads copying consecutive rows {rate(c['contiguous'])}. Shares are per round, then median (min-max).", "",
@@ -358,7 +363,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "convert_rates": _convert_rates,
     "full": _full,
     "loader": _loader,
-    "loader_ceiling": _loader_ceiling,
+    "loader_ceiling": _loader_ceiling(),
+    "loader_ceiling-nt": _loader_ceiling("nt"),
     "gpu": _gpu,
     "tokens": _tokens,
     "blob_memory": _blob_memory,
