@@ -120,9 +120,10 @@ def render_results(text: str) -> str:
 
 
 def render_readme(text: str) -> str:
-    """README.md with its performance block regenerated."""
+    """README.md with its performance block and its ``<!-- render:NAME -->`` blocks regenerated."""
     if not README_BLOCK.search(text):
         raise SystemExit("README.md: no <!-- results:begin --> ... <!-- results:end --> block")
+    text = render_results(text)
     return README_BLOCK.sub(lambda m: m.group(1) + readme_block() + "\n" + m.group(3), text, count=1)
 
 

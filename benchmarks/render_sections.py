@@ -65,6 +65,27 @@ def _full() -> str:
     return source_line("full") + "\n\n" + render(load("full")).strip()
 
 
+def _storage_tradeoff() -> str:
+    """README "Which format?": size on disk against read rate, raw and JPEG storage (full.json)."""
+    d = load("full")
+    images = d["images"]
+    rows = []
+    for fmt in ("lmdb", "hdf5", "blob", "webdataset"):
+        for encoding in ("raw", "jpeg"):
+            name = f"packer {fmt} ({encoding})"
+            reads = [r for r in d["read"] if r["pipeline"] == name]
+            if not reads:
+                continue
+            loader = next(r for r in reads if r["reader"] == "readers.Loader")
+            plain = max((r for r in reads if r["reader"].startswith("DataLoader")), key=lambda r: r["median"])
+            rows.append([f"`{fmt}`", encoding, f"{loader['bytes'] / images / 1e3:,.0f} KB",
+                         f"{loader['bytes'] / d['folder_bytes']:.2f}x", rate(loader), f"{rate(plain)}, {plain['reader'].split('num_workers=')[1].rstrip(')')} workers"])
+    head = (f"The same {images:,} ImageNet-like JPEGs (source folder {d['folder_bytes'] / images / 1e3:,.0f} KB an image) "
+            f"stored at 224x224, read on the CPU ({d['cores']} cores, no GPU), images/s median (min-max):")
+    return "\n\n".join([source_line("full"), head, markdown_table(
+        ["format", "stored", "on disk an image", "vs the source folder", "readers.Loader", "DataLoader, best num_workers"], rows)])
+
+
 def _convert_rates() -> str:
     d = load("convert_rates")
     by_tool: dict[str, dict[int, str]] = {}
@@ -381,5 +402,6 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "faults": _faults,
     "faults_table": _faults_table,
     "archive_vs_folder": _archive,
+    "storage_tradeoff": _storage_tradeoff,
 }
 

@@ -79,3 +79,27 @@ def test_every_target_row_names_a_committed_json():
     for row in rows:
         name = re.search(r"`([\w.-]+\.json)`", row).group(1)
         assert (RESULTS_DIR / name).is_file(), row
+
+
+def test_the_readmes_storage_table_is_rendered_from_full_json(tmp_path, monkeypatch, capsys):
+    """README "Which format?": each row's size and Loader rate are full.json's own (read here
+    directly), and a hand edit inside the block fails the check."""
+    text = render.README.read_text()
+    block = render.BLOCK.search(text[text.index("<!-- render:storage_tradeoff -->"):])
+    assert block and block.group("name") == "storage_tradeoff"
+    full = json.loads((RESULTS_DIR / "full.json").read_text())
+    loader = {r["pipeline"]: r for r in full["read"] if r["reader"] == "readers.Loader"}
+    rows = [line for line in block.group("body").splitlines() if line.startswith("| `")]
+    assert len(rows) == 8
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        r = loader[f"packer {cells[0].strip('`')} ({cells[1]})"]
+        assert cells[2] == f"{r['bytes'] / full['images'] / 1e3:,.0f} KB"
+        assert cells[4].startswith(f"{r['median']:,.0f} (")
+    readme = tmp_path / "README.md"
+    start = text.index("<!-- render:storage_tradeoff -->")
+    cell = text.index(" KB |", start)
+    readme.write_text(text[:cell] + "9" + text[cell:])
+    monkeypatch.setattr(render, "README", readme)
+    assert render.main(["--check"]) == 1
+    assert "README.md" in capsys.readouterr().err
