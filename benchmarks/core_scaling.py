@@ -1,0 +1,140 @@
+"""Conversion against the work itself, by worker count: where a conversion stops scaling.
+
+    python -m benchmarks.core_scaling                            # 1, 2, 4, ... all cores; 2,000 JPEGs, 3 rounds
+    python -m benchmarks.core_scaling --workers 16 --images 9000 # a 16-core host
+    python -m benchmarks.core_scaling --images 60 --rounds 1     # CI-sized (tests/test_core_scaling.py)
+
+For each worker count ``w`` in 1, 2, 4, ... up to ``--workers`` (and ``--workers`` itself), on
+the same ImageNet-like 500x375 JPEGs (``benchmarks.common.imagenet_like``), converted to
+224x224 raw:
+
+(a) **the work alone**: packer's own work unit (``ImageTask``: read the file, decode, resize,
+    encode) in ``w`` worker processes of packer's pool (``packer.parallel.ordered_map``), each
+    sample dropped in the worker (only its size comes back): what ``w`` cores do when nothing
+    is moved or written;
+(b) **each format's conversion** (``packer.convert``) with ``w`` workers: the whole call, worker
+    start-up, scan, publication and all, as (a) includes its pool's start-up.
+
+Rounds alternate (a) and the formats at every ``w``, so machine drift hits all alike. Each
+figure is images/s, median (min-max) over ``--rounds``; ``share`` is (b)/(a) per round, median
+(min-max): how much of the work's own rate a conversion keeps. Where the share falls as ``w``
+grows, something other than the work (one writing process, the pipe, the disk) is the bound.
+Issue 16's target is a share of at least 85% for every format at 16 workers.
+Results: ``benchmarks/out/core_scaling.json`` (``--update-results``: benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from packer import ImageOptions, StorageOptions, convert
+from packer.parallel import keep_freed_memory, ordered_map
+from packer.preprocess.task import ImageTask
+from packer.sources.images import scan_image_folder
+
+from .dropped_work import Dropped
+from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
+
+FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+SIZE = 224
+
+
+def worker_counts(most: int) -> list[int]:
+    """1, 2, 4, ... below ``most``, and ``most``."""
+    counts, w = [], 1
+    while w < most:
+        counts.append(w)
+        w *= 2
+    return counts + [most]
+
+
+def work_alone(src: Path, workers: int) -> float:
+    """(a): images/s of the work unit over every image of ``src`` in ``workers`` processes."""
+    task = ImageTask(ImageOptions(size=SIZE))
+    start = time.perf_counter()
+    items = scan_image_folder(src).items
+    with ordered_map(Dropped(task), items, workers=workers) as results:
+        done = sum(1 for size in results if size >= 0)
+    return done / (time.perf_counter() - start)
+
+
+def conversion(src: Path, dst: Path, fmt: str, workers: int, shard_size: int) -> float:
+    """(b): images/s of a whole ``packer.convert`` of ``src`` to ``fmt`` with ``workers`` workers."""
+    if dst.is_dir():
+        shutil.rmtree(dst)
+    else:
+        dst.unlink(missing_ok=True)
+    storage = StorageOptions(shard_size=shard_size) if fmt == "webdataset" else None
+    start = time.perf_counter()
+    report = convert(src, dst, format=fmt, image=ImageOptions(size=SIZE), storage=storage, workers=workers)
+    return report.written / (time.perf_counter() - start)
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=cpu_count(), help="the largest worker count (default: the usable cores)")
+    parser.add_argument("--images", type=int, default=2000, help="ImageNet-like JPEGs (default 2,000)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
+    parser.add_argument("--shard-size", type=int, default=1000, help="WebDataset samples per shard (default 1,000)")
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    keep_freed_memory()  # as `packer convert` does for its own process
+    src = imagenet_like(args.images)
+    images = len(scan_image_folder(src).items)
+    counts = worker_counts(args.workers)
+    rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *args.formats]}
+    shares: dict[str, dict[int, list[float]]] = {fmt: {w: [] for w in counts} for fmt in args.formats}
+    with tempfile.TemporaryDirectory(prefix="packer-core-scaling-") as tmp:
+        conversion(src, Path(tmp) / "warm.lmdb", "lmdb", 1, args.shard_size)  # imports, fork server, page cache
+        for _ in range(args.rounds):
+            for w in counts:
+                alone = work_alone(src, w)
+                rates["work alone"][w].append(alone)
+                for fmt in args.formats:
+                    rate = conversion(src, Path(tmp) / f"out{FORMATS[fmt]}", fmt, w, args.shard_size)
+                    rates[fmt][w].append(rate)
+                    shares[fmt][w].append(rate / alone)
+                print(f"{w} workers: work alone {alone:,.0f} img/s; "
+                      + ", ".join(f"{fmt} {rates[fmt][w][-1]:,.0f}" for fmt in args.formats), flush=True)
+    result = {
+        "machine": machine(),
+        "images": images,
+        "size": SIZE,
+        "rounds": args.rounds,
+        "shard_size": args.shard_size,
+        "worker_counts": counts,
+        "rates": {name: {str(w): summary(v) for w, v in by_w.items()} for name, by_w in rates.items()},
+        "shares": {fmt: {str(w): summary(v) for w, v in by_w.items()} for fmt, by_w in shares.items()},
+    }
+    print()
+    print(render(result))
+    print(f"\nsaved {save_json('core_scaling', result, output_dir(args.update_results, args.out))}")
+
+
+def render(result: dict) -> str:
+    """The table: per worker count, the work's rate and each format's rate and share of it."""
+    def fig(r: dict, percent: bool = False) -> str:
+        if percent:
+            return f"{r['median']:.0%} ({r['min']:.0%}-{r['max']:.0%})"
+        return f"{r['median']:,.0f} ({r['min']:,.0f}-{r['max']:,.0f})"
+
+    formats = list(result["shares"])
+    rows = [[w, fig(result["rates"]["work alone"][w])] + [f"{fig(result['rates'][f][w])}: {fig(result['shares'][f][w], True)}" for f in formats]
+            for w in map(str, result["worker_counts"])]
+    head = (f"{result['images']:,} ImageNet-like JPEGs to {result['size']}x{result['size']} raw, images/s median (min-max) of "
+            f"{result['rounds']} round(s); each format: its rate, then its share of the work alone:")
+    return head + "\n\n" + markdown_table(["workers", "work alone"] + formats, rows)
+
+
+if __name__ == "__main__":
+    main()
