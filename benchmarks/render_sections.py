@@ -212,6 +212,12 @@ def _one_writer() -> str:
                         markdown_table(["what", "samples/s, median (min-max)", "MB/s"], rows)])
 
 
+def _core_scaling() -> str:
+    from .core_scaling import render  # the benchmark's own table
+
+    return source_line("core_scaling") + "\n\n" + render(load("core_scaling"))
+
+
 def _ray_vs_local() -> str:
     d = load("ray_vs_local")
     rows = [[fmt, d["args"]["workers"], f"{m['local']:,.0f}", f"{m['ray']:,.0f}", f"{1 - m['ray'] / m['local']:+.1%}"]
@@ -391,6 +397,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "blob_memory": _blob_memory,
     "train_loop": _train_loop,
     "one_writer": _one_writer,
+    "core_scaling": _core_scaling,
     "ray_vs_local": _ray_vs_local,
     "remote_blob": _remote_blob,
     "remote_src": _remote_src,
