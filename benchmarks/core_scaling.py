@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard-size", type=int, default=1000, help="WebDataset samples per shard (default 1,000)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
-    keep_freed_memory()  # as `packer convert` does for its own process
     src = imagenet_like(args.images)
     images = len(scan_image_folder(src).items)
     counts = worker_counts(args.workers)
@@ -137,4 +136,5 @@ def render(result: dict) -> str:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # as `packer convert` does for its own process (process-wide: not when a test calls main)
     main()

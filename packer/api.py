@@ -13,7 +13,7 @@ from typing import Any
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
 from .errors import OptionError
-from .jobs import Job, changed_fields, image_job, resolve_kind, source_fields
+from .jobs import Job, changed_fields, check_source_options, image_job, resolve_kind
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
 from .sources.remote import is_source_url
@@ -93,12 +93,7 @@ def convert(
     from .sources.datasets import is_python_dataset
 
     pyobject = is_python_dataset(src)
-    applies = source_fields(src, source)
-    unused = [name for name in changed_fields(source) if name[2:].replace("-", "_") not in applies]
-    if unused:
-        where = ("does not apply to a Python dataset" if pyobject else "applies to a Python dataset only" if unused[0] == "--image-column"
-                 else "applies with --labels only")
-        raise OptionError(f"{unused[0]}: {where}; drop it")
+    check_source_options(src, source)
     if executor != "local" and not pyobject and not is_source_url(str(src)):
         src = Path(src).resolve()  # tasks elsewhere see absolute paths
     from .remote import is_dst_url, remote_destination

@@ -233,6 +233,18 @@ def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:
     return ()
 
 
+def check_source_options(src: Any, source: SourceOptions) -> None:
+    """Refuse, in one line, a :class:`SourceOptions` field given that does not apply to ``src``."""
+    from .sources.datasets import is_python_dataset
+
+    applies = source_fields(src, source)
+    unused = [name for name in changed_fields(source) if name[2:].replace("-", "_") not in applies]
+    if unused:
+        where = ("does not apply to a Python dataset" if is_python_dataset(src) else "applies to a Python dataset only"
+                 if unused[0] in ("--image-column",) else "applies with --labels only")
+        raise OptionError(f"{unused[0]}: {where}; drop it")
+
+
 def changed_fields(options: Any) -> list[str]:
     """The fields of an options dataclass that differ from its defaults, as CLI option names."""
     default = type(options)()

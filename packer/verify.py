@@ -22,7 +22,8 @@ WebDataset, the shard):
   on average, since encoders may differ between library builds). Samples are matched to the
   current inputs by the source name each sample records (``Store.source_names``), so a
   changed source is reported as exactly the inputs that changed, were added or were removed,
-  each by its own name. Datasets written before names were recorded are matched by content in
+  each by its own name, and an input the conversion skipped that converts now is named too.
+  Datasets written before names were recorded are matched by content in
   scan order instead (a removed input is then located in the scan order, not named).
 """
 
@@ -110,8 +111,13 @@ def verify(
     a URL, an archive, WebDataset shards; with ``source_options`` a label file and its columns,
     as the conversion had them) with ``workers`` processes and compares
     (:mod:`packer.verify_source`).
-    Raises ``FileNotFoundError`` for a missing path; everything else is a fault in the report.
+    Raises ``FileNotFoundError`` for a missing path and :class:`packer.errors.OptionError` for
+    ``source_options`` that do not apply to ``source``; everything else is a fault in the report.
     """
+    if source is not None:  # label options without --labels: refused as convert refuses them
+        from .jobs import check_source_options
+
+        check_source_options(source, source_options if source_options is not None else SourceOptions())
     started = time.perf_counter()
     report = VerifyReport(Path(path))
     try:

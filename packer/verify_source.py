@@ -95,8 +95,22 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     except PackedFormatError as exc:
         report.add("source", f"cannot read the recorded source names, matching by content: {exc}")
         recorded_names = None
+    convert = _Converter(job.task, labels, workers, remote)
     match = _match_by_name if recorded_names is not None else _match_source
-    match(store, _Converter(job.task, labels, workers, remote), items, names, labels, report, recorded_names)
+    match(store, convert, items, names, labels, report, recorded_names)
+    _retry_skipped(job, convert, {s.path: s.reason for s in meta.skipped}, report)
+
+
+def _retry_skipped(job, convert: _Converter, reasons: dict[str, str], report: Report) -> None:
+    """Inputs the conversion skipped (recorded in the metadata) that convert now, each named: a
+    repaired file is a difference from the dataset too."""
+    from .preprocess.task import Encoded
+
+    again = [item for item in job.items if job.name(item) in reasons]
+    for item, result in zip(again, convert(again)):
+        if isinstance(result, Encoded):
+            name = job.name(item)
+            report.add(f"source {name}", f"skipped when converted ({reasons[name]}), converts now: not in the dataset")
 
 
 @dataclass(frozen=True)
@@ -131,7 +145,7 @@ def _match_by_name(store: Store, convert: _Converter, items: list, names: list[s
     current = set(names)
     for i, name in enumerate(recorded):
         if name not in current:
-            report.add(store.where(i), f"removed from the source: {name} is no longer there")
+            report.add(store.where(i), f"removed from the source: {name} is no longer among its inputs")
     for name in names:
         if name not in where_is:
             report.add(f"source {name}", "added: not in the dataset")
@@ -210,7 +224,8 @@ def _match_source(store: Store, convert: _Converter, items: list, names: list[st
 def _difference(expected, label: int, shape: Sequence[int], payload: bytes, meta: Metadata) -> str:
     """Why a stored sample differs from the freshly converted ``expected``, or ""."""
     if label != expected.label:
-        return f"label {label}, the source gives {expected.label}"
+        given = "a class the dataset does not have" if expected.label == -2 else expected.label
+        return f"label {label}, the source gives {given}"
     if tuple(shape) != tuple(expected.shape):
         return f"shape {tuple(shape)}, the source gives {tuple(expected.shape)}"
     if payload == expected.payload:

@@ -203,7 +203,7 @@ def test_source_comparison_names_exactly_the_changed_added_and_removed_inputs(fm
     assert store.source_names() == [rel(f) for f in files] and store.source_name(3) == rel(removed)
     report = verify(path, source=source, workers=1)
     assert sorted(f.message for f in report.faults if f.where.startswith("sample 3")) == [
-        f"removed from the source: {rel(removed)} is no longer there"
+        f"removed from the source: {rel(removed)} is no longer among its inputs"
     ], report.faults
     assert [str(f) for f in report.faults if f.where.startswith("source")] == [f"source {rel(added)}: added: not in the dataset"]
     [change] = [f for f in report.faults if f.where.endswith(f" <- {rel(changed)}")]

@@ -6,6 +6,7 @@ the label file is reported as a label difference; a Python dataset is refused in
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 
 import pytest
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from packer.cli import cli
+from packer.errors import OptionError
 from packer.options import SourceOptions
 from packer.verify import verify
 from test_archives import make_archives, tar_bytes
@@ -55,7 +57,7 @@ def test_a_changed_and_a_removed_member_are_named(image_folder, tmp_path):
     faults = [line for line in result.output.splitlines() if line.startswith("fault:")]
     assert len(faults) == 3, result.output
     assert any("<- train/class_01/img_00002.jpg: changed: raw pixels differ" in f for f in faults)
-    assert any("removed from the source: train/class_02/img_00004.jpg is no longer there" in f for f in faults)
+    assert any("removed from the source: train/class_02/img_00004.jpg is no longer among its inputs" in f for f in faults)
     assert any("source train/class_00/new.jpg: added" in f for f in faults)
 
 
@@ -110,3 +112,36 @@ def test_source_options_reach_the_api(flat, tmp_path):
     assert run(root, dst, "--labels", csv).exit_code == 0
     assert verify(dst, source=root, source_options=SourceOptions(labels=str(csv)), workers=1).ok
     assert not verify(dst, source=root, workers=1).ok
+
+
+def test_label_options_that_do_not_apply_are_refused(lmdb_32, image_folder):
+    result = verify_cli(lmdb_32, "--source", image_folder, "--split", "val")
+    assert result.exit_code != 0 and "--split: applies with --labels only" in result.output
+    with pytest.raises(OptionError, match="--path-column: applies with --labels only"):
+        verify(lmdb_32, source=image_folder, source_options=SourceOptions(path_column="file"))
+
+
+def test_a_skipped_input_that_converts_now_is_named(image_folder, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    (src / "class_01" / "broken.jpg").write_bytes(b"not a jpeg")
+    dst = tmp_path / "out.lmdb"
+    assert run(src, dst).exit_code == 0
+    assert verify_cli(dst, "--source", src).exit_code == 0  # still broken: still skipped, as recorded
+    shutil.copy(src / "class_01" / "img_00000.jpg", src / "class_01" / "broken.jpg")  # repaired
+    result = verify_cli(dst, "--source", src)
+    faults = [line for line in result.output.splitlines() if line.startswith("fault:")]
+    assert result.exit_code == 1 and len(faults) == 1, result.output
+    assert "source class_01/broken.jpg: skipped when converted (" in faults[0] and "converts now: not in the dataset" in faults[0]
+
+
+def test_a_label_moved_to_a_class_the_dataset_lacks_says_so(flat, tmp_path):
+    root, pairs = flat
+    csv = write_labels(tmp_path / "train.csv", [{"path": name, "label": cls} for name, cls in pairs])
+    dst = tmp_path / "out.lmdb"
+    assert run(root, dst, "--labels", csv).exit_code == 0
+    write_labels(csv, [{"path": name, "label": "zebra" if i == 0 else cls} for i, (name, cls) in enumerate(pairs)])
+    result = verify_cli(dst, "--source", root, "--labels", csv)
+    assert result.exit_code == 1
+    assert f"<- {pairs[0][0]}: changed: label 0, the source gives a class the dataset does not have" in result.output
+    assert "-2" not in result.output

@@ -10,9 +10,12 @@ import zlib
 
 import lmdb
 import numpy as np
+import pytest
 
 from packer import ImageOptions, convert
 from packer.preprocess.task import Encoded
+from packer.writers import get_writer
+from packer.writers.webdataset.tar import ShardFile
 from readers.formats.lmdb import CHECKSUMS_KEY
 
 
@@ -45,3 +48,33 @@ def test_the_stored_checksums_are_the_workers(image_folder, tmp_path):
         label, height, width, channels, _reserved = struct.unpack_from("<iIIHH", value)
         recomputed.append(crc(label, (channels, height, width), value[16:]))
     assert len(stored) == 18 and stored == recomputed
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "blob"])
+def test_each_writer_stores_the_carried_checksum_without_recomputing(fmt, tmp_path):
+    sample = Encoded(1, (3, 4, 4), bytes(48))
+    object.__setattr__(sample, "checksum", 12345)  # not the CRC of its bytes: only a writer that uses it stores it
+    writer = get_writer(fmt)(tmp_path / f"out.{fmt}")
+    try:
+        writer.add(sample)
+        assert list(writer.checksums) == [12345]
+    finally:
+        writer.abort()
+
+
+def test_webdataset_shards_store_the_carried_checksum(tmp_path):
+    sample = Encoded(1, (3, 4, 4), bytes(48))
+    object.__setattr__(sample, "checksum", 12345)
+    shard = ShardFile(str(tmp_path), "shard-000000.tar", "raw")
+    shard.add(0, sample)
+    assert shard.rows[-1][-1] == 12345
+    shard.close()
+
+
+def test_a_sample_pickled_without_a_checksum_gets_one_when_unpickled():
+    """A worker running a packer that did not carry checksums (an older version on a Ray node)."""
+    sample = Encoded(2, (1, 1, 3), b"abc")
+    state = {k: v for k, v in vars(sample).items() if k != "checksum"}
+    old = Encoded.__new__(Encoded)
+    old.__setstate__(state)
+    assert old.checksum == crc(2, (1, 1, 3), b"abc")

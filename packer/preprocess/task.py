@@ -48,6 +48,14 @@ class Encoded:
     def __post_init__(self) -> None:
         object.__setattr__(self, "checksum", sample_checksum(self.label, self.shape, self.payload))
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling: the carried checksum, or (from a packer that did not carry one, such as an
+        older version on a Ray worker) one computed here."""
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        if "checksum" not in state:
+            object.__setattr__(self, "checksum", sample_checksum(self.label, self.shape, self.payload))
+
 
 @dataclass(frozen=True)
 class Failed:
