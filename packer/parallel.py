@@ -35,8 +35,11 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import io
 import multiprocessing
 import os
+import pickle
+import secrets
 import signal
 import sys
 import threading
@@ -47,6 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
+from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import cv2
@@ -61,6 +65,21 @@ __all__ = ["keep_freed_memory", "ordered_map", "default_workers", "WorkerError",
 #: A second chunk is queued behind the running one only if it pickles to at most this many
 #: bytes: it then fits the pipe's buffer, so sending it never blocks on a busy worker.
 _PREFETCH_BYTES = 16 << 10
+
+#: Result transports: "shm" (byte strings of at least ``_SHARED_MIN_BYTES`` in a result, such as
+#: an encoded sample's payload, go through the worker's shared-memory slots; the pipe carries
+#: only the rest of the pickle) or "pipe" (the whole pickle through the pipe).
+TRANSPORTS = ("shm", "pipe")
+_SHARED_MIN_BYTES = 4 << 10
+#: Each worker has two result slots (its running chunk's and the one queued behind it) of this
+#: size in one block the parent creates, reserves (``posix_fallocate``: a full /dev/shm fails
+#: here, not as SIGBUS in a worker), reuses for the pool's lifetime and unlinks. Byte strings
+#: that do not fit a chunk's slot travel in the pickle.
+_SLOT_BYTES = 8 << 20
+#: Blocks are named ``packer-<parent pid>-<random>``: a parent killed with its resource tracker
+#: (SIGKILL to the process group) cannot unlink them, so a later pool unlinks those of dead pids.
+_BLOCK_PREFIX = "packer-"
+_SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory (elsewhere: no sweep)
 
 
 class WorkerError(RuntimeError):
@@ -92,6 +111,7 @@ def ordered_map(
     chunksize: int | None = None,
     on_crash: Callable[[T, str], R] | None = None,
     item_timeout: float = DEFAULT_ITEM_TIMEOUT,
+    transport: str = "shm",
 ) -> Iterator[Iterator[R]]:
     """Context giving an iterator of ``fn(item)`` for every item, in order, on ``workers`` processes.
 
@@ -101,16 +121,19 @@ def ordered_map(
     with ``reason`` like ``"crashed the decoder (SIGSEGV)"`` or ``"timed out after 120 s"``.
     A single item runs in this process (no isolation: there is nothing to run beside it).
     A worker runs a chunk's items through ``fn.map(items)`` when ``fn`` has one (it must yield
-    ``fn(item)`` for each, in order: :func:`run_items`).
+    ``fn(item)`` for each, in order: :func:`run_items`). ``transport``: how results come back
+    (:data:`TRANSPORTS`; "shm" falls back to "pipe" where no shared memory can be reserved).
     """
     if len(items) <= 1:
         yield map(fn, items)
         return
     if item_timeout <= 0:
         raise ValueError(f"item_timeout must be positive, got {item_timeout!r}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if chunksize is None:
         chunksize = max(1, min(16, len(items) // (workers * 8)))
-    pool = _Pool(fn, items, max(1, min(workers, len(items))), chunksize, on_crash, item_timeout)
+    pool = _Pool(fn, items, max(1, min(workers, len(items))), chunksize, on_crash, item_timeout, transport)
     try:
         yield pool.results()
     finally:
@@ -124,6 +147,69 @@ class _Chunk:
     start: int  # index of the first item
     count: int
     isolated: bool = False  # a retry of a single item after its chunk was lost
+    slot: int = 0  # the worker's shared-memory slot its results go to (set when dispatched)
+
+
+class _Ring:
+    """One worker's result slots in shared memory: created, read and unlinked by the parent only,
+    so a worker killed mid-chunk leaves nothing behind; a replacement worker reuses them."""
+
+    def __init__(self) -> None:
+        name = f"{_BLOCK_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        self.block = SharedMemory(name, create=True, size=2 * _SLOT_BYTES)
+        try:
+            os.posix_fallocate(self.block._fd, 0, self.block.size)
+        except BaseException:
+            self.block.close()
+            self.block.unlink()
+            raise
+        self.slots = [self.block.buf[i * _SLOT_BYTES : (i + 1) * _SLOT_BYTES] for i in range(2)]
+
+    @staticmethod
+    def create() -> "_Ring | None":
+        """A ring, or None where shared memory is missing or full (the worker then uses the pipe)."""
+        try:
+            return _Ring()
+        except OSError:
+            return None
+
+    @property
+    def name(self) -> str:
+        return self.block.name
+
+    def close(self) -> None:
+        for view in self.slots:
+            view.release()
+        self.slots = []
+        self.block.close()
+        self.block.unlink()
+
+    @staticmethod
+    def sweep_orphans() -> None:
+        """Unlink the blocks of pools whose parent no longer runs (Linux; elsewhere nothing)."""
+        try:
+            names = os.listdir(_SHM_DIR)
+        except OSError:
+            return
+        for name in names:
+            if not name.startswith(_BLOCK_PREFIX):
+                continue
+            pid = name[len(_BLOCK_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                try:
+                    os.unlink(os.path.join(_SHM_DIR, name))
+                except OSError:
+                    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 @dataclass
@@ -133,14 +219,19 @@ class _Worker:
     results: Connection  # worker -> parent
     in_flight: deque = field(default_factory=deque)  # chunks sent, oldest (running) first
     deadline: float = float("inf")  # for in_flight[0]
+    ring: _Ring | None = None  # its result slots ("shm" transport)
+    sent: int = 0  # chunks dispatched to it: their slots alternate
 
 
 class _Pool(Generic[T, R]):
     """Workers with private pipes; chunks dispatched in order, results reordered by chunk id."""
 
     def __init__(self, fn: Callable[[T], R], items: Sequence[T], workers: int, chunksize: int,
-                 on_crash: Callable[[T, str], R] | None, item_timeout: float) -> None:
+                 on_crash: Callable[[T, str], R] | None, item_timeout: float, transport: str = "shm") -> None:
         self.fn, self.items, self.on_crash, self.item_timeout = fn, items, on_crash, item_timeout
+        self.transport = transport
+        if transport == "shm":
+            _Ring.sweep_orphans()
         self.context = _context()
         self.todo: deque[_Chunk] = deque(
             _Chunk(i, start, min(chunksize, len(items) - start)) for i, start in enumerate(range(0, len(items), chunksize))
@@ -157,18 +248,26 @@ class _Pool(Generic[T, R]):
             self.close()
             raise
 
-    def _start_worker(self) -> _Worker:
-        task_recv, task_send = self.context.Pipe(duplex=False)
-        result_recv, result_send = self.context.Pipe(duplex=False)
-        # A forked worker inherits the parent's ends too; it closes them, or it would keep its
-        # own task pipe open and never see EOF (and exit) when the parent dies.
-        inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
-        process = self.context.Process(target=_worker_main, args=(self.fn, task_recv, result_send, inherited), daemon=True)
-        with _main_not_reimported(self.fn):
-            process.start()
+    def _start_worker(self, ring: _Ring | None = None) -> _Worker:
+        if ring is None and self.transport == "shm":
+            ring = _Ring.create()
+        try:
+            task_recv, task_send = self.context.Pipe(duplex=False)
+            result_recv, result_send = self.context.Pipe(duplex=False)
+            # A forked worker inherits the parent's ends too; it closes them, or it would keep its
+            # own task pipe open and never see EOF (and exit) when the parent dies.
+            inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
+            args = (self.fn, task_recv, result_send, inherited, ring.name if ring else None)
+            process = self.context.Process(target=_worker_main, args=args, daemon=True)
+            with _main_not_reimported(self.fn):
+                process.start()
+        except BaseException:
+            if ring is not None:
+                ring.close()
+            raise
         task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
         result_send.close()
-        return _Worker(process, task_send, result_recv)
+        return _Worker(process, task_send, result_recv, ring=ring)
 
     def results(self) -> Iterator[R]:
         """The results in input order; dispatching and collecting happen as the caller asks."""
@@ -188,10 +287,14 @@ class _Pool(Generic[T, R]):
                 if len(worker.in_flight) >= 2:
                     break
                 chunk = self.todo[0]
-                message = _encode((chunk.id, self.items[chunk.start : chunk.start + chunk.count]))
+                # In flight: at most two consecutive dispatches, so alternating slots never collide,
+                # and a slot is reused only after its chunk's results were copied out (_receive).
+                chunk.slot = worker.sent % 2
+                message = _encode((chunk.id, chunk.slot, self.items[chunk.start : chunk.start + chunk.count]))
                 if worker.in_flight and (len(message) > _PREFETCH_BYTES or chunk.isolated or worker.in_flight[0].isolated):
                     break  # big chunks go only to an idle worker (it is reading, so sending cannot block)
                 self.todo.popleft()
+                worker.sent += 1
                 if not worker.in_flight:
                     worker.deadline = time.monotonic() + self.item_timeout * chunk.count
                 worker.in_flight.append(chunk)
@@ -223,7 +326,7 @@ class _Pool(Generic[T, R]):
 
     def _receive(self, worker: _Worker, message: bytes) -> None:
         chunk = worker.in_flight.popleft()
-        kind, payload = ForkingPickler.loads(message)
+        kind, payload = _decode(message, worker.ring.slots[chunk.slot] if worker.ring else None)
         if kind == "error":
             raise WorkerError(f"a worker failed on item {chunk.start + payload[0]}: {payload[1]}")
         self.done[chunk.id] = payload
@@ -231,8 +334,9 @@ class _Pool(Generic[T, R]):
 
     def _replace(self, worker: _Worker, reason: str) -> None:
         """A worker died or hung: kill it, start another, and retry its chunks item by item."""
+        ring, worker.ring = worker.ring, None  # once it is dead and joined, its slots serve its successor
         _kill(worker)
-        self.workers[self.workers.index(worker)] = self._start_worker()
+        self.workers[self.workers.index(worker)] = self._start_worker(ring)
         retries: list[_Chunk] = []
         for position, chunk in enumerate(worker.in_flight):
             if chunk.isolated or chunk.count == 1:
@@ -272,12 +376,17 @@ class _Pool(Generic[T, R]):
 
 
 def _kill(worker: _Worker) -> None:
-    if worker.process.is_alive():
-        worker.process.kill()
-    worker.process.join()
-    worker.tasks.close()
-    worker.results.close()
-    worker.process.close()
+    try:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join()
+        worker.tasks.close()
+        worker.results.close()
+        worker.process.close()
+    finally:
+        if worker.ring is not None:  # after the join: nobody writes to it any more
+            worker.ring.close()
+            worker.ring = None
 
 
 def _death_reason(worker: _Worker) -> str:
@@ -354,6 +463,51 @@ def _encode(message: Any) -> memoryview:
     return ForkingPickler.dumps(message, -1)
 
 
+class _SlotPickler(ForkingPickler):
+    """Pickles a worker's results, moving each large byte string into its shared-memory slot
+    (while it has room) and leaving only ``(offset, size)`` in the pickle."""
+
+    def __init__(self, file: io.BytesIO, slot: memoryview) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.slot, self.used = slot, 0
+
+    def persistent_id(self, obj: Any) -> tuple[int, int] | None:
+        if type(obj) is bytes and len(obj) >= _SHARED_MIN_BYTES:
+            end = self.used + len(obj)
+            if end <= len(self.slot):
+                self.slot[self.used : end] = obj
+                where, self.used = (self.used, len(obj)), end
+                return where
+        return None
+
+
+class _SlotUnpickler(pickle.Unpickler):
+    """The parent's side: each byte string in the slot comes back as its own ``bytes``, copied
+    once (writers keep references to payloads until they flush; the slot is reused)."""
+
+    def __init__(self, message: bytes, slot: memoryview | None) -> None:
+        super().__init__(io.BytesIO(message))
+        self.slot = slot
+
+    def persistent_load(self, pid: Any) -> bytes:
+        if self.slot is None:
+            raise pickle.UnpicklingError("a result refers to shared memory, but this worker has none")
+        offset, size = pid
+        return bytes(self.slot[offset : offset + size])
+
+
+def _encode_results(message: Any, slot: memoryview | None) -> bytes | memoryview:
+    if slot is None:
+        return _encode(message)
+    buffer = io.BytesIO()
+    _SlotPickler(buffer, slot).dump(message)
+    return buffer.getbuffer()
+
+
+def _decode(message: bytes, slot: memoryview | None) -> Any:
+    return _SlotUnpickler(message, slot).load()
+
+
 # -- worker side ----------------------------------------------------------------------------
 def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
     """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
@@ -372,11 +526,17 @@ def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         raise RuntimeError(f"{type(fn).__name__}.map gave {'more' if count > len(items) else count} results for {len(items)} items")
 
 
-def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...]) -> None:
-    """Run chunks until an empty message or EOF; results (or the first error) go back pickled."""
+def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...],
+                 ring: str | None = None) -> None:
+    """Run chunks until an empty message or EOF; results (or the first error) go back pickled,
+    their large byte strings through the shared-memory slots of the block named ``ring``."""
     for connection in inherited:
         connection.close()
     _init_worker()
+    slots: list[memoryview | None] = [None, None]
+    if ring is not None:
+        block = SharedMemory(ring)  # the parent's: it outlives this process and is unlinked there
+        slots = [block.buf[i * _SLOT_BYTES : (i + 1) * _SLOT_BYTES] for i in range(2)]
     while True:
         try:
             message = tasks.recv_bytes()
@@ -384,12 +544,12 @@ def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited
             return
         if not message:
             return
-        _chunk_id, items = ForkingPickler.loads(message)
+        _chunk_id, slot, items = ForkingPickler.loads(message)
         values: list = []
         try:
             for value in run_items(fn, items):
                 values.append(value)
-            reply = _encode(("ok", values))
+            reply = _encode_results(("ok", values), slots[slot])
         except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
             reply = _encode(("error", (len(values), traceback.format_exc())))
         try:

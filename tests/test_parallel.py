@@ -1,5 +1,6 @@
 """The worker engine: order, crashes, hangs, errors, cleanup, start method and signals."""
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -7,12 +8,18 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from packer import parallel
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
 from faulty import crash_on_13, hang_on_5, ignored_at_import
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A script run from a temporary folder imports this tree's packer (not an installed one), as
+#: its workers do (they start in this tree's folder).
+SCRIPT_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def square(x: int) -> int:
@@ -74,6 +81,89 @@ def test_large_results_and_large_chunks_travel_intact():
         assert list(results) == [5000] * 6
     with ordered_map(big, list(range(20)), workers=3, chunksize=3) as results:
         assert [r == big(i) for i, r in enumerate(results)] == [True] * 20
+
+
+def huge(x: int) -> bytes:
+    return bytes([x % 251]) * (3 << 20)  # four in a chunk overflow a worker's 8 MB result slot
+
+
+def big_or_crash(x: int) -> bytes:
+    if x == 13:
+        ctypes.string_at(0)
+    return big(x)
+
+
+def big_or_hang(x: int) -> bytes:
+    if x == 5:
+        time.sleep(60)
+    return big(x)
+
+
+def _blocks() -> set[str]:
+    """This process's pools' shared-memory blocks (other processes on the machine have theirs)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"packer-{os.getpid()}-")}
+
+
+needs_dev_shm = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists shared memory in /dev/shm (Linux)")
+
+
+@needs_dev_shm
+def test_results_come_through_shared_memory_as_bytes_of_their_own():
+    with ordered_map(huge, list(range(9)), workers=2, chunksize=4) as results:
+        during = _blocks()
+        out = list(results)
+    assert len(during) == 2  # one block per worker
+    assert _blocks() == set()
+    assert all(type(r) is bytes for r in out)  # not views: the blocks are gone, the results stay
+    assert [r == huge(i) for i, r in enumerate(out)] == [True] * 9  # 2 of each 4 went inline
+
+
+@needs_dev_shm
+def test_the_pipe_transport_uses_no_shared_memory():
+    with ordered_map(big, list(range(10)), workers=2, chunksize=2, transport="pipe") as results:
+        assert _blocks() == set()
+        assert [r == big(i) for i, r in enumerate(results)] == [True] * 10
+    with pytest.raises(ValueError, match="transport must be one of shm, pipe, got 'ring'"):
+        with ordered_map(big, list(range(10)), workers=2, transport="ring") as results:
+            list(results)
+
+
+@needs_dev_shm
+@pytest.mark.parametrize("fn, culprit, reason", [(big_or_crash, 13, "crashed the decoder (SIGSEGV)"), (big_or_hang, 5, "timed out after 1 s")])
+def test_a_killed_worker_leaks_no_shared_memory(fn, culprit, reason):
+    with ordered_map(fn, list(range(24)), workers=2, chunksize=4, on_crash=crashed, item_timeout=1) as results:
+        during = _blocks()
+        out = list(results)
+        assert _blocks() == during  # the replacement worker reuses its predecessor's block
+    assert len(during) == 2
+    assert _blocks() == set()
+    assert out[culprit] == ("crashed", culprit, reason)
+    assert all(r == big(i) for i, r in enumerate(out) if i != culprit)
+
+
+@needs_dev_shm
+def test_stopping_early_leaks_no_shared_memory():
+    with ordered_map(big, list(range(200)), workers=2, chunksize=4) as results:
+        assert next(results) == big(0)
+        assert len(_blocks()) == 2
+    assert _blocks() == set()
+
+
+@needs_dev_shm
+def test_a_pool_unlinks_the_blocks_of_a_killed_parent():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan, live = Path(f"/dev/shm/packer-{dead.pid}-0123456789ab"), Path(f"/dev/shm/packer-{os.getppid()}-0123456789ab")
+    orphan.write_bytes(b"x")
+    live.write_bytes(b"x")
+    try:
+        with ordered_map(square, list(range(4)), workers=2) as results:
+            assert list(results) == [0, 1, 4, 9]
+        assert not orphan.exists()
+        assert live.exists()  # its parent runs: not ours to remove
+    finally:
+        orphan.unlink(missing_ok=True)
+        live.unlink(missing_ok=True)
 
 
 def test_a_single_item_runs_in_this_process():
@@ -185,7 +275,7 @@ def _alive(pid: int) -> bool:
 def test_workers_exit_when_the_parent_is_killed(tmp_path):
     script = tmp_path / "orphan.py"  # a file: fork-server workers import the main module by path
     script.write_text(_ORPHAN_SCRIPT)
-    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=SCRIPT_ENV)
     try:
         pids = [int(p) for p in process.stdout.readline().split()]
     finally:
@@ -217,7 +307,7 @@ if __name__ == "__main__":
 def test_workers_do_not_reimport_the_callers_main_module(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_HEAVY_MAIN)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=SCRIPT_ENV)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert not list(tmp_path.glob("reimported-*"))
 
