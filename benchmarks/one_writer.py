@@ -2,6 +2,7 @@
 
     python -m benchmarks.one_writer                 # 3,000 raw 224x224x3 samples, 3 repeats
     python -m benchmarks.one_writer --samples 1000 --repeats 1
+    python -m benchmarks.one_writer --transports pipe shm   # (b), (c): the pool's result transports, A/B
 
 LMDB, HDF5 and the blob are written by one process (the driver) that receives every encoded
 sample from the workers, local or on Ray. This measures that process's ceiling with the
@@ -14,19 +15,25 @@ Divided by the measured per-core conversion rate, (c) says at how many worker co
 writer becomes the bound (docs/SCALING.md). Workers: 1 and all cores but one, so the driver
 has a core of its own (null workers never wait on decoding: more would only steal the
 driver's CPU, which real workers, busy decoding, do far less). Median (min-max) of
-``--repeats`` passes.
+``--repeats`` passes; with several ``--transports`` (``packer.parallel.TRANSPORTS``), rows (b)
+and (c) alternate them pass by pass (ABAB...), so drift of the machine hits both alike.
+Each sample's payload is a bytes object of its own, as a real worker's is: one object shared by
+all samples is pickled once per chunk (pickle's memo), which understates the pipe's cost ~16x.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packer.parallel import keep_freed_memory, ordered_map
+from packer.parallel import TRANSPORTS, keep_freed_memory, ordered_map
 from packer.preprocess.task import Encoded
 from packer.writers import get_writer
 
@@ -46,7 +53,7 @@ class MakeSample:
         self.payload = np.random.default_rng(0).integers(0, 256, int(np.prod(SHAPE)), dtype=np.uint8).tobytes()
 
     def __call__(self, index: int) -> Encoded:
-        return Encoded(index % 10, SHAPE, self.payload)
+        return Encoded(index % 10, SHAPE, bytes(memoryview(self.payload)))  # a copy: each sample its own
 
 
 def write_all(fmt: str, samples: Any, workdir: Path) -> int:
@@ -63,10 +70,26 @@ def write_all(fmt: str, samples: Any, workdir: Path) -> int:
     return count
 
 
+def measure_ab(passes: dict[str, Any], *, repeats: int) -> dict[str, Rate]:
+    """Each of ``passes`` (name -> a pass returning its item count) once as a warm-up, then
+    ``repeats`` rounds of one timed pass each, in turn."""
+    for one_pass in passes.values():
+        one_pass()
+    runs: dict[str, list[float]] = {name: [] for name in passes}
+    for _ in range(repeats):
+        for name, one_pass in passes.items():
+            start = time.perf_counter()
+            items = one_pass()
+            runs[name].append(items / (time.perf_counter() - start))
+    return {name: Rate(min(r), statistics.median(r), max(r), len(r)) for name, r in runs.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=["shm"],
+                        help="the pool's result transports for (b) and (c), alternated pass by pass (default: shm)")
     add_output_arguments(parser)
     args = parser.parse_args()
     keep_freed_memory()  # as `packer convert` does for its process
@@ -75,29 +98,35 @@ def main() -> None:
     nbytes = len(make.payload)
     workers = sorted({1, max(1, cpu_count() - 1)})  # the driver keeps a core of its own, as it needs at scale
     rates: dict[str, Rate] = {}
+    load_before = os.getloadavg()
+    tag = (lambda t: f" [{t}]") if len(args.transports) > 1 else (lambda t: "")
     with tempfile.TemporaryDirectory(prefix="packer-one-writer-") as tmp:
         for fmt in SUFFIX:
             rates[f"(a) {fmt} writer alone"] = measure(lambda: write_all(fmt, in_memory, Path(tmp)), repeats=args.repeats)
 
-        def pool_only(k: int) -> int:
-            with ordered_map(make, range(n), workers=k) as results:
+        def pool_only(k: int, transport: str) -> int:
+            with ordered_map(make, range(n), workers=k, transport=transport) as results:
                 return sum(1 for _ in results)
 
         for k in workers:
-            rates[f"(b) pool alone, {k} workers"] = measure(lambda: pool_only(k), repeats=args.repeats)
+            rates.update(measure_ab({f"(b) pool alone, {k} workers{tag(t)}": (lambda t=t: pool_only(k, t)) for t in args.transports},
+                                    repeats=args.repeats))
 
-        def pool_and_writer(fmt: str, k: int) -> int:
-            with ordered_map(make, range(n), workers=k) as results:
+        def pool_and_writer(fmt: str, k: int, transport: str) -> int:
+            with ordered_map(make, range(n), workers=k, transport=transport) as results:
                 return write_all(fmt, results, Path(tmp))
 
         for fmt in SUFFIX:
             for k in workers:
-                rates[f"(c) {fmt}: pool + writer, {k} workers"] = measure(lambda: pool_and_writer(fmt, k), repeats=args.repeats)
+                rates.update(measure_ab({f"(c) {fmt}: pool + writer, {k} workers{tag(t)}": (lambda t=t: pool_and_writer(fmt, k, t))
+                                         for t in args.transports}, repeats=args.repeats))
     rows = [[name, str(r), f"{r.median * nbytes / 1e6:,.0f}", f"{r.median / PER_CORE:.0f}" if name.startswith("(c)") else ""]
             for name, r in rates.items()]
-    print(f"\n{n} samples of {'x'.join(map(str, SHAPE))} uint8 ({nbytes / 1e3:.0f} KB), {cpu_count()} cores\n")
+    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
+    print(f"\n{n} samples of {'x'.join(map(str, SHAPE))} uint8 ({nbytes / 1e3:.0f} KB), {cpu_count()} cores, load average {load}\n")
     print(markdown_table(["what", "samples/s", "MB/s", f"cores at {PER_CORE} img/s/core to saturate"], rows))
-    out = save_json("one_writer", {"machine": machine(), "samples": n, "sample_bytes": nbytes, "rates": rates}, output_dir(args.update_results, args.out))
+    payload = {"machine": machine(), "samples": n, "sample_bytes": nbytes, "transports": args.transports, "load_average": load, "rates": rates}
+    out = save_json("one_writer", payload, output_dir(args.update_results, args.out))
     print(f"saved {out}")
 
 

@@ -76,8 +76,9 @@ _SHARED_MIN_BYTES = 4 << 10
 #: here, not as SIGBUS in a worker), reuses for the pool's lifetime and unlinks. Byte strings
 #: that do not fit a chunk's slot travel in the pickle.
 _SLOT_BYTES = 8 << 20
-#: Blocks are named ``packer-<parent pid>-<random>``: a parent killed with its resource tracker
-#: (SIGKILL to the process group) cannot unlink them, so a later pool unlinks those of dead pids.
+#: Blocks are named ``packer-<pid namespace>-<parent pid>-<random>``: a parent killed with its
+#: resource tracker (SIGKILL to the process group) cannot unlink them, so a later pool unlinks
+#: those of dead pids in its own pid namespace (a container sharing /dev/shm has other pids).
 _BLOCK_PREFIX = "packer-"
 _SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory (elsewhere: no sweep)
 
@@ -155,7 +156,7 @@ class _Ring:
     so a worker killed mid-chunk leaves nothing behind; a replacement worker reuses them."""
 
     def __init__(self) -> None:
-        name = f"{_BLOCK_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        name = f"{_BLOCK_PREFIX}{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(6)}"
         self.block = SharedMemory(name, create=True, size=2 * _SLOT_BYTES)
         try:
             os.posix_fallocate(self.block._fd, 0, self.block.size)
@@ -187,19 +188,29 @@ class _Ring:
     @staticmethod
     def sweep_orphans() -> None:
         """Unlink the blocks of pools whose parent no longer runs (Linux; elsewhere nothing)."""
+        namespace = _pid_namespace()
         try:
-            names = os.listdir(_SHM_DIR)
+            names = os.listdir(_SHM_DIR) if namespace else []
         except OSError:
             return
+        ours = f"{_BLOCK_PREFIX}{namespace}-"
         for name in names:
-            if not name.startswith(_BLOCK_PREFIX):
+            if not name.startswith(ours):
                 continue
-            pid = name[len(_BLOCK_PREFIX):].split("-", 1)[0]
+            pid = name[len(ours):].split("-", 1)[0]
             if pid.isdigit() and not _pid_alive(int(pid)):
                 try:
                     os.unlink(os.path.join(_SHM_DIR, name))
                 except OSError:
                     pass
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (Linux), or "" where it cannot be told."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -535,8 +546,11 @@ def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited
     _init_worker()
     slots: list[memoryview | None] = [None, None]
     if ring is not None:
-        block = SharedMemory(ring)  # the parent's: it outlives this process and is unlinked there
-        slots = [block.buf[i * _SLOT_BYTES : (i + 1) * _SLOT_BYTES] for i in range(2)]
+        try:
+            block = SharedMemory(ring)  # the parent's: it outlives this process and is unlinked there
+            slots = [block.buf[i * _SLOT_BYTES : (i + 1) * _SLOT_BYTES] for i in range(2)]
+        except (OSError, ValueError):  # gone (unlinked by someone else): results go through the pipe
+            pass
     while True:
         try:
             message = tasks.recv_bytes()

@@ -101,7 +101,7 @@ def big_or_hang(x: int) -> bytes:
 
 def _blocks() -> set[str]:
     """This process's pools' shared-memory blocks (other processes on the machine have theirs)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"packer-{os.getpid()}-")}
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"packer-{parallel._pid_namespace()}-{os.getpid()}-")}
 
 
 needs_dev_shm = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists shared memory in /dev/shm (Linux)")
@@ -153,17 +153,29 @@ def test_stopping_early_leaks_no_shared_memory():
 def test_a_pool_unlinks_the_blocks_of_a_killed_parent():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    orphan, live = Path(f"/dev/shm/packer-{dead.pid}-0123456789ab"), Path(f"/dev/shm/packer-{os.getppid()}-0123456789ab")
-    orphan.write_bytes(b"x")
-    live.write_bytes(b"x")
+    namespace = parallel._pid_namespace()
+    orphan = Path(f"/dev/shm/packer-{namespace}-{dead.pid}-0123456789ab")
+    live = Path(f"/dev/shm/packer-{namespace}-{os.getppid()}-0123456789ab")
+    elsewhere = Path(f"/dev/shm/packer-1{namespace}-{dead.pid}-0123456789ab")  # another pid namespace's pids
+    for path in (orphan, live, elsewhere):
+        path.write_bytes(b"x")
     try:
         with ordered_map(square, list(range(4)), workers=2) as results:
             assert list(results) == [0, 1, 4, 9]
         assert not orphan.exists()
         assert live.exists()  # its parent runs: not ours to remove
+        assert elsewhere.exists()
     finally:
-        orphan.unlink(missing_ok=True)
-        live.unlink(missing_ok=True)
+        for path in (orphan, live, elsewhere):
+            path.unlink(missing_ok=True)
+
+
+@needs_dev_shm
+def test_a_worker_whose_block_is_gone_answers_through_the_pipe(monkeypatch):
+    real = parallel._Ring.name
+    monkeypatch.setattr(parallel._Ring, "name", property(lambda ring: real.fget(ring) + "-missing"))
+    with ordered_map(big, list(range(10)), workers=2, chunksize=2) as results:
+        assert [r == big(i) for i, r in enumerate(results)] == [True] * 10
 
 
 def test_a_single_item_runs_in_this_process():
