@@ -21,6 +21,13 @@ each large temporary (a decoded photo is ~0.5 MB) to the kernel, and zeroing fre
 next one cost ~0.85 ms of kernel time per image here, a quarter of the whole conversion
 (`benchmarks/RESULTS.md`).
 
+Results come back through shared memory (``transport="shm"``, the default; experimental, issue
+16 item 1): each worker has two result slots in a block this process creates and unlinks; the
+large byte strings of a chunk's results (encoded samples' payloads) go into the chunk's slot and
+only the rest of the pickle crosses the pipe, and this process copies each payload out once.
+A worker killed mid-chunk leaves nothing to clean: the block is the parent's, and its successor
+reuses it. ``transport="pipe"`` sends the whole pickle through the pipe, as before.
+
 Start method: ``forkserver`` (``spawn`` where it does not exist). Workers are forked from a
 clean single-threaded server process that has imported the decoders once, never from this
 process: forking copies only the calling thread, and a lock held by another thread of this
@@ -168,7 +175,10 @@ class _Ring:
 
     @staticmethod
     def create() -> "_Ring | None":
-        """A ring, or None where shared memory is missing or full (the worker then uses the pipe)."""
+        """A ring, or None where shared memory is missing or full, or cannot be reserved
+        (no ``posix_fallocate``: macOS): the worker then answers through the pipe."""
+        if not hasattr(os, "posix_fallocate"):
+            return None
         try:
             return _Ring()
         except OSError:
