@@ -43,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import io
+import logging
 import multiprocessing
 import os
 import pickle
@@ -63,6 +64,8 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 import cv2
 
 from .options import DEFAULT_ITEM_TIMEOUT
+
+log = logging.getLogger("packer")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -181,7 +184,9 @@ class _Ring:
             return None
         try:
             return _Ring()
-        except OSError:
+        except OSError as error:
+            log.warning("results of a worker come through its pipe (slower): no %d MB of shared memory (%s); "
+                        "a container needs a larger /dev/shm (docker run --shm-size)", 2 * _SLOT_BYTES >> 20, error)
             return None
 
     @property

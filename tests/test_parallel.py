@@ -171,6 +171,18 @@ def test_a_pool_unlinks_the_blocks_of_a_killed_parent():
 
 
 @needs_dev_shm
+def test_without_room_in_shared_memory_results_come_through_the_pipe(monkeypatch, caplog):
+    def full(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with ordered_map(big, list(range(10)), workers=2, chunksize=2) as results:
+        assert _blocks() == set()  # the block was unlinked at once
+        assert [r == big(i) for i, r in enumerate(results)] == [True] * 10
+    assert "no 16 MB of shared memory ([Errno 28] No space left on device)" in caplog.text
+
+
+@needs_dev_shm
 def test_a_worker_whose_block_is_gone_answers_through_the_pipe(monkeypatch):
     real = parallel._Ring.name
     monkeypatch.setattr(parallel._Ring, "name", property(lambda ring: real.fget(ring) + "-missing"))
