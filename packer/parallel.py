@@ -16,17 +16,12 @@ chunk's items are retried one by one; the item that kills or hangs a worker on i
 raised by ``fn`` is a bug, raised here as :class:`WorkerError` with the worker's traceback.
 
 Workers ignore SIGINT (Ctrl-C reaches only the parent, which kills them), leave parallelism to
-the pool (OpenCV runs single-threaded), and keep freed memory for reuse: glibc's default returns
-each large temporary (a decoded photo is ~0.5 MB) to the kernel, and zeroing fresh pages for the
-next one cost ~0.85 ms of kernel time per image here, a quarter of the whole conversion
-(`benchmarks/RESULTS.md`).
+the pool (OpenCV runs single-threaded), and keep freed memory for reuse
+(:func:`packer.memory.keep_freed_memory`).
 
-Results come back through shared memory (``transport="shm"``, the default; experimental, issue
-16 item 1): each worker has two result slots in a block this process creates and unlinks; the
-large byte strings of a chunk's results (encoded samples' payloads) go into the chunk's slot and
-only the rest of the pickle crosses the pipe, and this process copies each payload out once.
-A worker killed mid-chunk leaves nothing to clean: the block is the parent's, and its successor
-reuses it. ``transport="pipe"`` sends the whole pickle through the pipe, as before.
+Results come back through shared memory (``transport="shm"``, the default: the payloads in the
+worker's slots, only the rest of the pickle through the pipe; :mod:`packer.result_slots`), or
+the whole pickle through the pipe (``transport="pipe"``).
 
 Start method: ``forkserver`` (``spawn`` where it does not exist). Workers are forked from a
 clean single-threaded server process that has imported the decoders once, never from this
@@ -40,14 +35,9 @@ per conversion; the usual multiprocessing rule follows: a script that converts m
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
-import io
-import logging
 import multiprocessing
 import os
-import pickle
-import secrets
 import signal
 import sys
 import threading
@@ -58,14 +48,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import cv2
 
+from .memory import keep_freed_memory  # part of this module's interface: workers call it
 from .options import DEFAULT_ITEM_TIMEOUT
-
-log = logging.getLogger("packer")
+from .result_slots import ResultSlots, attach_slots, decode_results, detach_slots, encode_results
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -76,21 +65,8 @@ __all__ = ["keep_freed_memory", "ordered_map", "default_workers", "WorkerError",
 #: bytes: it then fits the pipe's buffer, so sending it never blocks on a busy worker.
 _PREFETCH_BYTES = 16 << 10
 
-#: Result transports: "shm" (byte strings of at least ``_SHARED_MIN_BYTES`` in a result, such as
-#: an encoded sample's payload, go through the worker's shared-memory slots; the pipe carries
-#: only the rest of the pickle) or "pipe" (the whole pickle through the pipe).
+#: Result transports (module docstring).
 TRANSPORTS = ("shm", "pipe")
-_SHARED_MIN_BYTES = 4 << 10
-#: Each worker has two result slots (its running chunk's and the one queued behind it) of this
-#: size in one block the parent creates, reserves (``posix_fallocate``: a full /dev/shm fails
-#: here, not as SIGBUS in a worker), reuses for the pool's lifetime and unlinks. Byte strings
-#: that do not fit a chunk's slot travel in the pickle.
-_SLOT_BYTES = 8 << 20
-#: Blocks are named ``packer-<pid namespace>-<parent pid>-<random>``: a parent killed with its
-#: resource tracker (SIGKILL to the process group) cannot unlink them, so a later pool unlinks
-#: those of dead pids in its own pid namespace (a container sharing /dev/shm has other pids).
-_BLOCK_PREFIX = "packer-"
-_SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory (elsewhere: no sweep)
 
 
 class WorkerError(RuntimeError):
@@ -161,83 +137,6 @@ class _Chunk:
     slot: int = 0  # the worker's shared-memory slot its results go to (set when dispatched)
 
 
-class _Ring:
-    """One worker's result slots in shared memory: created, read and unlinked by the parent only,
-    so a worker killed mid-chunk leaves nothing behind; a replacement worker reuses them."""
-
-    def __init__(self) -> None:
-        name = f"{_BLOCK_PREFIX}{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(6)}"
-        self.block = SharedMemory(name, create=True, size=2 * _SLOT_BYTES)
-        try:
-            os.posix_fallocate(self.block._fd, 0, self.block.size)
-        except BaseException:
-            self.block.close()
-            self.block.unlink()
-            raise
-        self.slots = [self.block.buf[i * _SLOT_BYTES : (i + 1) * _SLOT_BYTES] for i in range(2)]
-
-    @staticmethod
-    def create() -> "_Ring | None":
-        """A ring, or None where shared memory is missing or full, or cannot be reserved
-        (no ``posix_fallocate``: macOS): the worker then answers through the pipe."""
-        if not hasattr(os, "posix_fallocate"):
-            return None
-        try:
-            return _Ring()
-        except OSError as error:
-            log.warning("results of a worker come through its pipe (slower): no %d MB of shared memory (%s); "
-                        "a container needs a larger /dev/shm (docker run --shm-size)", 2 * _SLOT_BYTES >> 20, error)
-            return None
-
-    @property
-    def name(self) -> str:
-        return self.block.name
-
-    def close(self) -> None:
-        for view in self.slots:
-            view.release()
-        self.slots = []
-        self.block.close()
-        self.block.unlink()
-
-    @staticmethod
-    def sweep_orphans() -> None:
-        """Unlink the blocks of pools whose parent no longer runs (Linux; elsewhere nothing)."""
-        namespace = _pid_namespace()
-        try:
-            names = os.listdir(_SHM_DIR) if namespace else []
-        except OSError:
-            return
-        ours = f"{_BLOCK_PREFIX}{namespace}-"
-        for name in names:
-            if not name.startswith(ours):
-                continue
-            pid = name[len(ours):].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                try:
-                    os.unlink(os.path.join(_SHM_DIR, name))
-                except OSError:
-                    pass
-
-
-def _pid_namespace() -> str:
-    """This process's pid namespace (Linux), or "" where it cannot be told."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 @dataclass
 class _Worker:
     process: Any
@@ -245,7 +144,7 @@ class _Worker:
     results: Connection  # worker -> parent
     in_flight: deque = field(default_factory=deque)  # chunks sent, oldest (running) first
     deadline: float = float("inf")  # for in_flight[0]
-    ring: _Ring | None = None  # its result slots ("shm" transport)
+    ring: ResultSlots | None = None  # its result slots ("shm" transport)
     sent: int = 0  # chunks dispatched to it: their slots alternate
 
 
@@ -257,7 +156,7 @@ class _Pool(Generic[T, R]):
         self.fn, self.items, self.on_crash, self.item_timeout = fn, items, on_crash, item_timeout
         self.transport = transport
         if transport == "shm":
-            _Ring.sweep_orphans()
+            ResultSlots.sweep_orphans()
         self.context = _context()
         self.todo: deque[_Chunk] = deque(
             _Chunk(i, start, min(chunksize, len(items) - start)) for i, start in enumerate(range(0, len(items), chunksize))
@@ -274,9 +173,9 @@ class _Pool(Generic[T, R]):
             self.close()
             raise
 
-    def _start_worker(self, ring: _Ring | None = None) -> _Worker:
+    def _start_worker(self, ring: ResultSlots | None = None) -> _Worker:
         if ring is None and self.transport == "shm":
-            ring = _Ring.create()
+            ring = ResultSlots.create()
         try:
             task_recv, task_send = self.context.Pipe(duplex=False)
             result_recv, result_send = self.context.Pipe(duplex=False)
@@ -352,7 +251,7 @@ class _Pool(Generic[T, R]):
 
     def _receive(self, worker: _Worker, message: bytes) -> None:
         chunk = worker.in_flight.popleft()
-        kind, payload = _decode(message, worker.ring.slots[chunk.slot] if worker.ring else None)
+        kind, payload = decode_results(message, worker.ring.slots[chunk.slot] if worker.ring else None)
         if kind == "error":
             raise WorkerError(f"a worker failed on item {chunk.start + payload[0]}: {payload[1]}")
         self.done[chunk.id] = payload
@@ -489,51 +388,6 @@ def _encode(message: Any) -> memoryview:
     return ForkingPickler.dumps(message, -1)
 
 
-class _SlotPickler(ForkingPickler):
-    """Pickles a worker's results, moving each large byte string into its shared-memory slot
-    (while it has room) and leaving only ``(offset, size)`` in the pickle."""
-
-    def __init__(self, file: io.BytesIO, slot: memoryview) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.slot, self.used = slot, 0
-
-    def persistent_id(self, obj: Any) -> tuple[int, int] | None:
-        if type(obj) is bytes and len(obj) >= _SHARED_MIN_BYTES:
-            end = self.used + len(obj)
-            if end <= len(self.slot):
-                self.slot[self.used : end] = obj
-                where, self.used = (self.used, len(obj)), end
-                return where
-        return None
-
-
-class _SlotUnpickler(pickle.Unpickler):
-    """The parent's side: each byte string in the slot comes back as its own ``bytes``, copied
-    once (writers keep references to payloads until they flush; the slot is reused)."""
-
-    def __init__(self, message: bytes, slot: memoryview | None) -> None:
-        super().__init__(io.BytesIO(message))
-        self.slot = slot
-
-    def persistent_load(self, pid: Any) -> bytes:
-        if self.slot is None:
-            raise pickle.UnpicklingError("a result refers to shared memory, but this worker has none")
-        offset, size = pid
-        return bytes(self.slot[offset : offset + size])
-
-
-def _encode_results(message: Any, slot: memoryview | None) -> bytes | memoryview:
-    if slot is None:
-        return _encode(message)
-    buffer = io.BytesIO()
-    _SlotPickler(buffer, slot).dump(message)
-    return buffer.getbuffer()
-
-
-def _decode(message: bytes, slot: memoryview | None) -> Any:
-    return _SlotUnpickler(message, slot).load()
-
-
 # -- worker side ----------------------------------------------------------------------------
 def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
     """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
@@ -559,13 +413,15 @@ def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited
     for connection in inherited:
         connection.close()
     _init_worker()
-    slots: list[memoryview | None] = [None, None]
-    if ring is not None:
-        try:
-            block = SharedMemory(ring)  # the parent's: it outlives this process and is unlinked there
-            slots = [block.buf[i * _SLOT_BYTES : (i + 1) * _SLOT_BYTES] for i in range(2)]
-        except (OSError, ValueError):  # gone (unlinked by someone else): results go through the pipe
-            pass
+    block, slots = attach_slots(ring)
+    try:
+        _serve(fn, tasks, results, slots)
+    finally:
+        detach_slots(block, slots)
+
+
+def _serve(fn: Callable, tasks: Connection, results: Connection, slots: list) -> None:
+    """A worker's loop: chunks until an empty message or EOF, each chunk's results sent back."""
     while True:
         try:
             message = tasks.recv_bytes()
@@ -578,7 +434,7 @@ def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited
         try:
             for value in run_items(fn, items):
                 values.append(value)
-            reply = _encode_results(("ok", values), slots[slot])
+            reply = encode_results(("ok", values), slots[slot])
         except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
             reply = _encode(("error", (len(values), traceback.format_exc())))
         try:
@@ -592,24 +448,3 @@ def _init_worker() -> None:
     faulthandler.disable()  # a crash here is reported by the parent, as a skipped input
     cv2.setNumThreads(1)  # parallelism is across processes
     keep_freed_memory()
-
-
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def keep_freed_memory() -> None:
-    """glibc: serve large temporaries from a heap that is not trimmed back (process-wide).
-
-    Workers always call it. The ``packer`` command calls it for its own process too, which
-    receives and writes every sample (a faster conversion on 2 cores in an A/B run of
-    2026-11-22 whose output was not committed: no figure is claimed). A program calling :func:`packer.convert` may call it,
-    accepting that its process then keeps up to 256 MB of freed memory for reuse.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return
-    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(_M_TRIM_THRESHOLD, 256 << 20)

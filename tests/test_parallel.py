@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import parallel
+from packer import parallel, result_slots
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
 from faulty import crash_on_13, hang_on_5, ignored_at_import
 
@@ -101,7 +101,7 @@ def big_or_hang(x: int) -> bytes:
 
 def _blocks() -> set[str]:
     """This process's pools' shared-memory blocks (other processes on the machine have theirs)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"packer-{parallel._pid_namespace()}-{os.getpid()}-")}
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"packer-{result_slots.pid_namespace()}-{os.getpid()}-")}
 
 
 needs_dev_shm = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists shared memory in /dev/shm (Linux)")
@@ -153,7 +153,7 @@ def test_stopping_early_leaks_no_shared_memory():
 def test_a_pool_unlinks_the_blocks_of_a_killed_parent():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    namespace = parallel._pid_namespace()
+    namespace = result_slots.pid_namespace()
     orphan = Path(f"/dev/shm/packer-{namespace}-{dead.pid}-0123456789ab")
     live = Path(f"/dev/shm/packer-{namespace}-{os.getppid()}-0123456789ab")
     elsewhere = Path(f"/dev/shm/packer-1{namespace}-{dead.pid}-0123456789ab")  # another pid namespace's pids
@@ -184,8 +184,8 @@ def test_without_room_in_shared_memory_results_come_through_the_pipe(monkeypatch
 
 @needs_dev_shm
 def test_a_worker_whose_block_is_gone_answers_through_the_pipe(monkeypatch):
-    real = parallel._Ring.name
-    monkeypatch.setattr(parallel._Ring, "name", property(lambda ring: real.fget(ring) + "-missing"))
+    real = result_slots.ResultSlots.name
+    monkeypatch.setattr(result_slots.ResultSlots, "name", property(lambda ring: real.fget(ring) + "-missing"))
     with ordered_map(big, list(range(10)), workers=2, chunksize=2) as results:
         assert [r == big(i) for i, r in enumerate(results)] == [True] * 10
 

@@ -1,0 +1,184 @@
+"""The shared-memory side of the conversion pool's result transport (``packer.parallel``,
+``transport="shm"``; issue 16, item 1).
+
+Each worker has two result slots in one block the parent creates, reserves, reuses for the pool's
+lifetime and unlinks (:class:`ResultSlots`): a worker killed mid-chunk leaves nothing behind. A
+worker pickles its chunk's results with :func:`encode_results`, which moves each large byte
+string (an encoded sample's payload) into the chunk's slot and leaves only ``(offset, size)`` in
+the pickle; the parent's :func:`decode_results` copies each back out once, as its own ``bytes``
+(writers keep references to payloads until they flush, and the slot is reused).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import secrets
+from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+log = logging.getLogger("packer")
+
+__all__ = ["ResultSlots", "attach_slots", "detach_slots", "encode_results", "decode_results", "pid_namespace", "SLOT_BYTES"]
+
+#: Byte strings of at least this size in a result go through the slots.
+SHARED_MIN_BYTES = 4 << 10
+#: Each worker has two result slots (its running chunk's and the one queued behind it) of this
+#: size in one block the parent creates, reserves (``posix_fallocate``: a full /dev/shm fails
+#: here, not as SIGBUS in a worker), reuses for the pool's lifetime and unlinks. Byte strings
+#: that do not fit a chunk's slot travel in the pickle.
+SLOT_BYTES = 8 << 20
+#: Blocks are named ``packer-<pid namespace>-<parent pid>-<random>``: a parent killed with its
+#: resource tracker (SIGKILL to the process group) cannot unlink them, so a later pool unlinks
+#: those of dead pids in its own pid namespace (a container sharing /dev/shm has other pids).
+BLOCK_PREFIX = "packer-"
+SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory (elsewhere: no sweep)
+
+
+class ResultSlots:
+    """One worker's result slots in shared memory: created, read and unlinked by the parent only,
+    so a worker killed mid-chunk leaves nothing behind; a replacement worker reuses them."""
+
+    def __init__(self) -> None:
+        name = f"{BLOCK_PREFIX}{pid_namespace()}-{os.getpid()}-{secrets.token_hex(6)}"
+        self.block = SharedMemory(name, create=True, size=2 * SLOT_BYTES)
+        try:
+            os.posix_fallocate(self.block._fd, 0, self.block.size)
+        except BaseException:
+            self.block.close()
+            self.block.unlink()
+            raise
+        self.slots = [self.block.buf[i * SLOT_BYTES : (i + 1) * SLOT_BYTES] for i in range(2)]
+
+    @staticmethod
+    def create() -> "ResultSlots | None":
+        """A ring, or None where shared memory is missing or full, or cannot be reserved
+        (no ``posix_fallocate``: macOS): the worker then answers through the pipe."""
+        if not hasattr(os, "posix_fallocate"):
+            return None
+        try:
+            return ResultSlots()
+        except OSError as error:
+            log.warning("results of a worker come through its pipe (slower): no %d MB of shared memory (%s); "
+                        "a container needs a larger /dev/shm (docker run --shm-size)", 2 * SLOT_BYTES >> 20, error)
+            return None
+
+    @property
+    def name(self) -> str:
+        return self.block.name
+
+    def close(self) -> None:
+        for view in self.slots:
+            view.release()
+        self.slots = []
+        self.block.close()
+        self.block.unlink()
+
+    @staticmethod
+    def sweep_orphans() -> None:
+        """Unlink the blocks of pools whose parent no longer runs (Linux; elsewhere nothing)."""
+        namespace = pid_namespace()
+        try:
+            names = os.listdir(SHM_DIR) if namespace else []
+        except OSError:
+            return
+        ours = f"{BLOCK_PREFIX}{namespace}-"
+        for name in names:
+            if not name.startswith(ours):
+                continue
+            pid = name[len(ours):].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                try:
+                    os.unlink(os.path.join(SHM_DIR, name))
+                except OSError:
+                    pass
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (Linux), or "" where it cannot be told."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+class _SlotPickler(ForkingPickler):
+    """Pickles a worker's results, moving each large byte string into its shared-memory slot
+    (while it has room) and leaving only ``(offset, size)`` in the pickle."""
+
+    def __init__(self, file: io.BytesIO, slot: memoryview) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.slot, self.used = slot, 0
+
+    def persistent_id(self, obj: Any) -> tuple[int, int] | None:
+        if type(obj) is bytes and len(obj) >= SHARED_MIN_BYTES:
+            end = self.used + len(obj)
+            if end <= len(self.slot):
+                self.slot[self.used : end] = obj
+                where, self.used = (self.used, len(obj)), end
+                return where
+        return None
+
+
+class _SlotUnpickler(pickle.Unpickler):
+    """The parent's side: each byte string in the slot comes back as its own ``bytes``, copied
+    once (writers keep references to payloads until they flush; the slot is reused)."""
+
+    def __init__(self, message: bytes, slot: memoryview | None) -> None:
+        super().__init__(io.BytesIO(message))
+        self.slot = slot
+
+    def persistent_load(self, pid: Any) -> bytes:
+        if self.slot is None:
+            raise pickle.UnpicklingError("a result refers to shared memory, but this worker has none")
+        offset, size = pid
+        return bytes(self.slot[offset : offset + size])
+
+
+def encode_results(message: Any, slot: memoryview | None) -> bytes | memoryview:
+    if slot is None:
+        return ForkingPickler.dumps(message, -1)
+    buffer = io.BytesIO()
+    _SlotPickler(buffer, slot).dump(message)
+    return buffer.getbuffer()
+
+
+def decode_results(message: bytes, slot: memoryview | None) -> Any:
+    return _SlotUnpickler(message, slot).load()
+
+
+
+
+def attach_slots(name: str | None) -> tuple[SharedMemory | None, list[memoryview | None]]:
+    """A worker's two slots in the parent's block ``name`` (it outlives the worker and is
+    unlinked by the parent) and the block, to :func:`detach_slots` when the worker ends; or no
+    slots (results through the pipe) where there is none."""
+    if name is None:
+        return None, [None, None]
+    try:
+        block = SharedMemory(name)
+    except (OSError, ValueError):  # gone (unlinked by someone else): results go through the pipe
+        return None, [None, None]
+    return block, [block.buf[i * SLOT_BYTES : (i + 1) * SLOT_BYTES] for i in range(2)]
+
+
+def detach_slots(block: SharedMemory | None, slots: list[memoryview | None]) -> None:
+    """Release the slot views, then the worker's mapping of the block (never unlinked here)."""
+    for view in slots:
+        if view is not None:
+            view.release()
+    if block is not None:
+        block.close()
