@@ -3,7 +3,7 @@
 
 Each worker has two result slots in one block the parent creates, reserves, reuses for the pool's
 lifetime and unlinks (:class:`ResultSlots`): a worker killed mid-chunk leaves nothing behind. A
-worker pickles its chunk's results with :func:`encode_results`, which moves each large byte
+worker encodes its chunk's results with :func:`encode_results`, which moves each large byte
 string (an encoded sample's payload) into the chunk's slot and leaves only ``(offset, size)`` in
 the pickle; the parent's :func:`decode_results` copies each back out once, as its own ``bytes``
 (writers keep references to payloads until they flush, and the slot is reused).
@@ -11,10 +11,9 @@ the pickle; the parent's :func:`decode_results` copies each back out once, as it
 
 from __future__ import annotations
 
-import io
+import copy
 import logging
 import os
-import pickle
 import secrets
 from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
 from multiprocessing.shared_memory import SharedMemory
@@ -115,51 +114,50 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class _SlotPickler(ForkingPickler):
-    """Pickles a worker's results, moving each large byte string into its shared-memory slot
-    (while it has room) and leaving only ``(offset, size)`` in the pickle."""
-
-    def __init__(self, file: io.BytesIO, slot: memoryview) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.slot, self.used = slot, 0
-
-    def persistent_id(self, obj: Any) -> tuple[int, int] | None:
-        if type(obj) is bytes and len(obj) >= SHARED_MIN_BYTES:
-            end = self.used + len(obj)
-            if end <= len(self.slot):
-                self.slot[self.used : end] = obj
-                where, self.used = (self.used, len(obj)), end
-                return where
-        return None
-
-
-class _SlotUnpickler(pickle.Unpickler):
-    """The parent's side: each byte string in the slot comes back as its own ``bytes``, copied
-    once (writers keep references to payloads until they flush; the slot is reused)."""
-
-    def __init__(self, message: bytes, slot: memoryview | None) -> None:
-        super().__init__(io.BytesIO(message))
-        self.slot = slot
-
-    def persistent_load(self, pid: Any) -> bytes:
-        if self.slot is None:
-            raise pickle.UnpicklingError("a result refers to shared memory, but this worker has none")
-        offset, size = pid
-        return bytes(self.slot[offset : offset + size])
-
-
-def encode_results(message: Any, slot: memoryview | None) -> bytes | memoryview:
+def encode_results(message: tuple[str, list], slot: memoryview | None) -> bytes | memoryview:
+    """A worker's ``(kind, values)``: with a ``slot``, each large byte string among ``values`` (a
+    value itself, or an attribute of one, such as an encoded sample's payload) is copied into the
+    slot while it has room and left empty in the pickled copy, which records where it went; the
+    values themselves are not changed. Without a slot: the whole message through the pipe."""
     if slot is None:
         return ForkingPickler.dumps(message, -1)
-    buffer = io.BytesIO()
-    _SlotPickler(buffer, slot).dump(message)
-    return buffer.getbuffer()
+    kind, values = message
+    sent, moved, used = list(values), [], 0
+    for i, value in enumerate(values):
+        fields = [("", value)] if type(value) is bytes else [(k, v) for k, v in getattr(value, "__dict__", {}).items() if type(v) is bytes]
+        for name, data in fields:
+            end = used + len(data)
+            if len(data) < SHARED_MIN_BYTES or end > len(slot):
+                continue  # small, or no room left: in the pickle
+            slot[used:end] = data
+            moved.append((i, name, used, len(data)))
+            used = end
+            if not name:
+                sent[i] = None
+            else:
+                if sent[i] is value:
+                    sent[i] = copy.copy(value)  # the worker's own result stays whole
+                object.__setattr__(sent[i], name, b"")
+    return ForkingPickler.dumps((kind, sent, moved), -1)
 
 
-def decode_results(message: bytes, slot: memoryview | None) -> Any:
-    return _SlotUnpickler(message, slot).load()
-
-
+def decode_results(message: bytes, slot: memoryview | None) -> tuple[str, Any]:
+    """The parent's side of :func:`encode_results`: each byte string in the slot is put back as
+    its own ``bytes``, copied once (writers keep references to payloads until they flush, and
+    the slot is reused)."""
+    decoded = ForkingPickler.loads(message)
+    if len(decoded) == 2:  # through the pipe whole (no slot, or an error report)
+        return decoded
+    kind, values, moved = decoded
+    if moved and slot is None:
+        raise RuntimeError("a result refers to shared memory, but this worker has none")
+    for i, name, offset, size in moved:
+        data = bytes(slot[offset : offset + size])
+        if name:
+            object.__setattr__(values[i], name, data)
+        else:
+            values[i] = data
+    return kind, values
 
 
 def attach_slots(name: str | None) -> tuple[SharedMemory | None, list[memoryview | None]]:
