@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -139,8 +139,6 @@ def _match_by_name(store: Store, convert: _Converter, items: list, names: list[s
     """Each sample is the input its recorded source name names: an input with no sample was
     *added*, a sample whose input is gone was *removed* (both named), and every other input is
     re-converted and compared with its sample (its checksum first, then the pixels)."""
-    from .preprocess.task import Encoded
-
     where_is = {name: i for i, name in enumerate(recorded)}
     current = set(names)
     for i, name in enumerate(recorded):
@@ -155,21 +153,7 @@ def _match_by_name(store: Store, convert: _Converter, items: list, names: list[s
     except (PackedFormatError, ValueError):
         stored = None
     for (i, j), result in zip(pairs, convert([items[j] for _i, j in pairs])):
-        where = f"{store.where(i)} <- {names[j]}"
-        if not isinstance(result, Encoded):
-            report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
-            continue
-        report.compared += 1
-        if stored is not None and result.checksum == int(stored[i]):
-            continue
-        try:
-            [(label, shape, payload)] = list(copies(store.records([i])))
-        except (PackedFormatError, ValueError) as exc:
-            report.add(where, str(exc))
-            continue
-        problem = _difference(result, label, shape, payload, store.meta)
-        if problem:
-            report.add(where, f"changed: {problem}")
+        _compare_one(store, i, f"{store.where(i)} <- {names[j]}", result, report, stored)
 
 
 def _match_source(store: Store, convert: _Converter, items: list, names: list[str], labels: dict[int, int],
@@ -206,19 +190,28 @@ def _match_source(store: Store, convert: _Converter, items: list, names: list[st
             for j in theirs[len(mine):]:
                 report.add(f"source {names[j]}", "added: not in the dataset")
     for (i, j), result in zip(changed, convert([items[j] for _i, j in changed])):
-        where = f"{store.where(i)} <- {names[j]}"
-        if not isinstance(result, Encoded):
-            report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
-            continue
-        try:
-            [(label, shape, payload)] = list(copies(store.records([i])))
-        except (PackedFormatError, ValueError) as exc:
-            report.add(where, str(exc))
-            continue
-        report.compared += 1
-        problem = _difference(result, label, shape, payload, store.meta)
-        if problem:
-            report.add(where, f"changed: {problem}")
+        _compare_one(store, i, f"{store.where(i)} <- {names[j]}", result, report)
+
+
+def _compare_one(store: Store, i: int, where: str, result: Any, report: Report, stored: Any = None) -> None:
+    """Sample ``i`` against ``result``, its input converted afresh (its stored checksum first,
+    when ``stored`` has it; then the record itself)."""
+    from .preprocess.task import Encoded
+
+    if not isinstance(result, Encoded):
+        report.add(where, f"the source no longer converts: {getattr(result, 'reason', result)}")
+        return
+    report.compared += 1
+    if stored is not None and result.checksum == int(stored[i]):
+        return
+    try:
+        [(label, shape, payload)] = list(copies(store.records([i])))
+    except (PackedFormatError, ValueError) as exc:
+        report.add(where, str(exc))
+        return
+    problem = _difference(result, label, shape, payload, store.meta)
+    if problem:
+        report.add(where, f"changed: {problem}")
 
 
 def _difference(expected, label: int, shape: Sequence[int], payload: bytes, meta: Metadata) -> str:
