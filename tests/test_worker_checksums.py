@@ -78,3 +78,17 @@ def test_a_sample_pickled_without_a_checksum_gets_one_when_unpickled():
     old = Encoded.__new__(Encoded)
     old.__setstate__(state)
     assert old.checksum == crc(2, (1, 1, 3), b"abc")
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 63, 64, 4095, 150_528, 1_000_003])
+def test_the_fast_crc_is_zlibs_crc(size):
+    """readers.checksums computes with zlib-ng (a dependency, vectorised): the same CRC-32 as
+    Python's zlib on any length and any start value, so datasets written with either agree."""
+    from readers import checksums
+
+    zlib_ng = pytest.importorskip("zlib_ng.zlib_ng")
+    assert checksums._crc32 is zlib_ng.crc32  # the fast one is in use where installed
+    payload = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    for start in (0, 1, 0xDEADBEEF):
+        assert checksums._crc32(payload, start) == zlib.crc32(payload, start)
+    assert checksums.sample_checksum(7, (3, 224, 224), memoryview(payload)) == crc(7, (3, 224, 224), payload)

@@ -3,7 +3,7 @@ headers only), or in one streaming pass over a compressed one (.tar.gz, .tar.bz2
 never written to disk.
 
 A compressed tar is inflated in large blocks by the fastest inflater installed: ``zlib-ng``
-(``pip install 'packer[gzip]'``; its ``zlib_ng`` module) for gzip, else Python's ``zlib``; both
+(a dependency of packer; its ``zlib_ng`` module) for gzip, else Python's ``zlib``; both
 give the same bytes (tests/test_archives.py checks the two). The headers are parsed here, as
 for an uncompressed tar (ustar, GNU long names, pax records as Python's tarfile writes them),
 and the bytes of the members ``keep`` asks for are kept. A gzip file of several members
