@@ -156,27 +156,31 @@ def test_ctrl_c_inside_finish_then_resume_gives_the_uninterrupted_result(fmt, na
     """Found by benchmarks.faults: an HDF5 file interrupted while its index was written could not
     be resumed, and the failed resume deleted the checkpoint."""
     import os
+    import threading
 
     import packer.writers.journal as journal
-    from packer.writers.base import Writer
+    from packer.writers import get_writer
     from roundtrip_checks import read_plain
 
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     reference = convert(image_folder, tmp_path / f"ref-{name}", format=fmt, image=ImageOptions(size=16), workers=1)
-    real_finish, real_fsync = Writer.finish, os.fsync
+    writer_class = get_writer(fmt)
+    real_write_metadata, real_fsync = writer_class._write_metadata, os.fsync
 
-    def finish(self, meta):  # Ctrl-C at the first fsync of finish: the index is (partly) written
+    def write_metadata(self, meta):  # Ctrl-C at the first fsync once the index is being written
         def interrupted(fd):
+            if threading.current_thread() is not threading.main_thread():  # Ctrl-C reaches the main thread only
+                return real_fsync(fd)
             monkeypatch.setattr(os, "fsync", real_fsync)
             raise KeyboardInterrupt
 
         monkeypatch.setattr(os, "fsync", interrupted)
-        return real_finish(self, meta)
+        return real_write_metadata(self, meta)
 
-    monkeypatch.setattr(Writer, "finish", finish)
-    with pytest.raises(KeyboardInterrupt, match="18 of 18 inputs are saved"):
+    monkeypatch.setattr(writer_class, "_write_metadata", write_metadata)
+    with pytest.raises(KeyboardInterrupt, match="18 of 18 inputs are saved"):  # the last checkpoint precedes the index
         convert(image_folder, tmp_path / name, format=fmt, image=ImageOptions(size=16), workers=1)
-    monkeypatch.setattr(Writer, "finish", real_finish)
+    monkeypatch.setattr(writer_class, "_write_metadata", real_write_metadata)
     report = convert(image_folder, tmp_path / name, format=fmt, image=ImageOptions(size=16), workers=1, resume=True)
     assert report.resumed == 18
     (meta, samples), (ref_meta, ref_samples) = read_plain(tmp_path / name), read_plain(reference.dst)

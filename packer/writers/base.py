@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
-import threading
 import time
 from abc import ABCMeta, abstractmethod
 from array import array
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -31,7 +28,8 @@ from readers.formats.names import encode_source_names
 from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
-from .files import fsync_tree, partial_path, publish, remove_path
+from .checkpoints import Committer
+from .files import fsync_tree, partial_path, publish, remove_path, signals_deferred
 from ..destination import write_error
 from ..errors import OptionError, OutputError
 from ..locking import DestinationLock, lock_path
@@ -39,29 +37,6 @@ from ..options import ImageOptions, StorageOptions
 from ..preprocess.task import Encoded, Failed
 
 __all__ = ["Writer", "PieceWriter", "Piece", "Written", "partial_path", "remove_path", "fsync_tree", "publish"]
-
-
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C (and SIGTERM and SIGHUP where Python handles them) until the block is done,
-    then run the handler each one that came would have run (main thread only: Python runs signal
-    handlers there, whichever thread the signal reached)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    signums = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    saved = {signum: signal.getsignal(signum) for signum in signums}
-    held = {signum: handler for signum, handler in saved.items() if callable(handler)}  # SIG_DFL/SIG_IGN stay
-    for signum in held:
-        signal.signal(signum, lambda number, frame: caught.append(number))
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    for signum in caught:
-        held[signum](signum, None)
 
 
 class Writer:
@@ -119,6 +94,8 @@ class Writer:
         self._new_rows: list[tuple[int, ...]] = []  # journal rows (fields of ROW_DTYPE) since the last checkpoint
         self._last_checkpoint = time.monotonic()
         self._bytes_since_checkpoint = 0
+        self._committer = Committer()
+        self._seen: tuple[int, Sequence[Skipped]] | None = None  # the last progress() call's inputs and skips
         checkpoint = None
         if resume and self._journal is not None and self.tmp.exists():
             try:
@@ -154,8 +131,17 @@ class Writer:
         """Close handles without finishing (used by :meth:`abort`)."""
 
     def _sync(self) -> dict[str, Any]:
-        """Make every sample added so far durable; return the state :meth:`_reopen` needs (JSON)."""
+        """Hand every sample added so far to the OS, and make it durable unless :meth:`_durable`
+        does; return the state :meth:`_reopen` needs (JSON)."""
         raise NotImplementedError
+
+    def _durable(self) -> None:
+        """Make what :meth:`_sync` handed over durable (``fsync``), where ``_sync`` does not."""
+
+    @property
+    def durable_in_background(self) -> bool:
+        """Whether :meth:`_durable` may run in a thread beside the writing (packer/writers/checkpoints.py)."""
+        return False
 
     def _reopen(self, checkpoint: _journal.Checkpoint) -> None:
         """Open the partial output of an interrupted run, cut back to ``checkpoint``."""
@@ -238,26 +224,65 @@ class Writer:
 
     def progress(self, inputs: int, skipped: Sequence[Skipped]) -> None:
         """``inputs`` inputs are dealt with (``skipped`` of them not written): commit a checkpoint
-        to the resume journal when one is due (every few seconds or hundreds of MB)."""
+        to the resume journal when one is due (every few seconds or hundreds of MB); with
+        :attr:`durable_in_background`, its ``fsync`` and commit run beside the writing."""
         if self._journal is None:
             return
+        self._seen = (inputs, skipped)
         due = time.monotonic() - self._last_checkpoint >= _journal.CHECKPOINT_SECONDS
-        if not (due or self._bytes_since_checkpoint >= self._checkpoint_bytes()) or not self._checkpoint_ready(inputs):
-            return
         try:
-            state = self._sync()
-            rows = np.array(self._new_rows, _journal.ROW_DTYPE)
-            if self.source_names is not None and len(self.source_names) != self.count:
-                self.source_names = None  # samples without names: none are stored (and none journaled)
-            names = self._new_names if self.source_names is not None else []
-            self._journal.commit(_journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state), rows, names)
-            self._new_rows.clear()
-            self._new_names.clear()
-            self._committed()
+            self._committer.check()  # a background commit's error
+            if not (due or self._bytes_since_checkpoint >= self._checkpoint_bytes()) or not self._checkpoint_ready(inputs):
+                return
+            if self._committer.busy:  # the last one is still being made durable: the next chance
+                return
+            self._checkpoint(inputs, skipped, background=self.durable_in_background)
         except OSError as exc:
             raise self.output_error(exc) from None
+
+    def _checkpoint(self, inputs: int, skipped: Sequence[Skipped], *, background: bool) -> None:
+        """Commit a checkpoint of everything added so far (``inputs`` dealt with): now, or with
+        its slow half in the background (packer/writers/checkpoints.py)."""
+        assert self._journal is not None
+        state = self._sync()
+        rows = np.array(self._new_rows, _journal.ROW_DTYPE)
+        if self.source_names is not None and len(self.source_names) != self.count:
+            self.source_names = None  # samples without names: none are stored (and none journaled)
+        names = self._new_names if self.source_names is not None else []
+        checkpoint = _journal.Checkpoint(inputs, self.count, self.payload_bytes, list(skipped), state)
+        self._new_rows, self._new_names = [], []
+        if background:
+            self._committer.start(lambda: self._commit(checkpoint, rows, names))
+        else:
+            self._commit(checkpoint, rows, names)
         self._last_checkpoint = time.monotonic()
         self._bytes_since_checkpoint = 0
+
+    def _commit(self, checkpoint: _journal.Checkpoint, rows: np.ndarray, names: list[str]) -> None:
+        """The slow half of a checkpoint: durable output, then the journal's record of it."""
+        assert self._journal is not None
+        self._durable()
+        self._journal.commit(checkpoint, rows, names)
+        self._committed()
+
+    def _settle(self, *, raise_error: bool) -> None:
+        """Wait for a background commit (before anything closes the output or reads the journal)."""
+        try:
+            self._committer.wait()
+        except OSError as exc:
+            if raise_error:
+                raise self.output_error(exc) from None
+
+    def _last_checkpoint_now(self) -> None:
+        """Before finishing: a background writer's last inputs, skipped while a commit ran, get
+        their checkpoint (an interrupted finish then resumes with nothing to convert again)."""
+        self._settle(raise_error=True)
+        seen = self._seen
+        if self._journal is not None and self.durable_in_background and self._new_rows and seen is not None:
+            try:
+                self._checkpoint(*seen, background=False)
+            except OSError as exc:
+                raise self.output_error(exc) from None
 
     def _restore(self, checkpoint: _journal.Checkpoint) -> None:
         """Take up an interrupted run's bookkeeping at ``checkpoint`` and reopen its output."""
@@ -281,9 +306,10 @@ class Writer:
     def finish(self, meta: Metadata) -> None:
         """Write metadata last, sync, and rename the output to its final name."""
         meta = dataclasses.replace(meta, checksum=CHECKSUM)  # every writer stores per-sample checksums
+        self._last_checkpoint_now()
         try:
             self._write_metadata(meta)
-            with _signals_deferred():  # a Ctrl-C lands after this, when DST is complete and known to be
+            with signals_deferred():  # a Ctrl-C lands after this, when DST is complete and known to be
                 self._publish()
                 self.finished = True  # nothing after this may treat the run as unfinished
         except OSError as exc:  # __exit__ then keeps the checkpoint or drops the output (its rule)
@@ -296,6 +322,7 @@ class Writer:
         """Drop the unfinished output (a close that fails, as a flush into a full disk does, is
         ignored: the output goes anyway, and the error that stopped the run is the one to report)."""
         try:
+            self._settle(raise_error=False)
             self._close()
         except OSError:
             pass
@@ -316,6 +343,7 @@ class Writer:
         """Stop without finishing, keeping ``DST.partial`` and its journal for ``--resume``:
         what an interrupted run does once it has a checkpoint (nothing a sink stored is removed)."""
         try:
+            self._settle(raise_error=False)
             self._close()
         finally:
             self._lock.release()
@@ -326,6 +354,7 @@ class Writer:
         never loses its predecessor's work. Otherwise (a fresh run that failed) drop everything."""
         if exc_type is None:
             return
+        self._settle(raise_error=False)  # the journal a whole commit left is the one to go by
         if self.finished:  # interrupted after the rename: only the journal is left to drop
             if self._journal is not None:
                 self._journal.remove()

@@ -83,10 +83,20 @@ class BlobWriter(Writer):
         self._offsets = array(_INT64, [0])
         self._shapes = array(_INT64)
 
+    @property
+    def durable_in_background(self) -> bool:
+        """Without a sink (which is told, per checkpoint, how much is durable): ``fsync`` in a thread."""
+        return self.sink is None
+
     def _sync(self) -> dict[str, Any]:
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if not self.durable_in_background:
+            os.fsync(self._file.fileno())
         return {"data_bytes": self._offsets[-1]}
+
+    def _durable(self) -> None:
+        if self.durable_in_background:
+            os.fsync(self._file.fileno())
 
     def _reopen(self, checkpoint: Checkpoint) -> None:
         """Cut the file back to the checkpoint's payload bytes and append from there."""

@@ -1,0 +1,111 @@
+"""Resume checkpoints of the blob and HDF5 are made durable beside the writing (a thread runs
+their ``fsync`` and the journal's commit: packer/writers/checkpoints.py), and lose nothing by it:
+a failed background ``fsync`` is the usual one-line error, an interrupted run keeps the last
+whole commit, and a finished run's last inputs are checkpointed before its index is written."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+import packer.writers.journal as journal
+from packer import ImageOptions, convert
+from packer.cli import cli
+from packer.writers import checkpoints
+from packer.writers.journal import journal_path
+from roundtrip_checks import read_plain
+
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
+BACKGROUND = {"hdf5": True, "blob": True, "lmdb": False}
+
+
+def _fsyncs_by_thread(monkeypatch) -> list[str]:
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        seen.append(threading.current_thread().name)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", sorted(BACKGROUND))
+def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, image_folder, tmp_path, monkeypatch):
+    """The blob and HDF5 sync in the checkpoint thread (the writing goes on meanwhile); LMDB's
+    commit stays in the writing thread (its map may be resized there, under a running msync)."""
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    seen = _fsyncs_by_thread(monkeypatch)
+    dst = tmp_path / f"out{SUFFIX[fmt]}"
+    convert(image_folder, dst, format=fmt, image=ImageOptions(size=16), workers=1)
+    assert ("packer-checkpoint" in seen) is BACKGROUND[fmt]
+    meta, samples = read_plain(dst)  # read back with the format's own library
+    assert meta["count"] == len(samples) == 18
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "blob"])
+def test_a_failed_background_fsync_is_one_clear_line_and_leaves_nothing(fmt, image_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    real = os.fsync
+
+    def fsync(fd):
+        if threading.current_thread().name == "packer-checkpoint":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    dst = tmp_path / f"out{SUFFIX[fmt]}"
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--format", fmt, "--size", "8", "-q", "-j", "1"])
+    assert result.exit_code == 1, result.output
+    assert "no space left on the device" in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []  # no DST, no DST.partial, no journal
+
+
+def test_an_interruption_waits_for_the_running_commit(image_folder, tmp_path, monkeypatch):
+    """Ctrl-C while a commit is being made durable: the run stops only once that commit is whole,
+    so what it says is saved is what the journal holds, and --resume finishes the same output."""
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    reference = convert(image_folder, tmp_path / "ref.blob", image=ImageOptions(size=16), workers=1)
+    started, release = threading.Event(), threading.Event()
+    real_start = checkpoints.Committer.start
+
+    def slow_start(self, commit):
+        def slow():
+            started.set()
+            release.wait(5)
+            commit()
+
+        real_start(self, slow)
+
+    calls = {"n": 0}
+    from packer.writers.blob import BlobWriter
+
+    real_add = BlobWriter.add
+
+    def add(self, sample):
+        calls["n"] += 1
+        if calls["n"] == 10:  # a commit is running now: interrupt, and let it finish only afterwards
+            assert started.wait(5)
+            threading.Timer(0.3, release.set).start()
+            raise KeyboardInterrupt
+        return real_add(self, sample)
+
+    monkeypatch.setattr(checkpoints.Committer, "start", slow_start)
+    monkeypatch.setattr(BlobWriter, "add", add)
+    dst = tmp_path / "out.blob"
+    with pytest.raises(KeyboardInterrupt, match=r"(\d+) of 18 inputs are saved") as caught:
+        convert(image_folder, dst, image=ImageOptions(size=16), workers=1)
+    saved = int(str(caught.value).split(" of ")[0].rsplit(" ", 1)[-1])
+    assert saved >= 1 and journal.saved_inputs(dst.with_name("out.blob.partial")) == saved
+    monkeypatch.setattr(BlobWriter, "add", real_add)
+    monkeypatch.setattr(checkpoints.Committer, "start", real_start)
+    report = convert(image_folder, dst, image=ImageOptions(size=16), workers=1, resume=True)
+    assert report.resumed == saved
+    assert read_plain(dst)[1] == read_plain(reference.dst)[1]
+    assert not journal_path(dst.with_name("out.blob.partial")).exists()
