@@ -94,6 +94,10 @@ def convert(
 
     pyobject = is_python_dataset(src)
     check_source_options(src, source)
+    if image is not None and image.decode_device != "cpu":
+        from .gpu_stage import check_gpu_conversion
+
+        check_gpu_conversion(fmt, executor, pyobject)
     if executor != "local" and not pyobject and not is_source_url(str(src)):
         src = Path(src).resolve()  # tasks elsewhere see absolute paths
     from .remote import is_dst_url, remote_destination
@@ -121,7 +125,12 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
         if text is not None:
             named = ", ".join(changed_fields(text)) or "--kind text"
             raise OptionError(f"{src}: text options ({named}) do not apply to an image folder; drop them, or pass --kind text")
-        return image_job(src, image if image is not None else ImageOptions(), source, workers=workers)
+        job = image_job(src, image if image is not None else ImageOptions(), source, workers=workers)
+        if job.image.decode_device == "cpu":
+            return job
+        from .gpu_stage import gpu_job  # --decode-device cuda: workers fetch, one process decodes on the GPU
+
+        return gpu_job(job, device=job.image.decode_device)
     if source != SourceOptions():
         raise OptionError(f"{changed_fields(source)[0]}: applies to images only, and {src} is a text corpus; drop it")
     from .text import text_job

@@ -26,7 +26,7 @@ from .errors import PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
 from .jobs import changed_fields
-from .options import COMPRESSIONS, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
+from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
 from .preprocess.geometry import RESIZE_MODES
@@ -116,6 +116,7 @@ def cli() -> None:
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
 @click.option("--quality", type=click.IntRange(1, 100), help="JPEG quality, with --encoding jpeg only (default: 90).")
+@click.option("--decode-device", type=click.Choice(DECODE_DEVICES), default="cpu", show_default=True, help="cuda: decode JPEGs with nvJPEG and resize on the GPU, in one process (pip install 'packer[gpu]'); other images on the CPU.")
 @click.option("--max-pixels", type=click.IntRange(1), default=DEFAULT_MAX_PIXELS, show_default=True, help="Skip images with more pixels.")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Worker processes (default: all cores).")
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True, help="Skip and record undecodable inputs, or stop at the first.")
@@ -146,6 +147,7 @@ def convert(
     encoding: str,
     quality: int | None,
     max_pixels: int,
+    decode_device: str,
     workers: int | None,
     on_error: str,
     timeout: float,
@@ -185,9 +187,9 @@ def convert(
       packer convert images/ train.lmdb --labels train.csv --split-column fold --split train
     """
     image = None  # no image option on the command line: a text corpus takes none, an image folder the defaults
-    if _given("size", "resize", "resize_mode", "grayscale", "encoding", "quality", "max_pixels"):
+    if _given("size", "resize", "resize_mode", "grayscale", "encoding", "quality", "max_pixels", "decode_device"):
         image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality,
-                             max_pixels=max_pixels)
+                             max_pixels=max_pixels, decode_device=decode_device)
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)

@@ -177,7 +177,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     if not isinstance(writer, PieceWriter):
         with run_map(job.task, items, workers=workers, chunksize=job.chunksize(workers), on_crash=_crash_failure,
                      item_timeout=timeout) as results:
-            yield results
+            yield results if job.stage is None else iter(job.stage(results))  # the GPU stage of --decode-device cuda
         return
     planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
     try:  # Ray joined by planned_workers() is left by the map, or here if there is none

@@ -69,6 +69,9 @@ class Job:
     #: Image options: preprocessing for images; for other kinds the defaults (raw, any shape),
     #: which is what WebDataset pieces need to know of them.
     image: ImageOptions = field(default_factory=ImageOptions)
+    #: What the driving process does to the work units' outcomes, in order, before the writer
+    #: gets them (``--decode-device cuda``'s GPU stage: packer/gpu_stage.py); ``None``: nothing.
+    stage: Callable[[Iterable[Any]], Iterable[Encoded | Failed]] | None = None
 
     def name(self, item: Any) -> str:
         """How a skipped ``item`` is recorded (relative to the source)."""

@@ -17,7 +17,7 @@ from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
 __all__ = [
     "ImageOptions", "StorageOptions", "TextOptions", "SourceOptions", "RunOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
-    "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS", "EXECUTORS",
+    "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS", "EXECUTORS", "DECODE_DEVICES",
 ]
 
 #: What to do with an input that cannot be converted: skip it (and record it), or stop.
@@ -29,6 +29,10 @@ DEFAULT_MAX_PIXELS = 89_478_485
 
 #: Who runs a conversion's work units (``--executor``): this machine's processes, or Ray tasks.
 EXECUTORS = ("local", "ray")
+
+#: Where a conversion decodes JPEGs and resizes (``--decode-device``): the workers' CPUs, or the
+#: GPU with nvJPEG in the driving process (packer/gpu_stage.py; ``pip install 'packer[gpu]'``).
+DECODE_DEVICES = ("cpu", "cuda")
 
 #: JPEG quality when ``--encoding jpeg`` is given without ``--quality``.
 DEFAULT_QUALITY = 90
@@ -79,6 +83,9 @@ class ImageOptions:
     ``encoding``: ``raw`` (uint8 pixels, nothing to decode when reading), ``jpeg`` (lossy,
     ``quality``, default :data:`DEFAULT_QUALITY`) or ``png`` (lossless); ``quality`` with another
     encoding is refused (it would do nothing).
+    ``decode_device``: ``cpu`` (default) or ``cuda``: JPEGs decoded with nvJPEG and resized on
+    the GPU in one process, other images on the CPU (packer/gpu_stage.py); the pixels differ
+    slightly from the CPU path's, so it is recorded in the metadata and checked by ``--resume``.
     """
 
     size: Any = None
@@ -88,8 +95,11 @@ class ImageOptions:
     quality: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
     resize: int | None = None
+    decode_device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.decode_device not in DECODE_DEVICES:
+            raise OptionError(f"--decode-device: must be one of {', '.join(DECODE_DEVICES)}, got {self.decode_device!r}")
         size = parse_size(self.size)
         object.__setattr__(self, "size", size)
         mode = self.resize_mode
@@ -159,6 +169,9 @@ class ImageOptions:
         }
         if self.resize is not None:  # recorded only when given: files without it read as before
             record["resize"] = self.resize
+        if self.decode_device != "cpu":  # likewise: recorded only when not the default
+            record["decode_device"] = self.decode_device
+            record["resample"] = "antialiased (bicubic, torch, on the GPU)"
         return record
 
 

@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["decode", "DecodeError", "reduction_for", "describe_error", "too_many_pixels"]
+__all__ = ["decode", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -78,7 +78,7 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
         if width < 1 or height < 1:
             raise DecodeError(f"image has no pixels ({width}x{height})")
         factor = reduction_for(height, width, target)
-        if image.format == "JPEG" and image.mode in ("RGB", "L") and _ends_cleanly(data):
+        if image.format == "JPEG" and image.mode in ("RGB", "L") and jpeg_ends_cleanly(data):
             pixels = _decode_opencv(data, grayscale, factor)
             if pixels is not None:
                 return pixels
@@ -164,7 +164,8 @@ def _to_uint8(image: Image.Image, grayscale: bool) -> np.ndarray:
     return pixels[:, :, np.newaxis] if pixels.ndim == 2 else pixels
 
 
-def _ends_cleanly(data: bytes) -> bool:
+def jpeg_ends_cleanly(data: bytes) -> bool:
+    """Whether ``data`` starts as a JPEG and ends with its end-of-image marker (trailing zeros allowed)."""
     return data.startswith(_JPEG_MAGIC) and data.rstrip(b"\x00")[-2:] == _JPEG_END
 
 

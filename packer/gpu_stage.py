@@ -1,0 +1,174 @@
+"""``packer convert --decode-device cuda``: JPEGs decoded with nvJPEG and resized on the GPU.
+
+The work is split so that the GPU is used by ONE process with one CUDA context, never one per
+worker:
+
+* The workers (the same pool, the same crash isolation and timeouts) run :class:`FetchTask` /
+  :class:`FetchMemberTask`: they read each input's bytes and look at its header. A plain JPEG
+  (complete, RGB or gray, within ``--max-pixels``) comes back as :class:`Fetched` (its bytes,
+  through the pool's shared-memory transport); anything else (PNG, WebP, CMYK or truncated JPEGs,
+  ``.npy`` members) is converted on the CPU right there, exactly as without the option, and
+  comes back as an :class:`~packer.preprocess.task.Encoded` sample or a
+  :class:`~packer.preprocess.task.Failed`.
+* The driving process runs :class:`GPUStage` over the outcomes, in order (the job's ``stage``,
+  packer/engine.py): it decodes the :class:`Fetched` inputs of each run of :data:`BATCH` outcomes
+  in one batched nvImageCodec call (readers/nvjpeg.py), crops, resizes and pads each on the GPU
+  to the CPU path's output geometry (packer/preprocess/tensor_resize.py), and hands the same
+  ``Encoded`` samples (uint8 CHW payloads) to the same writer. An input the GPU decoder refuses
+  is converted on the CPU in this process instead (same result or same skip reason as the CPU path).
+
+``--encoding jpeg``/``png`` outputs are encoded on the CPU, in this one process. Refused, in one
+line: with ``--executor ray`` (tasks on other machines), WebDataset output (its workers write
+their own shards) and a Python dataset SRC (its images arrive decoded). Built and tested on the
+CPU (a stand-in decoder, the resize's fidelity); not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+from PIL import Image
+
+from readers.nvjpeg import GPUDecoder, GPUDecodeUnavailable, load_nvimgcodec, require_cuda
+
+from .errors import OptionError
+from .options import ImageOptions
+from .preprocess.decode import jpeg_ends_cleanly
+from .preprocess.encode import encode
+from .preprocess.members import MemberTask
+from .preprocess.task import Encoded, Failed, ImageTask
+
+__all__ = ["Fetched", "FetchTask", "FetchMemberTask", "GPUStage", "gpu_job", "check_gpu_conversion", "BATCH", "OPTION"]
+
+#: Outcomes gathered before one batched decode on the GPU.
+BATCH = 64
+#: The option, as messages name it.
+OPTION = "--decode-device cuda"
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A plain JPEG's bytes, read and checked by a worker, to be decoded on the GPU."""
+
+    path: str
+    label: int
+    data: bytes
+
+
+def gpu_decodable(data: bytes, max_pixels: int) -> bool:
+    """Whether ``data`` is a JPEG the GPU path takes: complete, RGB or gray, within ``max_pixels``.
+    Anything else goes the CPU path, which also gives the exact skip reason of a bad file."""
+    if not jpeg_ends_cleanly(data):
+        return False
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            return image.format == "JPEG" and image.mode in ("RGB", "L") and 1 <= width * height <= max_pixels
+    except Exception:  # noqa: BLE001 - whatever the header does, the CPU path gives the answer
+        return False
+
+
+class _Fetch:
+    """The GPU path's version of an image task's :meth:`~ImageTask.convert`: a plain JPEG's
+    bytes are handed on, anything else is converted here on the CPU."""
+
+    options: ImageOptions
+
+    def convert(self, item: Any, data: bytes | Failed) -> Encoded | Failed | Fetched:  # type: ignore[override]
+        if isinstance(data, bytes) and gpu_decodable(data, self.options.max_pixels):
+            return Fetched(item.path, item.label, data)
+        return super().convert(item, data)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class FetchTask(_Fetch, ImageTask):
+    """Read one image file (or URL); a plain JPEG comes back as :class:`Fetched`."""
+
+
+@dataclass(frozen=True)
+class FetchMemberTask(_Fetch, MemberTask):
+    """Read one archive member; a plain JPEG comes back as :class:`Fetched`."""
+
+
+def check_gpu_conversion(fmt: str, executor: str, python_dataset: bool) -> None:
+    """Refuse, in one line, ``--decode-device cuda`` where it cannot apply."""
+    if executor != "local":
+        raise OptionError(f"{OPTION}: does not apply with --executor {executor} (it decodes in this machine's conversion process); drop one of them")
+    if fmt == "webdataset":
+        raise OptionError(f"{OPTION}: does not apply to webdataset output (its workers write their own shards); convert to lmdb, hdf5 or blob, or drop it")
+    if python_dataset:
+        raise OptionError(f"{OPTION}: does not apply to a Python dataset (its images arrive decoded: nothing to decode); drop it")
+
+
+def gpu_job(job: Any, *, device: str = "cuda", backend: Any = None) -> Any:
+    """``job`` (an image job) converted through the GPU: its workers fetch, a :class:`GPUStage` decodes.
+
+    Checks here, before any worker starts or any output is opened, that CUDA and nvImageCodec are
+    there (one line otherwise). ``backend``: a stand-in decoder (readers/nvjpeg.py), for tests."""
+    image = dataclasses.replace(job.image, decode_device="cuda")  # what the metadata and --resume record
+    if isinstance(job.task, MemberTask):
+        task: Any = FetchMemberTask(image)
+    elif type(job.task) is ImageTask:
+        task = FetchTask(image)
+    else:
+        raise OptionError(f"{OPTION}: does not apply to this source ({type(job.task).__name__}); drop it")
+    return dataclasses.replace(job, task=task, image=image, stage=GPUStage(image, device=device, backend=backend))
+
+
+class GPUStage:
+    """The driving process's part (see the module doc): outcomes in, the same outcomes out, each
+    :class:`Fetched` one replaced by its ``Encoded`` sample. The decoder is made on first use."""
+
+    def __init__(self, options: ImageOptions, *, device: str = "cuda", backend: Any = None, batch: int = BATCH) -> None:
+        self.options = options
+        self.device = device
+        self.batch = batch
+        self._backend = backend
+        self._decoder: GPUDecoder | None = None
+        if backend is None:  # fail now, in one line, rather than after the workers have started
+            try:
+                require_cuda(device, OPTION)
+                load_nvimgcodec(OPTION)
+            except GPUDecodeUnavailable as exc:  # the CLI's one-line user error
+                raise OptionError(str(exc)) from None
+
+    @property
+    def decoder(self) -> GPUDecoder:
+        if self._decoder is None:
+            self._decoder = GPUDecoder(self.device, channels=self.options.channels, what=OPTION, backend=self._backend)
+        return self._decoder
+
+    def __call__(self, outcomes: Iterable[Any]) -> Iterator[Any]:
+        pending: list[Any] = []
+        fetched = 0
+        for outcome in outcomes:
+            pending.append(outcome)
+            fetched += isinstance(outcome, Fetched)
+            if fetched >= self.batch:
+                yield from self._flush(pending)
+                pending, fetched = [], 0
+        yield from self._flush(pending)
+
+    def _flush(self, pending: list[Any]) -> Iterator[Any]:
+        """``pending``'s outcomes in order, its :class:`Fetched` ones decoded in one call."""
+        fetched = [outcome for outcome in pending if isinstance(outcome, Fetched)]
+        decoded = iter(self.decoder.decode([f.data for f in fetched]) if fetched else [])
+        for outcome in pending:
+            yield self._encode(outcome, next(decoded)) if isinstance(outcome, Fetched) else outcome
+
+    def _encode(self, fetched: Fetched, pixels: Any) -> Encoded | Failed:
+        """The stored sample of a decoded (C, H, W) device tensor; ``None``: the CPU path's result."""
+        if pixels is None:  # the GPU decoder refused it: the CPU path, here
+            return ImageTask(self.options).convert(fetched, fetched.data)
+        from .preprocess.tensor_resize import preprocess_tensor  # torch's functional API, for this path only
+
+        out = preprocess_tensor(pixels, self.options).cpu()
+        if self.options.encoding == "raw":
+            payload = out.numpy().tobytes()
+        else:
+            payload = encode(out.permute(1, 2, 0).contiguous().numpy(), self.options.encoding, self.options.quality or 90)
+        channels, height, width = (int(d) for d in out.shape)
+        return Encoded(fetched.label, (channels, height, width), payload)
