@@ -45,6 +45,7 @@ import torch.autograd.profiler as _profiler
 from torch.profiler import record_function
 
 from .cuda import CudaTransfer, resolve_device
+from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
 from .epoch import EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, read_position_state, resolve_rank
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator, Progress
 
@@ -54,6 +55,7 @@ BUFFER_MODES = ("checked", "recycle", "fresh")
 BufferMode = Literal["checked", "recycle", "fresh"]
 GATHER_MODES = ("auto", "host", "device")
 GatherMode = Literal["auto", "host", "device"]
+DecodeMode = Literal["cpu", "cuda"]
 
 #: Most threads ever chosen by default. Measured (benchmarks/loader.py, 2 shared cores, batch
 #: 256 of 224x224x3): LMDB 26.8k img/s at 1 thread, 39.7k at 2, 28.4k at 3, 23.5k at 4 -- more
@@ -107,6 +109,10 @@ class Loader:
       page-locking costs ~0.4 s per GB once per process), and uses the host path for anything
       else; ``"device"`` insists (an error says why it cannot; a mapped blob is page-locked
       too); ``"host"`` always fills pinned buffers in threads.
+    * ``decode`` (CUDA, JPEG-stored datasets): ``"cpu"`` (default) decodes in the filling
+      threads; ``"cuda"`` reads the stored JPEG bytes in the threads and decodes each batch on
+      the GPU with nvJPEG (``pip install 'packer[gpu]'``; :mod:`readers.device_decode`), same
+      uint8 ``(N, C, H, W)`` contract. Refused for raw datasets (nothing to decode).
 
     * Resume (elastic, exact): every epoch has one global order, read in steps of
       ``batch_size * world_size`` samples split across ranks (:class:`~readers.epoch.EpochPlan`).
@@ -139,8 +145,13 @@ class Loader:
         threads: int | None = None,
         buffers: BufferMode = "checked",
         gather: GatherMode = "auto",
+        decode: DecodeMode = "cpu",
     ) -> None:
         check_batch_size(batch_size)
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode={decode!r}: choose from {', '.join(DECODE_MODES)}")
+        if decode == "cuda":
+            decodable_store(dataset)  # raw, png or text: refused before anything else
         if buffers not in BUFFER_MODES:
             raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")
         if gather not in GATHER_MODES:
@@ -169,7 +180,10 @@ class Loader:
         self._start = 0  # the position the latest iteration started from
         cuda = self.device is not None and self.device.type == "cuda"
         self._transfer = _ProfiledTransfer(self.device) if cuda else None  # type: ignore[arg-type]
-        self._gather = _device_gather(dataset, self.device, gather) if cuda else None
+        self._gather = _device_gather(dataset, self.device, gather) if cuda and decode == "cpu" else None
+        if decode == "cuda" and not cuda:
+            raise ValueError(f"decode='cuda' decodes on the GPU: pass device='cuda' too, got device={device!r}")
+        self._decode = DeviceDecode(dataset, self.device, threads=self.threads, prefetch=self.prefetch) if decode == "cuda" else None  # type: ignore[arg-type]
         if gather == "device" and not cuda:
             raise ValueError(f"gather='device' needs a CUDA device, got device={device!r}")
         shape, dtype = self.source.shape, self.source.dtype
@@ -232,6 +246,8 @@ class Loader:
         batches = self.batch_indices(start=start)
         if self._gather is not None:
             return self._gather.iterate(batches, self._progress)
+        if self._decode is not None:
+            return self._decode.iterate(batches, self._progress)
         it = _ProfiledIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, self._progress)
         self._iterators.add(it)
         return it
@@ -241,6 +257,8 @@ class Loader:
         and let go of a device-gather registration."""
         for it in list(self._iterators):
             it.close()
+        if self._decode is not None:
+            self._decode.close()
         if self._gather is not None:
             self._gather.close()
             self._gather = None

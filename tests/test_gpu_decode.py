@@ -30,30 +30,10 @@ from packer.preprocess.image import preprocess_image
 from packer.preprocess.tensor_resize import preprocess_tensor, resize_tensor
 from readers.formats import open_store
 from readers.nvjpeg import GPU_EXTRA, GPUDecoder, GPUDecodeUnavailable
+from gpu_stand_in import CPUStandIn
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
-
-
-class CPUStandIn:
-    """nvImageCodec's ``Decoder.decode(list_of_bytes)`` shape, on the CPU: HWC uint8 arrays, or
-    ``None`` where it cannot decode (as the library answers). ``refuse``: inputs to answer None to."""
-
-    def __init__(self, channels: int = 3, refuse: int = 0) -> None:
-        self.flag = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR_RGB
-        self.refuse = refuse
-        self.calls: list[int] = []
-
-    def decode(self, blobs: list[bytes]) -> list[np.ndarray | None]:
-        self.calls.append(len(blobs))
-        out = []
-        for blob in blobs:
-            if self.refuse:
-                self.refuse -= 1
-                out.append(None)
-            else:
-                out.append(cv2.imdecode(np.frombuffer(blob, np.uint8), self.flag))
-        return out
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
