@@ -25,6 +25,7 @@ from packer.errors import OptionError
 from packer.gpu_stage import Fetched, FetchTask, GPUStage, gpu_job
 from packer.jobs import image_job
 from packer.options import RunOptions
+from packer.verify import verify
 from packer.preprocess.task import Failed
 from packer.preprocess.image import preprocess_image
 from packer.preprocess.tensor_resize import preprocess_tensor, resize_tensor
@@ -194,6 +195,9 @@ def test_a_conversion_through_the_gpu_stage_matches_the_cpu_path(mixed_folder, t
     assert min(psnr(a[2], b[2]) for a, b in zip(gpu, cpu)) > 35
     assert sum(stand_in.calls) == len(cpu) - 1 and max(stand_in.calls) <= 4
     assert open_store(gpu_dst).meta.preprocessing["decode_device"] == "cuda"
+    # packer verify --source re-converts on the CPU: close pixels pass (GPU_TOLERANCE), changed ones do not
+    report = verify(gpu_dst, source=mixed_folder, workers=1)
+    assert report.ok and report.compared == len(cpu)
 
 
 def test_the_fetch_task_hands_on_plain_jpegs_only(mixed_folder):
