@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -42,6 +43,8 @@ from .preprocess.members import MemberTask
 from .preprocess.task import Encoded, Failed, ImageTask
 
 __all__ = ["Fetched", "FetchTask", "FetchMemberTask", "GPUStage", "gpu_job", "check_gpu_conversion", "BATCH", "OPTION"]
+
+log = logging.getLogger("packer")
 
 #: Outcomes gathered before one batched decode on the GPU.
 BATCH = 64
@@ -161,7 +164,8 @@ class GPUStage:
 
     def _encode(self, fetched: Fetched, pixels: Any) -> Encoded | Failed:
         """The stored sample of a decoded (C, H, W) device tensor; ``None``: the CPU path's result."""
-        if pixels is None:  # the GPU decoder refused it: the CPU path, here
+        if pixels is None:  # the GPU decoder refused it: the CPU path, here, said once per input
+            log.warning("%s: the GPU decoder could not decode it; converting it on the CPU", fetched.path)
             return ImageTask(self.options).convert(fetched, fetched.data)
         from .preprocess.tensor_resize import preprocess_tensor  # torch's functional API, for this path only
 

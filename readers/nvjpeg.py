@@ -4,7 +4,8 @@ One module for both sides: ``packer convert --decode-device cuda`` (packer/gpu_s
 ``readers.Loader(..., decode="cuda")`` (readers/device_decode.py) hand it byte strings and get
 back uint8 ``(C, H, W)`` tensors on the device, one batched call per batch.
 
-The library is ``nvidia-nvimgcodec-cu12`` (``pip install 'packer[gpu]'``), imported only when a
+The library is ``nvidia-nvimgcodec-cu12`` with its ``nvjpeg`` extra (NVIDIA's nvJPEG wheel, which
+torch's CUDA wheels do not bring; ``pip install 'packer[gpu]'``), imported only when a
 :class:`GPUDecoder` is made, never by importing this module: a training job without it, or
 without a GPU, imports ``readers`` as before. Made without a CUDA device or without the library,
 a :class:`GPUDecoder` raises :class:`GPUDecodeUnavailable` with one line saying which and what
@@ -58,12 +59,15 @@ def load_nvimgcodec(what: str) -> Any:
 
 
 class _NvImgCodec:
-    """nvImageCodec's batched decoder with our parameters: sRGB or gray uint8, EXIF orientation applied."""
+    """nvImageCodec's batched decoder with our parameters: sRGB or gray uint8, EXIF orientation
+    applied, GPU backends only (its CPU backend would decode silently on the CPU: an input the GPU
+    refuses comes back ``None``, and the caller says so)."""
 
     def __init__(self, module: Any, device: torch.device, channels: int) -> None:
         self._module = module
         self._device = device
-        self._decoder = module.Decoder(device_id=device.index)
+        kinds = (module.BackendKind.HW_GPU_ONLY, module.BackendKind.GPU_ONLY, module.BackendKind.HYBRID_CPU_GPU)
+        self._decoder = module.Decoder(device_id=device.index, backends=[module.Backend(kind) for kind in kinds])
         spec = module.ColorSpec.GRAY if channels == 1 else module.ColorSpec.SRGB
         self._params = module.DecodeParams(color_spec=spec, apply_exif_orientation=True, allow_any_depth=False)
 

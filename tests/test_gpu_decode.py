@@ -176,7 +176,7 @@ def _samples(path: Path) -> tuple[list, list[str]]:
 
 
 @pytest.mark.parametrize("fmt, suffix", [("lmdb", ".lmdb"), ("hdf5", ".h5")])
-def test_a_conversion_through_the_gpu_stage_matches_the_cpu_path(mixed_folder, tmp_path, fmt, suffix):
+def test_a_conversion_through_the_gpu_stage_matches_the_cpu_path(mixed_folder, tmp_path, fmt, suffix, caplog):
     """Same inputs kept and skipped, same labels and shapes; each JPEG's pixels at least 35 dB PSNR
     from the CPU path's (measured: 40.5-42.6 dB, 80x60 -> 32x32), the PNG identical (decoded on the CPU)."""
     options = ImageOptions(size=32)
@@ -190,7 +190,8 @@ def test_a_conversion_through_the_gpu_stage_matches_the_cpu_path(mixed_folder, t
     assert gpu_skipped == cpu_skipped and len(cpu_skipped) == 3  # the two bad files and the truncated JPEG
     assert [(label, shape) for label, shape, _ in gpu] == [(label, shape) for label, shape, _ in cpu]
     exact = [psnr(a[2], b[2]) == float("inf") for a, b in zip(gpu, cpu)]
-    assert exact[0]  # the CPU fallback of the refused one
+    assert exact[0]  # the CPU fallback of the refused one, said in a warning
+    assert sum("the GPU decoder could not decode it; converting it on the CPU" in r.getMessage() for r in caplog.records) == 1
     assert sum(exact) == 2  # and the PNG; every other sample went through the stand-in and the torch resize
     assert min(psnr(a[2], b[2]) for a, b in zip(gpu, cpu)) > 35
     assert sum(stand_in.calls) == len(cpu) - 1 and max(stand_in.calls) <= 4
