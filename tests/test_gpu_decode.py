@@ -22,7 +22,7 @@ from packer import ImageOptions, convert
 from packer.cli import cli
 from packer.engine import run
 from packer.errors import OptionError
-from packer.gpu_stage import Fetched, FetchTask, GPUStage, gpu_job
+from packer.gpu_stage import Fetched, FetchMemberTask, FetchTask, GPUStage, gpu_job
 from packer.jobs import image_job
 from packer.options import RunOptions
 from packer.verify import verify
@@ -199,6 +199,23 @@ def test_a_conversion_through_the_gpu_stage_matches_the_cpu_path(mixed_folder, t
     # packer verify --source re-converts on the CPU: close pixels pass (GPU_TOLERANCE), changed ones do not
     report = verify(gpu_dst, source=mixed_folder, workers=1)
     assert report.ok and report.compared == len(cpu)
+
+
+def test_an_archive_goes_through_the_member_fetch_task(image_folder, tmp_path):
+    """A .tar SRC: its members are read by FetchMemberTask and decoded by the stage."""
+    import tarfile
+
+    archive = tmp_path / "images.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(image_folder, arcname=".")
+    options = ImageOptions(size=32)
+    convert(archive, tmp_path / "cpu.lmdb", image=options, workers=1)
+    job = gpu_job(image_job(archive, options), device="cpu", backend=CPUStandIn())
+    assert isinstance(job.task, FetchMemberTask)
+    run(job, "lmdb", tmp_path / "gpu.lmdb", storage=None, options=RunOptions(workers=1))
+    (cpu, _), (gpu, _) = _samples(tmp_path / "cpu.lmdb"), _samples(tmp_path / "gpu.lmdb")
+    assert [(label, shape) for label, shape, _ in gpu] == [(label, shape) for label, shape, _ in cpu] and len(cpu) == 18
+    assert min(psnr(a[2], b[2]) for a, b in zip(gpu, cpu)) > 35
 
 
 def test_the_fetch_task_hands_on_plain_jpegs_only(mixed_folder):
