@@ -295,6 +295,13 @@ def _preprocess() -> str:
         ["images", "method", "images/s median (min-max), 1 thread", "PSNR vs float Lanczos (dB)"], rows)])
 
 
+def _gpu_resize() -> str:
+    rows = [[r["set"], r["method"], f"{r['psnr_db']:.2f} ({r['psnr_db_min']:.1f}-{r['psnr_db_max']:.1f})",
+             f"{r['vs_cpu_path_db']:+.2f}" if "vs_cpu_path_db" in r else ""] for r in load("gpu_resize")["rows"]]
+    return "\n\n".join([source_line("gpu_resize"), markdown_table(
+        ["images", "method", "PSNR vs float Lanczos (dB), mean (min-max)", "vs CPU path (dB)"], rows)])
+
+
 def _status(met: bool, source: str | None = None) -> str:
     """met/missed, or unclear when the JSON says the machine was loaded beyond its cores when saved."""
     if source is not None:
@@ -402,6 +409,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "remote_blob": _remote_blob,
     "remote_src": _remote_src,
     "preprocess": _preprocess,
+    "gpu_resize": _gpu_resize,
     "before_after": _before_after(),
     "before_after-convert-recheck": _before_after("convert-recheck"),
     "before_after-elastic": _before_after("elastic"),
