@@ -152,6 +152,8 @@ class Loader:
             raise ValueError(f"decode={decode!r}: choose from {', '.join(DECODE_MODES)}")
         if decode == "cuda":
             decodable_store(dataset)  # raw, png or text: refused before anything else
+            if gather == "device":
+                raise ValueError("gather='device' gathers stored raw pixels; decode='cuda' decodes JPEG batches on the GPU: drop one of them")
         if buffers not in BUFFER_MODES:
             raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")
         if gather not in GATHER_MODES:

@@ -54,10 +54,13 @@ def test_raw_and_png_datasets_are_refused(lmdb_32, png_lmdb):
     assert "decodes JPEG-stored datasets" in _one_line(info) and "stores png" in str(info.value)
 
 
-def test_it_needs_a_cuda_device(jpeg_lmdb):
+def test_it_needs_a_cuda_device_and_host_gathering(jpeg_lmdb):
     with pytest.raises(ValueError) as info:
         Loader(open_dataset(jpeg_lmdb), 4, decode="cuda")
     assert "pass device='cuda' too" in _one_line(info)
+    with pytest.raises(ValueError) as info:
+        Loader(open_dataset(jpeg_lmdb), 4, device="cuda", decode="cuda", gather="device")
+    assert "drop one of them" in _one_line(info)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
