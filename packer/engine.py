@@ -32,6 +32,7 @@ from .jobs import Job
 from .memory import available_memory
 from .options import RunOptions, StorageOptions
 from .parallel import default_workers, ordered_map
+from .placement import Placed, Placement, PlacingWriter
 from .preprocess.task import Encoded, Failed
 from .progress import progress_bar
 from .report import ConversionReport, human_bytes
@@ -133,17 +134,20 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
     done = writer.resumed_inputs
     skipped += writer.resumed_skipped[len(job.skipped) :]
     items = job.items[done:]
+    placement = _placement(writer, job, options, done)
     with (
-        _outcomes(writer, job, items, workers, options.timeout, run_map, in_memory=in_memory) as results,
+        _outcomes(writer, job, items, workers, options.timeout, run_map, in_memory=in_memory, placement=placement) as results,
         progress_bar(len(items), enabled=options.progress, unit=job.unit) as bar,  # after the pool: see packer/parallel.py
     ):
         for done, (item, result) in enumerate(zip(items, results), done + 1):
-            if isinstance(result, Encoded):
+            if isinstance(result, (Encoded, Placed)):
                 writer.add(result)
                 writer.record_source(job.name(item))
                 if result.decoder_messages:  # captured in the worker (packer/preprocess/messages.py)
                     log.warning("%s: converted, but the decoder printed: %s", job.name(item), result.decoder_messages)
             elif isinstance(result, Failed):
+                if placement is not None:  # samples after a skip are no longer at their inputs' places
+                    placement.stop()
                 if options.on_error == "fail":  # the full path (or URL), to find the file
                     raise InputError(f"{item.path}: {result.reason} (pass --on-error skip to skip such inputs)")
                 name = job.name(item)
@@ -157,12 +161,23 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
             writer.progress(done, skipped)  # a resume checkpoint, when one is due
 
 
+def _placement(writer: Writer, job: Job, options: RunOptions, first: int) -> Placement | None:
+    """Where the workers write the samples themselves (packer/placement.py): a local pool, a
+    fixed-shape job and a writer that offers it; else ``None`` (the driver writes them)."""
+    shape = job.fixed_shape()
+    if options.executor != "local" or shape is None or not isinstance(writer, PlacingWriter):
+        return None
+    return writer.placement(shape, first)
+
+
 @contextmanager
 def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | None, timeout: float, run_map: Any = ordered_map, *,
-              in_memory: bool = False) -> Iterator[Iterator[Encoded | Failed | Written | None]]:
+              in_memory: bool = False, placement: Placement | None = None) -> Iterator[Iterator[Encoded | Placed | Failed | Written | None]]:
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
-    Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here. A writer
+    Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here; with a
+    ``placement`` (the blob, fixed-shape raw samples, local workers) the workers write the
+    samples into the output themselves and send back :class:`Placed` records instead. A writer
     that writes pieces has its workers convert and write whole pieces (shards; with few pieces,
     fragments of them, given ``workers``); it is handed each finished piece in order, and its
     inputs come back as ``None`` (written) or :class:`Failed`. ``run_map`` is the executor
@@ -174,6 +189,12 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     conversion with an error naming the piece's first input. ``in_memory``: the pieces' tasks
     return shard bytes instead of writing into the writer's folder (which they may not see).
     """
+    if placement is not None:  # items as (index, item, place) entries: packer/placement.py
+        with run_map(placement.task(job.task), placement.items(items, writer.resumed_inputs), workers=workers,
+                     chunksize=job.chunksize(workers), on_crash=lambda entry, reason: _crash_failure(entry[1], reason),
+                     item_timeout=timeout) as results:
+            yield results
+        return
     if not isinstance(writer, PieceWriter):
         with run_map(job.task, items, workers=workers, chunksize=job.chunksize(workers), on_crash=_crash_failure,
                      item_timeout=timeout) as results:

@@ -94,6 +94,12 @@ class Job:
         """The :class:`~readers.schema.Metadata` fields only this kind fills in."""
         raise NotImplementedError
 
+    def fixed_shape(self) -> tuple[int, int, int] | None:
+        """The (C, H, W) every stored raw uint8 sample has, when the options fix it (``None``:
+        it varies, or samples are encoded): such samples may be written by the workers
+        (packer/placement.py)."""
+        return None
+
     def report(self, **counts: Any) -> ConversionReport:
         """The report, from the driver's counts."""
         return ConversionReport(**counts)
@@ -133,6 +139,12 @@ class ImageJob(Job):
     def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
         assert self.folder is not None
         return ((item.path, item.label) for item in self.items), {**self.image.describe(), **self.identity}, self.folder.stamps
+
+    def fixed_shape(self) -> tuple[int, int, int] | None:
+        size = self.image.output_size
+        if size is None or self.image.encoding != "raw" or self.stage is not None:  # a GPU stage makes them in the driver
+            return None
+        return (self.image.channels, *size)
 
     def metadata_fields(self, writer: Writer) -> dict[str, Any]:
         assert self.folder is not None

@@ -48,6 +48,11 @@ class Encoded:
     def __post_init__(self) -> None:
         object.__setattr__(self, "checksum", sample_checksum(self.label, self.shape, self.payload))
 
+    @property
+    def nbytes(self) -> int:
+        """The payload's size in bytes."""
+        return len(self.payload)
+
     def __setstate__(self, state: dict) -> None:
         """Unpickling: the carried checksum, or (from a packer that did not carry one, such as an
         older version on a Ray worker) one computed here."""

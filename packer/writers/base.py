@@ -34,6 +34,7 @@ from ..destination import write_error
 from ..errors import OptionError, OutputError
 from ..locking import DestinationLock, lock_path
 from ..options import ImageOptions, StorageOptions
+from ..placement import Placed
 from ..preprocess.task import Encoded, Failed
 
 __all__ = ["Writer", "PieceWriter", "Piece", "Written", "partial_path", "remove_path", "fsync_tree", "publish"]
@@ -167,8 +168,9 @@ class Writer:
         publish(self.tmp, self.dst)
 
     # -- driving --------------------------------------------------------------------------
-    def add(self, sample: Encoded) -> None:
-        """Append one sample; it gets the next index."""
+    def add(self, sample: Encoded | Placed) -> None:
+        """Append one sample; it gets the next index. A :class:`~packer.placement.Placed` one
+        was written by a worker (only a writer that gave it a placement gets such samples)."""
         self._note_shape(sample.shape)
         try:
             self._write(self.count, sample)
@@ -177,10 +179,10 @@ class Writer:
         crc = sample.checksum  # computed in the worker
         self.checksums.append(crc)
         if self._journal is not None:
-            self._new_rows.append((0, 0, len(sample.payload), sample.label, *sample.shape, crc))
-            self._bytes_since_checkpoint += len(sample.payload)
+            self._new_rows.append((0, 0, sample.nbytes, sample.label, *sample.shape, crc))
+            self._bytes_since_checkpoint += sample.nbytes
         self.count += 1
-        self.payload_bytes += len(sample.payload)
+        self.payload_bytes += sample.nbytes
 
     def _note_shape(self, shape: tuple[int, int, int]) -> None:
         """Track whether every sample so far has ``shape`` (see :attr:`shape`)."""

@@ -14,6 +14,7 @@ to finish, instead of the rename to ``DST``.
 
 from __future__ import annotations
 
+import math
 import os
 from array import array
 from pathlib import Path
@@ -30,6 +31,7 @@ from readers.formats.blob import (
 )
 from readers.schema import FORMAT_VERSION, Metadata
 
+from ..placement import Placed, Placement
 from ..preprocess.task import Encoded
 from .base import Writer
 from .journal import Checkpoint, record_shapes
@@ -74,7 +76,7 @@ class BlobWriter(Writer):
         super().__init__(dst, storage, **journal)
 
     def _open(self) -> None:
-        self._file = open(self.tmp, "xb")
+        self._file = open(self.tmp, "x+b")  # read too: a sample placed after a skip is read back to move it
         self._file.write(bytes(ALIGNMENT))  # the header page, filled in last
         if self.sink is not None:
             self._file.flush()
@@ -82,6 +84,7 @@ class BlobWriter(Writer):
         self._labels = array(_INT64)
         self._offsets = array(_INT64, [0])
         self._shapes = array(_INT64)
+        self._placement: Placement | None = None
 
     @property
     def durable_in_background(self) -> bool:
@@ -108,6 +111,7 @@ class BlobWriter(Writer):
         self._shapes = array(_INT64, record_shapes(rows).reshape(-1).tolist())
         if self._offsets[-1] != checkpoint.state.get("data_bytes"):
             raise OSError(0, "the resume journal disagrees with itself; run without --resume")
+        self._placement = None
         self._file = open(self.tmp, "r+b")
         self._file.truncate(ALIGNMENT + self._offsets[-1])
         self._file.seek(0, os.SEEK_END)
@@ -123,17 +127,52 @@ class BlobWriter(Writer):
         if self.sink is not None:
             self.sink.synced(ALIGNMENT + self._offsets[-1])
 
-    def _write(self, index: int, sample: Encoded) -> None:
-        self._file.write(sample.payload)
+    def placement(self, shape: tuple[int, int, int], first_input: int) -> Placement | None:
+        """Workers write input ``i``'s sample at ``ALIGNMENT + i * stride`` (packer/placement.py)
+        while no input was skipped: not with a sink (it is sent what is durable, in order), nor
+        after skipped inputs (a resumed run's samples are then no longer at their inputs' places)."""
+        if self.sink is not None or self.count != first_input or self._offsets[-1] != self.count * math.prod(shape):
+            return None
+        self._file.flush()
+        self._placement = Placement(str(self.tmp), ALIGNMENT, math.prod(shape), shape)
+        return self._placement
+
+    def _write(self, index: int, sample: Encoded | Placed) -> None:
+        if isinstance(sample, Placed):
+            self._book_placed(index, sample)
+        else:
+            if self._placement is not None:  # workers wrote the samples so far, not this handle
+                self._file.seek(ALIGNMENT + self._offsets[-1])
+            self._file.write(sample.payload)
         self._labels.append(sample.label)
-        self._offsets.append(self._offsets[-1] + len(sample.payload))
+        self._offsets.append(self._offsets[-1] + sample.nbytes)
         self._shapes.extend(sample.shape)
+
+    def _book_placed(self, index: int, sample: Placed) -> None:
+        """A worker wrote it at input ``sample.index``'s place: that is sample ``index``'s place
+        unless inputs before it were skipped; then it is moved down (few: the workers are told
+        to stop placing at the first skip)."""
+        if sample.error is not None:
+            raise OSError(*sample.error)
+        placement = self._placement
+        assert placement is not None and sample.nbytes == placement.stride, "internal error: a placed sample without a placement"
+        if sample.index == index:
+            return
+        placement.stop()  # (the driver stopped it at the skip already)
+        data = os.pread(self._file.fileno(), sample.nbytes, placement.base + sample.index * placement.stride)
+        if len(data) != sample.nbytes:
+            raise OSError(0, "a worker's sample is missing from the output")
+        self._file.seek(ALIGNMENT + self._offsets[-1])
+        self._file.write(data)
 
     def _write_metadata(self, meta: Metadata) -> None:
         handle = self._file
         fixed_raw = meta.fixed_shape and meta.encoding == "raw"
         sections: dict[str, tuple[int, int]] = {"data": (ALIGNMENT, self._offsets[-1])}
         position = ALIGNMENT + self._offsets[-1]
+        if self._placement is not None:  # the workers' writes may reach past the last sample booked
+            handle.seek(position)
+            handle.truncate()
 
         def put(name: str, payload: bytes) -> None:
             nonlocal position

@@ -25,3 +25,19 @@ if _CODE:
         return _original(self, *args, **kwargs)
 
     ShardFile._member = _failing
+
+_PLACE_CODE = os.environ.get("PACKER_TEST_PLACE_ERRNO")
+
+if _PLACE_CODE:  # tests/test_placement.py: a worker's write of a sample into the output fails
+    import packer.placement
+
+    _place_calls = {"n": 0}
+    _original_pwrite = packer.placement._pwrite_all
+
+    def _failing_pwrite(fd, data, offset):
+        _place_calls["n"] += 1
+        if _place_calls["n"] >= 3:
+            raise OSError(int(_PLACE_CODE), os.strerror(int(_PLACE_CODE)))
+        return _original_pwrite(fd, data, offset)
+
+    packer.placement._pwrite_all = _failing_pwrite

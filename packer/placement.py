@@ -1,0 +1,141 @@
+"""Samples the conversion workers write into the output themselves (issue 16: no single-process ceiling).
+
+A fixed-shape raw output whose format keeps samples back to back at a fixed stride (the blob:
+``packer/writers/blob.py``) has a known place for input ``i``'s sample, as long as no earlier
+input was skipped: ``base + i * stride``. While that holds, each worker writes its samples there
+itself (``os.pwrite``, from the worker's own descriptor of ``DST.partial``) and sends back only a
+:class:`Placed` record (label, shape, size, checksum); the driving process books it without
+touching its bytes. The driver still takes the checkpoints (an ``fsync`` makes the workers'
+writes durable as well as its own: they are one file) and writes everything but the samples.
+
+The first skipped input ends it: from then on the driver asks the workers for the samples
+(:meth:`Placement.stop`; chunks are handed out in input order, so every chunk handed out later
+is not placed) and appends them as usual; the few samples the workers had already placed after
+the skip are moved down to their place by the writer (:meth:`Placed` with ``index`` above the
+sample count). So the output is byte-identical to the one the driver alone writes, for any
+worker count, with no holes and nothing to compact at the end; ``--resume`` sees an ordinary
+checkpoint (samples back to back up to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+
+from .preprocess.task import Encoded, Failed
+
+__all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask"]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A sample a worker wrote at input ``index``'s place in the output: what the writer books.
+    ``error``: ``(errno, message)`` when the write failed (a full disk): the driver reports it."""
+
+    index: int
+    label: int
+    shape: tuple[int, int, int]
+    nbytes: int
+    checksum: int
+    decoder_messages: str = ""
+    error: tuple[int, str] | None = None
+
+
+@runtime_checkable
+class PlacingWriter(Protocol):
+    """A writer whose samples workers may write themselves (the driver checks ``isinstance``)."""
+
+    def placement(self, shape: tuple[int, int, int], first_input: int) -> "Placement | None":
+        """Where input ``i`` (from ``first_input`` on) goes, for samples of ``shape``; ``None``
+        when this output cannot be written by other processes (a sink, samples already skipped)."""
+        ...
+
+
+@dataclass
+class Placement:
+    """The output file, where input 0's sample goes and the stride; :attr:`placing` until the
+    first skipped input (:meth:`stop`)."""
+
+    path: str
+    base: int
+    stride: int
+    shape: tuple[int, int, int]
+    placing: bool = True
+
+    def stop(self) -> None:
+        """No more placing: chunks handed out from now on bring their samples back."""
+        self.placing = False
+
+    def task(self, task: Callable[[Any], Encoded | Failed]) -> "PlaceTask":
+        """The work unit that runs ``task`` and places its sample (a picklable object)."""
+        return PlaceTask(task, self.path, self.base, self.stride, self.shape)
+
+    def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, bool]]:
+        """``items`` (input ``first`` on) as ``(index, item, place)``, ``place`` read when a
+        chunk is handed out."""
+        return _Entries(items, first, self)
+
+
+class _Entries(Sequence):
+    """``(index, item, placing-now)`` for each item; slicing (how the pool hands out a chunk)
+    reads :attr:`Placement.placing` at that moment."""
+
+    def __init__(self, items: Sequence[Any], first: int, placement: Placement) -> None:
+        self._items, self._first, self._placement = items, first, placement
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, where: Any) -> Any:
+        place = self._placement.placing
+        if isinstance(where, slice):
+            return [(self._first + i, self._items[i], place) for i in range(*where.indices(len(self._items)))]
+        index = range(len(self._items))[where]
+        return (self._first + index, self._items[index], place)
+
+
+class PlaceTask:
+    """Run the conversion task; write a fixed-shape sample at its input's place, or return it."""
+
+    def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, base: int, stride: int, shape: tuple[int, int, int]) -> None:
+        self.task, self.path, self.base, self.stride, self.shape = task, path, base, stride, shape
+        self._fd = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": -1}  # each process opens the file for itself
+
+    def __call__(self, entry: tuple[int, Any, bool]) -> Encoded | Failed | Placed:
+        index, item, place = entry
+        return self._place(index, self.task(item), place)
+
+    def map(self, entries: Sequence[tuple[int, Any, bool]]) -> Iterator[Encoded | Failed | Placed]:
+        """As ``__call__`` for each entry, through the task's own ``map`` where it has one (remote
+        inputs read ahead: packer/preprocess/task.py)."""
+        from .parallel import run_items  # the pool's rule for a work unit's map
+
+        for (index, _item, place), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
+            yield self._place(index, result, place)
+
+    def _place(self, index: int, result: Encoded | Failed, place: bool) -> Encoded | Failed | Placed:
+        if not place or not isinstance(result, Encoded):
+            return result
+        if result.shape != self.shape or len(result.payload) != self.stride:  # pragma: no cover - fixed-shape jobs only
+            raise ValueError(f"internal error: a sample of shape {result.shape} in an output of {self.shape}")
+        placed = Placed(index, result.label, result.shape, self.stride, result.checksum, result.decoder_messages)
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_WRONLY)
+            _pwrite_all(self._fd, result.payload, self.base + index * self.stride)
+        except OSError as exc:
+            return dataclasses.replace(placed, error=(exc.errno or errno.EIO, exc.strerror or str(exc)))
+        return placed
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

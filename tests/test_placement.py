@@ -1,0 +1,136 @@
+"""The conversion workers write a fixed-shape blob's samples themselves, at their inputs' places
+(packer/placement.py); the driving process only books them. The output is byte for byte the one
+the driver alone writes, skipped inputs anywhere included, for any worker count; a resumed run
+and a full disk in a worker behave as everywhere else."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import packer.engine
+import packer.writers.journal as journal
+from imagefiles import gradient, jpeg_bytes, write
+from packer import ImageOptions, convert, parallel
+from packer.cli import cli
+from packer.placement import Placed
+from packer.writers.blob import BlobWriter
+from readers.formats import open_store
+from roundtrip_checks import read_plain
+
+FAULTS = Path(__file__).parent / "faults"
+BROKEN = b"\xff\xd8 not an image"
+
+
+class _Fixed(datetime):
+    @classmethod
+    def now(cls, tz=None):  # one creation time, so two outputs can be compared byte for byte
+        return datetime(2026, 1, 1, tzinfo=tz)
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch):
+    monkeypatch.setattr(packer.engine, "datetime", _Fixed)
+
+
+def _folder(root: Path, broken_at: set[int], count: int = 40) -> Path:
+    for i in range(count):
+        data = BROKEN if i in broken_at else jpeg_bytes(gradient(30 + i % 7, 40, seed=i))
+        write(root / f"class_{i % 2}" / f"img_{i:03d}.jpg", data)
+    return root
+
+
+def _booked(monkeypatch) -> list[type]:
+    kinds: list[type] = []
+    real_add = BlobWriter.add
+
+    def add(self, sample):
+        kinds.append(type(sample))
+        return real_add(self, sample)
+
+    monkeypatch.setattr(BlobWriter, "add", add)
+    return kinds
+
+
+@pytest.mark.parametrize("broken_at, size", [(set(), 12), ({0}, 12), ({5}, 12), ({6, 7, 30}, 12), ({39}, 12), ({37}, 128)],
+                         ids=["none", "first", "one", "several", "last", "near-the-end-large"])
+def test_workers_place_the_samples_and_the_output_is_the_drivers_byte_for_byte(tmp_path, monkeypatch, fixed_clock, broken_at, size):
+    """(Large samples just before the end: a moved sample's old place lies past the last sample
+    and past the index sections written after it; the output must not keep it.)"""
+    src = _folder(tmp_path / "src", broken_at)
+    options = dict(image=ImageOptions(size=size))
+    kinds = _booked(monkeypatch)
+    placed = convert(src, tmp_path / "placed.blob", workers=2, **options)
+    assert Placed in kinds  # the workers wrote samples, the driver booked them
+    monkeypatch.setattr(packer.engine, "_placement", lambda *args: None)
+    kinds.clear()
+    driver = convert(src, tmp_path / "driver.blob", workers=2, **options)
+    assert Placed not in kinds
+    one = convert(src, tmp_path / "one.blob", workers=1, **options)  # (without placement too: any worker count)
+    assert placed.written == driver.written == 40 - len(broken_at)
+    reference = driver.dst.read_bytes()
+    assert placed.dst.read_bytes() == reference
+    meta, samples = read_plain(placed.dst)  # numpy on the file, as docs/FORMATS.md says
+    assert samples == read_plain(driver.dst)[1] == read_plain(one.dst)[1]
+    assert {s["path"] for s in meta["skipped"]} == {f"class_{i % 2}/img_{i:03d}.jpg" for i in broken_at}
+
+
+def test_placed_samples_are_the_pixels_of_their_inputs(tmp_path):
+    """Each placed sample is its own input's pixels (checked against Pillow + numpy directly):
+    a sample written at a neighbour's place would show here, not only in a byte comparison."""
+    from PIL import Image
+
+    src = _folder(tmp_path / "src", {3, 4})
+    report = convert(src, tmp_path / "out.blob", image=ImageOptions(size=(30, 40), resize_mode="stretch"), workers=2)
+    _meta, samples = read_plain(report.dst)
+    names = open_store(report.dst).source_names()
+    assert names is not None and len(names) == len(samples) == 38
+    for sample, name in zip(samples, names):
+        image = np.asarray(Image.open(src / name).convert("RGB").resize((40, 30), Image.BILINEAR)).transpose(2, 0, 1)
+        got = np.frombuffer(sample.payload, np.uint8).reshape(sample.shape).astype(int)
+        assert np.abs(got - image).mean() < 8, name  # its own image (a neighbour differs by tens of levels)
+
+
+def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, monkeypatch, fixed_clock):
+    src = _folder(tmp_path / "src", {12})
+    (tmp_path / "ref").mkdir()
+    reference = convert(src, tmp_path / "ref" / "out.blob", image=ImageOptions(size=12), workers=2)
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    real_add, calls = BlobWriter.add, {"n": 0}
+
+    def add(self, sample):
+        calls["n"] += 1
+        if calls["n"] == 25:
+            raise KeyboardInterrupt
+        return real_add(self, sample)
+
+    monkeypatch.setattr(BlobWriter, "add", add)
+    dst = tmp_path / "out.blob"
+    with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
+        convert(src, dst, image=ImageOptions(size=12), workers=2)
+    monkeypatch.setattr(BlobWriter, "add", real_add)
+    report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
+    assert report.resumed > 0
+    assert dst.read_bytes() == reference.dst.read_bytes()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
+def test_a_workers_failed_write_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder, monkeypatch, code):
+    monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))  # see tests/faults
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("PACKER_TEST_PLACE_ERRNO", str(code))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(out / "o.blob"), "--size", "8", "-q", "-j", "2"])
+    assert result.exit_code == 1, result.output
+    expected = {errno.ENOSPC: "no space left on the device", errno.EACCES: "check the folder's permissions"}[code]
+    assert expected in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert os.listdir(out) == []  # no DST, no DST.partial, no journal
