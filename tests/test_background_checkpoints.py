@@ -20,7 +20,7 @@ from packer.writers.journal import journal_path
 from roundtrip_checks import read_plain
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
-BACKGROUND = {"hdf5": True, "blob": True, "lmdb": False}
+BACKGROUND = {"hdf5": True, "blob": True, "lmdb": True}
 
 
 def _fsyncs_by_thread(monkeypatch) -> list[str]:
@@ -37,10 +37,21 @@ def _fsyncs_by_thread(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("fmt", sorted(BACKGROUND))
 def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, image_folder, tmp_path, monkeypatch):
-    """The blob and HDF5 sync in the checkpoint thread (the writing goes on meanwhile); LMDB's
-    commit stays in the writing thread (its map may be resized there, under a running msync)."""
+    """Every single-file format makes its checkpoints durable in the checkpoint thread (the writing
+    goes on meanwhile): os.fsync for the blob and HDF5, lmdb's own Environment.sync for LMDB."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     seen = _fsyncs_by_thread(monkeypatch)
+    if fmt == "lmdb":  # its data is synced by lmdb's Environment.sync (msync or fdatasync), not os.fsync
+        import packer.writers.lmdb as lmdb_writer
+
+        real_call = lmdb_writer._lmdb_call
+
+        def lmdb_call(fn, *args, **kwargs):
+            if getattr(fn, "__name__", "") == "sync":
+                seen.append(threading.current_thread().name)
+            return real_call(fn, *args, **kwargs)
+
+        monkeypatch.setattr(lmdb_writer, "_lmdb_call", lmdb_call)
     dst = tmp_path / f"out{SUFFIX[fmt]}"
     convert(image_folder, dst, format=fmt, image=ImageOptions(size=16), workers=1)
     assert ("packer-checkpoint" in seen) is BACKGROUND[fmt]
@@ -48,7 +59,7 @@ def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, i
     assert meta["count"] == len(samples) == 18
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "blob"])
+@pytest.mark.parametrize("fmt", ["hdf5", "blob"])  # (LMDB's data sync is lmdb's own, tested below)
 def test_a_failed_background_fsync_is_one_clear_line_and_leaves_nothing(fmt, image_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     real = os.fsync
@@ -109,3 +120,34 @@ def test_an_interruption_waits_for_the_running_commit(image_folder, tmp_path, mo
     assert report.resumed == saved
     assert read_plain(dst)[1] == read_plain(reference.dst)[1]
     assert not journal_path(dst.with_name("out.blob.partial")).exists()
+
+
+def test_lmdb_never_resizes_its_map_under_a_running_sync(image_folder, tmp_path, monkeypatch):
+    """The map grows while samples are written; a sync of the old map still running in the
+    checkpoint thread would touch unmapped memory: the growth waits for it."""
+    import packer.writers.lmdb as lmdb_writer
+
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(lmdb_writer, "INITIAL_MAP_SIZE", 1 << 16)  # grows many times
+    monkeypatch.setattr(lmdb_writer, "TRANSACTION_BYTES", 1 << 12)
+    syncing = threading.Event()
+    overlaps: list[int] = []
+    real_call = lmdb_writer._lmdb_call
+
+    def lmdb_call(fn, *args, **kwargs):  # lmdb's types cannot be patched: the writer's one door to them is
+        name = getattr(fn, "__name__", "")
+        if name == "sync":
+            syncing.set()
+            try:
+                threading.Event().wait(0.002)  # a slow disk
+                return real_call(fn, *args, **kwargs)
+            finally:
+                syncing.clear()
+        if name == "set_mapsize" and syncing.is_set():
+            overlaps.append(args[0])
+        return real_call(fn, *args, **kwargs)
+
+    monkeypatch.setattr(lmdb_writer, "_lmdb_call", lmdb_call)
+    report = convert(image_folder, tmp_path / "out.lmdb", image=ImageOptions(size=32), workers=1)
+    assert overlaps == []
+    assert read_plain(report.dst)[1] and report.written == 18

@@ -161,8 +161,18 @@ def _damage_document(path, fmt: str) -> None:
     """Flip a byte in the middle of document VICTIM's token ids, found by its own bytes (no packer layout)."""
     [document] = [bytes(p) for _l, _s, p in store_class(fmt)(path).records([VICTIM])]  # copied inside the read
     files = sorted(path.glob("*.tar")) if fmt == "webdataset" else [path / "data.mdb" if fmt == "lmdb" else path]
-    [(file, offset)] = [(f, f.read_bytes().find(document)) for f in files if document in f.read_bytes()]
-    _flip(file, offset + len(document) // 2)
+    found = [(f, offset) for f in files for offset in _occurrences(f.read_bytes(), document)]
+    assert found
+    for file, offset in found:  # LMDB may keep a stale copy in a page a later transaction freed: flip every copy
+        _flip(file, offset + len(document) // 2)
+
+
+def _occurrences(data: bytes, needle: bytes) -> list[int]:
+    offsets, start = [], data.find(needle)
+    while start >= 0:
+        offsets.append(start)
+        start = data.find(needle, start + 1)
+    return offsets
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

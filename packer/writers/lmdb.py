@@ -54,10 +54,18 @@ class LMDBWriter(Writer):
         except lmdb.Error as exc:
             raise _as_os_error(exc) from None
 
+    @property
+    def durable_in_background(self) -> bool:
+        """``env.sync`` (an msync of the map, or fdatasync) in the checkpoint thread, beside the
+        writing: the map is never resized under it (:meth:`_grow` waits for it first)."""
+        return True
+
     def _sync(self) -> dict[str, Any]:
-        self._flush()
-        _lmdb_call(self._env.sync, True)
+        self._flush()  # committed: the checkpoint holds every sample added so far
         return {}
+
+    def _durable(self) -> None:
+        _lmdb_call(self._env.sync, True)
 
     def _open_env(self, map_size: int) -> None:
         """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved."""
@@ -107,6 +115,7 @@ class LMDBWriter(Writer):
         self._pending_bytes = 0
 
     def _grow(self) -> None:
+        self._settle(raise_error=True)  # no msync of the old map may run while it is replaced
         wanted = max(int(self._map_size * GROWTH), self._map_size + 2 * self._pending_bytes)
         wanted = -(-wanted // _ALIGN) * _ALIGN
         self._reserve(wanted)  # blocks first: the map must never cover unallocated space
