@@ -7,10 +7,15 @@
 LMDB, HDF5 and the blob are written by one process (the driver) that receives every encoded
 sample from the workers, local or on Ray. This measures that process's ceiling with the
 decoding taken away, so the figure is what the driver could absorb from any number of workers:
-(a) the writer alone: ``Writer.add`` + resume checkpoints, samples already in memory;
+(a) the writer alone: ``Writer.add`` + resume checkpoints + ``finish`` (the last ``fsync`` and
+    the rename), samples already in memory;
 (b) the pool alone: workers that hand over ready-made 150 KB samples through
-    ``packer.parallel.ordered_map`` (pipe + unpickle in the driver), nothing written;
-(c) both: what a conversion with infinitely fast decoding would reach.
+    ``packer.parallel.ordered_map`` (shared memory or the pipe, see ``--transports``), nothing written;
+(c) both: what a conversion with infinitely fast decoding would reach;
+(d) the blob with the workers writing the samples themselves (``packer/placement.py``: what
+    ``packer convert`` does for fixed-shape raw samples), the driver only booking them.
+Steady rates: each pass is timed from its first sample (a pool's start, ~0.3 s once per
+conversion, is left out) to the finished output (its removal afterwards is left out too).
 Divided by the measured per-core conversion rate, (c) says at how many worker cores the one
 writer becomes the bound (docs/SCALING.md). Workers: 1 and all cores but one, so the driver
 has a core of its own (null workers never wait on decoding: more would only steal the
@@ -36,11 +41,14 @@ import numpy as np
 from packer.parallel import TRANSPORTS, keep_freed_memory, ordered_map
 from packer.preprocess.task import Encoded
 from packer.writers import get_writer
+from packer.writers.files import remove_path
+from readers.schema import Metadata
 
-from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json
 
 SHAPE = (3, 224, 224)
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
+CLASSES = tuple(f"class_{i}" for i in range(10))
 #: Per-core conversion rate of ImageNet-like JPEGs to raw 224 on the 2-core dev VM
 #: (benchmarks/RESULTS.md, `benchmarks.convert_rates`, LMDB with 1 worker).
 PER_CORE = 416
@@ -56,31 +64,74 @@ class MakeSample:
         return Encoded(index % 10, SHAPE, bytes(memoryview(self.payload)))  # a copy: each sample its own
 
 
-def write_all(fmt: str, samples: Any, workdir: Path) -> int:
-    """Add every sample of ``samples`` to a ``fmt`` writer with a resume journal; then drop it."""
+def write_all(fmt: str, samples: Any, workdir: Path) -> tuple[int, float]:
+    """Add every sample of ``samples`` to a ``fmt`` writer with a resume journal and finish the
+    output, as a conversion does (its checkpoints, its last ``fsync`` and rename); then remove it.
+    Returns ``(samples, seconds)``: from the first sample to the finished output (the removal,
+    and a pool's start before its first sample, are left out: this is the steady rate)."""
     writer = get_writer(fmt)(workdir / f"out{SUFFIX[fmt]}", fingerprint={"benchmark": fmt})
-    count = 0
+    count, start = 0, None
     try:
         for sample in samples:
+            if start is None:
+                start = time.perf_counter()
             writer.add(sample)
             count += 1
             writer.progress(count, [])
+        writer.finish(Metadata(format=fmt, count=count, channels=SHAPE[0], shape=writer.shape, classes=CLASSES, source="one_writer"))
+        seconds = time.perf_counter() - (start or 0.0)
     finally:
-        writer.abort()
-    return count
+        if not writer.finished:
+            writer.abort()
+        remove_path(writer.dst)
+    return count, seconds
+
+
+def placed(make: MakeSample, n: int, workers: int, workdir: Path) -> tuple[int, float]:
+    """(d): as (c) for the blob, with the workers writing the samples into the output at their
+    places themselves (``packer/placement.py``, what ``packer convert`` does for a fixed-shape
+    blob) and the driver booking them; as :func:`write_all`, timed from the first sample."""
+    writer = get_writer("blob")(workdir / "placed.blob", fingerprint={"benchmark": "placed"})
+    placement = writer.placement(SHAPE, 0)
+    assert placement is not None
+    count, start = 0, None
+    try:
+        with ordered_map(placement.task(make), placement.items(range(n), 0), workers=workers) as results:
+            for sample in results:
+                if start is None:
+                    start = time.perf_counter()
+                writer.add(sample)
+                count += 1
+                writer.progress(count, [])
+        writer.finish(Metadata(format="blob", count=count, channels=SHAPE[0], shape=writer.shape, classes=CLASSES, source="one_writer"))
+        seconds = time.perf_counter() - (start or 0.0)
+    finally:
+        if not writer.finished:
+            writer.abort()
+        remove_path(writer.dst)
+    return count, seconds
+
+
+def drain(results: Any) -> tuple[int, float]:
+    """Take every result; ``(count, seconds)`` from the first one's arrival to the last's."""
+    count, start = 0, None
+    for _ in results:
+        if start is None:
+            start = time.perf_counter()
+        count += 1
+    return count, time.perf_counter() - (start or 0.0)
 
 
 def measure_ab(passes: dict[str, Any], *, repeats: int) -> dict[str, Rate]:
-    """Each of ``passes`` (name -> a pass returning its item count) once as a warm-up, then
+    """Each of ``passes`` (name -> a pass returning ``(items, seconds)``) once as a warm-up, then
     ``repeats`` rounds of one timed pass each, in turn."""
     for one_pass in passes.values():
         one_pass()
     runs: dict[str, list[float]] = {name: [] for name in passes}
     for _ in range(repeats):
         for name, one_pass in passes.items():
-            start = time.perf_counter()
-            items = one_pass()
-            runs[name].append(items / (time.perf_counter() - start))
+            items, seconds = one_pass()
+            runs[name].append(items / seconds)
     return {name: Rate(min(r), statistics.median(r), max(r), len(r)) for name, r in runs.items()}
 
 
@@ -93,7 +144,9 @@ def main() -> None:
     add_output_arguments(parser)
     args = parser.parse_args()
     keep_freed_memory()  # as `packer convert` does for its process
-    n, make = args.samples, MakeSample()
+    from benchmarks.one_writer import MakeSample as Make  # by its module's name, not __main__'s: workers find it
+
+    n, make = args.samples, Make()
     in_memory = [make(i) for i in range(n)]
     nbytes = len(make.payload)
     workers = sorted({1, max(1, cpu_count() - 1)})  # the driver keeps a core of its own, as it needs at scale
@@ -101,18 +154,18 @@ def main() -> None:
     load_before = os.getloadavg()
     tag = (lambda t: f" [{t}]") if len(args.transports) > 1 else (lambda t: "")
     with tempfile.TemporaryDirectory(prefix="packer-one-writer-") as tmp:
-        for fmt in SUFFIX:
-            rates[f"(a) {fmt} writer alone"] = measure(lambda: write_all(fmt, in_memory, Path(tmp)), repeats=args.repeats)
+        rates.update(measure_ab({f"(a) {fmt} writer alone": (lambda fmt=fmt: write_all(fmt, in_memory, Path(tmp))) for fmt in SUFFIX},
+                                repeats=args.repeats))
 
-        def pool_only(k: int, transport: str) -> int:
+        def pool_only(k: int, transport: str) -> tuple[int, float]:
             with ordered_map(make, range(n), workers=k, transport=transport) as results:
-                return sum(1 for _ in results)
+                return drain(results)
 
         for k in workers:
             rates.update(measure_ab({f"(b) pool alone, {k} workers{tag(t)}": (lambda t=t: pool_only(k, t)) for t in args.transports},
                                     repeats=args.repeats))
 
-        def pool_and_writer(fmt: str, k: int, transport: str) -> int:
+        def pool_and_writer(fmt: str, k: int, transport: str) -> tuple[int, float]:
             with ordered_map(make, range(n), workers=k, transport=transport) as results:
                 return write_all(fmt, results, Path(tmp))
 
@@ -120,6 +173,9 @@ def main() -> None:
             for k in workers:
                 rates.update(measure_ab({f"(c) {fmt}: pool + writer, {k} workers{tag(t)}": (lambda t=t: pool_and_writer(fmt, k, t))
                                          for t in args.transports}, repeats=args.repeats))
+        for k in sorted({1, cpu_count()}):  # the driver only books: every core may write
+            rates.update(measure_ab({f"(d) blob: workers write the samples, {k} workers": lambda: placed(make, n, k, Path(tmp))},
+                                    repeats=args.repeats))
     rows = [[name, str(r), f"{r.median * nbytes / 1e6:,.0f}", f"{r.median / PER_CORE:.0f}" if name.startswith("(c)") else ""]
             for name, r in rates.items()]
     load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
