@@ -379,6 +379,7 @@ def _targets() -> str:
         ["#6", "token blocks ≥ 50x tokenising on the fly", "tokens",
          f"{tok['ratio']:.1f}x through a DataLoader, {tok['loader_ratio']:.1f}x through `readers.Loader`", _status(tok["ratio"] >= 50, "tokens")],
     ]
+    rows += _targets_16()
     try:
         ray = load("ray_vs_local")
         over = {f: 1 - m["ray"] / m["local"] for f, m in ray["mean_rates"].items()}
@@ -388,6 +389,33 @@ def _targets() -> str:
         pass
     return markdown_table(["issue", "target", "source (benchmarks/results/)", "measured", "status"],
                           [[i, t, f"`{s}.json`", m, st] for i, t, s, m, st in rows])
+
+
+def _targets_16() -> list[list[str]]:
+    """Issue 16's budget: one writer, decode-free and JPEG conversions against the work alone."""
+    one = load("one_writer")["rates"]
+
+    def fastest(prefix: str) -> tuple[str, float]:
+        name, rate = max(((n, r["median"]) for n, r in one.items() if n.startswith(prefix)), key=lambda kv: kv[1])
+        return name, rate
+
+    conversion = {"blob": fastest("(d) blob"), "hdf5": fastest("(c) hdf5"), "lmdb": fastest("(c) lmdb")}
+    need = {"blob": 10_000, "hdf5": 10_000, "lmdb": 6_000}
+    rows = [["#16", "one writer, decoding taken away: blob and HDF5 ≥ 10,000 samples/s, LMDB ≥ 6,000 (as a conversion writes: pool + writer)",
+             "one_writer", "; ".join(f"{fmt} {rate:,.0f} ({name.split(': ', 1)[-1]})" for fmt, (name, rate) in conversion.items()),
+             _status(all(conversion[f][1] >= need[f] for f in need), "one_writer")]]
+    for source, what, target in (("core_scaling-presized", "decode-free (presized BMP) 2-worker conversion: blob and HDF5 ≥ 1/3 of the work alone, LMDB ≥ 30%",
+                                  {"blob": 1 / 3, "hdf5": 1 / 3, "lmdb": 0.30}),
+                                 ("core_scaling", "JPEG conversion on 2 cores within 5% of decode + resize alone (share ≥ 95%)",
+                                  {"blob": 0.95, "hdf5": 0.95, "lmdb": 0.95, "webdataset": 0.95})):
+        try:
+            d = load(source)
+        except FileNotFoundError:
+            continue
+        shares = {f: d["shares"][f]["2"]["median"] for f in target if f in d["shares"] and "2" in d["shares"][f]}
+        rows.append(["#16", what, source, ", ".join(f"{f} {v:.0%}" for f, v in shares.items()),
+                     _status(bool(shares) and all(v >= target[f] for f, v in shares.items()), source)])
+    return rows
 
 
 #: RESULTS.md block name -> its renderer.
