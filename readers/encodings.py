@@ -7,32 +7,20 @@ size WebDataset pieces for ``--shard-bytes``) and its decoder. Everything else d
 encoders of ``packer/preprocess/encode.py``, keyed by these names (tests/test_encodings.py
 checks that the key sets agree and that every encoding round-trips through every format).
 
-This module imports nothing from readers (``schema`` derives its names from it); Pillow is
-imported on first decode.
+This module imports only ``readers.decoders`` (which imports nothing from readers), since
+``schema`` derives its names from it; Pillow and ``simplejpeg`` are imported on first decode.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from .decoders import jpeg_decode, pillow_decode
+
 __all__ = ["Encoding", "ENCODINGS", "get_encoding", "pillow_decode"]
-
-
-def pillow_decode(payload: bytes | memoryview, channels: int) -> np.ndarray:
-    """Decode an image file's bytes (jpeg, png) to ``(channels, H, W)`` uint8 pixels with Pillow.
-
-    Raises what Pillow raises on bad data (``OSError``, ``ValueError``, ``SyntaxError``):
-    ``readers.codecs.decode_image`` turns that into a ``PackedFormatError``.
-    """
-    from PIL import Image
-
-    with Image.open(io.BytesIO(payload)) as image:
-        pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"))
-    return pixels[np.newaxis] if channels == 1 else pixels.transpose(2, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -54,7 +42,7 @@ ENCODINGS: dict[str, Encoding] = {
     encoding.name: encoding
     for encoding in (
         Encoding("raw", "npy", 1, None),
-        Encoding("jpeg", "jpg", 10, pillow_decode),
+        Encoding("jpeg", "jpg", 10, jpeg_decode),
         Encoding("png", "png", 2, pillow_decode),
     )
 }
