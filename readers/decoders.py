@@ -1,7 +1,7 @@
-"""The image decoders of jpeg/png samples: Pillow, and libjpeg-turbo through ``simplejpeg`` when installed.
+"""The image decoders of jpeg/png samples: Pillow, and libjpeg-turbo through ``simplejpeg``.
 
-Pillow decodes everything. A JPEG sample is decoded with ``simplejpeg`` (``pip install
-packer[jpeg]``) when it is installed and gives exactly Pillow's pixels: both wrap libjpeg-turbo
+Pillow decodes everything. A JPEG sample is decoded with ``simplejpeg`` (a dependency of packer;
+Pillow alone where it is missing) where it gives exactly Pillow's pixels: both wrap libjpeg-turbo
 with its default, accurate settings (islow DCT, fancy upsampling), and on our 224x224 q90
 samples and on 4:4:4, 4:2:2, 4:2:0, progressive and grayscale files the two agree bit for bit
 (tests/test_jpeg_read.py). It is declined, and Pillow decodes, for CMYK/YCCK files (the two
@@ -15,7 +15,7 @@ skips Pillow's per-image work (header parsing in Python, the copies of ``convert
 interleaved pixels; batches are planar (C, H, W), so a colour sample is decoded as RGBX into a
 per-thread reusable (H, W) uint32 scratch buffer (libjpeg-turbo writes 4-byte pixels faster than
 3-byte ones) and each plane is one shift and narrowing cast out of it into the batch row (half
-the time of a transposing copy of RGB; measured ad hoc, one thread); a gray sample is decoded
+the time of a transposing copy of RGB, one thread: ``benchmarks/results/jpeg_read.json``); a gray sample is decoded
 straight into its (1, H, W) row.
 
 This module imports nothing from readers (``readers.encodings`` builds its table from it);

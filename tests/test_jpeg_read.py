@@ -24,7 +24,7 @@ from readers.codecs import decode_image, decode_into
 from readers.formats import open_store
 
 HAVE_SIMPLEJPEG = importlib.util.find_spec("simplejpeg") is not None
-needs_simplejpeg = pytest.mark.skipif(not HAVE_SIMPLEJPEG, reason="the fast path needs simplejpeg (pip install 'packer[jpeg]')")
+needs_simplejpeg = pytest.mark.skipif(not HAVE_SIMPLEJPEG, reason="the fast path needs simplejpeg (a dependency of packer)")
 
 
 def pillow_pixels(payload: bytes, channels: int) -> np.ndarray:
