@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import HERE
-from .render_sections import SECTIONS, load, machine_words
+from .render_sections import SECTIONS as _TABLES
+from .render_sections import load, machine_words
+from .render_targets import targets
+
+#: Block name -> its renderer: the tables, and the targets table computed from them.
+SECTIONS = {**_TABLES, "targets": targets}
 
 __all__ = ["README", "RESULTS", "BLOCK_FILES", "Figures", "readme_block", "render_results", "render_readme", "main"]
 

@@ -102,6 +102,9 @@ class PlaceTask:
 
     def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, base: int, stride: int, shape: tuple[int, int, int]) -> None:
         self.task, self.path, self.base, self.stride, self.shape = task, path, base, stride, shape
+        #: The pool's cue that the task carries something of the script's ``__main__`` (a Python
+        #: dataset's class, packer/sources/datasets.py): passed on from the task it wraps.
+        self.needs_main = bool(getattr(task, "needs_main", False))
         self._fd = -1
 
     def __getstate__(self) -> dict[str, Any]:

@@ -134,3 +134,37 @@ def test_a_workers_failed_write_is_one_clear_line_and_leaves_nothing(tmp_path, i
     assert expected in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
     assert os.listdir(out) == []  # no DST, no DST.partial, no journal
+
+
+SCRIPT = """
+import numpy as np
+from packer import ImageOptions, convert
+
+class Tiles:  # defined in the script's __main__: the workers must import the script to unpickle it
+    def __len__(self):
+        return 12
+    def __getitem__(self, i):
+        if i == 4:
+            raise ValueError("no tile 4")
+        return np.full((10, 14, 3), i * 20, np.uint8), i % 3
+
+if __name__ == "__main__":
+    report = convert(Tiles(), {dst!r}, image=ImageOptions(size=8), workers=2)
+    print(report.written)
+"""
+
+
+def test_a_python_dataset_defined_in_a_script_is_placed_by_the_workers(tmp_path):
+    """The placing work unit passes on its task's need for the script's __main__ (the pool
+    re-imports the script in the workers only then): a dataset class defined there converts."""
+    import subprocess
+    import sys
+
+    dst = tmp_path / "tiles.blob"
+    script = tmp_path / "make_tiles.py"
+    script.write_text(SCRIPT.format(dst=str(dst)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "11"
+    _meta, samples = read_plain(dst)
+    assert [s.payload[0] for s in samples] == [i * 20 for i in range(12) if i != 4]
