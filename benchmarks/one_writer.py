@@ -14,8 +14,9 @@ decoding taken away, so the figure is what the driver could absorb from any numb
 (c) both: what a conversion with infinitely fast decoding would reach;
 (d) the blob with the workers writing the samples themselves (``packer/placement.py``: what
     ``packer convert`` does for fixed-shape raw samples), the driver only booking them;
-(e) the disk alone: the same bytes written to one file and ``fsync``ed by one process, the
-    ceiling every row above meets on this disk.
+(e) the plain way to write the same bytes: one process ``write``s them all to one file, then
+    ``fsync``s it (no writeback overlapped with the writing, no bookkeeping): a reference for
+    the disk, which the writers beat where their checkpoints sync in the background.
 Steady rates: each pass is timed from its first sample (a pool's start, ~0.3 s once per
 conversion, is left out) to the finished output (its removal afterwards is left out too).
 Divided by the measured per-core conversion rate, (c) says at how many worker cores the one
@@ -115,8 +116,8 @@ def placed(make: MakeSample, n: int, workers: int, workdir: Path) -> tuple[int, 
 
 
 def disk_alone(samples: list[Encoded], workdir: Path) -> tuple[int, float]:
-    """(e): the same payloads written to one new file with ``os.write`` and ``fsync``ed, nothing
-    else: the ceiling any writer on this disk meets (the file is removed afterwards, untimed)."""
+    """(e): the same payloads written to one new file with ``os.write``, then ``fsync``ed, nothing
+    else (the file is removed afterwards, untimed)."""
     path = workdir / "disk.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -174,7 +175,7 @@ def main() -> None:
     tag = (lambda t: f" [{t}]") if len(args.transports) > 1 else (lambda t: "")
     with tempfile.TemporaryDirectory(prefix="packer-one-writer-") as tmp:
         rates.update(measure_ab({f"(a) {fmt} writer alone": (lambda fmt=fmt: write_all(fmt, in_memory, Path(tmp))) for fmt in SUFFIX}
-                                | {"(e) the disk alone: write + fsync": lambda: disk_alone(in_memory, Path(tmp))}, repeats=args.repeats))
+                                | {"(e) the plain way: write all, then fsync": lambda: disk_alone(in_memory, Path(tmp))}, repeats=args.repeats))
 
         def pool_only(k: int, transport: str) -> tuple[int, float]:
             with ordered_map(make, range(n), workers=k, transport=transport) as results:

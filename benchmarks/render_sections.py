@@ -212,10 +212,13 @@ def _one_writer() -> str:
                         markdown_table(["what", "samples/s, median (min-max)", "MB/s"], rows)])
 
 
-def _core_scaling() -> str:
-    from .core_scaling import render  # the benchmark's own table
+def _core_scaling(name: str = "core_scaling") -> Callable[[], str]:
+    def section() -> str:
+        from .core_scaling import render  # the benchmark's own table
 
-    return source_line("core_scaling") + "\n\n" + render(load("core_scaling"))
+        return source_line(name) + "\n\n" + render(load(name))
+
+    return section
 
 
 def _ray_vs_local() -> str:
@@ -332,7 +335,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "blob_memory": _blob_memory,
     "train_loop": _train_loop,
     "one_writer": _one_writer,
-    "core_scaling": _core_scaling,
+    "core_scaling": _core_scaling(),
+    "core_scaling-presized": _core_scaling("core_scaling-presized"),
     "ray_vs_local": _ray_vs_local,
     "remote_blob": _remote_blob,
     "remote_src": _remote_src,

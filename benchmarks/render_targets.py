@@ -87,6 +87,16 @@ def targets() -> str:
          f"{tok['ratio']:.1f}x through a DataLoader, {tok['loader_ratio']:.1f}x through `readers.Loader`", _status(tok["ratio"] >= 50, "tokens")],
     ]
     rows += _targets_16()
+    ceiling = load("loader_ceiling")["loader"]
+    share = {f: ceiling[f]["checked"]["of_random_rows"]["median"] for f in ceiling}
+    blob_contiguous = ceiling["blob"]["checked"]["of_contiguous"]["median"]
+    checked = min(ceiling[f]["checked"]["of_recycle"]["median"] for f in ceiling)
+    rows.append(["#20", "`Loader` (default buffers) ≥ 80% of the 2-thread random-row copy (blob; and ≥ 70% of a contiguous copy), "
+                 "≥ 60% for LMDB and HDF5; default buffers within 5% of `recycle`", "loader_ceiling",
+                 ", ".join(f"{f} {v:.0%}" for f, v in share.items()) + f" of random rows; blob {blob_contiguous:.0%} of contiguous; "
+                 f"checked ≥ {checked:.0%} of recycle",
+                 _status(share["blob"] >= 0.8 and blob_contiguous >= 0.7 and share["lmdb"] >= 0.6 and share["hdf5"] >= 0.6 and checked >= 0.95,
+                         "loader_ceiling")])
     jpeg = load("jpeg_read")["loader"]
     best = max(jpeg, key=lambda f: jpeg[f]["simplejpeg"]["of_pillow_pool"]["median"])
     pool = jpeg[best]["simplejpeg"]["of_pillow_pool"]["median"]
