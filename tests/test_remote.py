@@ -340,7 +340,10 @@ def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
         with pytest.raises(Died):
             convert(url, dst, image=ImageOptions(size=16), workers=2)
     assert partial.exists() and not dst.exists()
-    assert json.loads((journal.journal_path(partial) / "journal.json").read_text())["inputs"] == 8
+    # the last checkpoint: the one at input 8, or one just before it if that commit was still
+    # running in the background when the process "died" (a kill loses it: the journal says so)
+    saved = json.loads((journal.journal_path(partial) / "journal.json").read_text())["inputs"]
+    assert 1 <= saved <= 8
 
     s3.pipe("packer-test/resume/class_00/new.jpg", (local_source / "class_00" / "img_00000.jpg").read_bytes())
     with pytest.raises(OptionError, match="the source folder changed"):
@@ -349,7 +352,7 @@ def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
 
     with inputs_converted(monkeypatch, packer.parallel) as converted:
         report = convert(url, dst, image=ImageOptions(size=16), workers=2, resume=True)
-    assert converted == [19 - 8]  # 19 inputs in class folders; 8 were done
+    assert converted == [19 - saved]  # 19 inputs in class folders; `saved` were done
     local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
     same_conversion(report.dst, local.dst)
     assert report.skipped == local.skipped and not partial.exists()

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is a package of the repository, not installed
 from benchmarks import render  # noqa: E402
 from benchmarks.common import RESULTS_DIR  # noqa: E402
-from benchmarks.render_sections import SECTIONS  # noqa: E402
+from benchmarks.render import SECTIONS  # noqa: E402
 
 # What the brief calls figure-looking: a number with a rate, ratio or share unit.
 FIGURE = re.compile(r"(?<![\w.-])(\d[\d,.]*(?:-\d[\d,.]*)?)(?: ?(?:img/s|images/s|GB/s|MB/s|x\b|%))")

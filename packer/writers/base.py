@@ -97,6 +97,7 @@ class Writer:
         self._bytes_since_checkpoint = 0
         self._committer = Committer()
         self._seen: tuple[int, Sequence[Skipped]] | None = None  # the last progress() call's inputs and skips
+        self._deferred = False  # a checkpoint fell due while the last commit still ran
         checkpoint = None
         if resume and self._journal is not None and self.tmp.exists():
             try:
@@ -237,6 +238,7 @@ class Writer:
             if not (due or self._bytes_since_checkpoint >= self._checkpoint_bytes()) or not self._checkpoint_ready(inputs):
                 return
             if self._committer.busy:  # the last one is still being made durable: the next chance
+                self._deferred = True
                 return
             self._checkpoint(inputs, skipped, background=self.durable_in_background)
         except OSError as exc:
@@ -246,6 +248,7 @@ class Writer:
         """Commit a checkpoint of everything added so far (``inputs`` dealt with): now, or with
         its slow half in the background (packer/writers/checkpoints.py)."""
         assert self._journal is not None
+        self._deferred = False
         state = self._sync()
         rows = np.array(self._new_rows, _journal.ROW_DTYPE)
         if self.source_names is not None and len(self.source_names) != self.count:
@@ -276,11 +279,12 @@ class Writer:
                 raise self.output_error(exc) from None
 
     def _last_checkpoint_now(self) -> None:
-        """Before finishing: a background writer's last inputs, skipped while a commit ran, get
-        their checkpoint (an interrupted finish then resumes with nothing to convert again)."""
+        """Before finishing: a checkpoint that fell due while the last commit still ran is taken
+        now (an interrupted finish then resumes with no more to convert again than a writer with
+        synchronous checkpoints would)."""
         self._settle(raise_error=True)
         seen = self._seen
-        if self._journal is not None and self.durable_in_background and self._new_rows and seen is not None:
+        if self._journal is not None and self._deferred and seen is not None:
             try:
                 self._checkpoint(*seen, background=False)
             except OSError as exc:
