@@ -15,19 +15,33 @@ the skip are moved down to their place by the writer (:meth:`Placed` with ``inde
 sample count). So the output is byte-identical to the one the driver alone writes, for any
 worker count, with no holes and nothing to compact at the end; ``--resume`` sees an ordinary
 checkpoint (samples back to back up to it).
+
+A worker holds a shared ``flock`` on ``DST.partial`` for as long as it may write into it. The
+pool kills and joins its workers whenever the driver stops, but a driver killed outright
+(SIGKILL, the OOM killer) leaves them running: they finish what they were handed, writing into
+the file, and only then find the driver gone. So a resumed run first waits, with an exclusive
+lock, until no such worker holds the file (:func:`wait_for_writers`), before it cuts the file
+back to its checkpoint and goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
+import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
+from .errors import OutputError
 from .preprocess.task import Encoded, Failed
 
-__all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask"]
+__all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
+
+#: How long a resumed run waits for the workers of a killed run to stop writing into its output.
+WRITERS_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,7 @@ class PlaceTask:
         #: dataset's class, packer/sources/datasets.py): passed on from the task it wraps.
         self.needs_main = bool(getattr(task, "needs_main", False))
         self._fd = -1
+        self._driver = os.getpid()  # run here (a single input), the descriptor is not kept open
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": -1}  # each process opens the file for itself
@@ -131,10 +146,37 @@ class PlaceTask:
         try:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_WRONLY)
+                fcntl.flock(self._fd, fcntl.LOCK_SH)  # held until this process ends: see the module doc
             _pwrite_all(self._fd, result.payload, self.base + index * self.stride)
         except OSError as exc:
             return dataclasses.replace(placed, error=(exc.errno or errno.EIO, exc.strerror or str(exc)))
+        finally:
+            if os.getpid() == self._driver and self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
         return placed
+
+
+def wait_for_writers(fd: int, what: str) -> None:
+    """Wait until no worker of an earlier run holds ``fd``'s file (their shared locks), up to
+    :data:`WRITERS_WAIT_SECONDS`; then raise :class:`OutputError` saying why the resume cannot go
+    on (not an ``OSError``: the writer would drop the partial output, and its checkpoint is good)."""
+    deadline = time.monotonic() + WRITERS_WAIT_SECONDS
+    warned = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OutputError(f"{what}: worker processes of the interrupted conversion are still writing into it after "
+                                  f"{WRITERS_WAIT_SECONDS:g} s; end them (the killed run's packer processes), then --resume again") from None
+            if not warned:
+                logging.getLogger("packer").warning("waiting for the worker processes of the interrupted conversion to stop writing into %s", what)
+                warned = True
+            time.sleep(0.05)
+            continue
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

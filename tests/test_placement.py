@@ -168,3 +168,79 @@ def test_a_python_dataset_defined_in_a_script_is_placed_by_the_workers(tmp_path)
     assert done.stdout.strip().splitlines()[-1] == "11"
     _meta, samples = read_plain(dst)
     assert [s.payload[0] for s in samples] == [i * 20 for i in range(12) if i != 4]
+
+
+HOLDER = """
+import os, sys, time
+from packer.placement import PlaceTask
+from packer.preprocess.task import Encoded
+task = PlaceTask(lambda item: Encoded(0, (3, 2, 2), bytes(12)), sys.argv[1], 4096, 12, (3, 2, 2))
+task._driver = -1  # as in a worker: the descriptor (and its shared lock) stays open
+task((10**6, None, True))  # a first write far past the data
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+os.pwrite(task._fd, b"\\xff" * 432, int(sys.argv[3]))  # a late worker's sample, just past the checkpoint
+"""
+
+
+def _interrupted_blob(src: Path, dst: Path, monkeypatch) -> None:
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    real_add, calls = BlobWriter.add, {"n": 0}
+
+    def add(self, sample):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise KeyboardInterrupt
+        return real_add(self, sample)
+
+    monkeypatch.setattr(BlobWriter, "add", add)
+    with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
+        convert(src, dst, image=ImageOptions(size=12), workers=2)
+    monkeypatch.setattr(BlobWriter, "add", real_add)
+
+
+def _hold(partial: Path, seconds: float):
+    import subprocess
+    import sys
+
+    offset = 4096 + journal.saved_inputs(partial) * 432  # the next sample's place (12x12x3, no skip before it)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(partial), str(seconds), str(offset)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_a_resume_waits_for_the_killed_runs_workers_to_stop_writing(tmp_path, monkeypatch, fixed_clock):
+    """Workers of a killed driver go on writing into DST.partial (found by a second read of the
+    change: a resumed, finished blob had five wrong samples). Each holds a shared lock on the
+    file while it may write; a resume waits for them before it cuts the file back."""
+    src = _folder(tmp_path / "src", {30})
+    (tmp_path / "ref").mkdir()
+    reference = convert(src, tmp_path / "ref" / "out.blob", image=ImageOptions(size=12), workers=2)
+    dst = tmp_path / "out.blob"
+    _interrupted_blob(src, dst, monkeypatch)
+    holder = _hold(dst.with_name("out.blob.partial"), 2.0)  # a late worker of the "killed" run
+    report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
+    assert holder.wait(10) == 0
+    assert report.resumed > 0
+    assert dst.read_bytes() == reference.dst.read_bytes()  # its late write went before the cut, not into the output
+
+
+def test_a_resume_gives_up_on_workers_that_never_stop_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    import packer.placement
+
+    src = _folder(tmp_path / "src", set())
+    dst = tmp_path / "out.blob"
+    _interrupted_blob(src, dst, monkeypatch)
+    partial = dst.with_name("out.blob.partial")
+    saved = journal.saved_inputs(partial)
+    holder = _hold(partial, 60.0)
+    try:
+        monkeypatch.setattr(packer.placement, "WRITERS_WAIT_SECONDS", 0.5)
+        with pytest.raises(packer.errors.OutputError, match="still writing into it.*--resume again"):
+            convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert partial.exists() and journal.saved_inputs(partial) == saved  # nothing lost
+    report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
+    assert report.resumed == saved and report.written == 40

@@ -31,7 +31,7 @@ from readers.formats.blob import (
 )
 from readers.schema import FORMAT_VERSION, Metadata
 
-from ..placement import Placed, Placement
+from ..placement import Placed, Placement, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
 from .journal import Checkpoint, record_shapes
@@ -113,6 +113,7 @@ class BlobWriter(Writer):
             raise OSError(0, "the resume journal disagrees with itself; run without --resume")
         self._placement = None
         self._file = open(self.tmp, "r+b")
+        wait_for_writers(self._file.fileno(), str(self.tmp))  # workers of a killed run may still be writing
         self._file.truncate(ALIGNMENT + self._offsets[-1])
         self._file.seek(0, os.SEEK_END)
         if self.sink is not None:
