@@ -69,10 +69,15 @@ class MakeSample:
 
 def write_all(fmt: str, samples: Any, workdir: Path) -> tuple[int, float]:
     """Add every sample of ``samples`` to a ``fmt`` writer with a resume journal and finish the
-    output, as a conversion does (its checkpoints, its last ``fsync`` and rename); then remove it.
-    Returns ``(samples, seconds)``: from the first sample to the finished output (the removal,
-    and a pool's start before its first sample, are left out: this is the steady rate)."""
-    writer = get_writer(fmt)(workdir / f"out{SUFFIX[fmt]}", fingerprint={"benchmark": fmt})
+    output, as a conversion does (:func:`fill`)."""
+    return fill(get_writer(fmt)(workdir / f"out{SUFFIX[fmt]}", fingerprint={"benchmark": fmt}), samples)
+
+
+def fill(writer: Any, samples: Any) -> tuple[int, float]:
+    """Add every sample to ``writer``, taking its checkpoints, and finish the output (its last
+    ``fsync`` and rename); then remove it. Returns ``(samples, seconds)``: from the first sample
+    to the finished output (the removal, and a pool's start before its first sample, are left
+    out: this is the steady rate)."""
     count, start = 0, None
     try:
         for sample in samples:
@@ -81,7 +86,8 @@ def write_all(fmt: str, samples: Any, workdir: Path) -> tuple[int, float]:
             writer.add(sample)
             count += 1
             writer.progress(count, [])
-        writer.finish(Metadata(format=fmt, count=count, channels=SHAPE[0], shape=writer.shape, classes=CLASSES, source="one_writer"))
+        meta = Metadata(format=writer.format_name, count=count, channels=SHAPE[0], shape=writer.shape, classes=CLASSES, source="one_writer")
+        writer.finish(meta)
         seconds = time.perf_counter() - (start or 0.0)
     finally:
         if not writer.finished:
@@ -93,26 +99,12 @@ def write_all(fmt: str, samples: Any, workdir: Path) -> tuple[int, float]:
 def placed(make: MakeSample, n: int, workers: int, workdir: Path) -> tuple[int, float]:
     """(d): as (c) for the blob, with the workers writing the samples into the output at their
     places themselves (``packer/placement.py``, what ``packer convert`` does for a fixed-shape
-    blob) and the driver booking them; as :func:`write_all`, timed from the first sample."""
+    blob) and the driver booking them; timed as :func:`fill` times it."""
     writer = get_writer("blob")(workdir / "placed.blob", fingerprint={"benchmark": "placed"})
     placement = writer.placement(SHAPE, 0)
     assert placement is not None
-    count, start = 0, None
-    try:
-        with ordered_map(placement.task(make), placement.items(range(n), 0), workers=workers) as results:
-            for sample in results:
-                if start is None:
-                    start = time.perf_counter()
-                writer.add(sample)
-                count += 1
-                writer.progress(count, [])
-        writer.finish(Metadata(format="blob", count=count, channels=SHAPE[0], shape=writer.shape, classes=CLASSES, source="one_writer"))
-        seconds = time.perf_counter() - (start or 0.0)
-    finally:
-        if not writer.finished:
-            writer.abort()
-        remove_path(writer.dst)
-    return count, seconds
+    with ordered_map(placement.task(make), placement.items(range(n), 0), workers=workers) as results:
+        return fill(writer, results)
 
 
 def disk_alone(samples: list[Encoded], workdir: Path) -> tuple[int, float]:
