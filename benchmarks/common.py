@@ -141,7 +141,7 @@ def provenance() -> dict:
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
         argv[0:1] = ["python", "-m", spec.name.removesuffix(".__main__")]
-    commit = "unknown"
+    commit = os.environ.get("PACKER_BENCH_COMMIT", "unknown")  # set where the tree travels without .git (a lent GPU machine)
     try:
         root = HERE.parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()

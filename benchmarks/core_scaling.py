@@ -2,6 +2,7 @@
 
     python -m benchmarks.core_scaling                            # 1, 2, 4, ... all cores; 2,000 JPEGs, 3 rounds
     python -m benchmarks.core_scaling --workers 16 --images 9000 # a 16-core host
+    python -m benchmarks.core_scaling --counts 4 8 16 --images 9000 --tag 16cores  # only these counts
     python -m benchmarks.core_scaling --images 60 --rounds 1     # CI-sized (tests/test_core_scaling.py)
     python -m benchmarks.core_scaling --source presized          # decoding nearly free: what moving samples costs
 
@@ -89,17 +90,22 @@ def summary(values: list[float]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=cpu_count(), help="the largest worker count (default: the usable cores)")
+    parser.add_argument("--counts", type=int, nargs="+", metavar="W",
+                        help="measure these worker counts only (default: 1, 2, 4, ... --workers)")
     parser.add_argument("--images", type=int, default=2000, help="ImageNet-like JPEGs (default 2,000)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
     parser.add_argument("--shard-size", type=int, default=1000, help="WebDataset samples per shard (default 1,000)")
     parser.add_argument("--source", choices=["jpeg", "presized"], default="jpeg",
                         help="jpeg: ImageNet-like 500x375 JPEGs; presized: the same at 224x224 as BMP (nothing to decode or resize)")
+    parser.add_argument("--tag", help="save as core_scaling[-presized]-TAG.json (another machine's figures beside this one's)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     src = imagenet_like(args.images) if args.source == "jpeg" else presized(args.images)
     images = len(scan_image_folder(src).items)
-    counts = worker_counts(args.workers)
+    counts = sorted(set(args.counts)) if args.counts else worker_counts(args.workers)
+    if min(counts) < 1:
+        parser.error("--counts: worker counts are 1 or more")
     rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *args.formats]}
     shares: dict[str, dict[int, list[float]]] = {fmt: {w: [] for w in counts} for fmt in args.formats}
     with tempfile.TemporaryDirectory(prefix="packer-core-scaling-") as tmp:
@@ -128,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(render(result))
     name = "core_scaling" if args.source == "jpeg" else "core_scaling-presized"
+    name += f"-{args.tag}" if args.tag else ""
     print(f"\nsaved {save_json(name, result, output_dir(args.update_results, args.out))}")
 
 
