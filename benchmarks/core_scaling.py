@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *args.formats]}
     shares: dict[str, dict[int, list[float]]] = {fmt: {w: [] for w in counts} for fmt in args.formats}
     with tempfile.TemporaryDirectory(prefix="packer-core-scaling-") as tmp:
-        conversion(src, Path(tmp) / "warm.lmdb", "lmdb", 1, args.shard_size)  # imports, fork server, page cache
+        conversion(src, Path(tmp) / "warm.lmdb", "lmdb", max(counts), args.shard_size)  # imports, fork server, page cache
         for _ in range(args.rounds):
             for w in counts:
                 alone = work_alone(src, w)

@@ -31,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+import torch
 from PIL import Image
 
 from readers.nvjpeg import GPUDecoder, GPUDecodeUnavailable, load_nvimgcodec, require_cuda
@@ -156,20 +157,34 @@ class GPUStage:
         yield from self._flush(pending)
 
     def _flush(self, pending: list[Any]) -> Iterator[Any]:
-        """``pending``'s outcomes in order, its :class:`Fetched` ones decoded in one call."""
+        """``pending``'s outcomes in order, its :class:`Fetched` ones decoded in one call, resized
+        by source size in a few batched calls, and copied to the host in one transfer."""
         fetched = [outcome for outcome in pending if isinstance(outcome, Fetched)]
-        decoded = iter(self.decoder.decode([f.data for f in fetched]) if fetched else [])
+        decoded = self.decoder.decode([f.data for f in fetched]) if fetched else []
+        stored = dict(zip((i for i, d in enumerate(decoded) if d is not None), self._to_host([d for d in decoded if d is not None])))
+        results = iter(self._encode(f, stored.get(i)) for i, f in enumerate(fetched))
         for outcome in pending:
-            yield self._encode(outcome, next(decoded)) if isinstance(outcome, Fetched) else outcome
+            yield next(results) if isinstance(outcome, Fetched) else outcome
 
-    def _encode(self, fetched: Fetched, pixels: Any) -> Encoded | Failed:
-        """The stored sample of a decoded (C, H, W) device tensor; ``None``: the CPU path's result."""
-        if pixels is None:  # the GPU decoder refused it: the CPU path, here, said once per input
+    def _to_host(self, images: list[Any]) -> list[Any]:
+        """The stored pixels of decoded device images, as (C, h, w) uint8 host tensors: one copy."""
+        if not images:
+            return []
+        from .preprocess.tensor_resize import preprocess_tensors  # torch's functional API, for this path only
+
+        outs = preprocess_tensors(images, self.options)
+        flat = torch.cat([out.reshape(-1) for out in outs]).cpu()  # one transfer and one wait per batch
+        host, offset = [], 0
+        for out in outs:
+            host.append(flat[offset : offset + out.numel()].view(out.shape))
+            offset += out.numel()
+        return host
+
+    def _encode(self, fetched: Fetched, out: Any) -> Encoded | Failed:
+        """The stored sample of its (C, h, w) host pixels; ``None``: the CPU path's result."""
+        if out is None:  # the GPU decoder refused it: the CPU path, here, said once per input
             log.warning("%s: the GPU decoder could not decode it; converting it on the CPU", fetched.path)
             return ImageTask(self.options).convert(fetched, fetched.data)
-        from .preprocess.tensor_resize import preprocess_tensor  # torch's functional API, for this path only
-
-        out = preprocess_tensor(pixels, self.options).cpu()
         if self.options.encoding == "raw":
             payload = out.numpy().tobytes()
         else:

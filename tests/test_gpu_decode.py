@@ -8,6 +8,7 @@ nvImageCodec's decoder. What needs a real GPU is marked to skip without one.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from packer.options import RunOptions
 from packer.verify import verify
 from packer.preprocess.task import Failed
 from packer.preprocess.image import preprocess_image
-from packer.preprocess.tensor_resize import preprocess_tensor, resize_tensor
+from packer.preprocess.tensor_resize import preprocess_tensor, preprocess_tensors, resize_tensor
 from readers.formats import open_store
 from readers.nvjpeg import GPU_EXTRA, GPUDecoder, GPUDecodeUnavailable
 from gpu_stand_in import CPUStandIn
@@ -66,9 +67,10 @@ def test_a_cpu_device_without_a_stand_in_is_refused():
 
 
 def test_importing_readers_does_not_import_the_library():
-    import readers.nvjpeg  # noqa: F401
-
-    assert "nvidia.nvimgcodec" not in sys.modules or sys.modules["nvidia.nvimgcodec"] is None
+    """In a fresh interpreter: a test before this one may have loaded the library on purpose."""
+    code = "import sys, readers, readers.nvjpeg, packer.gpu_stage; print('nvidia.nvimgcodec' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
 
 
 # -- refusals, through the CLI ------------------------------------------------------------------
@@ -134,6 +136,21 @@ def test_resize_fidelity_is_within_half_a_db_of_the_cpu_path(tmp_path):
         gpu.append(psnr(preprocess_tensor(decoded, options).permute(1, 2, 0).numpy(), np.clip(ref, 0, 255)))
         cpu.append(psnr(preprocess_image(data, options), np.clip(ref, 0, 255)))
     assert np.mean(gpu) >= np.mean(cpu) - 0.5, (np.mean(gpu), np.mean(cpu))
+
+
+@pytest.mark.parametrize("kwargs", [dict(size=32), dict(size=(24, 40), resize_mode="pad"), dict(size=24, resize=28), dict(size=24, resize_mode="shorter")])
+def test_a_batch_is_each_image_alone_in_order(kwargs):
+    """preprocess_tensors groups images by source size and resizes each group in one call: every
+    output is what that image alone gives, in the input order, whatever the mix of sizes."""
+    g = torch.Generator().manual_seed(0)
+    sizes = [(40, 50), (50, 40), (40, 50), (33, 61), (40, 50), (50, 40)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
+    options = ImageOptions(**kwargs)
+    batched = preprocess_tensors(images, options)
+    assert len(batched) == len(images)
+    for image, out in zip(images, batched):
+        alone = preprocess_tensors([image], options)[0]
+        assert out.is_contiguous() and torch.equal(out, alone)
 
 
 def test_resize_tensor_keeps_size_and_dtype():

@@ -15,35 +15,56 @@ import torch
 import torch.nn.functional as F
 
 from ..options import ImageOptions
-from .geometry import plan_for
+from .geometry import Plan, plan_for
 
-__all__ = ["resize_tensor", "preprocess_tensor", "TENSOR_RESAMPLE"]
+__all__ = ["resize_tensor", "preprocess_tensor", "preprocess_tensors", "TENSOR_RESAMPLE"]
 
-#: The interpolation of :func:`resize_tensor` (antialiased), as the metadata records it.
 TENSOR_RESAMPLE = "bicubic"
 
 
 def resize_tensor(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Resize a uint8 ``(C, H, W)`` tensor to ``(C, height, width)``, antialiased, on its device."""
-    if tuple(image.shape[1:]) == (height, width):
+    """Resize a uint8 ``(C, H, W)`` or ``(N, C, H, W)`` tensor to ``height`` x ``width``, antialiased, on its device."""
+    if tuple(image.shape[-2:]) == (height, width):
         return image
-    scaled = F.interpolate(image.unsqueeze(0).float(), size=(height, width), mode=TENSOR_RESAMPLE, antialias=True, align_corners=False)
-    return scaled.squeeze(0).round_().clamp_(0, 255).to(torch.uint8)
+    batch = image if image.dim() == 4 else image.unsqueeze(0)
+    scaled = F.interpolate(batch.float(), size=(height, width), mode=TENSOR_RESAMPLE, antialias=True, align_corners=False)
+    scaled = scaled.round_().clamp_(0, 255).to(torch.uint8)
+    return scaled if image.dim() == 4 else scaled.squeeze(0)
 
 
 def preprocess_tensor(image: torch.Tensor, options: ImageOptions) -> torch.Tensor:
     """Decoded uint8 ``(C, H, W)`` pixels -> the stored pixels, ``(C, h, w)`` contiguous: crop,
     resize, re-crop or pad exactly as the CPU path plans them (packer/preprocess/geometry.py)."""
-    plan = plan_for(options.resize_mode, int(image.shape[1]), int(image.shape[2]), options.size, options.resize)
-    top, left, height, width = plan.crop
-    image = resize_tensor(image[:, top : top + height, left : left + width], *plan.resize)
+    return preprocess_tensors([image], options)[0]
+
+
+def preprocess_tensors(images: list[torch.Tensor], options: ImageOptions) -> list[torch.Tensor]:
+    """:func:`preprocess_tensor` of each image; the images with the same plan (same source size,
+    the usual case) are stacked and resized in one call: a few kernels a group, not a few an image.
+    Each pixel is what the one-image call gives (the resize treats each image of a batch alone)."""
+    groups: dict[tuple[Plan, int], list[int]] = {}
+    for i, image in enumerate(images):
+        plan = plan_for(options.resize_mode, int(image.shape[1]), int(image.shape[2]), options.size, options.resize)
+        groups.setdefault((plan, int(image.shape[0])), []).append(i)
+    out: list[torch.Tensor] = [images[0]] * len(images)
+    for (plan, _channels), members in groups.items():
+        top, left, height, width = plan.crop
+        batch = torch.stack([images[i][:, top : top + height, left : left + width] for i in members])
+        for i, image in zip(members, _planned(batch, plan)):
+            out[i] = image
+    return out
+
+
+def _planned(batch: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """Cropped ``(N, C, H, W)`` pixels resized, re-cropped or padded as ``plan`` says, contiguous."""
+    batch = resize_tensor(batch, *plan.resize)
     if plan.recrop is not None:
         top, left, height, width = plan.recrop
-        image = image[:, top : top + height, left : left + width]
+        batch = batch[:, :, top : top + height, left : left + width]
     if plan.pad is not None:
-        canvas = image.new_zeros((image.shape[0], *plan.pad))
-        y = (plan.pad[0] - image.shape[1]) // 2
-        x = (plan.pad[1] - image.shape[2]) // 2
-        canvas[:, y : y + image.shape[1], x : x + image.shape[2]] = image
-        image = canvas
-    return image.contiguous()
+        canvas = batch.new_zeros((*batch.shape[:2], *plan.pad))
+        y = (plan.pad[0] - batch.shape[2]) // 2
+        x = (plan.pad[1] - batch.shape[3]) // 2
+        canvas[:, :, y : y + batch.shape[2], x : x + batch.shape[3]] = batch
+        batch = canvas
+    return batch.contiguous()
