@@ -4,7 +4,7 @@ The work is split so that the GPU is used by ONE process with one CUDA context, 
 worker:
 
 * The workers (the same pool, the same crash isolation and timeouts) run :class:`FetchTask` /
-  :class:`FetchMemberTask`: they read each input's bytes and look at its header. A plain JPEG
+  :class:`FetchMemberTask` (packer/preprocess/fetch.py, a module without torch): they read each input's bytes and look at its header. A plain JPEG
   (complete, RGB or gray, within ``--max-pixels``) comes back as :class:`Fetched` (its bytes,
   through the pool's shared-memory transport); anything else (PNG, WebP, CMYK or truncated JPEGs,
   ``.npy`` members) is converted on the CPU right there, exactly as without the option, and
@@ -26,20 +26,17 @@ CPU (a stand-in decoder, the resize's fidelity); not yet measured on a GPU.
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import torch
-from PIL import Image
 
 from readers.nvjpeg import GPUDecoder, GPUDecodeUnavailable, load_nvimgcodec, require_cuda
 
 from .errors import OptionError
 from .options import ImageOptions
-from .preprocess.decode import jpeg_ends_cleanly
 from .preprocess.encode import encode
+from .preprocess.fetch import Fetched, FetchMemberTask, FetchTask
 from .preprocess.members import MemberTask
 from .preprocess.task import Encoded, Failed, ImageTask
 
@@ -51,50 +48,6 @@ log = logging.getLogger("packer")
 BATCH = 64
 #: The option, as messages name it.
 OPTION = "--decode-device cuda"
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """A plain JPEG's bytes, read and checked by a worker, to be decoded on the GPU."""
-
-    path: str
-    label: int
-    data: bytes
-
-
-def gpu_decodable(data: bytes, max_pixels: int) -> bool:
-    """Whether ``data`` is a JPEG the GPU path takes: complete, RGB or gray, within ``max_pixels``.
-    Anything else goes the CPU path, which also gives the exact skip reason of a bad file."""
-    if not jpeg_ends_cleanly(data):
-        return False
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            return image.format == "JPEG" and image.mode in ("RGB", "L") and 1 <= width * height <= max_pixels
-    except Exception:  # noqa: BLE001 - whatever the header does, the CPU path gives the answer
-        return False
-
-
-class _Fetch:
-    """The GPU path's version of an image task's :meth:`~ImageTask.convert`: a plain JPEG's
-    bytes are handed on, anything else is converted here on the CPU."""
-
-    options: ImageOptions
-
-    def convert(self, item: Any, data: bytes | Failed) -> Encoded | Failed | Fetched:  # type: ignore[override]
-        if isinstance(data, bytes) and gpu_decodable(data, self.options.max_pixels):
-            return Fetched(item.path, item.label, data)
-        return super().convert(item, data)  # type: ignore[misc]
-
-
-@dataclass(frozen=True)
-class FetchTask(_Fetch, ImageTask):
-    """Read one image file (or URL); a plain JPEG comes back as :class:`Fetched`."""
-
-
-@dataclass(frozen=True)
-class FetchMemberTask(_Fetch, MemberTask):
-    """Read one archive member; a plain JPEG comes back as :class:`Fetched`."""
 
 
 def check_gpu_conversion(fmt: str, executor: str, python_dataset: bool) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["GPUDecoder", "GPUDecodeUnavailable", "GPU_EXTRA", "load_nvimgcodec", "require_cuda"]
+__all__ = ["GPUDecoder", "GPUDecodeUnavailable", "GPU_EXTRA", "first_then", "load_nvimgcodec", "require_cuda"]
 
 #: What to install for GPU decoding (named in every error that lacks it).
 GPU_EXTRA = "pip install 'packer[gpu]'"
@@ -59,22 +59,52 @@ def load_nvimgcodec(what: str) -> Any:
 
 
 class _NvImgCodec:
-    """nvImageCodec's batched decoder with our parameters: sRGB or gray uint8, EXIF orientation
+    """nvImageCodec's batched decoders with our parameters: sRGB or gray uint8, EXIF orientation
     applied, GPU backends only (its CPU backend would decode silently on the CPU: an input the GPU
-    refuses comes back ``None``, and the caller says so)."""
+    refuses comes back ``None``, and the caller says so).
+
+    The GPU's hardware JPEG engines first, where the card has them (A100, H100: on a lent H100,
+    17,641 images/s for batches of 256 224x224 q90 samples against 6,970 for the hybrid backend
+    and 7,991 for one decoder offered all backends, which splits batches between them); what
+    they refuse (or every input, on a card without them) goes to the CUDA and hybrid backends."""
 
     def __init__(self, module: Any, device: torch.device, channels: int) -> None:
         self._module = module
         self._device = device
-        kinds = (module.BackendKind.HW_GPU_ONLY, module.BackendKind.GPU_ONLY, module.BackendKind.HYBRID_CPU_GPU)
-        self._decoder = module.Decoder(device_id=device.index, backends=[module.Backend(kind) for kind in kinds])
+        kinds = module.BackendKind
+        hardware = self._make(kinds.HW_GPU_ONLY)  # None: no engine on this card; the others decode all
+        general = self._make(kinds.GPU_ONLY, kinds.HYBRID_CPU_GPU) or self._make(kinds.HYBRID_CPU_GPU)
+        self._decoders = [d for d in (hardware, general) if d is not None]
+        if not self._decoders:
+            raise GPUDecodeUnavailable(f"nvImageCodec could not make a GPU JPEG decoder on {device} (is nvidia-nvjpeg installed? {GPU_EXTRA})")
         spec = module.ColorSpec.GRAY if channels == 1 else module.ColorSpec.SRGB
         self._params = module.DecodeParams(color_spec=spec, apply_exif_orientation=True, allow_any_depth=False)
+
+    def _make(self, *kinds: Any) -> Any:
+        try:
+            return self._module.Decoder(device_id=self._device.index, backends=[self._module.Backend(kind) for kind in kinds])
+        except Exception:  # noqa: BLE001 - the library raises RuntimeError("... Could not create decoder") for a missing backend
+            return None
 
     def decode(self, blobs: Sequence[bytes]) -> list[Any]:
         streams = [self._module.CodeStream(bytes(blob)) for blob in blobs]
         stream = torch.cuda.current_stream(self._device).cuda_stream  # the decode is ordered before our use of it
-        return list(self._decoder.decode(streams, params=self._params, cuda_stream=stream))
+        return first_then([lambda s, d=d: list(d.decode(s, params=self._params, cuda_stream=stream)) for d in self._decoders], streams)
+
+
+def first_then(decoders: Sequence[Any], inputs: list[Any]) -> list[Any]:
+    """Each input decoded by the first of ``decoders`` (callables: list -> list, ``None`` where it
+    could not) that can; ``None`` where none could. Order kept; each decoder sees the inputs the
+    ones before it refused, in one call."""
+    out: list[Any] = [None] * len(inputs)
+    todo = list(range(len(inputs)))
+    for decode in decoders:
+        if not todo:
+            break
+        for i, image in zip(todo, decode([inputs[i] for i in todo])):
+            out[i] = image
+        todo = [i for i in todo if out[i] is None]
+    return out
 
 
 class GPUDecoder:

@@ -31,7 +31,7 @@ from packer.preprocess.task import Failed
 from packer.preprocess.image import preprocess_image
 from packer.preprocess.tensor_resize import preprocess_tensor, preprocess_tensors, resize_tensor
 from readers.formats import open_store
-from readers.nvjpeg import GPU_EXTRA, GPUDecoder, GPUDecodeUnavailable
+from readers.nvjpeg import first_then, GPU_EXTRA, GPUDecoder, GPUDecodeUnavailable
 from gpu_stand_in import CPUStandIn
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -71,6 +71,30 @@ def test_importing_readers_does_not_import_the_library():
     code = "import sys, readers, readers.nvjpeg, packer.gpu_stage; print('nvidia.nvimgcodec' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_the_workers_task_module_imports_no_torch():
+    """Each worker unpickles FetchTask: importing torch there cost a 16-core host most of a conversion."""
+    code = "import sys, pickle, packer.preprocess.fetch as f; from packer import ImageOptions; pickle.loads(pickle.dumps(f.FetchTask(ImageOptions(size=8)))); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_each_input_goes_to_the_first_decoder_that_takes_it():
+    """The hardware engine first, the other backends for what it refuses: order kept, one call each."""
+    calls = []
+
+    def refusing(odd: bool):
+        def decode(items):
+            calls.append(list(items))
+            return [None if (x % 2 == 1) == odd else f"d{x}" for x in items]
+        return decode
+
+    assert first_then([refusing(True), refusing(False)], [0, 1, 2, 3, 4]) == ["d0", "d1", "d2", "d3", "d4"]
+    assert calls == [[0, 1, 2, 3, 4], [1, 3]]
+    calls.clear()
+    assert first_then([refusing(True)], [1, 2]) == [None, "d2"]  # none took it: None, the caller's CPU fallback
+    assert first_then([refusing(True), refusing(False)], [0, 2]) == ["d0", "d2"] and calls[-1] == [0, 2]  # nothing left: no second call
 
 
 # -- refusals, through the CLI ------------------------------------------------------------------
