@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                          [[r["set"], r["method"], f"{r['psnr_db']:.2f} ({r['psnr_db_min']:.1f}-{r['psnr_db_max']:.1f})",
                            f"{r['vs_cpu_path_db']:+.2f}" if "vs_cpu_path_db" in r else ""] for r in rows]))
     note = ("Run on the CPU (no GPU): the GPU path's torch resize on CPU tensors, full decode by OpenCV standing in for nvJPEG; "
-            "fidelity only, no speed; not yet measured on a GPU")
+            "fidelity only, no speed (on a GPU: python -m benchmarks.gpu_decode)")
     payload = {"machine": machine(), "device": "cpu", "note": note, "rows": rows}
     print("saved", save_json("gpu_resize-quick" if args.quick else "gpu_resize", payload, output_dir(args.update_results, args.out)))
 

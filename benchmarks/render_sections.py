@@ -330,6 +330,32 @@ def _jpeg_read() -> str:
                                          f"of FFCV's {ffcv['images_per_s']:,} ({ffcv['source']})"], rows)])
 
 
+def _gpu_decode() -> str:
+    from .gpu_decode import render  # the benchmark's own tables
+
+    d, before = load("gpu_decode"), load("gpu_decode-before")
+    c, b = d["convert"]["agreement"], before["convert"]["images_per_s"]
+    return "\n\n".join([source_line("gpu_decode", "gpu_decode-before"), render(d),
+                         f"GPU-converted pixels against the CPU path's: PSNR {c['psnr_db_between']:.1f} dB between them, mean difference "
+                         f"{c['mean_abs_diff']:.2f} levels; nvJPEG on read against the CPU decode: {d['read']['agreement']['share_equal']:.2%} "
+                         f"of pixels equal, at most {d['read']['agreement']['max_abs_diff']} level apart. Before the fixes of "
+                         f"{d['commit']} (`gpu_decode-before.json`, {before['commit']}), the GPU conversion ran at {rate(b['cuda'])} "
+                         f"against the CPU path's {rate(b['cpu'])} in the same run."])
+
+
+def _gpu_storage() -> str:
+    """README "Which format?": raw against JPEG storage on a GPU host, decoded on the CPU or the GPU (gpu_decode.json)."""
+    d = load("gpu_decode")
+    r, images = d["read"], d["images"]
+    on = {"cpu decode": f"CPU, {d['threads']} threads", "cuda decode": "GPU (nvJPEG)"}
+    rows = [[name.split(",")[0].split()[1].join("``"), name.split()[0], on[name.split(", ")[1]] if "," in name else "(nothing to decode)",
+             f"{r['bytes_on_disk'][name.split(',')[0]] / images / 1e3:,.0f} KB", rate(rates)] for name, rates in r["images_per_s"].items()]
+    return "\n\n".join([source_line("gpu_decode"), f"The same {images:,} images at 224x224 on a GPU host ({d['machine']['gpu']}, "
+                         f"{d['machine']['cores']} cores), `Loader(device=\"cuda\")` batches of {d['batch']} with {d['threads']} threads, "
+                         "images/s median (min-max):",
+                         markdown_table(["format", "stored", "decoded on", "on disk an image", "readers.Loader to the GPU"], rows)])
+
+
 #: RESULTS.md block name -> its renderer.
 SECTIONS: dict[str, Callable[[], str]] = {
     "machine": _machine,
@@ -346,6 +372,9 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "one_writer-before_after": _one_writer_before_after,
     "core_scaling": _core_scaling(),
     "core_scaling-presized": _core_scaling("core_scaling-presized"),
+    "core_scaling-16cores": _core_scaling("core_scaling-16cores"),
+    "gpu_decode": _gpu_decode,
+    "gpu_storage": _gpu_storage,
     "ray_vs_local": _ray_vs_local,
     "remote_blob": _remote_blob,
     "remote_src": _remote_src,

@@ -138,4 +138,17 @@ def _targets_16() -> list[list[str]]:
         shares = {f: d["shares"][f]["2"]["median"] for f in target if f in d["shares"] and "2" in d["shares"][f]}
         rows.append(["#16", what, source, ", ".join(f"{f} {v:.0%}" for f, v in shares.items()),
                      _status(bool(shares) and all(v >= target[f] for f, v in shares.items()), source)])
+    try:
+        many = load("core_scaling-16cores")["shares"]
+        shares = {f: many[f]["16"]["median"] for f in many if "16" in many[f]}
+        rows.append(["#16", "16 workers on a 16-core host: every format ≥ 85% of decode + resize alone", "core_scaling-16cores",
+                     ", ".join(f"{f} {v:.0%}" for f, v in shares.items()), _status(len(shares) == 4 and min(shares.values()) >= 0.85, "core_scaling-16cores")])
+        gpu = load("gpu_decode")
+        convert, read = gpu["convert"]["cuda_over_cpu"]["median"], gpu["read"]["cuda_over_cpu_decode"]
+        rows.append(["#16", "`--decode-device cuda`: images/s against the CPU path on the same GPU host (measured; no target)", "gpu_decode",
+                     f"{convert:.2f}x the CPU path's 16 workers", "measured"])
+        rows.append(["#20", "`Loader(decode=\"cuda\")` over JPEG-stored data on a GPU host (measured; no target)", "gpu_decode",
+                     ", ".join(f"{f} {r['median']:.2f}x" for f, r in read.items()) + " the CPU decode with 16 threads", "measured"])
+    except FileNotFoundError:
+        pass
     return rows

@@ -10,7 +10,8 @@ pixels those of another JPEG decoder (nvJPEG, not libjpeg-turbo: they may differ
 two). Refused in one line for raw datasets (nothing to decode), png-stored ones (not a JPEG) and
 text; without CUDA or the library, :class:`~readers.nvjpeg.GPUDecodeUnavailable` says which.
 
-Built and tested on the CPU (a stand-in decoder on CPU tensors); not yet measured on a GPU.
+Tested on the CPU (a stand-in decoder on CPU tensors) and on a lent H100, where it read faster
+than 16 CPU decoding threads (``python -m benchmarks.gpu_decode``, benchmarks/results/gpu_decode.json).
 """
 
 from __future__ import annotations

@@ -42,3 +42,11 @@ def test_a_ci_sized_run_reports_every_worker_count_and_format(tmp_path, capsys):
             assert result["shares"][fmt][w]["runs"] == [rate / alone]
     assert result["command"] and result["machine"]["cores"] >= 1
     assert "| workers | work alone | lmdb | blob |" in capsys.readouterr().out
+
+
+def test_chosen_worker_counts_are_saved_under_the_tag(tmp_path):
+    """A many-core host measures only some counts (--counts) and saves beside the VM's figures (--tag)."""
+    core_scaling.main(["--images", "20", "--rounds", "1", "--counts", "2", "1", "2", "--formats", "blob", "--tag", "16cores", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "core_scaling-16cores.json").read_text())
+    assert result["worker_counts"] == [1, 2] and list(result["shares"]["blob"]) == ["1", "2"]
+    assert not (tmp_path / "core_scaling.json").exists()

@@ -7,8 +7,9 @@ shared-memory transport) for the driving process to decode on the GPU (packer/gp
 anything else is converted right there on the CPU, exactly as without the option.
 
 A module of its own, importing neither torch nor the GPU decoder: every worker unpickles its
-task's class, and the import of torch in each of 16 workers cost a lent 16-core H100 host most
-of a conversion's time (1,128 inputs/s fetched against 3,589 converted on the CPU).
+task's class, and on a lent 16-core H100 host the import of torch in each of 16 workers made
+the workers' fetching, not the GPU, the GPU path's bound (an ad hoc profile; the conversion's
+rate before and after is in benchmarks/results/gpu_decode-before.json and gpu_decode.json).
 """
 
 from __future__ import annotations
