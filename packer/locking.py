@@ -70,14 +70,20 @@ class DestinationLock:
 
     def release(self) -> None:
         """Remove the lock file and let go of the lock (idempotent)."""
-        if self._fd is None:
+        fd = self._fd
+        if fd is None:
             return
+        # Forgotten before it is closed: a Ctrl-C (or SIGTERM, raised as one) landing just after
+        # the close must not leave it set, or the writer's __exit__ releases again and closes a
+        # descriptor number that may belong to another file by then (EBADF here hid the
+        # interruption: `packer bench` went on converting after a SIGTERM).
+        self._fd = None
         try:
             self.path.unlink()
         except FileNotFoundError:
             pass
-        os.close(self._fd)  # closing the descriptor releases the flock
-        self._fd = None
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
 
     def __enter__(self) -> "DestinationLock":
         return self.acquire()

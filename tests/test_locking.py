@@ -82,3 +82,53 @@ def test_a_url_destination_is_locked_before_it_is_checked(image_folder, tmp_path
             convert(image_folder, url, format="webdataset", image=ImageOptions(size=16), workers=1)
     report = convert(image_folder, url, format="webdataset", image=ImageOptions(size=16), workers=1)
     assert report.written == 18 and (tmp_path / "remote" / "out" / "packer.json").exists()
+
+
+def test_an_interruption_right_after_the_close_is_not_a_second_close(tmp_path, monkeypatch):
+    """A Ctrl-C (SIGTERM, SIGHUP: raised as one) landing just after release() closed the lock's
+    descriptor: the writer's __exit__ releases again, which must not close that number twice (it
+    raised EBADF, which hid the interruption, and could close another file's descriptor)."""
+    import packer.locking as locking
+
+    path = tmp_path / "out.lmdb.partial-lock"
+    lock = DestinationLock(path, "out.lmdb").acquire()
+    closes, real_close = [], os.close
+
+    def close_then_interrupt(fd):
+        real_close(fd)
+        closes.append(fd)
+        if len(closes) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(locking.os, "close", close_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    lock.release()  # what __exit__ does next
+    assert len(closes) == 1 and not path.exists()
+
+
+def test_an_interrupted_publication_stops_the_conversion(image_folder, tmp_path, monkeypatch):
+    """End to end: the interruption lands in the lock's release at the end of finish; convert
+    raises it (an Interrupted saying the output is complete), not an OSError a caller may catch."""
+    import packer.locking as locking
+
+    real_close, armed = os.close, []
+    lock_fd = []
+    real_acquire = DestinationLock.acquire
+
+    def acquire(self):
+        got = real_acquire(self)
+        lock_fd.append(self._fd)
+        return got
+
+    def close(fd):
+        real_close(fd)
+        if lock_fd and fd == lock_fd[-1] and not armed:
+            armed.append(fd)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(DestinationLock, "acquire", acquire)
+    monkeypatch.setattr(locking.os, "close", close)
+    with pytest.raises(KeyboardInterrupt, match="output was complete"):
+        convert(image_folder, tmp_path / "out.lmdb", image=ImageOptions(size=16), workers=1)
+    assert armed and len(open_dataset(tmp_path / "out.lmdb")) > 0

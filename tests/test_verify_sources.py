@@ -5,6 +5,8 @@ the label file is reported as a label difference; a Python dataset is refused in
 
 from __future__ import annotations
 
+import re
+
 import io
 import shutil
 import tarfile
@@ -144,4 +146,4 @@ def test_a_label_moved_to_a_class_the_dataset_lacks_says_so(flat, tmp_path):
     result = verify_cli(dst, "--source", root, "--labels", csv)
     assert result.exit_code == 1
     assert f"<- {pairs[0][0]}: changed: label 0, the source gives a class the dataset does not have" in result.output
-    assert "-2" not in result.output
+    assert not re.search(r"(?<![\w/.-])-2\b", result.output)  # no internal code (-2) for the missing class (paths like pytest-206 aside)
