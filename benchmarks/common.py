@@ -141,20 +141,20 @@ def provenance() -> dict:
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
         argv[0:1] = ["python", "-m", spec.name.removesuffix(".__main__")]
-    commit = os.environ.get("PACKER_BENCH_COMMIT", "")  # the commit whose tree was sent to a lent GPU machine (its .git is another)
+    commit = "unknown"
     try:
-        if commit:
-            raise OSError("PACKER_BENCH_COMMIT names it")
         root = HERE.parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, check=True).stdout
         commit += "+dirty" if dirty.strip() else ""
-    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - not a git checkout, or named above
-        commit = commit or "unknown"
+    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - not a git checkout
+        pass
+    declared = os.environ.get("PACKER_BENCH_COMMIT")  # the commit whose tree was sent to a lent GPU machine (its .git is another)
     return {
         "command": " ".join(shlex.quote(a) for a in argv),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "commit": commit,
+        **({"tree_commit": declared} if declared else {}),
         "load_average_at_save": [round(x, 2) for x in os.getloadavg()],  # others sharing the cores show here
         "machine": machine(),
     }

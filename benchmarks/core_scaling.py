@@ -89,7 +89,7 @@ def summary(values: list[float]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=cpu_count(), help="the largest worker count (default: the usable cores)")
+    parser.add_argument("--workers", type=int, help="the largest worker count (default: the usable cores)")
     parser.add_argument("--counts", type=int, nargs="+", metavar="W",
                         help="measure these worker counts only (default: 1, 2, 4, ... --workers)")
     parser.add_argument("--images", type=int, default=2000, help="ImageNet-like JPEGs (default 2,000)")
@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     src = imagenet_like(args.images) if args.source == "jpeg" else presized(args.images)
     images = len(scan_image_folder(src).items)
-    counts = sorted(set(args.counts)) if args.counts else worker_counts(args.workers)
+    if args.counts and args.workers:
+        parser.error("--counts names every worker count to measure: drop --workers")
+    counts = sorted(set(args.counts)) if args.counts else worker_counts(args.workers or cpu_count())
     if min(counts) < 1:
         parser.error("--counts: worker counts are 1 or more")
     rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *args.formats]}

@@ -32,12 +32,12 @@ def source_line(*names: str) -> str:
         d = load(name)
         commit = d.get("commit") or d.get("head")
         if commit:
-            when = f"commit {commit}"
+            when = f"commit {commit}" + (f" (the tree of {d['tree_commit']})" if d.get("tree_commit") else "")
         else:
             when = f"committed in {d['committed_in']} (provenance added from git history)"
         parts.append(f"`benchmarks/results/{name}.json`, written by `{d['command']}`; {machine_words(d['machine'])}; "
                      f"{d['date']}; {when}")
-        note = d.get("note") or ""
+        note = d.get("note") or (d.get("provenance_note") if d.get("tree_commit") else "") or ""
         if note:
             parts[-1] += f". Note: {note}"
     return "Source: " + ". ".join(parts) + "."
@@ -339,7 +339,7 @@ def _gpu_decode() -> str:
                          f"GPU-converted pixels against the CPU path's: PSNR {c['psnr_db_between']:.1f} dB between them, mean difference "
                          f"{c['mean_abs_diff']:.2f} levels; nvJPEG on read against the CPU decode: {d['read']['agreement']['share_equal']:.2%} "
                          f"of pixels equal, at most {d['read']['agreement']['max_abs_diff']} level apart. Before the fixes of "
-                         f"{d['commit']} (`gpu_decode-before.json`, {before['commit']}), the GPU conversion ran at {rate(b['cuda'])} "
+                         f"{d['tree_commit']} (`gpu_decode-before.json`, the tree of {before['tree_commit']}), the GPU conversion ran at {rate(b['cuda'])} "
                          f"against the CPU path's {rate(b['cpu'])} in the same run."])
 
 

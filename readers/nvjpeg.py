@@ -15,8 +15,8 @@ without a copy.
 ``backend`` replaces nvImageCodec's decoder with any object of the same shape
 (``decode(list_of_bytes) -> list of HWC images or None``), which is how the plumbing is tested
 on a machine without a GPU: a CPU decoder on ``device="cpu"``. Run and measured on a lent H100
-(``python -m benchmarks.gpu_decode``, benchmarks/results/gpu_decode.json; tests/test_gpu_decode.py
-and tests/test_device_decode.py pass there).
+(``python -m benchmarks.gpu_decode``, benchmarks/results/gpu_decode.json); tests/test_gpu_decode.py
+and tests/test_device_decode.py were run there and passed (2026-11-25).
 """
 
 from __future__ import annotations
@@ -74,18 +74,21 @@ class _NvImgCodec:
         self._module = module
         self._device = device
         kinds = module.BackendKind
+        self._errors: list[str] = []
         hardware = self._make(kinds.HW_GPU_ONLY)  # None: no engine on this card; the others decode all
         general = self._make(kinds.GPU_ONLY, kinds.HYBRID_CPU_GPU) or self._make(kinds.HYBRID_CPU_GPU)
         self._decoders = [d for d in (hardware, general) if d is not None]
         if not self._decoders:
-            raise GPUDecodeUnavailable(f"nvImageCodec could not make a GPU JPEG decoder on {device} (is nvidia-nvjpeg installed? {GPU_EXTRA})")
+            raise GPUDecodeUnavailable(f"nvImageCodec could not make a GPU JPEG decoder on {device} ({self._errors[-1]}); "
+                                       f"is nvidia-nvjpeg installed? {GPU_EXTRA}")
         spec = module.ColorSpec.GRAY if channels == 1 else module.ColorSpec.SRGB
         self._params = module.DecodeParams(color_spec=spec, apply_exif_orientation=True, allow_any_depth=False)
 
     def _make(self, *kinds: Any) -> Any:
         try:
             return self._module.Decoder(device_id=self._device.index, backends=[self._module.Backend(kind) for kind in kinds])
-        except Exception:  # noqa: BLE001 - the library raises RuntimeError("... Could not create decoder") for a missing backend
+        except Exception as exc:  # noqa: BLE001 - the library raises RuntimeError("... Could not create decoder") for a missing backend
+            self._errors.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
             return None
 
     def decode(self, blobs: Sequence[bytes]) -> list[Any]:
@@ -103,7 +106,10 @@ def first_then(decoders: Sequence[Any], inputs: list[Any]) -> list[Any]:
     for decode in decoders:
         if not todo:
             break
-        for i, image in zip(todo, decode([inputs[i] for i in todo])):
+        images = list(decode([inputs[i] for i in todo]))
+        if len(images) != len(todo):  # the library's contract: one answer per input
+            raise RuntimeError(f"the decoder returned {len(images)} images for {len(todo)} inputs")
+        for i, image in zip(todo, images):
             out[i] = image
         todo = [i for i in todo if out[i] is None]
     return out

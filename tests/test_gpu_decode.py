@@ -177,6 +177,31 @@ def test_a_batch_is_each_image_alone_in_order(kwargs):
         assert out.is_contiguous() and torch.equal(out, alone)
 
 
+def test_a_large_group_is_resized_in_calls_within_the_budget(monkeypatch):
+    """A batch of big same-size photos is cut into calls of at most the budget's elements (one
+    image alone may pass it): the float copy stays bounded; pixels as one image alone gives."""
+    import packer.preprocess.tensor_resize as tr
+
+    calls, real = [], tr.resize_tensor
+    monkeypatch.setattr(tr, "resize_tensor", lambda batch, h, w: calls.append(batch.shape[0]) or real(batch, h, w))
+    g = torch.Generator().manual_seed(1)
+    images = [torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8, generator=g) for _ in range(7)]
+    options = ImageOptions(size=16)
+    crop = 3 * 60 * 60  # the centre square each image is cut to before its resize
+    out = tr.preprocess_tensors(images, options, budget=3 * crop)
+    assert calls == [3, 3, 1]
+    assert all(torch.equal(o, tr.preprocess_tensors([i], options)[0]) for o, i in zip(out, images))
+    calls.clear()
+    tr.preprocess_tensors(images[:2], options, budget=crop // 2)  # smaller than one image: one at a time
+    assert calls[:2] == [1, 1]
+    assert tr.preprocess_tensors([], options) == []
+
+
+def test_a_decoder_that_answers_for_fewer_inputs_is_an_error():
+    with pytest.raises(RuntimeError, match="returned 1 images for 3 inputs"):
+        first_then([lambda items: [None] * len(items), lambda items: ["x"]], [1, 2, 3])
+
+
 def test_resize_tensor_keeps_size_and_dtype():
     image = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
     assert resize_tensor(image, 40, 50) is image

@@ -103,3 +103,20 @@ def test_the_readmes_storage_table_is_rendered_from_full_json(tmp_path, monkeypa
     monkeypatch.setattr(render, "README", readme)
     assert render.main(["--check"]) == 1
     assert "README.md" in capsys.readouterr().err
+
+
+def test_a_declared_tree_commit_is_recorded_beside_gits_own(tmp_path, monkeypatch):
+    """On a lent GPU machine the tree travels with another git base: PACKER_BENCH_COMMIT names the
+    tree's commit in its own field; git's stamp stays what git says, and the rendered source shows both."""
+    from benchmarks.common import provenance, save_json
+
+    monkeypatch.setenv("PACKER_BENCH_COMMIT", "abc1234")
+    got = provenance()
+    assert got["tree_commit"] == "abc1234" and got["commit"] != "abc1234"
+    monkeypatch.delenv("PACKER_BENCH_COMMIT")
+    assert "tree_commit" not in provenance()
+    path = save_json("declared", {"tree_commit": "abc1234", "provenance_note": "copied back"}, tmp_path)
+    from benchmarks import render_sections
+
+    monkeypatch.setattr(render_sections, "load", lambda name: json.loads(path.read_text()))
+    assert "(the tree of abc1234). Note: copied back" in render_sections.source_line("declared")

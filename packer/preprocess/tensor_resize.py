@@ -20,6 +20,9 @@ from .geometry import Plan, plan_for
 __all__ = ["resize_tensor", "preprocess_tensor", "preprocess_tensors", "TENSOR_RESAMPLE"]
 
 TENSOR_RESAMPLE = "bicubic"
+#: Cropped source elements resized in one call at most: 48 Mi uint8 elements, 192 MiB as float32
+#: (64 ImageNet-sized images; a 12-megapixel photo alone is about 36 Mi).
+BATCH_ELEMENTS = 48 * 2**20
 
 
 def resize_tensor(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -38,21 +41,26 @@ def preprocess_tensor(image: torch.Tensor, options: ImageOptions) -> torch.Tenso
     return preprocess_tensors([image], options)[0]
 
 
-def preprocess_tensors(images: list[torch.Tensor], options: ImageOptions) -> list[torch.Tensor]:
+def preprocess_tensors(images: list[torch.Tensor], options: ImageOptions, *, budget: int = BATCH_ELEMENTS) -> list[torch.Tensor]:
     """:func:`preprocess_tensor` of each image; the images with the same plan (same source size,
     the usual case) are stacked and resized in one call: a few kernels a group, not a few an image.
-    Each pixel is what the one-image call gives (the resize treats each image of a batch alone)."""
+    A group is cut into calls of at most ``budget`` cropped source elements (one image alone may
+    exceed it), so its float copy stays bounded whatever the photos' size. Each pixel is what the
+    one-image call gives (the resize treats each image of a batch alone)."""
     groups: dict[tuple[Plan, int], list[int]] = {}
     for i, image in enumerate(images):
         plan = plan_for(options.resize_mode, int(image.shape[1]), int(image.shape[2]), options.size, options.resize)
         groups.setdefault((plan, int(image.shape[0])), []).append(i)
-    out: list[torch.Tensor] = [images[0]] * len(images)
-    for (plan, _channels), members in groups.items():
+    out: list[torch.Tensor | None] = [None] * len(images)
+    for (plan, channels), members in groups.items():
         top, left, height, width = plan.crop
-        batch = torch.stack([images[i][:, top : top + height, left : left + width] for i in members])
-        for i, image in zip(members, _planned(batch, plan)):
-            out[i] = image
-    return out
+        per_call = max(1, budget // (channels * height * width))
+        for start in range(0, len(members), per_call):
+            part = members[start : start + per_call]
+            batch = torch.stack([images[i][:, top : top + height, left : left + width] for i in part])
+            for i, image in zip(part, _planned(batch, plan)):
+                out[i] = image
+    return out  # type: ignore[return-value]
 
 
 def _planned(batch: torch.Tensor, plan: Plan) -> torch.Tensor:
