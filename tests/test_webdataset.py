@@ -138,6 +138,27 @@ def test_fragmented_pieces_give_byte_identical_output(tmp_path, with_bad, image_
     assert keys == [sample_key(i) for i in range(18)] and not list(tmp_path.glob("**/.piece-*"))
 
 
+def test_only_the_last_rounds_pieces_are_fragmented(tmp_path, with_bad, image_folder, monkeypatch):
+    """Enough pieces for the workers: whole pieces, except those left for the last round, which
+    are cut so every worker has a part of it; the output is the same as one worker's."""
+    import packer.writers.webdataset.pieces as pieces_module
+
+    monkeypatch.setattr(pieces_module, "MIN_FRAGMENT", 1)  # 20 test images: pieces of 4 may be cut
+    writer = ShardWriter(tmp_path / "probe", StorageOptions(shard_size=4))
+    items, image = list(range(20)), ImageOptions(size=16)  # 5 pieces of 4
+    two = writer.pieces(items, image, workers=2)  # type: ignore[arg-type]
+    assert [(p.number, p.fragment) for p in two] == [(0, None), (1, None), (2, None), (3, None), (4, 0), (4, 1)]
+    assert [i for p in two for i in p.items] == items and two[-1].last and not two[-2].last
+    assert all(p.fragment is None for p in writer.pieces(list(range(16)), image, workers=2))  # type: ignore[arg-type]  # 4 pieces: no tail
+    three = writer.pieces(list(range(28)), image, workers=3)  # type: ignore[arg-type]  # 7 pieces: one left, cut in 3
+    assert [p.fragment for p in three if p.number == 6] == [0, 1, 2]
+    writer.abort()
+    for n, src in enumerate((with_bad, image_folder)):
+        one = make(src, tmp_path / f"one-{n}", workers=1, shard_size=4)
+        same_output(one, make(src, tmp_path / f"two-{n}", workers=2, shard_size=4))
+        same_output(make(src, tmp_path / f"one3-{n}", workers=1, shard_size=3), make(src, tmp_path / f"three-{n}", workers=3, shard_size=3))
+
+
 def test_skipped_inputs_keep_keys_dense_and_are_recorded(tmp_path, with_bad, image_folder):
     dst = make(with_bad, tmp_path / "out", shard_size=4, workers=2)
     ds = ShardDataset(dst)

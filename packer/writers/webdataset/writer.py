@@ -87,6 +87,22 @@ class ShardSink(Protocol):
         """Stop storing and delete everything stored: the conversion failed."""
 
 
+
+def _tail_fragmented(pieces: list[Piece], workers: int) -> list[Piece]:
+    """``pieces`` with the last round's cut into fragments for every worker.
+
+    Workers take whole pieces in order, so with ``len(pieces) % workers`` pieces left for the
+    last round the other workers would idle through it (36 shards for 16 workers: three rounds
+    of work for two and a quarter; docs/SCALING.md has the measurements). Cut into
+    ``ceil(workers / left)`` fragments each, that round is spread over every worker; the parent
+    assembles only those shards (the output is the same)."""
+    left = len(pieces) % workers
+    if left == 0:
+        return pieces
+    split = -(-workers // left)
+    return pieces[:-left] + [fragment for piece in pieces[-left:] for fragment in fragments(piece, split)]
+
+
 class ShardWriter(PieceWriter):
     """Writes a folder of WebDataset shards, the shards themselves in worker processes.
 
@@ -128,14 +144,17 @@ class ShardWriter(PieceWriter):
         After a resume, ``items`` are the inputs left (from :attr:`resumed_inputs`, always a piece
         boundary): the pieces keep the numbers and first keys of the uninterrupted run. With
         fewer pieces than ``2 * workers``, each is cut into fragments to keep every worker busy
-        (the output is the same: the parent assembles the shards)."""
+        (the output is the same: the parent assembles the shards); with more, only the last
+        round's pieces are (:func:`_tail_fragmented`)."""
         size = self.piece_inputs(image)
         done = self.resumed_inputs
         pieces = [
             Piece((done + start) // size, done + start, tuple(items[start : start + size])) for start in range(0, len(items), size)
         ]
-        if workers is None or workers < 2 or not pieces or len(pieces) >= _PIECES_PER_WORKER * workers:
+        if workers is None or workers < 2 or not pieces:
             return pieces
+        if len(pieces) >= _PIECES_PER_WORKER * workers:
+            return _tail_fragmented(pieces, workers)
         split = -(-_PIECES_PER_WORKER * workers // len(pieces))
         cut = [fragment for piece in pieces for fragment in fragments(piece, split)]
         if workers >= _ASSEMBLY_BOUND_WORKERS and len(items) >= _ASSEMBLY_BOUND_INPUTS and not self.resumed_inputs:
