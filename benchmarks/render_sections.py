@@ -356,6 +356,17 @@ def _gpu_storage() -> str:
                          markdown_table(["format", "stored", "decoded on", "on disk an image", "readers.Loader to the GPU"], rows)])
 
 
+def _wds_tail() -> str:
+    """WebDataset's last-round fragments, before and after, alternated (core_scaling-wds-tail-*.json)."""
+    names = [f"core_scaling-wds-tail-{when}-{k}" for k in (1, 2) for when in ("before", "after")]
+    rows = [[name.rsplit("-", 2)[1], load(name)["commit"], rate(load(name)["rates"]["work alone"]["2"]), rate(load(name)["rates"]["webdataset"]["2"]),
+             "{median:.0%} ({min:.0%}-{max:.0%})".format(**load(name)["shares"]["webdataset"]["2"])] for name in names]
+    d = load(names[0])
+    return "\n\n".join([source_line(*names), f"{d['images']:,} ImageNet-like JPEGs, {d['shard_size']} a shard ({-(-d['images'] // d['shard_size'])} "
+                         f"shards), 2 workers, {d['rounds']} rounds each, runs in the order listed, images/s median (min-max):",
+                         markdown_table(["code", "commit", "work alone", "webdataset", "share"], rows)])
+
+
 #: RESULTS.md block name -> its renderer.
 SECTIONS: dict[str, Callable[[], str]] = {
     "machine": _machine,
@@ -373,6 +384,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "core_scaling": _core_scaling(),
     "core_scaling-presized": _core_scaling("core_scaling-presized"),
     "core_scaling-16cores": _core_scaling("core_scaling-16cores"),
+    "core_scaling-wds-tail": _wds_tail,
     "gpu_decode": _gpu_decode,
     "gpu_storage": _gpu_storage,
     "ray_vs_local": _ray_vs_local,
