@@ -37,15 +37,12 @@ import numpy as np
 import torch
 
 from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
+from .loader_ceiling import summary
 
 SIZE = 224
 QUALITY = 90
 #: A measurement: seconds -> images/s over whole passes.
 Measure = Callable[[float], float]
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
 def disk_bytes(path: Path) -> int:
