@@ -134,7 +134,7 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
     done = writer.resumed_inputs
     skipped += writer.resumed_skipped[len(job.skipped) :]
     items = job.items[done:]
-    placement = _placement(writer, job, options, done)
+    placement = _placement(writer, job, options, done, len(items))
     with (
         _outcomes(writer, job, items, workers, options.timeout, run_map, in_memory=in_memory, placement=placement) as results,
         progress_bar(len(items), enabled=options.progress, unit=job.unit) as bar,  # after the pool: see packer/parallel.py
@@ -161,13 +161,19 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
             writer.progress(done, skipped)  # a resume checkpoint, when one is due
 
 
-def _placement(writer: Writer, job: Job, options: RunOptions, first: int) -> Placement | None:
+def _placement(writer: Writer, job: Job, options: RunOptions, first: int, inputs: int) -> Placement | None:
     """Where the workers write the samples themselves (packer/placement.py): a local pool, a
-    fixed-shape job and a writer that offers it; else ``None`` (the driver writes them)."""
+    fixed-shape job and a writer that offers it; else ``None`` (the driver writes them). With
+    another executor (tasks on other nodes) the writer is still told, so that it lays the file
+    out as for a local run (HDF5 allocates every row): the driver then writes every sample."""
     shape = job.fixed_shape()
-    if options.executor != "local" or shape is None or not isinstance(writer, PlacingWriter):
+    if shape is None or not isinstance(writer, PlacingWriter):
         return None
-    return writer.placement(shape, first)
+    placement = writer.placement(shape, first, inputs)
+    if placement is not None and options.executor != "local":
+        placement.stop()
+        return None
+    return placement
 
 
 @contextmanager

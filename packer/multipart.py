@@ -35,20 +35,18 @@ On a filesystem without hole punching (not Linux, or a filesystem without
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
-import ctypes.util
 import json
 import logging
 import os
-import sys
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import OutputError
+from .writers.files import punch_hole
 
-__all__ = ["MultipartUpload", "supports_multipart", "state_path", "punch_hole", "FIRST_PART", "MIN_PART", "MAX_PART"]
+__all__ = ["MultipartUpload", "supports_multipart", "state_path", "FIRST_PART", "MIN_PART", "MAX_PART"]
 
 #: Bytes of part 1 (header page plus the first payloads), kept locally and sent last.
 #: S3 wants every part but the last to be at least 5 MiB.
@@ -76,31 +74,6 @@ def supports_multipart(fs: Any) -> bool:
 def state_path(local: Path) -> Path:
     """The upload's state file, beside the local file ``local``."""
     return local.with_name(local.name + "-upload.json")
-
-
-def punch_hole(fd: int, offset: int, length: int) -> bool:
-    """Release the disk blocks of ``length`` bytes at ``offset`` of the file ``fd`` (open for
-    writing), keeping its size; the range then reads as zeros. ``False`` where unsupported."""
-    if not sys.platform.startswith("linux") or length <= 0:
-        return False
-    fallocate = _libc_fallocate()
-    if fallocate is None:
-        return False
-    keep_size, punch = 0x01, 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
-    return fallocate(fd, keep_size | punch, offset, length) == 0
-
-
-def _libc_fallocate() -> Any:
-    if not hasattr(_libc_fallocate, "function"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            function = libc.fallocate
-            function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-            function.restype = ctypes.c_int
-        except (OSError, AttributeError):  # pragma: no cover - no glibc
-            function = None
-        _libc_fallocate.function = function  # type: ignore[attr-defined]
-    return _libc_fallocate.function  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Samples the conversion workers write into the output themselves (issue 16: no single-process ceiling).
 
-A fixed-shape raw output whose format keeps samples back to back at a fixed stride (the blob:
-``packer/writers/blob.py``) has a known place for input ``i``'s sample, as long as no earlier
-input was skipped: ``base + i * stride``. While that holds, each worker writes its samples there
+A fixed-shape raw output has a known place for input ``i``'s sample, as long as no earlier input
+was skipped: ``base + i * stride`` in a blob (samples back to back: ``packer/writers/blob.py``),
+the file offset of row ``i``'s chunk in HDF5 (one chunk per sample, all of them allocated when
+the dataset is created: ``packer/writers/hdf5.py``). While that holds, each worker writes its samples there
 itself (``os.pwrite``, from the worker's own descriptor of ``DST.partial``) and sends back only a
 :class:`Placed` record (label, shape, size, checksum); the driving process books it without
 touching its bytes. The driver still takes the checkpoints (an ``fsync`` makes the workers'
@@ -38,7 +39,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 from .errors import OutputError
 from .preprocess.task import Encoded, Failed
 
-__all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
+__all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "pwrite_all", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
 
 #: How long a resumed run waits for the workers of a killed run to stop writing into its output.
 WRITERS_WAIT_SECONDS = 60.0
@@ -62,22 +63,29 @@ class Placed:
 class PlacingWriter(Protocol):
     """A writer whose samples workers may write themselves (the driver checks ``isinstance``)."""
 
-    def placement(self, shape: tuple[int, int, int], first_input: int) -> "Placement | None":
-        """Where input ``i`` (from ``first_input`` on) goes, for samples of ``shape``; ``None``
-        when this output cannot be written by other processes (a sink, samples already skipped)."""
+    def placement(self, shape: tuple[int, int, int], first_input: int, inputs: int) -> "Placement | None":
+        """Where input ``i`` (of the ``inputs`` from ``first_input`` on) goes, for samples of
+        ``shape``; ``None`` when this output cannot be written by other processes (a sink,
+        samples already skipped)."""
         ...
 
 
 @dataclass
 class Placement:
-    """The output file, where input 0's sample goes and the stride; :attr:`placing` until the
-    first skipped input (:meth:`stop`)."""
+    """The output file and where input ``i``'s sample of ``stride`` bytes goes (:meth:`offset`:
+    ``starts[i]`` when given, else ``base + i * stride``); :attr:`placing` until the first
+    skipped input (:meth:`stop`)."""
 
     path: str
     base: int
     stride: int
     shape: tuple[int, int, int]
+    starts: Sequence[int] | None = None
     placing: bool = True
+
+    def offset(self, index: int) -> int:
+        """The file offset of input ``index``'s place."""
+        return int(self.starts[index]) if self.starts is not None else self.base + index * self.stride
 
     def stop(self) -> None:
         """No more placing: chunks handed out from now on bring their samples back."""
@@ -85,16 +93,16 @@ class Placement:
 
     def task(self, task: Callable[[Any], Encoded | Failed]) -> "PlaceTask":
         """The work unit that runs ``task`` and places its sample (a picklable object)."""
-        return PlaceTask(task, self.path, self.base, self.stride, self.shape)
+        return PlaceTask(task, self.path, self.stride, self.shape)
 
-    def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, bool]]:
-        """``items`` (input ``first`` on) as ``(index, item, place)``, ``place`` read when a
-        chunk is handed out."""
+    def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, int | None]]:
+        """``items`` (input ``first`` on) as ``(index, item, offset)``, ``offset`` the place to
+        write the sample at, or ``None`` once placing stopped (read when a chunk is handed out)."""
         return _Entries(items, first, self)
 
 
 class _Entries(Sequence):
-    """``(index, item, placing-now)`` for each item; slicing (how the pool hands out a chunk)
+    """``(index, item, offset or None)`` for each item; slicing (how the pool hands out a chunk)
     reads :attr:`Placement.placing` at that moment."""
 
     def __init__(self, items: Sequence[Any], first: int, placement: Placement) -> None:
@@ -104,18 +112,19 @@ class _Entries(Sequence):
         return len(self._items)
 
     def __getitem__(self, where: Any) -> Any:
-        place = self._placement.placing
+        placement = self._placement
+        at = placement.offset if placement.placing else lambda index: None
         if isinstance(where, slice):
-            return [(self._first + i, self._items[i], place) for i in range(*where.indices(len(self._items)))]
+            return [(self._first + i, self._items[i], at(self._first + i)) for i in range(*where.indices(len(self._items)))]
         index = range(len(self._items))[where]
-        return (self._first + index, self._items[index], place)
+        return (self._first + index, self._items[index], at(self._first + index))
 
 
 class PlaceTask:
     """Run the conversion task; write a fixed-shape sample at its input's place, or return it."""
 
-    def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, base: int, stride: int, shape: tuple[int, int, int]) -> None:
-        self.task, self.path, self.base, self.stride, self.shape = task, path, base, stride, shape
+    def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, stride: int, shape: tuple[int, int, int]) -> None:
+        self.task, self.path, self.stride, self.shape = task, path, stride, shape
         #: The pool's cue that the task carries something of the script's ``__main__`` (a Python
         #: dataset's class, packer/sources/datasets.py): passed on from the task it wraps.
         self.needs_main = bool(getattr(task, "needs_main", False))
@@ -125,20 +134,22 @@ class PlaceTask:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": -1}  # each process opens the file for itself
 
-    def __call__(self, entry: tuple[int, Any, bool]) -> Encoded | Failed | Placed:
-        index, item, place = entry
-        return self._place(index, self.task(item), place)
+    def __call__(self, entry: tuple[int, Any, int | None]) -> Encoded | Failed | Placed:
+        index, item, offset = entry
+        return self._place(index, self.task(item), offset)
 
-    def map(self, entries: Sequence[tuple[int, Any, bool]]) -> Iterator[Encoded | Failed | Placed]:
+    def map(self, entries: Sequence[tuple[int, Any, int | None]]) -> Iterator[Encoded | Failed | Placed]:
         """As ``__call__`` for each entry, through the task's own ``map`` where it has one (remote
         inputs read ahead: packer/preprocess/task.py)."""
         from .parallel import run_items  # the pool's rule for a work unit's map
 
-        for (index, _item, place), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
-            yield self._place(index, result, place)
+        for (index, _item, offset), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
+            yield self._place(index, result, offset)
 
-    def _place(self, index: int, result: Encoded | Failed, place: bool) -> Encoded | Failed | Placed:
-        if not place or not isinstance(result, Encoded):
+    def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:
+        """Write ``result`` at ``offset`` (input ``index``'s place) and return its record; a
+        failure, or a sample not to be placed (``offset`` None), is returned as it is."""
+        if offset is None or not isinstance(result, Encoded):
             return result
         if result.shape != self.shape or len(result.payload) != self.stride:  # pragma: no cover - fixed-shape jobs only
             raise ValueError(f"internal error: a sample of shape {result.shape} in an output of {self.shape}")
@@ -147,7 +158,7 @@ class PlaceTask:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_WRONLY)
                 fcntl.flock(self._fd, fcntl.LOCK_SH)  # held until this process ends: see the module doc
-            _pwrite_all(self._fd, result.payload, self.base + index * self.stride)
+            pwrite_all(self._fd, result.payload, offset)
         except OSError as exc:
             return dataclasses.replace(placed, error=(exc.errno or errno.EIO, exc.strerror or str(exc)))
         finally:
@@ -179,7 +190,8 @@ def wait_for_writers(fd: int, what: str) -> None:
         return
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``os.pwrite`` may write less)."""
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

@@ -26,10 +26,12 @@ from readers.formats import open_store
 FAULTS = Path(__file__).parent / "faults"
 FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
-#: The lowest-level write of each format, where the error is injected.
+#: The lowest-level write of each format, where the error is injected (HDF5: into the rows
+#: allocated up front, and, compressed, into its growing dataset).
 LOW_LEVEL = {
     "lmdb": (LMDBWriter, "_flush"),
-    "hdf5": (HDF5Writer, "_append_fixed"),
+    "hdf5": (HDF5Writer, "_write_row"),
+    "hdf5-compressed": (HDF5Writer, "_append_fixed"),
     "blob": (BlobWriter, "_write"),
     "webdataset": (ShardFile, "_member"),
 }
@@ -40,7 +42,7 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("code", sorted(ERRORS))
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [*FORMATS, "hdf5-compressed"])
 def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder, monkeypatch, fmt, code):
     cls, name = LOW_LEVEL[fmt]
     original = getattr(cls, name)
@@ -48,7 +50,7 @@ def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder
 
     def failing(self, *args, **kwargs):
         calls["n"] += 1
-        if calls["n"] >= 3 or fmt in ("lmdb", "hdf5"):  # those two write in a few big blocks
+        if calls["n"] >= 3 or fmt in ("lmdb", "hdf5-compressed"):  # those two write in a few big blocks
             raise OSError(code, os.strerror(code))
         return original(self, *args, **kwargs)
 
@@ -60,8 +62,10 @@ def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder
         monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
         monkeypatch.setenv("PACKER_TEST_SHARD_ERRNO", str(code))
-    dst = tmp_path / f"out{SUFFIX[fmt]}"
+    dst = tmp_path / f"out{SUFFIX[fmt.split('-')[0]]}"
     extra = ["--format", fmt] + (["--shard-size", "4"] if fmt == "webdataset" else [])
+    if fmt == "hdf5-compressed":
+        extra = ["--format", "hdf5", "--compression", "gzip"]
     result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--size", "8", "-q", "-j", "1", *extra])
     assert result.exit_code == 1, result.output
     assert ERRORS[code] in result.stderr and "Traceback" not in result.output

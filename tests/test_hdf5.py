@@ -305,16 +305,16 @@ def test_chunks_between_index_nodes_are_found(tmp_path, monkeypatch):
     assert np.array_equal(store.read_batch(indices)[0], pixels[indices])
     with h5py.File(tmp_path / "many.h5", "r") as f:
         dsid = f[IMAGES].id
-        starts = hdf5_store._chunk_starts(dsid, n, 16)
+        starts = hdf5_store.chunk_starts(dsid, n, 16)
         assert len(set(np.diff(starts).tolist())) > 1  # not an arithmetic sequence
 
         class NoChunkIter:  # h5py built against an HDF5 older than 1.12.3
             get_num_chunks, get_chunk_info = dsid.get_num_chunks, dsid.get_chunk_info
 
-        assert np.array_equal(hdf5_store._chunk_starts(NoChunkIter(), n, 16), starts)
+        assert np.array_equal(hdf5_store.chunk_starts(NoChunkIter(), n, 16), starts)
         monkeypatch.setattr(hdf5_store, "_CHUNK_INFO_LIMIT", n - 1)
-        assert hdf5_store._chunk_starts(NoChunkIter(), n, 16) is None  # too slow that way: h5py reads it
-        assert hdf5_store._chunk_starts(dsid, n, 15) is None  # chunks of another size
+        assert hdf5_store.chunk_starts(NoChunkIter(), n, 16) is None  # too slow that way: h5py reads it
+        assert hdf5_store.chunk_starts(dsid, n, 15) is None  # chunks of another size
 
 
 def test_a_contiguous_images_dataset_is_mapped_too(tmp_path):

@@ -1,7 +1,7 @@
-"""The conversion workers write a fixed-shape blob's samples themselves, at their inputs' places
-(packer/placement.py); the driving process only books them. The output is byte for byte the one
-the driver alone writes, skipped inputs anywhere included, for any worker count; a resumed run
-and a full disk in a worker behave as everywhere else."""
+"""The conversion workers write a fixed-shape blob's or HDF5 file's samples themselves, at their
+inputs' places (packer/placement.py); the driving process only books them. The output is byte
+for byte the one the driver alone writes, skipped inputs anywhere included, for any worker count;
+a resumed run and a full disk in a worker behave as everywhere else."""
 
 from __future__ import annotations
 
@@ -22,11 +22,14 @@ from packer import ImageOptions, convert, parallel
 from packer.cli import cli
 from packer.placement import Placed
 from packer.writers.blob import BlobWriter
+from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
 from roundtrip_checks import read_plain
 
 FAULTS = Path(__file__).parent / "faults"
 BROKEN = b"\xff\xd8 not an image"
+#: The formats whose workers place samples, by suffix.
+WRITERS = {"blob": BlobWriter, "h5": HDF5Writer}
 
 
 class _Fixed(datetime):
@@ -47,48 +50,70 @@ def _folder(root: Path, broken_at: set[int], count: int = 40) -> Path:
     return root
 
 
-def _booked(monkeypatch) -> list[type]:
+def _booked(monkeypatch, suffix: str = "blob") -> list[type]:
     kinds: list[type] = []
-    real_add = BlobWriter.add
+    writer = WRITERS[suffix]
+    real_add = writer.add
 
     def add(self, sample):
         kinds.append(type(sample))
         return real_add(self, sample)
 
-    monkeypatch.setattr(BlobWriter, "add", add)
+    monkeypatch.setattr(writer, "add", add)
     return kinds
 
 
+def _driver_writes_all(monkeypatch) -> None:
+    """The writer lays the output out as for placing workers, but they are never told (as with
+    ``--executor ray``): the driver writes every sample."""
+    real = packer.engine._placement
+
+    def stopped(*args):
+        placement = real(*args)
+        if placement is not None:
+            placement.stop()
+
+    monkeypatch.setattr(packer.engine, "_placement", stopped)
+
+
+@pytest.mark.parametrize("suffix", WRITERS)
 @pytest.mark.parametrize("broken_at, size", [(set(), 12), ({0}, 12), ({5}, 12), ({6, 7, 30}, 12), ({39}, 12), ({37}, 128)],
                          ids=["none", "first", "one", "several", "last", "near-the-end-large"])
-def test_workers_place_the_samples_and_the_output_is_the_drivers_byte_for_byte(tmp_path, monkeypatch, fixed_clock, broken_at, size):
+def test_workers_place_the_samples_and_the_output_is_the_drivers_byte_for_byte(tmp_path, monkeypatch, fixed_clock, broken_at, size,
+                                                                                suffix):
     """(Large samples just before the end: a moved sample's old place lies past the last sample
     and past the index sections written after it; the output must not keep it.)"""
     src = _folder(tmp_path / "src", broken_at)
     options = dict(image=ImageOptions(size=size))
-    kinds = _booked(monkeypatch)
-    placed = convert(src, tmp_path / "placed.blob", workers=2, **options)
+    kinds = _booked(monkeypatch, suffix)
+    placed = convert(src, tmp_path / f"placed.{suffix}", workers=2, **options)
     assert Placed in kinds  # the workers wrote samples, the driver booked them
-    monkeypatch.setattr(packer.engine, "_placement", lambda *args: None)
-    kinds.clear()
-    driver = convert(src, tmp_path / "driver.blob", workers=2, **options)
+    with monkeypatch.context() as patched:
+        _driver_writes_all(patched)
+        kinds.clear()
+        driver = convert(src, tmp_path / f"driver.{suffix}", workers=2, **options)
     assert Placed not in kinds
-    one = convert(src, tmp_path / "one.blob", workers=1, **options)  # (without placement too: any worker count)
+    one = convert(src, tmp_path / f"one.{suffix}", workers=1, **options)  # (any worker count)
     assert placed.written == driver.written == 40 - len(broken_at)
     reference = driver.dst.read_bytes()
-    assert placed.dst.read_bytes() == reference
+    assert placed.dst.read_bytes() == reference == one.dst.read_bytes()
+    if suffix == "blob":  # the blob is the same file without placement's layout too
+        monkeypatch.setattr(packer.engine, "_placement", lambda *args: None)
+        assert convert(src, tmp_path / f"plain.{suffix}", workers=2, **options).dst.read_bytes() == reference
     meta, samples = read_plain(placed.dst)  # numpy on the file, as docs/FORMATS.md says
     assert samples == read_plain(driver.dst)[1] == read_plain(one.dst)[1]
     assert {s["path"] for s in meta["skipped"]} == {f"class_{i % 2}/img_{i:03d}.jpg" for i in broken_at}
 
 
-def test_placed_samples_are_the_pixels_of_their_inputs(tmp_path):
-    """Each placed sample is its own input's pixels (checked against Pillow + numpy directly):
-    a sample written at a neighbour's place would show here, not only in a byte comparison."""
+@pytest.mark.parametrize("suffix", WRITERS)
+def test_placed_samples_are_the_pixels_of_their_inputs(tmp_path, suffix):
+    """Each placed sample is its own input's pixels (checked against Pillow + numpy directly, the
+    file read with numpy or h5py alone): a sample written at a neighbour's place would show here,
+    not only in a byte comparison."""
     from PIL import Image
 
     src = _folder(tmp_path / "src", {3, 4})
-    report = convert(src, tmp_path / "out.blob", image=ImageOptions(size=(30, 40), resize_mode="stretch"), workers=2)
+    report = convert(src, tmp_path / f"out.{suffix}", image=ImageOptions(size=(30, 40), resize_mode="stretch"), workers=2)
     _meta, samples = read_plain(report.dst)
     names = open_store(report.dst).source_names()
     assert names is not None and len(names) == len(samples) == 38
@@ -98,12 +123,14 @@ def test_placed_samples_are_the_pixels_of_their_inputs(tmp_path):
         assert np.abs(got - image).mean() < 8, name  # its own image (a neighbour differs by tens of levels)
 
 
-def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, monkeypatch, fixed_clock):
+@pytest.mark.parametrize("suffix", WRITERS)
+def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, monkeypatch, fixed_clock, suffix):
     src = _folder(tmp_path / "src", {12})
     (tmp_path / "ref").mkdir()
-    reference = convert(src, tmp_path / "ref" / "out.blob", image=ImageOptions(size=12), workers=2)
+    reference = convert(src, tmp_path / "ref" / f"out.{suffix}", image=ImageOptions(size=12), workers=2)
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
-    real_add, calls = BlobWriter.add, {"n": 0}
+    writer = WRITERS[suffix]
+    real_add, calls = writer.add, {"n": 0}
 
     def add(self, sample):
         calls["n"] += 1
@@ -111,24 +138,28 @@ def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, mo
             raise KeyboardInterrupt
         return real_add(self, sample)
 
-    monkeypatch.setattr(BlobWriter, "add", add)
-    dst = tmp_path / "out.blob"
+    monkeypatch.setattr(writer, "add", add)
+    dst = tmp_path / f"out.{suffix}"
     with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
         convert(src, dst, image=ImageOptions(size=12), workers=2)
-    monkeypatch.setattr(BlobWriter, "add", real_add)
+    monkeypatch.setattr(writer, "add", real_add)
     report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
     assert report.resumed > 0
-    assert dst.read_bytes() == reference.dst.read_bytes()
+    if suffix == "blob":
+        assert dst.read_bytes() == reference.dst.read_bytes()
+    else:  # HDF5 places its structures anew when a file is reopened: the same samples, read by h5py
+        assert read_plain(dst) == read_plain(reference.dst)
 
 
+@pytest.mark.parametrize("suffix", WRITERS)
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
-def test_a_workers_failed_write_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder, monkeypatch, code):
+def test_a_workers_failed_write_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder, monkeypatch, code, suffix):
     monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))  # see tests/faults
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("PACKER_TEST_PLACE_ERRNO", str(code))
     out = tmp_path / "out"
     out.mkdir()
-    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(out / "o.blob"), "--size", "8", "-q", "-j", "2"])
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(out / f"o.{suffix}"), "--size", "8", "-q", "-j", "2"])
     assert result.exit_code == 1, result.output
     expected = {errno.ENOSPC: "no space left on the device", errno.EACCES: "check the folder's permissions"}[code]
     assert expected in result.stderr and "Traceback" not in result.output
@@ -174,18 +205,19 @@ HOLDER = """
 import os, sys, time
 from packer.placement import PlaceTask
 from packer.preprocess.task import Encoded
-task = PlaceTask(lambda item: Encoded(0, (3, 2, 2), bytes(12)), sys.argv[1], 4096, 12, (3, 2, 2))
+task = PlaceTask(lambda item: Encoded(0, (3, 2, 2), bytes(12)), sys.argv[1], 12, (3, 2, 2))
 task._driver = -1  # as in a worker: the descriptor (and its shared lock) stays open
-task((10**6, None, True))  # a first write far past the data
+task((10**6, None, 4096 + 12 * 10**6))  # a first write far past the data
 print("holding", flush=True)
 time.sleep(float(sys.argv[2]))
 os.pwrite(task._fd, b"\\xff" * 432, int(sys.argv[3]))  # a late worker's sample, just past the checkpoint
 """
 
 
-def _interrupted_blob(src: Path, dst: Path, monkeypatch) -> None:
+def _interrupted(src: Path, dst: Path, monkeypatch) -> None:
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
-    real_add, calls = BlobWriter.add, {"n": 0}
+    writer = WRITERS[dst.suffix[1:]]
+    real_add, calls = writer.add, {"n": 0}
 
     def add(self, sample):
         calls["n"] += 1
@@ -193,45 +225,60 @@ def _interrupted_blob(src: Path, dst: Path, monkeypatch) -> None:
             raise KeyboardInterrupt
         return real_add(self, sample)
 
-    monkeypatch.setattr(BlobWriter, "add", add)
+    monkeypatch.setattr(writer, "add", add)
     with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
         convert(src, dst, image=ImageOptions(size=12), workers=2)
-    monkeypatch.setattr(BlobWriter, "add", real_add)
+    monkeypatch.setattr(writer, "add", real_add)
+
+
+def _next_place(partial: Path) -> int:
+    """The file offset of the next sample's place (12x12x3, no skip before it)."""
+    saved = journal.saved_inputs(partial)
+    if partial.name.endswith(".blob.partial"):
+        return 4096 + saved * 432
+    import h5py
+
+    with h5py.File(partial, "r", locking=False) as file:  # row ``saved``'s chunk, allocated up front
+        return file["images"].id.get_chunk_info_by_coord((saved, 0, 0, 0)).byte_offset
 
 
 def _hold(partial: Path, seconds: float):
     import subprocess
     import sys
 
-    offset = 4096 + journal.saved_inputs(partial) * 432  # the next sample's place (12x12x3, no skip before it)
+    offset = _next_place(partial)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(partial), str(seconds), str(offset)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "holding"
     return holder
 
 
-def test_a_resume_waits_for_the_killed_runs_workers_to_stop_writing(tmp_path, monkeypatch, fixed_clock):
+@pytest.mark.parametrize("suffix", WRITERS)
+def test_a_resume_waits_for_the_killed_runs_workers_to_stop_writing(tmp_path, monkeypatch, fixed_clock, suffix):
     """Workers of a killed driver go on writing into DST.partial (found by a second read of the
     change: a resumed, finished blob had five wrong samples). Each holds a shared lock on the
     file while it may write; a resume waits for them before it cuts the file back."""
     src = _folder(tmp_path / "src", {30})
     (tmp_path / "ref").mkdir()
-    reference = convert(src, tmp_path / "ref" / "out.blob", image=ImageOptions(size=12), workers=2)
-    dst = tmp_path / "out.blob"
-    _interrupted_blob(src, dst, monkeypatch)
-    holder = _hold(dst.with_name("out.blob.partial"), 2.0)  # a late worker of the "killed" run
+    reference = convert(src, tmp_path / "ref" / f"out.{suffix}", image=ImageOptions(size=12), workers=2)
+    dst = tmp_path / f"out.{suffix}"
+    _interrupted(src, dst, monkeypatch)
+    holder = _hold(dst.with_name(f"out.{suffix}.partial"), 2.0)  # a late worker of the "killed" run
     report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
     assert holder.wait(10) == 0
     assert report.resumed > 0
-    assert dst.read_bytes() == reference.dst.read_bytes()  # its late write went before the cut, not into the output
+    assert read_plain(dst) == read_plain(reference.dst)  # its late write went before the resume, not into the output
+    if suffix == "blob":
+        assert dst.read_bytes() == reference.dst.read_bytes()
 
 
-def test_a_resume_gives_up_on_workers_that_never_stop_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("suffix", WRITERS)
+def test_a_resume_gives_up_on_workers_that_never_stop_and_keeps_the_checkpoint(tmp_path, monkeypatch, suffix):
     import packer.placement
 
     src = _folder(tmp_path / "src", set())
-    dst = tmp_path / "out.blob"
-    _interrupted_blob(src, dst, monkeypatch)
-    partial = dst.with_name("out.blob.partial")
+    dst = tmp_path / f"out.{suffix}"
+    _interrupted(src, dst, monkeypatch)
+    partial = dst.with_name(f"out.{suffix}.partial")
     saved = journal.saved_inputs(partial)
     holder = _hold(partial, 60.0)
     try:

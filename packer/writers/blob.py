@@ -128,7 +128,7 @@ class BlobWriter(Writer):
         if self.sink is not None:
             self.sink.synced(ALIGNMENT + self._offsets[-1])
 
-    def placement(self, shape: tuple[int, int, int], first_input: int) -> Placement | None:
+    def placement(self, shape: tuple[int, int, int], first_input: int, inputs: int) -> Placement | None:
         """Workers write input ``i``'s sample at ``ALIGNMENT + i * stride`` (packer/placement.py)
         while no input was skipped: not with a sink (it is sent what is durable, in order), nor
         after skipped inputs (a resumed run's samples are then no longer at their inputs' places)."""
@@ -160,7 +160,7 @@ class BlobWriter(Writer):
         if sample.index == index:
             return
         placement.stop()  # (the driver stopped it at the skip already)
-        data = os.pread(self._file.fileno(), sample.nbytes, placement.base + sample.index * placement.stride)
+        data = os.pread(self._file.fileno(), sample.nbytes, placement.offset(sample.index))
         if len(data) != sample.nbytes:
             raise OSError(0, "a worker's sample is missing from the output")
         self._file.seek(ALIGNMENT + self._offsets[-1])

@@ -1,16 +1,20 @@
-"""Files of an output: where an unfinished one lives, removing, syncing and publishing it."""
+"""Files of an output: where an unfinished one lives, removing, syncing and publishing it, and
+releasing a range of it (a hole)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["partial_path", "remove_path", "fsync_tree", "publish", "signals_deferred"]
+__all__ = ["partial_path", "remove_path", "fsync_tree", "publish", "signals_deferred", "punch_hole"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -83,3 +87,28 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(signum, handler)
     for signum in caught:
         held[signum](signum, None)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Release the disk blocks of ``length`` bytes at ``offset`` of the file ``fd`` (open for
+    writing), keeping its size; the range then reads as zeros. ``False`` where unsupported."""
+    if not sys.platform.startswith("linux") or length <= 0:
+        return False
+    fallocate = _libc_fallocate()
+    if fallocate is None:
+        return False
+    keep_size, punch = 0x01, 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
+    return fallocate(fd, keep_size | punch, offset, length) == 0
+
+
+def _libc_fallocate() -> Any:
+    if not hasattr(_libc_fallocate, "function"):
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            function = libc.fallocate
+            function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+            function.restype = ctypes.c_int
+        except (OSError, AttributeError):  # pragma: no cover - no glibc
+            function = None
+        _libc_fallocate.function = function  # type: ignore[attr-defined]
+    return _libc_fallocate.function  # type: ignore[attr-defined]

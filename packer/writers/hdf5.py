@@ -8,6 +8,14 @@ sample so far is raw with one shape, else *flat* (``payload`` + ``offsets`` + ``
 later sample breaks the fixed layout (another shape), or the metadata says the samples are
 encoded, what was written moves to the flat layout. Labels, offsets and shapes are kept in
 memory and written once at the end, then the metadata attribute, last.
+
+When the conversion knows every sample's shape and the number of inputs up front (an
+uncompressed fixed-size raw conversion: :meth:`HDF5Writer.placement`), ``images`` is instead
+created at once with a row for every input, each row's chunk allocated then (and never filled by
+HDF5): the workers write their samples into their rows' chunks themselves
+(``packer/placement.py``), the driver writes the rest (after a skipped input) into the next free
+row, and at the end the rows nobody took are cut off. Either way the file is the same, for any
+worker count: HDF5's structures are all made in the driver, the samples are bytes at known places.
 """
 
 from __future__ import annotations
@@ -21,11 +29,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES
+from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES, chunk_starts
 from readers.schema import Metadata
 
+from ..placement import Placed, Placement, pwrite_all, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
+from .files import punch_hole
 from .journal import Checkpoint, record_shapes
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
@@ -51,7 +61,9 @@ class HDF5Writer(Writer):
 
     def _open(self) -> None:
         self._open_bookkeeping()
-        self._file = _h5_call(h5py.File, self.tmp, "w", libver=LIBVER)
+        # No HDF5 lock: it would be exclusive, and placing workers take shared locks on the file
+        # (packer/placement.py); DST.partial is packer's own, guarded by the destination lock.
+        self._file = _h5_call(h5py.File, self.tmp, "w", libver=LIBVER, locking=False)
 
     def _open_bookkeeping(self) -> None:
         self._pending: list[Encoded] = []
@@ -61,6 +73,11 @@ class HDF5Writer(Writer):
         self._labels = array("q")
         self._shapes = array("q")  # flat (C, H, W) triples, of every sample written
         self._offsets = array("q", [0])
+        #: With ``images`` allocated up front: each row's file offset, a descriptor to write them
+        #: through, and the workers' placement (packer/placement.py).
+        self._starts: np.ndarray | None = None
+        self._fd = -1
+        self._placement: Placement | None = None
 
     def extra(self) -> dict[str, Any]:
         return {"compression": self.storage.compression}
@@ -75,7 +92,8 @@ class HDF5Writer(Writer):
         self._flush()
         _h5_call(self._file.flush)
         shape = getattr(self, "_fixed_shape", None)
-        return {"layout": self._layout, "fixed_shape": list(shape) if shape else None, "written": self._written}
+        rows = None if self._starts is None else len(self._starts)
+        return {"layout": self._layout, "fixed_shape": list(shape) if shape else None, "written": self._written, "rows": rows}
 
     def _durable(self) -> None:
         fd = os.open(self.tmp, os.O_RDONLY)
@@ -94,6 +112,11 @@ class HDF5Writer(Writer):
         state, rows = checkpoint.state, checkpoint.rows
         if state["written"] != checkpoint.samples:
             raise OSError(0, "the resume journal disagrees with itself; run without --resume")
+        fd = os.open(self.tmp, os.O_RDWR)
+        try:
+            wait_for_writers(fd, str(self.tmp))  # placing workers of a killed run may still be writing
+        finally:
+            os.close(fd)
         try:
             # No lock: the killed run's workers, inherited its descriptor and still exiting, may hold one.
             self._file = h5py.File(self.tmp, "r+", libver=LIBVER, locking=False)
@@ -109,15 +132,103 @@ class HDF5Writer(Writer):
         self._labels.extend(rows["label"].tolist())
         if self._layout == "fixed":
             self._fixed_shape = tuple(state["fixed_shape"])
-            _h5_call(self._file[IMAGES].resize, self._written, axis=0)
+            # rows allocated up front stay (those past the checkpoint are written again), unless an
+            # interrupted finish had cut them already
+            if not (state.get("rows") and _h5_call(self._locate_rows, state["rows"])):
+                _h5_call(self._file[IMAGES].resize, self._written, axis=0)
         elif self._layout == "flat":
             self._shapes.extend(record_shapes(rows).reshape(-1).tolist())
             for nbytes in rows["nbytes"].tolist():
                 self._offsets.append(self._offsets[-1] + nbytes)
             _h5_call(self._file[PAYLOAD].resize, self._offsets[-1], axis=0)
 
+    # -- rows allocated up front -----------------------------------------------------------------
+    def placement(self, shape: tuple[int, int, int], first_input: int, inputs: int) -> Placement | None:
+        """Workers write input ``i``'s sample into row ``i``'s chunk (packer/placement.py), for
+        uncompressed samples of ``shape``: ``images`` is created with a row for each of the
+        ``first_input + inputs`` inputs (or was, by the run this one resumes), every chunk allocated
+        at once. ``None`` when compressed, when the file already holds another layout, or after
+        skipped inputs (the driver then writes each sample into the next free row itself)."""
+        rows = first_input + inputs
+        if self.storage.compression or not rows:
+            return None
+        if self._layout is None and self._written == 0 and not self._pending:
+            _h5_call(self._create_rows, shape, rows)
+        if self._starts is None or len(self._starts) != rows or self._fixed_shape != shape:
+            return None
+        if self._written != first_input:
+            return None
+        self._placement = Placement(str(self.tmp), 0, math.prod(shape), shape, starts=self._starts)
+        return self._placement
+
+    def _create_rows(self, shape: tuple[int, int, int], rows: int) -> None:
+        """``images`` with ``rows`` rows, each chunk allocated now (and not filled: its sample is
+        written into it); none if HDF5 cannot list the chunks quickly."""
+        plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        plist.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        plist.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        self._create_fixed(shape, rows=rows, dcpl=plist)
+        self._layout = "fixed"
+        if not self._locate_rows(rows):
+            del self._file[IMAGES]
+            self._layout = None
+
+    def _locate_rows(self, rows: int) -> bool:
+        """Find the file offset of each of ``rows`` rows; open the descriptor that writes them."""
+        starts = chunk_starts(self._file[IMAGES].id, rows, math.prod(self._fixed_shape))
+        if starts is None:
+            return False
+        self._starts = starts
+        self._fd = os.open(self.tmp, os.O_RDWR)
+        return True
+
+    def _write_row(self, sample: Encoded | Placed) -> None:
+        """Sample ``_written`` into its row: a placed one is there already unless inputs before it
+        were skipped (then it is moved down, as few are: placing stops at the first skip)."""
+        assert self._starts is not None
+        row = self._written
+        if isinstance(sample, Placed):
+            if sample.error is not None:
+                raise OSError(*sample.error)
+            placement = self._placement
+            assert placement is not None, "internal error: a placed sample without a placement"
+            if sample.index != row:
+                placement.stop()
+                data = os.pread(self._fd, sample.nbytes, placement.offset(sample.index))
+                if len(data) != sample.nbytes:
+                    raise OSError(0, "a worker's sample is missing from the output")
+                pwrite_all(self._fd, data, int(self._starts[row]))
+        else:
+            if not _fits_fixed([sample], self._fixed_shape):  # pragma: no cover - fixed-shape jobs only
+                raise ValueError(f"internal error: a sample of shape {sample.shape} in an output of {self._fixed_shape}")
+            pwrite_all(self._fd, sample.payload, int(self._starts[row]))
+        self._labels.append(sample.label)
+        self._written += 1
+
+    def _cut_rows(self) -> None:
+        """Drop the rows nobody took (one per skipped input), and the descriptor that wrote them.
+        Their chunks are emptied first: a worker may have placed a sample there before it was
+        moved down (or a killed run's worker, before a resume), and the file must be the one
+        the driver alone writes."""
+        if self._starts is not None and len(self._starts) != self._written:
+            nbytes = math.prod(self._fixed_shape)
+            for start in self._starts[self._written :].tolist():
+                if not punch_hole(self._fd, start, nbytes):
+                    pwrite_all(self._fd, bytes(nbytes), start)
+            _h5_call(self._file[IMAGES].resize, self._written, axis=0)
+        self._close_rows()
+
+    def _close_rows(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     # -- appending --------------------------------------------------------------------------
-    def _write(self, index: int, sample: Encoded) -> None:
+    def _write(self, index: int, sample: Encoded | Placed) -> None:
+        if self._starts is not None:
+            self._write_row(sample)
+            return
+        assert isinstance(sample, Encoded)
         self._pending.append(sample)
         self._pending_bytes += len(sample.payload)
         if self._pending_bytes >= BLOCK_BYTES:
@@ -139,7 +250,7 @@ class HDF5Writer(Writer):
         block = self._pending
         if self._layout is None and (block or raw is not None):
             self._layout = "fixed" if raw is not False and block and _fits_fixed(block, block[0].shape) else "flat"
-            _h5_call(self._create_fixed if self._layout == "fixed" else self._create_flat, block)
+            _h5_call(self._create_fixed if self._layout == "fixed" else self._create_flat, block[0].shape if block else None)
         elif self._layout == "fixed" and (raw is False or not _fits_fixed(block, self._fixed_shape)):
             _h5_call(self._fixed_to_flat)
         if block:
@@ -150,18 +261,19 @@ class HDF5Writer(Writer):
     def _compression(self) -> dict[str, Any]:
         return {"compression": self.storage.compression} if self.storage.compression else {}
 
-    def _create_fixed(self, block: list[Encoded]) -> None:
-        self._fixed_shape = block[0].shape
+    def _create_fixed(self, shape: tuple[int, int, int], rows: int = 0, dcpl: Any = None) -> None:
+        self._fixed_shape = shape
         self._file.create_dataset(
             IMAGES,
-            shape=(0, *self._fixed_shape),
+            shape=(rows, *self._fixed_shape),
             maxshape=(None, *self._fixed_shape),
             chunks=(1, *self._fixed_shape),  # one sample per chunk: a random read touches only its sample
             dtype=np.uint8,
+            dcpl=dcpl,
             **self._compression(),
         )
 
-    def _create_flat(self, block: list[Encoded] | None = None) -> None:
+    def _create_flat(self, shape: tuple[int, int, int] | None = None) -> None:
         self._file.create_dataset(
             PAYLOAD, shape=(0,), maxshape=(None,), chunks=(PAYLOAD_CHUNK,), dtype=np.uint8, **self._compression()
         )
@@ -216,6 +328,8 @@ class HDF5Writer(Writer):
 
     # -- finishing ---------------------------------------------------------------------------
     def _write_metadata(self, meta: Metadata) -> None:
+        self._cut_rows()
+        self._starts = None
         self._flush(raw=meta.encoding == "raw")
         names = self.source_names_bytes()
         self._reserve(_INDEX_BYTES_PER_SAMPLE * self._written + len(meta.to_json()) + len(names or b""))
@@ -236,6 +350,8 @@ class HDF5Writer(Writer):
         file.close()
 
     def _close(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            self._close_rows()
         file = getattr(self, "_file", None)
         if file is not None:
             try:

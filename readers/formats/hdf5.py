@@ -37,7 +37,7 @@ from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store
 from .names import decode_source_names
 
-__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "open_shared_file"]
+__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "chunk_starts", "open_shared_file"]
 
 #: File attribute holding the metadata record (UTF-8 JSON string), written last.
 META_ATTR = "packer_metadata"
@@ -359,7 +359,7 @@ class _Mapped:
                     return None
                 starts: np.ndarray | None = base + np.arange(n, dtype=np.int64) * nbytes
             elif layout == h5py.h5d.CHUNKED and images.chunks == (1, *shape) and plist.get_nfilters() == 0:
-                starts = _chunk_starts(images.id, n, nbytes)
+                starts = chunk_starts(images.id, n, nbytes)
             else:
                 return None
             if starts is None:
@@ -390,7 +390,7 @@ class _Mapped:
                 out[j] = data[start : start + nbytes].reshape(shape)
 
 
-def _chunk_starts(dsid: h5py.h5d.DatasetID, n: int, nbytes: int) -> np.ndarray | None:
+def chunk_starts(dsid: h5py.h5d.DatasetID, n: int, nbytes: int) -> np.ndarray | None:
     """The file offset of each of ``n`` one-sample chunks of ``nbytes``, from HDF5's chunk index.
 
     ``DatasetID.chunk_iter`` visits every chunk in one pass (about 1.6 us a chunk); without it,

@@ -32,7 +32,7 @@ if _PLACE_CODE:  # tests/test_placement.py: a worker's write of a sample into th
     import packer.placement
 
     _place_calls = {"n": 0}
-    _original_pwrite = packer.placement._pwrite_all
+    _original_pwrite = packer.placement.pwrite_all
 
     def _failing_pwrite(fd, data, offset):
         _place_calls["n"] += 1
@@ -40,4 +40,4 @@ if _PLACE_CODE:  # tests/test_placement.py: a worker's write of a sample into th
             raise OSError(int(_PLACE_CODE), os.strerror(int(_PLACE_CODE)))
         return _original_pwrite(fd, data, offset)
 
-    packer.placement._pwrite_all = _failing_pwrite
+    packer.placement.pwrite_all = _failing_pwrite
