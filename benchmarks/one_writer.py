@@ -12,8 +12,8 @@ decoding taken away, so the figure is what the driver could absorb from any numb
 (b) the pool alone: workers that hand over ready-made 150 KB samples through
     ``packer.parallel.ordered_map`` (shared memory or the pipe, see ``--transports``), nothing written;
 (c) both: what a conversion with infinitely fast decoding would reach;
-(d) the blob with the workers writing the samples themselves (``packer/placement.py``: what
-    ``packer convert`` does for fixed-shape raw samples), the driver only booking them;
+(d) the blob and HDF5 with the workers writing the samples themselves (``packer/placement.py``:
+    what ``packer convert`` does for fixed-shape raw samples), the driver only booking them;
 (e) the plain way to write the same bytes: one process ``write``s them all to one file, then
     ``fsync``s it (no writeback overlapped with the writing, no bookkeeping): a reference for
     the disk, which the writers beat where their checkpoints sync in the background.
@@ -96,12 +96,12 @@ def fill(writer: Any, samples: Any) -> tuple[int, float]:
     return count, seconds
 
 
-def placed(make: MakeSample, n: int, workers: int, workdir: Path) -> tuple[int, float]:
-    """(d): as (c) for the blob, with the workers writing the samples into the output at their
-    places themselves (``packer/placement.py``, what ``packer convert`` does for a fixed-shape
-    blob) and the driver booking them; timed as :func:`fill` times it."""
-    writer = get_writer("blob")(workdir / "placed.blob", fingerprint={"benchmark": "placed"})
-    placement = writer.placement(SHAPE, 0)
+def placed(fmt: str, make: MakeSample, n: int, workers: int, workdir: Path) -> tuple[int, float]:
+    """(d): as (c) for ``fmt``, with the workers writing the samples into the output at their
+    places themselves (``packer/placement.py``, what ``packer convert`` does for fixed-shape raw
+    samples) and the driver booking them; timed as :func:`fill` times it."""
+    writer = get_writer(fmt)(workdir / f"placed{SUFFIX[fmt]}", fingerprint={"benchmark": "placed"})
+    placement = writer.placement(SHAPE, 0, n)
     assert placement is not None
     with ordered_map(placement.task(make), placement.items(range(n), 0), workers=workers) as results:
         return fill(writer, results)
@@ -185,9 +185,10 @@ def main() -> None:
             for k in workers:
                 rates.update(measure_ab({f"(c) {fmt}: pool + writer, {k} workers{tag(t)}": (lambda t=t: pool_and_writer(fmt, k, t))
                                          for t in args.transports}, repeats=args.repeats))
-        for k in sorted({1, cpu_count()}):  # the driver only books: every core may write
-            rates.update(measure_ab({f"(d) blob: workers write the samples, {k} workers": lambda: placed(make, n, k, Path(tmp))},
-                                    repeats=args.repeats))
+        for fmt in ("blob", "hdf5"):
+            for k in sorted({1, cpu_count()}):  # the driver only books: every core may write
+                rates.update(measure_ab({f"(d) {fmt}: workers write the samples, {k} workers": lambda: placed(fmt, make, n, k, Path(tmp))},
+                                        repeats=args.repeats))
     rows = [[name, str(r), f"{r.median * nbytes / 1e6:,.0f}", f"{r.median / PER_CORE:.0f}" if name.startswith("(c)") else ""]
             for name, r in rates.items()]
     load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}

@@ -182,7 +182,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
     Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here; with a
-    ``placement`` (the blob, fixed-shape raw samples, local workers) the workers write the
+    ``placement`` (the blob and HDF5, fixed-shape raw samples, local workers) the workers write the
     samples into the output themselves and send back :class:`Placed` records instead. A writer
     that writes pieces has its workers convert and write whole pieces (shards; with few pieces,
     fragments of them, given ``workers``); it is handed each finished piece in order, and its
@@ -195,7 +195,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     conversion with an error naming the piece's first input. ``in_memory``: the pieces' tasks
     return shard bytes instead of writing into the writer's folder (which they may not see).
     """
-    if placement is not None:  # items as (index, item, place) entries: packer/placement.py
+    if placement is not None:  # items as (index, item, offset) entries: packer/placement.py
         with run_map(placement.task(job.task), placement.items(items, writer.resumed_inputs), workers=workers,
                      chunksize=job.chunksize(workers), on_crash=lambda entry, reason: _crash_failure(entry[1], reason),
                      item_timeout=timeout) as results:

@@ -11,13 +11,15 @@ writes durable as well as its own: they are one file) and writes everything but 
 
 The first skipped input ends it: from then on the driver asks the workers for the samples
 (:meth:`Placement.stop`; chunks are handed out in input order, so every chunk handed out later
-is not placed) and appends them as usual; the few samples the workers had already placed after
-the skip are moved down to their place by the writer (:meth:`Placed` with ``index`` above the
-sample count). So the output is byte-identical to the one the driver alone writes, for any
-worker count, with no holes and nothing to compact at the end; ``--resume`` sees an ordinary
-checkpoint (samples back to back up to it).
+is not placed) and writes them at the next sample's place itself; the few samples the workers
+had already placed after the skip are moved down to their place by the writer (:meth:`Placed`
+with ``index`` above the sample count). So the output is byte-identical to the one the driver
+alone writes, for any worker count (the blob is cut after its last sample; HDF5 empties and
+cuts the rows nobody took); ``--resume`` sees an ordinary checkpoint (samples back to back up
+to it).
 
-A worker holds a shared ``flock`` on ``DST.partial`` for as long as it may write into it. The
+A worker holds a shared ``flock`` on ``DST.partial`` for as long as it may write into it (from
+before it converts the first input it may place). The
 pool kills and joins its workers whenever the driver stops, but a driver killed outright
 (SIGKILL, the OOM killer) leaves them running: they finish what they were handed, writing into
 the file, and only then find the driver gone. So a resumed run first waits, with an exclusive
@@ -136,6 +138,8 @@ class PlaceTask:
 
     def __call__(self, entry: tuple[int, Any, int | None]) -> Encoded | Failed | Placed:
         index, item, offset = entry
+        if offset is not None:
+            self._hold()
         return self._place(index, self.task(item), offset)
 
     def map(self, entries: Sequence[tuple[int, Any, int | None]]) -> Iterator[Encoded | Failed | Placed]:
@@ -143,8 +147,24 @@ class PlaceTask:
         inputs read ahead: packer/preprocess/task.py)."""
         from .parallel import run_items  # the pool's rule for a work unit's map
 
+        if any(entry[2] is not None for entry in entries):
+            self._hold()
         for (index, _item, offset), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
             yield self._place(index, result, offset)
+
+    def _hold(self) -> None:
+        """Open the file and take the shared lock before converting anything this process may
+        write (not at the first write: a killed driver's worker still converting its first input
+        must be waited for too, :func:`wait_for_writers`). An error here is left to :meth:`_place`,
+        which opens the file again and reports it with the sample."""
+        if self._fd < 0 and os.getpid() != self._driver:
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY)
+                fcntl.flock(self._fd, fcntl.LOCK_SH)
+            except OSError:
+                if self._fd >= 0:
+                    os.close(self._fd)
+                self._fd = -1
 
     def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:
         """Write ``result`` at ``offset`` (input ``index``'s place) and return its record; a

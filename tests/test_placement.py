@@ -291,3 +291,45 @@ def test_a_resume_gives_up_on_workers_that_never_stop_and_keeps_the_checkpoint(t
     assert partial.exists() and journal.saved_inputs(partial) == saved  # nothing lost
     report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
     assert report.resumed == saved and report.written == 40
+
+
+SLOW_FIRST = """
+import sys, time
+from packer.placement import PlaceTask
+from packer.preprocess.task import Encoded
+
+def slow(item):
+    print("converting", flush=True)
+    time.sleep(1.5)  # decoding its first input when the driver was killed
+    return Encoded(0, (3, 2, 2), bytes([0xEE]) * 12)
+
+task = PlaceTask(slow, sys.argv[1], 12, (3, 2, 2))
+task._driver = -1  # as in a worker
+task((0, None, 0))
+"""
+
+
+def test_a_killed_runs_worker_is_waited_for_before_its_first_write(tmp_path):
+    """A worker takes its shared lock before it converts an input it may place, not at its first
+    write (found by a second read of the HDF5 change): a killed run's worker still decoding its
+    first input would otherwise write into the resumed run's file after the wait."""
+    import subprocess
+    import sys
+    import time
+
+    from packer.placement import wait_for_writers
+
+    path = tmp_path / "out.blob.partial"
+    path.write_bytes(bytes(12))
+    worker = subprocess.Popen([sys.executable, "-c", SLOW_FIRST, str(path)], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline().strip() == "converting"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        started = time.monotonic()
+        wait_for_writers(fd, str(path))  # the resumed run's wait
+        waited = time.monotonic() - started
+        os.pwrite(fd, bytes([0x11]) * 12, 0)  # the resumed run writes its sample 0
+    finally:
+        os.close(fd)
+    assert worker.wait(10) == 0
+    assert path.read_bytes() == bytes([0x11]) * 12, f"overwritten by the killed run's worker after a wait of {waited:.2f} s"

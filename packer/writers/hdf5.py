@@ -46,6 +46,8 @@ BLOCK_BYTES = 32 << 20
 _HDF5_MARGIN = 1 << 20
 #: Index bytes per sample written at finish: label and offset int64, checksum uint32, shape 3 x int64.
 _INDEX_BYTES_PER_SAMPLE = 8 + 8 + 4 + 24
+#: Chunk index bytes per row of ``images`` allocated up front (measured: about 137).
+_INDEX_BYTES_PER_ROW = 160
 #: Chunk length (bytes) of the flat ``payload`` dataset.
 PAYLOAD_CHUNK = 64 << 10
 #: HDF5 file-format bounds: the oldest structures that hold the data, readable by HDF5 >= 1.8.
@@ -103,7 +105,8 @@ class HDF5Writer(Writer):
             os.close(fd)
 
     def _reopen(self, checkpoint: Checkpoint) -> None:
-        """Reopen the file and cut its datasets back to the checkpoint.
+        """Reopen the file and cut its datasets back to the checkpoint (rows allocated up front
+        are kept: those past the checkpoint are written again).
 
         HDF5 keeps its own structures in memory between flushes, so a file killed in the middle
         of a block may not open any more: that is reported, and only a fresh start helps.
@@ -153,7 +156,11 @@ class HDF5Writer(Writer):
         if self.storage.compression or not rows:
             return None
         if self._layout is None and self._written == 0 and not self._pending:
-            _h5_call(self._create_rows, shape, rows)
+            try:  # HDF5 writes every row's chunk index entry now: a full disk shows here
+                self._reserve(rows * _INDEX_BYTES_PER_ROW)
+                _h5_call(self._create_rows, shape, rows)
+            except OSError as exc:
+                raise self.output_error(exc) from None
         if self._starts is None or len(self._starts) != rows or self._fixed_shape != shape:
             return None
         if self._written != first_input:
@@ -239,7 +246,9 @@ class HDF5Writer(Writer):
 
         libhdf5 does not survive a full disk: it drops the failed chunk writes (h5py only prints
         them) and then crashes the process in ``flush``. So the space is checked before HDF5 is
-        asked to write, and a full disk is the usual one-line error instead of a segfault."""
+        asked to write (blocks, the index, rows allocated up front: their samples are written
+        by ``pwrite``, which reports a full disk itself), and a full disk is the usual one-line
+        error instead of a segfault."""
         st = os.statvfs(self.tmp.parent if str(self.tmp.parent) else ".")
         if st.f_bavail * st.f_frsize < nbytes + _HDF5_MARGIN:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
