@@ -70,11 +70,14 @@ class ResultSlots:
         return self.block.name
 
     def close(self) -> None:
+        """Unlink the block and unmap it. A view of a slot still alive (a result being copied out
+        when Ctrl-C landed, kept by the traceback) keeps the mapping until it goes: that is not
+        an error, and must not stop the other workers' blocks from being unlinked."""
         for view in self.slots:
             view.release()
         self.slots = []
-        self.block.close()
         self.block.unlink()
+        _unmap(self.block)
 
     @staticmethod
     def sweep_orphans() -> None:
@@ -179,4 +182,15 @@ def detach_slots(block: SharedMemory | None, slots: list[memoryview | None]) -> 
         if view is not None:
             view.release()
     if block is not None:
+        _unmap(block)
+
+
+def _unmap(block: SharedMemory) -> None:
+    """Close this process's mapping of ``block``. A view of it still alive keeps the map until
+    it goes: not an error (the SharedMemory lets go of the map now, or its ``__del__`` would
+    raise the same error again, printed as an ignored exception)."""
+    try:
         block.close()
+    except BufferError:
+        block._mmap = None  # (stdlib internals, as for _fd above: no public way)
+        block.close()  # its descriptor
