@@ -23,8 +23,10 @@ Divided by the measured per-core conversion rate, (c) says at how many worker co
 writer becomes the bound (docs/SCALING.md). Workers: 1 and all cores but one, so the driver
 has a core of its own (null workers never wait on decoding: more would only steal the
 driver's CPU, which real workers, busy decoding, do far less). Median (min-max) of
-``--repeats`` passes; with several ``--transports`` (``packer.parallel.TRANSPORTS``), rows (b)
-and (c) alternate them pass by pass (ABAB...), so drift of the machine hits both alike.
+``--repeats`` rounds, each of which runs every row once, in turn (after one warm-up pass of
+each), so drift of the machine (its disk's write-back above all) hits all rows alike; with
+several ``--transports`` (``packer.parallel.TRANSPORTS``), rows (b) and (c) have one row per
+transport, alternated the same way.
 Each sample's payload is a bytes object of its own, as a real worker's is: one object shared by
 all samples is pickled once per chunk (pickle's memo), which understates the pipe's cost ~16x.
 """
@@ -166,29 +168,29 @@ def main() -> None:
     load_before = os.getloadavg()
     tag = (lambda t: f" [{t}]") if len(args.transports) > 1 else (lambda t: "")
     with tempfile.TemporaryDirectory(prefix="packer-one-writer-") as tmp:
-        rates.update(measure_ab({f"(a) {fmt} writer alone": (lambda fmt=fmt: write_all(fmt, in_memory, Path(tmp))) for fmt in SUFFIX}
-                                | {"(e) the plain way: write all, then fsync": lambda: disk_alone(in_memory, Path(tmp))}, repeats=args.repeats))
+        work = Path(tmp)
 
         def pool_only(k: int, transport: str) -> tuple[int, float]:
             with ordered_map(make, range(n), workers=k, transport=transport) as results:
                 return drain(results)
 
-        for k in workers:
-            rates.update(measure_ab({f"(b) pool alone, {k} workers{tag(t)}": (lambda t=t: pool_only(k, t)) for t in args.transports},
-                                    repeats=args.repeats))
-
         def pool_and_writer(fmt: str, k: int, transport: str) -> tuple[int, float]:
             with ordered_map(make, range(n), workers=k, transport=transport) as results:
-                return write_all(fmt, results, Path(tmp))
+                return write_all(fmt, results, work)
 
+        passes: dict[str, Any] = {f"(a) {fmt} writer alone": (lambda fmt=fmt: write_all(fmt, in_memory, work)) for fmt in SUFFIX}
+        passes["(e) the plain way: write all, then fsync"] = lambda: disk_alone(in_memory, work)
+        for k in workers:
+            for t in args.transports:
+                passes[f"(b) pool alone, {k} workers{tag(t)}"] = lambda k=k, t=t: pool_only(k, t)
         for fmt in SUFFIX:
             for k in workers:
-                rates.update(measure_ab({f"(c) {fmt}: pool + writer, {k} workers{tag(t)}": (lambda t=t: pool_and_writer(fmt, k, t))
-                                         for t in args.transports}, repeats=args.repeats))
+                for t in args.transports:
+                    passes[f"(c) {fmt}: pool + writer, {k} workers{tag(t)}"] = lambda fmt=fmt, k=k, t=t: pool_and_writer(fmt, k, t)
         for fmt in ("blob", "hdf5"):
             for k in sorted({1, cpu_count()}):  # the driver only books: every core may write
-                rates.update(measure_ab({f"(d) {fmt}: workers write the samples, {k} workers": lambda: placed(fmt, make, n, k, Path(tmp))},
-                                        repeats=args.repeats))
+                passes[f"(d) {fmt}: workers write the samples, {k} workers"] = lambda fmt=fmt, k=k: placed(fmt, make, n, k, work)
+        rates.update(measure_ab(passes, repeats=args.repeats))  # every row once per round: drift hits all alike
     rows = [[name, str(r), f"{r.median * nbytes / 1e6:,.0f}", f"{r.median / PER_CORE:.0f}" if name.startswith("(c)") else ""]
             for name, r in rates.items()]
     load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
