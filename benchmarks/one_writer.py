@@ -23,8 +23,9 @@ Divided by the measured per-core conversion rate, (c) says at how many worker co
 writer becomes the bound (docs/SCALING.md). Workers: 1 and all cores but one, so the driver
 has a core of its own (null workers never wait on decoding: more would only steal the
 driver's CPU, which real workers, busy decoding, do far less). Median (min-max) of
-``--repeats`` rounds, each of which runs every row once, in turn (after one warm-up pass of
-each), so drift of the machine (its disk's write-back above all) hits all rows alike; with
+``--repeats`` rounds, each of which runs every row once, in turn, the order rotated by one row
+each round (after one warm-up pass of each), so drift of the machine (its disk's write-back
+above all) hits all rows alike; with
 several ``--transports`` (``packer.parallel.TRANSPORTS``), rows (b) and (c) have one row per
 transport, alternated the same way.
 Each sample's payload is a bytes object of its own, as a real worker's is: one object shared by
@@ -138,13 +139,15 @@ def drain(results: Any) -> tuple[int, float]:
 
 def measure_ab(passes: dict[str, Any], *, repeats: int) -> dict[str, Rate]:
     """Each of ``passes`` (name -> a pass returning ``(items, seconds)``) once as a warm-up, then
-    ``repeats`` rounds of one timed pass each, in turn."""
+    ``repeats`` rounds of one timed pass each, in turn, the order rotated by one each round (so
+    no row always follows the same one, and finds its write-back still going)."""
     for one_pass in passes.values():
         one_pass()
     runs: dict[str, list[float]] = {name: [] for name in passes}
-    for _ in range(repeats):
-        for name, one_pass in passes.items():
-            items, seconds = one_pass()
+    names = list(passes)
+    for k in range(repeats):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            items, seconds = passes[name]()
             runs[name].append(items / seconds)
     return {name: Rate(min(r), statistics.median(r), max(r), len(r)) for name, r in runs.items()}
 

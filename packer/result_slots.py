@@ -74,10 +74,15 @@ class ResultSlots:
         when Ctrl-C landed, kept by the traceback) keeps the mapping until it goes: that is not
         an error, and must not stop the other workers' blocks from being unlinked."""
         for view in self.slots:
-            view.release()
+            try:
+                view.release()
+            except BufferError:  # exported (nothing here does): it goes with its export
+                pass
         self.slots = []
-        self.block.unlink()
-        _unmap(self.block)
+        try:
+            self.block.unlink()
+        finally:
+            _unmap(self.block)
 
     @staticmethod
     def sweep_orphans() -> None:
@@ -192,5 +197,5 @@ def _unmap(block: SharedMemory) -> None:
     try:
         block.close()
     except BufferError:
-        block._mmap = None  # (stdlib internals, as for _fd above: no public way)
+        block._buf = block._mmap = None  # (stdlib internals, as for _fd above: no public way)
         block.close()  # its descriptor
