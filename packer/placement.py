@@ -93,6 +93,21 @@ class Placement:
         """No more placing: chunks handed out from now on bring their samples back."""
         self.placing = False
 
+    def moved(self, fd: int, sample: Placed, index: int) -> bytes | None:
+        """What the writer does with a worker's record, booked as sample ``index``: raise the
+        worker's write error; ``None`` when the sample is at its place; else (inputs before it
+        were skipped) its bytes, read back from ``fd`` to be written at sample ``index``'s place
+        (few: placing stops here, if the driver had not stopped it at the skip already)."""
+        if sample.error is not None:
+            raise OSError(*sample.error)
+        if sample.index == index:
+            return None
+        self.stop()
+        data = os.pread(fd, sample.nbytes, self.offset(sample.index))
+        if len(data) != sample.nbytes:
+            raise OSError(0, "a worker's sample is missing from the output")
+        return data
+
     def task(self, task: Callable[[Any], Encoded | Failed]) -> "PlaceTask":
         """The work unit that runs ``task`` and places its sample (a picklable object)."""
         return PlaceTask(task, self.path, self.stride, self.shape)
@@ -159,12 +174,19 @@ class PlaceTask:
         which opens the file again and reports it with the sample."""
         if self._fd < 0 and os.getpid() != self._driver:
             try:
-                self._fd = os.open(self.path, os.O_WRONLY)
-                fcntl.flock(self._fd, fcntl.LOCK_SH)
+                self._open_locked()
             except OSError:
-                if self._fd >= 0:
-                    os.close(self._fd)
-                self._fd = -1
+                pass
+
+    def _open_locked(self) -> None:
+        """Open the file and take the shared lock, held until this process ends (module doc)."""
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
 
     def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:
         """Write ``result`` at ``offset`` (input ``index``'s place) and return its record; a
@@ -176,8 +198,7 @@ class PlaceTask:
         placed = Placed(index, result.label, result.shape, self.stride, result.checksum, result.decoder_messages)
         try:
             if self._fd < 0:
-                self._fd = os.open(self.path, os.O_WRONLY)
-                fcntl.flock(self._fd, fcntl.LOCK_SH)  # held until this process ends: see the module doc
+                self._open_locked()
             pwrite_all(self._fd, result.payload, offset)
         except OSError as exc:
             return dataclasses.replace(placed, error=(exc.errno or errno.EIO, exc.strerror or str(exc)))

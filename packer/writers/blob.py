@@ -151,20 +151,13 @@ class BlobWriter(Writer):
 
     def _book_placed(self, index: int, sample: Placed) -> None:
         """A worker wrote it at input ``sample.index``'s place: that is sample ``index``'s place
-        unless inputs before it were skipped; then it is moved down (few: the workers are told
-        to stop placing at the first skip)."""
-        if sample.error is not None:
-            raise OSError(*sample.error)
+        unless inputs before it were skipped; then it is moved down (:meth:`Placement.moved`)."""
         placement = self._placement
         assert placement is not None and sample.nbytes == placement.stride, "internal error: a placed sample without a placement"
-        if sample.index == index:
-            return
-        placement.stop()  # (the driver stopped it at the skip already)
-        data = os.pread(self._file.fileno(), sample.nbytes, placement.offset(sample.index))
-        if len(data) != sample.nbytes:
-            raise OSError(0, "a worker's sample is missing from the output")
-        self._file.seek(ALIGNMENT + self._offsets[-1])
-        self._file.write(data)
+        data = placement.moved(self._file.fileno(), sample, index)
+        if data is not None:
+            self._file.seek(ALIGNMENT + self._offsets[-1])
+            self._file.write(data)
 
     def _write_metadata(self, meta: Metadata) -> None:
         handle = self._file

@@ -195,15 +195,9 @@ class HDF5Writer(Writer):
         assert self._starts is not None
         row = self._written
         if isinstance(sample, Placed):
-            if sample.error is not None:
-                raise OSError(*sample.error)
-            placement = self._placement
-            assert placement is not None, "internal error: a placed sample without a placement"
-            if sample.index != row:
-                placement.stop()
-                data = os.pread(self._fd, sample.nbytes, placement.offset(sample.index))
-                if len(data) != sample.nbytes:
-                    raise OSError(0, "a worker's sample is missing from the output")
+            assert self._placement is not None, "internal error: a placed sample without a placement"
+            data = self._placement.moved(self._fd, sample, row)
+            if data is not None:
                 pwrite_all(self._fd, data, int(self._starts[row]))
         else:
             if not _fits_fixed([sample], self._fixed_shape):  # pragma: no cover - fixed-shape jobs only
