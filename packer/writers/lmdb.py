@@ -8,6 +8,14 @@ reserved with ``posix_fallocate`` before the map grows over them: a full disk is
 ``ENOSPC`` error. The map grows by half whenever it fills, and the file is cut back to the pages
 in use when the dataset is finished. Where the filesystem cannot preallocate, LMDB's default
 buffered writes are used.
+
+The map is opened without read-ahead (``readahead=False``: LMDB advises ``MADV_RANDOM``). A
+write fault on a page the file does not hold yet otherwise reads the pages around it too, which
+for a new file means the kernel zeroing them, and zeroing pages it will zero again: perf on the
+2-core VM (kernel 6.18, ext4) showed ``memset`` under the fault path as two thirds of a
+faulting writer's time, and an ad hoc A/B of the writer alone (6,000 samples, 4 alternated
+rounds) 3,985 samples/s against 3,332 with read-ahead (not committed: no figure is claimed).
+The writer reads only the B-tree pages it appends to, so it loses nothing.
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ class LMDBWriter(Writer):
             meminit=False,
             writemap=self._preallocate,
             map_async=self._preallocate,
+            readahead=False,  # a write fault must not read (zero) the pages around it: module docstring
             max_dbs=0,
             **version,
         )
