@@ -260,8 +260,15 @@ class _Pool(Generic[T, R]):
     def _replace(self, worker: _Worker, reason: str) -> None:
         """A worker died or hung: kill it, start another, and retry its chunks item by item."""
         ring, worker.ring = worker.ring, None  # once it is dead and joined, its slots serve its successor
-        _kill(worker)
-        self.workers[self.workers.index(worker)] = self._start_worker(ring)
+        try:
+            _kill(worker)
+        except BaseException:  # (a Ctrl-C in the join) the worker has its SIGKILL or is gone: nobody writes there
+            if ring is not None:
+                ring.close()
+            raise
+        index = self.workers.index(worker)
+        del self.workers[index]  # closed: close() must not meet it again if no successor starts
+        self.workers.insert(index, self._start_worker(ring))  # (which closes the ring if it fails)
         retries: list[_Chunk] = []
         for position, chunk in enumerate(worker.in_flight):
             if chunk.isolated or chunk.count == 1:

@@ -370,3 +370,49 @@ def test_workers_ignore_ctrl_c_even_while_importing():
     with ordered_map(ignored_at_import, list(range(4)), workers=2) as results:
         masks = list(results)
     assert all(mask & (1 << (signal.SIGINT - 1)) for mask in masks), [hex(m) for m in masks]
+
+
+@needs_dev_shm
+def test_a_successor_that_cannot_start_leaves_nothing_behind(monkeypatch):
+    """A worker crashes and its successor fails to start (no memory for a fork, say): that error
+    is what the caller sees, the pool still closes (the dead worker is not closed twice) and its
+    block is unlinked."""
+    started = []
+    real = parallel._Pool._start_worker
+
+    def start_twice_only(self, ring=None):
+        if len(started) == 2:
+            if ring is not None:
+                ring.close()  # as the real one does when it fails
+            raise OSError(12, "Cannot allocate memory")
+        started.append(1)
+        return real(self, ring)
+
+    monkeypatch.setattr(parallel._Pool, "_start_worker", start_twice_only)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        with ordered_map(big_or_crash, list(range(24)), workers=2, chunksize=4, on_crash=crashed) as results:
+            list(results)
+    assert _blocks() == set()
+    assert multiprocessing.active_children() == []
+
+
+@needs_dev_shm
+def test_an_interrupted_kill_of_a_dead_worker_still_frees_its_block(monkeypatch):
+    """A Ctrl-C while the pool waits for a crashed worker to be joined: the block that would have
+    gone to its successor is unlinked, and the interrupt is what the caller sees."""
+    real_kill, interrupted = parallel._kill, []
+
+    def kill_interrupted(worker):
+        if worker.ring is None and not interrupted:  # the one being replaced: killed, not yet joined
+            interrupted.append(worker)
+            worker.process.kill()
+            raise KeyboardInterrupt
+        real_kill(worker)
+
+    monkeypatch.setattr(parallel, "_kill", kill_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with ordered_map(big_or_crash, list(range(24)), workers=2, chunksize=4, on_crash=crashed) as results:
+            list(results)
+    assert len(interrupted) == 1
+    assert _blocks() == set()
+    assert multiprocessing.active_children() == []
