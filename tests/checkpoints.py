@@ -1,4 +1,5 @@
-"""Kill a conversion right after its first resume checkpoint (for the --resume tests)."""
+"""Stop a conversion part-way (for the --resume and interrupt tests): kill it right after its first
+resume checkpoint, or make one of its calls raise."""
 
 from __future__ import annotations
 
@@ -51,3 +52,19 @@ def inputs_converted(monkeypatch: Any, owner: Any, name: str = "ordered_map") ->
         yield counts
     finally:
         monkeypatch.setattr(owner, name, real)
+
+
+def interrupt_at_call(patch: Any, owner: Any, name: str, n: int, exc: type[BaseException] = KeyboardInterrupt) -> dict[str, int]:
+    """Patch ``owner.name`` (with ``patch``: a monkeypatch or its context) so that its ``n``-th
+    call raises ``exc`` and every other call runs the real one. Returns the call counter: set
+    ``counter["n"] = 0`` to interrupt the ``n``-th call of the next run too."""
+    real, calls = getattr(owner, name), {"n": 0}
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise exc
+        return real(*args, **kwargs)
+
+    patch.setattr(owner, name, interrupted)
+    return calls

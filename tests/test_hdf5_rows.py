@@ -18,6 +18,7 @@ from packer import ImageOptions, convert
 from packer.cli import cli
 from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
+from checkpoints import interrupt_at_call
 from roundtrip_checks import read_plain
 from test_placement import _Fixed, _folder
 
@@ -96,15 +97,7 @@ def test_a_resume_from_a_journal_of_the_growing_layout(tmp_path, monkeypatch, fi
         patched.setattr(HDF5Writer, "placement", lambda self, *args: None)
         real_sync = HDF5Writer._sync
         patched.setattr(HDF5Writer, "_sync", lambda self: {k: v for k, v in real_sync(self).items() if k != "rows"})
-        real_add, calls = HDF5Writer.add, {"n": 0}
-
-        def add(self, sample):
-            calls["n"] += 1
-            if calls["n"] == 25:
-                raise KeyboardInterrupt
-            return real_add(self, sample)
-
-        patched.setattr(HDF5Writer, "add", add)
+        interrupt_at_call(patched, HDF5Writer, "add", 25)
         with pytest.raises(KeyboardInterrupt):
             convert(src, dst, image=ImageOptions(size=12), workers=2)
     report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)

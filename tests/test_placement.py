@@ -24,6 +24,7 @@ from packer.placement import Placed
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
+from checkpoints import interrupt_at_call
 from roundtrip_checks import read_plain
 
 FAULTS = Path(__file__).parent / "faults"
@@ -129,20 +130,11 @@ def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, mo
     (tmp_path / "ref").mkdir()
     reference = convert(src, tmp_path / "ref" / f"out.{suffix}", image=ImageOptions(size=12), workers=2)
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
-    writer = WRITERS[suffix]
-    real_add, calls = writer.add, {"n": 0}
-
-    def add(self, sample):
-        calls["n"] += 1
-        if calls["n"] == 25:
-            raise KeyboardInterrupt
-        return real_add(self, sample)
-
-    monkeypatch.setattr(writer, "add", add)
     dst = tmp_path / f"out.{suffix}"
-    with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
-        convert(src, dst, image=ImageOptions(size=12), workers=2)
-    monkeypatch.setattr(writer, "add", real_add)
+    with monkeypatch.context() as patched:
+        interrupt_at_call(patched, WRITERS[suffix], "add", 25)
+        with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
+            convert(src, dst, image=ImageOptions(size=12), workers=2)
     report = convert(src, dst, image=ImageOptions(size=12), workers=2, resume=True)
     assert report.resumed > 0
     if suffix == "blob":
@@ -216,19 +208,10 @@ os.pwrite(task._fd, b"\\xff" * 432, int(sys.argv[3]))  # a late worker's sample,
 
 def _interrupted(src: Path, dst: Path, monkeypatch) -> None:
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
-    writer = WRITERS[dst.suffix[1:]]
-    real_add, calls = writer.add, {"n": 0}
-
-    def add(self, sample):
-        calls["n"] += 1
-        if calls["n"] == 20:
-            raise KeyboardInterrupt
-        return real_add(self, sample)
-
-    monkeypatch.setattr(writer, "add", add)
-    with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
-        convert(src, dst, image=ImageOptions(size=12), workers=2)
-    monkeypatch.setattr(writer, "add", real_add)
+    with monkeypatch.context() as patched:
+        interrupt_at_call(patched, WRITERS[dst.suffix[1:]], "add", 20)
+        with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
+            convert(src, dst, image=ImageOptions(size=12), workers=2)
 
 
 def _next_place(partial: Path) -> int:

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from packer import ImageOptions, StorageOptions, convert
 from packer.cli import cli
+from checkpoints import interrupt_at_call
 from packer.errors import InputError
 from packer.writers.webdataset import ShardWriter
 from readers import IncompleteDatasetError, PackedFormatError, ShardDataset, StreamingShards, UnsupportedVersionError
@@ -252,16 +253,7 @@ def test_cli_convert_and_info(tmp_path, image_folder):
 def test_interrupted_conversion_leaves_no_output(tmp_path, image_folder, monkeypatch):
     keep = make(image_folder, tmp_path / "keep", shard_size=5)
     before = {p.name: p.read_bytes() for p in keep.iterdir()}
-    original = ShardWriter.add_piece
-    calls = {"n": 0}
-
-    def interrupted(self, result):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return original(self, result)
-
-    monkeypatch.setattr(ShardWriter, "add_piece", interrupted)
+    calls = interrupt_at_call(monkeypatch, ShardWriter, "add_piece", 2)
     with pytest.raises(KeyboardInterrupt):
         make(image_folder, tmp_path / "new", shard_size=5, workers=2)
     calls["n"] = 0
