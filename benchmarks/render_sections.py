@@ -375,6 +375,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "loader": _loader,
     "loader_ceiling": _loader_ceiling(),
     "loader_ceiling-nt": _loader_ceiling("nt"),
+    "loader_ceiling-2026-11-25": _loader_ceiling("2026-11-25"),
     "gpu": _gpu,
     "tokens": _tokens,
     "blob_memory": _blob_memory,

@@ -19,6 +19,33 @@ def _status(met: bool, source: str | None = None) -> str:
     return "**met**" if met else "**missed**"
 
 
+#: Earlier sittings of ``benchmarks.loader_ceiling`` (same code path, another day), kept so that
+#: issue 20's first target is read off every committed sitting, not only the latest.
+CEILING_SITTINGS = ["loader_ceiling-2026-11-25"]
+
+
+def _target_20_ceiling(names: list[str]) -> list[str]:
+    """Issue 20's first target: measured in the latest sitting, status over every sitting named."""
+    def read(name: str) -> tuple[dict[str, float], float, float, bool]:
+        ceiling = load(name)["loader"]
+        share = {f: ceiling[f]["checked"]["of_random_rows"]["median"] for f in ceiling}
+        contiguous = ceiling["blob"]["checked"]["of_contiguous"]["median"]
+        checked = min(ceiling[f]["checked"]["of_recycle"]["median"] for f in ceiling)
+        met = share["blob"] >= 0.8 and contiguous >= 0.7 and share["lmdb"] >= 0.6 and share["hdf5"] >= 0.6 and checked >= 0.95
+        return share, contiguous, checked, met
+
+    sittings = [read(name) for name in names]
+    share, contiguous, checked, met = sittings[0]
+    measured = (", ".join(f"{f} {v:.0%}" for f, v in share.items()) + f" of random rows; blob {contiguous:.0%} of contiguous; "
+                f"checked ≥ {checked:.0%} of recycle")
+    for name, (_share, earlier_contiguous, _checked, earlier_met) in zip(names[1:], sittings[1:]):
+        measured += f" (`{name}.json`: blob {earlier_contiguous:.0%} of contiguous, {'met' if earlier_met else 'missed'})"
+    met_in = sum(s[3] for s in sittings)
+    status = _status(met, names[0]) if met_in in (0, len(sittings)) else f"**met in {met_in} of {len(sittings)} sittings**"
+    return ["#20", "`Loader` (default buffers) ≥ 80% of the 2-thread random-row copy (blob; and ≥ 70% of a contiguous copy), "
+            "≥ 60% for LMDB and HDF5; default buffers within 5% of `recycle`", names[0], measured, status]
+
+
 def targets() -> str:
     """The issues' targets, each measured value computed from the JSON named in its row."""
     from .run import TRICKS, TUTORIAL
@@ -87,16 +114,7 @@ def targets() -> str:
          f"{tok['ratio']:.1f}x through a DataLoader, {tok['loader_ratio']:.1f}x through `readers.Loader`", _status(tok["ratio"] >= 50, "tokens")],
     ]
     rows += _targets_16()
-    ceiling = load("loader_ceiling")["loader"]
-    share = {f: ceiling[f]["checked"]["of_random_rows"]["median"] for f in ceiling}
-    blob_contiguous = ceiling["blob"]["checked"]["of_contiguous"]["median"]
-    checked = min(ceiling[f]["checked"]["of_recycle"]["median"] for f in ceiling)
-    rows.append(["#20", "`Loader` (default buffers) ≥ 80% of the 2-thread random-row copy (blob; and ≥ 70% of a contiguous copy), "
-                 "≥ 60% for LMDB and HDF5; default buffers within 5% of `recycle`", "loader_ceiling",
-                 ", ".join(f"{f} {v:.0%}" for f, v in share.items()) + f" of random rows; blob {blob_contiguous:.0%} of contiguous; "
-                 f"checked ≥ {checked:.0%} of recycle",
-                 _status(share["blob"] >= 0.8 and blob_contiguous >= 0.7 and share["lmdb"] >= 0.6 and share["hdf5"] >= 0.6 and checked >= 0.95,
-                         "loader_ceiling")])
+    rows.append(_target_20_ceiling(["loader_ceiling", *CEILING_SITTINGS]))
     jpeg = load("jpeg_read")["loader"]
     best = max(jpeg, key=lambda f: jpeg[f]["simplejpeg"]["of_pillow_pool"]["median"])
     pool = jpeg[best]["simplejpeg"]["of_pillow_pool"]["median"]
