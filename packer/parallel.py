@@ -17,7 +17,7 @@ raised by ``fn`` is a bug, raised here as :class:`WorkerError` with the worker's
 
 Workers ignore SIGINT (Ctrl-C reaches only the parent, which kills them), leave parallelism to
 the pool (OpenCV runs single-threaded), and keep freed memory for reuse
-(:func:`packer.memory.keep_freed_memory`).
+(:func:`packer.memory.keep_freed_memory`); their side lives in :mod:`packer.pool_worker`.
 
 Results come back through shared memory (``transport="shm"``, the default: the payloads in the
 worker's slots, only the rest of the pickle through the pipe; :mod:`packer.result_slots`), or
@@ -35,26 +35,22 @@ per conversion; the usual multiprocessing rule follows: a script that converts m
 
 from __future__ import annotations
 
-import faulthandler
 import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
-
-import cv2
 
 from .memory import keep_freed_memory  # part of this module's interface: workers call it
 from .options import DEFAULT_ITEM_TIMEOUT
-from .result_slots import ResultSlots, attach_slots, decode_results, detach_slots, encode_results
+from .pool_worker import encode, worker_main
+from .result_slots import ResultSlots, decode_results
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -108,7 +104,7 @@ def ordered_map(
     with ``reason`` like ``"crashed the decoder (SIGSEGV)"`` or ``"timed out after 120 s"``.
     A single item runs in this process (no isolation: there is nothing to run beside it).
     A worker runs a chunk's items through ``fn.map(items)`` when ``fn`` has one (it must yield
-    ``fn(item)`` for each, in order: :func:`run_items`). ``transport``: how results come back
+    ``fn(item)`` for each, in order: :func:`packer.pool_worker.run_items`). ``transport``: how results come back
     (:data:`TRANSPORTS`; "shm" falls back to "pipe" where no shared memory can be reserved).
     """
     if len(items) <= 1:
@@ -183,7 +179,7 @@ class _Pool(Generic[T, R]):
             # own task pipe open and never see EOF (and exit) when the parent dies.
             inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
             args = (self.fn, task_recv, result_send, inherited, ring.name if ring else None)
-            process = self.context.Process(target=_worker_main, args=args, daemon=True)
+            process = self.context.Process(target=worker_main, args=args, daemon=True)
             with _main_not_reimported(self.fn):
                 process.start()
         except BaseException:
@@ -215,7 +211,7 @@ class _Pool(Generic[T, R]):
                 # In flight: at most two consecutive dispatches, so alternating slots never collide,
                 # and a slot is reused only after its chunk's results were copied out (_receive).
                 chunk.slot = worker.sent % 2
-                message = _encode((chunk.id, chunk.slot, self.items[chunk.start : chunk.start + chunk.count]))
+                message = encode((chunk.id, chunk.slot, self.items[chunk.start : chunk.start + chunk.count]))
                 if worker.in_flight and (len(message) > _PREFETCH_BYTES or chunk.isolated or worker.in_flight[0].isolated):
                     break  # big chunks go only to an idle worker (it is reading, so sending cannot block)
                 self.todo.popleft()
@@ -266,9 +262,8 @@ class _Pool(Generic[T, R]):
             if ring is not None:
                 ring.close()
             raise
-        index = self.workers.index(worker)
-        del self.workers[index]  # closed: close() must not meet it again if no successor starts
-        self.workers.insert(index, self._start_worker(ring))  # (which closes the ring if it fails)
+        self.workers.remove(worker)  # closed: close() must not meet it again if no successor starts
+        self.workers.append(self._start_worker(ring))  # (which closes the ring if it fails)
         retries: list[_Chunk] = []
         for position, chunk in enumerate(worker.in_flight):
             if chunk.isolated or chunk.count == 1:
@@ -351,7 +346,7 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     ignoring SIGINT keeps ignoring it, and the server's children (our workers) restore the
     server's own setting, so a Ctrl-C to the terminal's process group never reaches a worker, not
     even while it is still importing (where it printed a KeyboardInterrupt traceback before
-    ``_init_worker`` could ignore SIGINT). The parent stops the workers itself."""
+    the worker's own set-up could ignore SIGINT, ``packer.pool_worker``). The parent stops the workers itself."""
     from multiprocessing import forkserver
 
     if threading.current_thread() is not threading.main_thread():
@@ -388,70 +383,3 @@ def _main_not_reimported(fn: Callable) -> Iterator[None]:
     finally:
         main.__dict__.pop("__spec__", None)
         main.__dict__.update(saved)
-
-
-def _encode(message: Any) -> memoryview:
-    """A message between the pool's processes, encoded as multiprocessing encodes its own."""
-    return ForkingPickler.dumps(message, -1)
-
-
-# -- worker side ----------------------------------------------------------------------------
-def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-    """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
-    one (``ImageTask`` reads remote inputs ahead: packer/preprocess/task.py), checked to give
-    exactly one result per item."""
-    batch = getattr(fn, "map", None)
-    if not callable(batch):
-        yield from map(fn, items)
-        return
-    count = 0
-    for count, value in enumerate(batch(items), 1):
-        if count > len(items):
-            break
-        yield value
-    if count != len(items):
-        raise RuntimeError(f"{type(fn).__name__}.map gave {'more' if count > len(items) else count} results for {len(items)} items")
-
-
-def _worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...],
-                 ring: str | None = None) -> None:
-    """Run chunks until an empty message or EOF; results (or the first error) go back pickled,
-    their large byte strings through the shared-memory slots of the block named ``ring``."""
-    for connection in inherited:
-        connection.close()
-    _init_worker()
-    block, slots = attach_slots(ring)
-    try:
-        _serve(fn, tasks, results, slots)
-    finally:
-        detach_slots(block, slots)
-
-
-def _serve(fn: Callable, tasks: Connection, results: Connection, slots: list) -> None:
-    """A worker's loop: chunks until an empty message or EOF, each chunk's results sent back."""
-    while True:
-        try:
-            message = tasks.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not message:
-            return
-        _chunk_id, slot, items = ForkingPickler.loads(message)
-        values: list = []
-        try:
-            for value in run_items(fn, items):
-                values.append(value)
-            reply = encode_results(("ok", values), slots[slot])
-        except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
-            reply = _encode(("error", (len(values), traceback.format_exc())))
-        try:
-            results.send_bytes(reply)
-        except OSError:  # the parent is gone
-            return
-
-
-def _init_worker() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    faulthandler.disable()  # a crash here is reported by the parent, as a skipped input
-    cv2.setNumThreads(1)  # parallelism is across processes
-    keep_freed_memory()

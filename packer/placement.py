@@ -160,7 +160,7 @@ class PlaceTask:
     def map(self, entries: Sequence[tuple[int, Any, int | None]]) -> Iterator[Encoded | Failed | Placed]:
         """As ``__call__`` for each entry, through the task's own ``map`` where it has one (remote
         inputs read ahead: packer/preprocess/task.py)."""
-        from .parallel import run_items  # the pool's rule for a work unit's map
+        from .pool_worker import run_items  # the pool's rule for a work unit's map
 
         if any(entry[2] is not None for entry in entries):
             self._hold()

@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from ..errors import OptionError
-from ..parallel import DEFAULT_ITEM_TIMEOUT, WorkerCrash, WorkerError, run_items
+from ..parallel import DEFAULT_ITEM_TIMEOUT, WorkerCrash, WorkerError
+from ..pool_worker import run_items
 
 __all__ = ["ray_ordered_map", "RayExecutor", "RAY_CRASH_REASON"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...options import ImageOptions
-from ...parallel import run_items
+from ...pool_worker import run_items
 from ...preprocess.task import Encoded, Failed, ImageTask
 from ..base import Piece
 from .tar import TMP_PREFIX, ShardFile, ShardPart, is_full

@@ -1,0 +1,95 @@
+"""The worker side of :mod:`packer.parallel`'s pool: what runs in each worker process.
+
+:func:`worker_main` is a worker's whole life: it ignores Ctrl-C (the parent stops the workers),
+runs OpenCV single-threaded (parallelism is across processes), keeps freed memory for reuse
+(:func:`packer.memory.keep_freed_memory`), attaches its shared-memory result slots, and runs
+chunks until an empty message or EOF. Results (or the first error, with its traceback) go back
+as one message each (:func:`encode`), their large byte strings through the slots
+(:mod:`packer.result_slots`). :func:`run_items` is the rule for running a chunk's items, which
+the Ray executor and the placing work units follow too.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import cv2
+
+from .memory import keep_freed_memory
+from .result_slots import attach_slots, detach_slots, encode_results
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+__all__ = ["worker_main", "run_items", "encode"]
+
+
+def encode(message: Any) -> memoryview:
+    """A message between the pool's processes, encoded as multiprocessing encodes its own."""
+    return ForkingPickler.dumps(message, -1)
+
+
+def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
+    one (``ImageTask`` reads remote inputs ahead: packer/preprocess/task.py), checked to give
+    exactly one result per item."""
+    batch = getattr(fn, "map", None)
+    if not callable(batch):
+        yield from map(fn, items)
+        return
+    count = 0
+    for count, value in enumerate(batch(items), 1):
+        if count > len(items):
+            break
+        yield value
+    if count != len(items):
+        raise RuntimeError(f"{type(fn).__name__}.map gave {'more' if count > len(items) else count} results for {len(items)} items")
+
+
+def worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...],
+                 ring: str | None = None) -> None:
+    """Run chunks until an empty message or EOF; results (or the first error) go back pickled,
+    their large byte strings through the shared-memory slots of the block named ``ring``."""
+    for connection in inherited:
+        connection.close()
+    _init_worker()
+    block, slots = attach_slots(ring)
+    try:
+        _serve(fn, tasks, results, slots)
+    finally:
+        detach_slots(block, slots)
+
+
+def _serve(fn: Callable, tasks: Connection, results: Connection, slots: list) -> None:
+    """A worker's loop: chunks until an empty message or EOF, each chunk's results sent back."""
+    while True:
+        try:
+            message = tasks.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not message:
+            return
+        _chunk_id, slot, items = ForkingPickler.loads(message)
+        values: list = []
+        try:
+            for value in run_items(fn, items):
+                values.append(value)
+            reply = encode_results(("ok", values), slots[slot])
+        except Exception:  # noqa: BLE001 - a bug in fn, reported to the parent, which raises it
+            reply = encode(("error", (len(values), traceback.format_exc())))
+        try:
+            results.send_bytes(reply)
+        except OSError:  # the parent is gone
+            return
+
+
+def _init_worker() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.disable()  # a crash here is reported by the parent, as a skipped input
+    cv2.setNumThreads(1)  # parallelism is across processes
+    keep_freed_memory()
