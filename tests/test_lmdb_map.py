@@ -1,38 +1,61 @@
 """How the LMDB writer maps its file, read back from the kernel (``/proc/self/smaps``), not
-from py-lmdb's own flags: written through a shared writable map where the blocks can be
-reserved, and advised random, so a write fault on a new page reads (zeroes) no pages around it
-(``packer/writers/lmdb.py``)."""
+from py-lmdb's own flags (``packer/writers/lmdb.py``): a fresh output is written through a
+shared writable map where the blocks can be reserved, advised random so that a write fault on a
+new page reads (zeroes) no pages around it; a resumed one keeps read-ahead, since the pages it
+reads back and refills are the file's own."""
 
-import sys
+import mmap
 from pathlib import Path
 
 import pytest
 
+import packer.writers.journal as journal
 from packer.preprocess.task import Encoded
 from packer.writers.lmdb import LMDBWriter
 from readers.formats.lmdb import DATA_FILE
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
 
-
-def map_flags(path: Path) -> list[set[str]]:
-    """The ``VmFlags`` of every mapping of ``path`` in this process."""
-    target, found, current = str(path.resolve()), [], None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and "-" in fields[0] and fields[5] == target:
-            current = True
-        elif len(fields) >= 1 and "-" in fields[0] and ":" not in fields[0]:
-            current = None
+def map_flags(path: Path) -> list[set[str]] | None:
+    """The ``VmFlags`` of every mapping of ``path`` in this process; ``None`` where the kernel
+    does not say (no ``/proc/self/smaps``, or no ``VmFlags`` lines in it)."""
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return None
+    if "\nVmFlags:" not in text:
+        return None
+    target, found, current = str(path.resolve()), [], False
+    for line in text.splitlines():
+        head = line.split(None, 5)  # the path, the sixth field, may hold spaces
+        if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+            current = len(head) == 6 and head[5] == target
         elif line.startswith("VmFlags:") and current:
-            found.append(set(fields[1:]))
+            found.append(set(line.split()[1:]))
     return found
 
 
-def test_the_writers_map_is_shared_writable_and_advised_random(tmp_path):
+@pytest.fixture
+def kernel_shows_advice(tmp_path):
+    """Skip unless this kernel reports a mapping's ``MADV_RANDOM`` (``rr``) in smaps."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(bytes(mmap.PAGESIZE))
+    with probe.open("r+b") as handle, mmap.mmap(handle.fileno(), mmap.PAGESIZE) as mapped:
+        if not hasattr(mapped, "madvise"):
+            pytest.skip("no madvise here")
+        mapped.madvise(mmap.MADV_RANDOM)
+        flags = map_flags(probe)
+        if not flags or "rr" not in flags[0]:
+            pytest.skip("this kernel does not report a mapping's advice in /proc/self/smaps")
+
+
+def _sample() -> Encoded:
+    return Encoded(1, (3, 8, 8), bytes(192))
+
+
+def test_a_fresh_writers_map_is_shared_writable_and_advised_random(tmp_path, kernel_shows_advice):
     writer = LMDBWriter(tmp_path / "out.lmdb")
     try:
-        writer.add(Encoded(1, (3, 8, 8), bytes(192)))
+        writer.add(_sample())
         writer._flush()  # the sample is in the map now
         flags = map_flags(writer.tmp / DATA_FILE)
         assert flags, "the data file is not mapped"
@@ -41,3 +64,20 @@ def test_the_writers_map_is_shared_writable_and_advised_random(tmp_path):
             assert any({"sh", "wr"} <= f for f in flags), flags  # writemap: written through the map
     finally:
         writer.abort()
+
+
+def test_a_resumed_writers_map_keeps_read_ahead(tmp_path, monkeypatch, kernel_shows_advice):
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    dst, fingerprint = tmp_path / "out.lmdb", {"test": 1}
+    first = LMDBWriter(dst, fingerprint=fingerprint)
+    for i in range(3):
+        first.add(_sample())
+        first.progress(i + 1, [])
+    first.suspend()  # as an interrupted run leaves it
+    resumed = LMDBWriter(dst, fingerprint=fingerprint, resume=True)
+    try:
+        assert resumed.resumed_inputs >= 1  # a checkpoint was kept (later ones may have been deferred)
+        flags = map_flags(resumed.tmp / DATA_FILE)
+        assert flags and all("rr" not in f for f in flags), flags
+    finally:
+        resumed.abort()

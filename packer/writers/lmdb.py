@@ -9,13 +9,15 @@ reserved with ``posix_fallocate`` before the map grows over them: a full disk is
 in use when the dataset is finished. Where the filesystem cannot preallocate, LMDB's default
 buffered writes are used.
 
-The map is opened without read-ahead (``readahead=False``: LMDB advises ``MADV_RANDOM``). A
-write fault on a page the file does not hold yet otherwise reads the pages around it too, which
-for a new file means the kernel zeroing them, and zeroing pages it will zero again: perf on the
-2-core VM (kernel 6.18, ext4) showed ``memset`` under the fault path as two thirds of a
-faulting writer's time, and an ad hoc A/B of the writer alone (6,000 samples, 4 alternated
-rounds) 3,985 samples/s against 3,332 with read-ahead (not committed: no figure is claimed).
-The writer reads only the B-tree pages it appends to, so it loses nothing.
+A fresh output's map is opened without read-ahead (``readahead=False``: LMDB advises
+``MADV_RANDOM``). A write fault on a page the file does not hold yet otherwise reads the pages
+around it too, which for a new file means the kernel zeroing them, and zeroing pages it will
+zero again: perf on the 2-core VM (kernel 6.18, ext4) showed ``memset`` under the fault path as
+two thirds of a faulting writer's time (docs/SCALING.md; ``benchmarks/results/one_writer.json``
+was rerun with this change). A fresh output's writer reads only the B-tree pages it appends to,
+so it loses nothing. A resumed one keeps read-ahead: it reads back what was committed after the
+checkpoint to delete it, and then refills the freed pages, all of them pages the file already
+holds, which a cold page cache would otherwise fetch one fault at a time.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class LMDBWriter(Writer):
     def _reopen(self, checkpoint: Checkpoint) -> None:
         """Reopen the environment and delete what was committed after the checkpoint."""
         size = os.path.getsize(self.tmp / DATA_FILE)
-        self._open_env(max(INITIAL_MAP_SIZE, -(-size // _ALIGN) * _ALIGN))
+        self._open_env(max(INITIAL_MAP_SIZE, -(-size // _ALIGN) * _ALIGN), readahead=True)  # module docstring
         first = sample_key(checkpoint.samples)
         try:
             with self._env.begin(write=True) as txn:
@@ -75,8 +77,9 @@ class LMDBWriter(Writer):
     def _durable(self) -> None:
         _lmdb_call(self._env.sync, True)
 
-    def _open_env(self, map_size: int) -> None:
-        """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved."""
+    def _open_env(self, map_size: int, *, readahead: bool = False) -> None:
+        """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved;
+        ``readahead``: whether a fault reads the pages around it (module docstring)."""
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._preallocate = _can_preallocate(self.tmp / ".probe")
@@ -92,7 +95,7 @@ class LMDBWriter(Writer):
             meminit=False,
             writemap=self._preallocate,
             map_async=self._preallocate,
-            readahead=False,  # a write fault must not read (zero) the pages around it: module docstring
+            readahead=readahead,
             max_dbs=0,
             **version,
         )
