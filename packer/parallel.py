@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
-from .memory import keep_freed_memory  # part of this module's interface: workers call it
+from .memory import keep_freed_memory  # part of this module's interface (the CLI calls it; workers, in packer.pool_worker)
 from .options import DEFAULT_ITEM_TIMEOUT
 from .pool_worker import encode, worker_main
 from .result_slots import ResultSlots, decode_results
@@ -258,11 +258,11 @@ class _Pool(Generic[T, R]):
         ring, worker.ring = worker.ring, None  # once it is dead and joined, its slots serve its successor
         try:
             _kill(worker)
+            self.workers.remove(worker)  # closed: close() must not meet it again if no successor starts
         except BaseException:  # (a Ctrl-C in the join) the worker has its SIGKILL or is gone: nobody writes there
             if ring is not None:
                 ring.close()
             raise
-        self.workers.remove(worker)  # closed: close() must not meet it again if no successor starts
         self.workers.append(self._start_worker(ring))  # (which closes the ring if it fails)
         retries: list[_Chunk] = []
         for position, chunk in enumerate(worker.in_flight):

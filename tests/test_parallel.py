@@ -375,23 +375,21 @@ def test_workers_ignore_ctrl_c_even_while_importing():
 @needs_dev_shm
 def test_a_successor_that_cannot_start_leaves_nothing_behind(monkeypatch):
     """A worker crashes and its successor fails to start (no memory for a fork, say): that error
-    is what the caller sees, the pool still closes (the dead worker is not closed twice) and its
-    block is unlinked."""
-    started = []
-    real = parallel._Pool._start_worker
+    is what the caller sees, the pool still closes (the dead worker is not closed twice) and the
+    block the successor was to take over is unlinked."""
+    real_start, starts = multiprocessing.process.BaseProcess.start, []
 
-    def start_twice_only(self, ring=None):
-        if len(started) == 2:
-            if ring is not None:
-                ring.close()  # as the real one does when it fails
+    def start_twice_only(self):
+        starts.append(self)
+        if len(starts) == 3:  # the two workers started; the first successor does not
             raise OSError(12, "Cannot allocate memory")
-        started.append(1)
-        return real(self, ring)
+        return real_start(self)
 
-    monkeypatch.setattr(parallel._Pool, "_start_worker", start_twice_only)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_twice_only)
     with pytest.raises(OSError, match="Cannot allocate memory"):
         with ordered_map(big_or_crash, list(range(24)), workers=2, chunksize=4, on_crash=crashed) as results:
             list(results)
+    assert len(starts) == 3
     assert _blocks() == set()
     assert multiprocessing.active_children() == []
 
