@@ -11,12 +11,18 @@ __all__ = ["targets"]
 
 def _status(met: bool, source: str | None = None) -> str:
     """met/missed, or unclear when the JSON says the machine was loaded beyond its cores when saved."""
-    if source is not None:
-        d = load(source)
-        busy = d.get("load_average_at_save", [0])[0]
-        if busy > 1.5 * d["machine"]["cores"]:
-            return f"unclear: load average {busy:.1f} on {d['machine']['cores']} cores when saved"
-    return "**met**" if met else "**missed**"
+    unclear = _unclear(source) if source is not None else None
+    return unclear or ("**met**" if met else "**missed**")
+
+
+def _unclear(source: str) -> str | None:
+    """Why the figures of ``source`` are unclear (the machine loaded beyond its cores when they
+    were saved), or ``None``."""
+    d = load(source)
+    busy = d.get("load_average_at_save", [0])[0]
+    if busy > 1.5 * d["machine"]["cores"]:
+        return f"unclear: load average {busy:.1f} on {d['machine']['cores']} cores when saved"
+    return None
 
 
 #: Earlier sittings of ``benchmarks.loader_ceiling`` (same code path, another day), kept so that
@@ -26,7 +32,7 @@ CEILING_SITTINGS = ["loader_ceiling-2026-11-25"]
 
 def _target_20_ceiling(names: list[str]) -> list[str]:
     """Issue 20's first target: measured in the latest sitting, status over every sitting named
-    (a sitting saved on a loaded machine makes the status unclear, as :func:`_status` says)."""
+    (a sitting saved on a loaded machine makes the status unclear: :func:`_unclear`)."""
     def read(name: str) -> tuple[dict[str, float], float, float, list[str]]:
         ceiling = load(name)["loader"]
         share = {f: ceiling[f]["checked"]["of_random_rows"]["median"] for f in ceiling}
@@ -47,7 +53,7 @@ def _target_20_ceiling(names: list[str]) -> list[str]:
                 f"checked ≥ {checked:.0%} of recycle")
     for name, (*_, missed) in zip(names[1:], sittings[1:]):
         measured += f" (`{name}.json`: " + (f"missed: {', '.join(missed)})" if missed else "met)")
-    unclear = [s for s in (_status(True, name) for name in names) if s.startswith("unclear")]
+    unclear = [why for why in map(_unclear, names) if why]
     met_in = sum(not s[3] for s in sittings)
     if unclear:
         status = unclear[0]

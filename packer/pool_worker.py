@@ -52,7 +52,7 @@ def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
 
 
 def worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...],
-                 ring: str | None = None) -> None:
+                ring: str | None = None) -> None:
     """Run chunks until an empty message or EOF; results (or the first error) go back pickled,
     their large byte strings through the shared-memory slots of the block named ``ring``."""
     for connection in inherited:

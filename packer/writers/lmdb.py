@@ -13,7 +13,7 @@ A fresh output's map is opened without read-ahead (``readahead=False``: LMDB adv
 ``MADV_RANDOM``). A write fault on a page the file does not hold yet otherwise reads the pages
 around it too, which for a new file means the kernel zeroing them, and zeroing pages it will
 zero again: perf on the 2-core VM (kernel 6.18, ext4) showed ``memset`` under the fault path as
-two thirds of a faulting writer's time (docs/SCALING.md; ``benchmarks/results/one_writer.json``
+most of a faulting writer's time (docs/SCALING.md; ``benchmarks/results/one_writer.json``
 was rerun with this change). A fresh output's writer reads only the B-tree pages it appends to,
 so it loses nothing. A resumed one keeps read-ahead: it reads back what was committed after the
 checkpoint to delete it, and then refills the freed pages, all of them pages the file already
