@@ -45,7 +45,7 @@ from packer.parallel import keep_freed_memory, ordered_map
 from packer.preprocess.task import ImageTask
 from packer.sources.images import scan_image_folder
 
-from .dropped_work import Dropped
+from .work_units import Dropped
 from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, presized, save_json
 
 FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}

@@ -42,32 +42,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from packer.parallel import TRANSPORTS, keep_freed_memory, ordered_map
 from packer.preprocess.task import Encoded
 from packer.writers import get_writer
 from packer.writers.files import remove_path
 from readers.schema import Metadata
 
+from .work_units import SHAPE, MakeSample
 from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json
 
-SHAPE = (3, 224, 224)
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
 CLASSES = tuple(f"class_{i}" for i in range(10))
 #: Per-core conversion rate of ImageNet-like JPEGs to raw 224 on the 2-core dev VM
 #: (benchmarks/RESULTS.md, `benchmarks.convert_rates`, LMDB with 1 worker).
 PER_CORE = 416
-
-
-class MakeSample:
-    """A worker task that returns a ready 150 KB sample (no decoding: only the hand-over costs)."""
-
-    def __init__(self) -> None:
-        self.payload = np.random.default_rng(0).integers(0, 256, int(np.prod(SHAPE)), dtype=np.uint8).tobytes()
-
-    def __call__(self, index: int) -> Encoded:
-        return Encoded(index % 10, SHAPE, bytes(memoryview(self.payload)))  # a copy: each sample its own
 
 
 def write_all(fmt: str, samples: Any, workdir: Path) -> tuple[int, float]:
@@ -161,9 +149,7 @@ def main() -> None:
     add_output_arguments(parser)
     args = parser.parse_args()
     keep_freed_memory()  # as `packer convert` does for its process
-    from benchmarks.one_writer import MakeSample as Make  # by its module's name, not __main__'s: workers find it
-
-    n, make = args.samples, Make()
+    n, make = args.samples, MakeSample()
     in_memory = [make(i) for i in range(n)]
     nbytes = len(make.payload)
     workers = sorted({1, max(1, cpu_count() - 1)})  # the driver keeps a core of its own, as it needs at scale

@@ -150,6 +150,11 @@ class _Pool(Generic[T, R]):
     def __init__(self, fn: Callable[[T], R], items: Sequence[T], workers: int, chunksize: int,
                  on_crash: Callable[[T, str], R] | None, item_timeout: float, transport: str = "shm") -> None:
         self.fn, self.items, self.on_crash, self.item_timeout = fn, items, on_crash, item_timeout
+        # The work unit goes to each worker as its first message, pickled once here, not as an
+        # argument of the process: start() writes those into the new worker's pipe, and one
+        # larger than the pipe (64 KiB) made start() wait until that worker had imported what
+        # unpickling it needs, so the workers started one after another.
+        self.fn_message = encode(fn)
         self.transport = transport
         if transport == "shm":
             ResultSlots.sweep_orphans()
@@ -178,7 +183,7 @@ class _Pool(Generic[T, R]):
             # A forked worker inherits the parent's ends too; it closes them, or it would keep its
             # own task pipe open and never see EOF (and exit) when the parent dies.
             inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
-            args = (self.fn, task_recv, result_send, inherited, ring.name if ring else None)
+            args = (task_recv, result_send, inherited, ring.name if ring else None)
             process = self.context.Process(target=worker_main, args=args, daemon=True)
             with _main_not_reimported(self.fn):
                 process.start()
@@ -188,7 +193,12 @@ class _Pool(Generic[T, R]):
             raise
         task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
         result_send.close()
-        return _Worker(process, task_send, result_recv, ring=ring)
+        worker = _Worker(process, task_send, result_recv, ring=ring)
+        try:
+            task_send.send_bytes(self.fn_message)  # read at once by the worker, which unpickles it on its own time
+        except OSError:
+            pass  # a worker dead at birth: seen as any dead worker is, when its first chunk is sent
+        return worker
 
     def results(self) -> Iterator[R]:
         """The results in input order; dispatching and collecting happen as the caller asks."""

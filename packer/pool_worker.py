@@ -2,9 +2,10 @@
 
 :func:`worker_main` is a worker's whole life: it ignores Ctrl-C (the parent stops the workers),
 runs OpenCV single-threaded (parallelism is across processes), keeps freed memory for reuse
-(:func:`packer.memory.keep_freed_memory`), attaches its shared-memory result slots, and runs
-chunks until an empty message or EOF. Results (or the first error, with its traceback) go back
-as one message each (:func:`encode`), their large byte strings through the slots
+(:func:`packer.memory.keep_freed_memory`), receives its work unit as the first message (so the
+parent starts every worker without waiting for any to unpickle it), attaches its shared-memory
+result slots, and runs chunks until an empty message or EOF. Results (or the first error, with
+its traceback) go back as one message each (:func:`encode`), their large byte strings through the slots
 (:mod:`packer.result_slots`). :func:`run_items` is the rule for running a chunk's items, which
 the Ray executor and the placing work units follow too.
 """
@@ -51,13 +52,17 @@ def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         raise RuntimeError(f"{type(fn).__name__}.map gave {'more' if count > len(items) else count} results for {len(items)} items")
 
 
-def worker_main(fn: Callable, tasks: Connection, results: Connection, inherited: tuple[Connection, ...],
-                ring: str | None = None) -> None:
-    """Run chunks until an empty message or EOF; results (or the first error) go back pickled,
-    their large byte strings through the shared-memory slots of the block named ``ring``."""
+def worker_main(tasks: Connection, results: Connection, inherited: tuple[Connection, ...], ring: str | None = None) -> None:
+    """Receive the work unit (the first message), then run chunks until an empty message or EOF;
+    results (or the first error) go back pickled, their large byte strings through the
+    shared-memory slots of the block named ``ring``."""
     for connection in inherited:
         connection.close()
     _init_worker()
+    try:
+        fn = ForkingPickler.loads(tasks.recv_bytes())
+    except (EOFError, OSError):
+        return  # the parent is gone before the work began
     block, slots = attach_slots(ring)
     try:
         _serve(fn, tasks, results, slots)

@@ -36,19 +36,33 @@ class FaultyTokenize:
         return self.task(doc)
 
 
-def _ignored_signals() -> int:
-    """This process's mask of ignored signals (Linux)."""
-    try:
-        with open(f"/proc/{os.getpid()}/status") as status:
-            return int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
-    except OSError:  # pragma: no cover - not Linux
-        return -1
+def _wait_for(path: str) -> bool:
+    """Called while a worker unpickles :class:`LargeSlowToUnpickle`: wait (up to 5 s) for ``path``
+    to exist; True if the wait gave up."""
+    deadline = time.monotonic() + 5
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.01)
+    return False
 
 
-#: The signals ignored when this module was imported: in a pool worker that is while it unpickles
-#: its work unit, before the pool's own worker set-up runs.
-IGNORED_AT_IMPORT = _ignored_signals()
+class _Waits:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return _wait_for, (self.path,)
 
 
-def ignored_at_import(_x: object) -> int:
-    return IGNORED_AT_IMPORT
+class LargeSlowToUnpickle:
+    """A work unit larger than a pipe holds (300 KB) whose unpickling in a worker waits for
+    ``path`` to exist before the rest of it is read; each item's result says whether that wait
+    gave up."""
+
+    def __init__(self, path: str) -> None:
+        self.gave_up = _Waits(path)  # first in the pickle, before the payload
+        self.payload = bytes(300_000)
+
+    def __call__(self, x: int) -> bool:
+        return self.gave_up

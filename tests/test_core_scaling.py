@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is a package of the repository, not installed
 from benchmarks import core_scaling  # noqa: E402
-from benchmarks.dropped_work import Dropped  # noqa: E402
+from benchmarks.work_units import Dropped  # noqa: E402
 
 from packer import ImageOptions  # noqa: E402
 from packer.preprocess.task import ImageTask  # noqa: E402

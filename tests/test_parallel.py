@@ -14,7 +14,7 @@ import pytest
 
 from packer import parallel, result_slots
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
-from faulty import crash_on_13, hang_on_5, ignored_at_import
+from faulty import LargeSlowToUnpickle, crash_on_13, hang_on_5
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A script run from a temporary folder imports this tree's packer (not an installed one), as
@@ -215,6 +215,17 @@ def test_a_worker_whose_block_is_gone_answers_through_the_pipe(monkeypatch):
         assert [r == big(i) for i, r in enumerate(results)] == [True] * 10
 
 
+def test_a_large_work_unit_does_not_hold_up_the_workers_start(tmp_path):
+    """The work unit reaches a worker after the worker has started: one larger than a pipe,
+    whose unpickling waits for the parent to have entered the pool, cannot make each worker's
+    start wait for that (it did when the unit was a process argument, which multiprocessing
+    writes into the starting worker's pipe before start() returns)."""
+    entered = tmp_path / "entered"
+    with ordered_map(LargeSlowToUnpickle(str(entered)), range(8), workers=2, chunksize=1) as results:
+        entered.touch()
+        assert list(results) == [False] * 8
+
+
 def test_a_single_item_runs_in_this_process():
     with ordered_map(lambda _x: os.getpid(), [0], workers=4) as results:
         assert list(results) == [os.getpid()]
@@ -361,15 +372,34 @@ def test_workers_do_not_reimport_the_callers_main_module(tmp_path):
     assert not list(tmp_path.glob("reimported-*"))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
-def test_workers_ignore_ctrl_c_even_while_importing():
-    """A Ctrl-C to the terminal's process group while workers are still importing their work unit
-    printed a KeyboardInterrupt traceback per worker: they ignore SIGINT from the start now."""
-    import signal
+_MASK_AT_IMPORT_MAIN = """
+import signal
+from packer.parallel import ordered_map
 
-    with ordered_map(ignored_at_import, list(range(4)), workers=2) as results:
-        masks = list(results)
-    assert all(mask & (1 << (signal.SIGINT - 1)) for mask in masks), [hex(m) for m in masks]
+with open("/proc/self/status") as status:  # this process's ignored signals, as it imports this module
+    MASK_AT_IMPORT = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+
+
+def mask_at_import(_x):
+    return MASK_AT_IMPORT
+
+
+if __name__ == "__main__":
+    with ordered_map(mask_at_import, list(range(4)), workers=2) as results:
+        print(all(mask & (1 << (signal.SIGINT - 1)) for mask in results))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_workers_ignore_ctrl_c_even_while_importing(tmp_path):
+    """A Ctrl-C to the terminal's process group while workers were still importing (here: the
+    script whose function they run, which multiprocessing imports before the pool's own set-up)
+    printed a KeyboardInterrupt traceback per worker: they ignore SIGINT from the start now, as
+    the fork server they are forked from was started ignoring it."""
+    script = tmp_path / "train.py"
+    script.write_text(_MASK_AT_IMPORT_MAIN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=SCRIPT_ENV)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
 
 
 @needs_dev_shm
