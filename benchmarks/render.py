@@ -16,11 +16,10 @@ import difflib
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .common import HERE
 from .render_sections import SECTIONS as _TABLES
-from .render_sections import load, machine_words
+from .render_sections import load
 from .render_targets import targets
 
 #: Block name -> its renderer: the tables, and the targets table computed from them.
@@ -74,7 +73,7 @@ def readme_block(figures: Figures | None = None) -> str:
     lmdb_dl, lmdb_loader = _best(reads, "packer lmdb (raw)", False), _best(reads, "packer lmdb (raw)", True)
     src_full = "full.json"
     lines = [
-        f"On the 2-core development machine (no GPU), with **raw 224x224 pixels** stored, reading the LMDB through a plain",
+        "On the 2-core development machine (no GPU), with **raw 224x224 pixels** stored, reading the LMDB through a plain",
         f"`DataLoader` is **{fig(f'{lmdb_dl / tutorial:.1f}x', src_full)}** the usual per-file pipeline at its best setting (PIL decode,",
         f"`Resize(256)` + `CenterCrop(224)` and float normalisation on the CPU: {fig(f'{tutorial:,.0f}', src_full)} images/s), and",
         f"**{fig(f'{lmdb_loader / tutorial:.1f}x', src_full)}** through `readers.Loader` ({fig(f'{lmdb_loader:,.0f}', src_full)} images/s). Raw pixels in every",
