@@ -105,6 +105,7 @@ def machine() -> dict:
         "opencv": cv2.__version__,
         "pillow": PIL.__version__,
         "lmdb": lmdb.__version__,
+        **({"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}),  # on the host, used or not
     }
 
 

@@ -3,6 +3,7 @@
     python -m benchmarks.one_writer                 # 3,000 raw 224x224x3 samples, 3 repeats
     python -m benchmarks.one_writer --samples 1000 --repeats 1
     python -m benchmarks.one_writer --transports pipe shm   # (b), (c): the pool's result transports, A/B
+    python -m benchmarks.one_writer --samples 6000 --tag 16cores  # another machine's figures, one_writer-16cores.json
 
 LMDB, HDF5 and the blob are written by one process (the driver) that receives every encoded
 sample from the workers, local or on Ray. This measures that process's ceiling with the
@@ -140,14 +141,15 @@ def measure_ab(passes: dict[str, Any], *, repeats: int) -> dict[str, Rate]:
     return {name: Rate(min(r), statistics.median(r), max(r), len(r)) for name, r in runs.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=["shm"],
                         help="the pool's result transports for (b) and (c), alternated pass by pass (default: shm)")
+    parser.add_argument("--tag", help="save as one_writer-TAG.json (another machine's figures beside this one's)")
     add_output_arguments(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     keep_freed_memory()  # as `packer convert` does for its process
     n, make = args.samples, MakeSample()
     in_memory = [make(i) for i in range(n)]
@@ -186,7 +188,7 @@ def main() -> None:
     print(f"\n{n} samples of {'x'.join(map(str, SHAPE))} uint8 ({nbytes / 1e3:.0f} KB), {cpu_count()} cores, load average {load}\n")
     print(markdown_table(["what", "samples/s", "MB/s", f"cores at {PER_CORE} img/s/core to saturate"], rows))
     payload = {"machine": machine(), "samples": n, "sample_bytes": nbytes, "transports": args.transports, "load_average": load, "rates": rates}
-    out = save_json("one_writer", payload, output_dir(args.update_results, args.out))
+    out = save_json("one_writer" + (f"-{args.tag}" if args.tag else ""), payload, output_dir(args.update_results, args.out))
     print(f"saved {out}")
 
 

@@ -32,7 +32,7 @@ def source_line(*names: str) -> str:
         d = load(name)
         commit = d.get("commit") or d.get("head")
         if commit:
-            when = f"commit {commit}" + (f" (the tree of {d['tree_commit']})" if d.get("tree_commit") else "")
+            when = f"commit {commit}" + (f" (the tree of {d['tree_commit']})" if d.get("tree_commit") not in (None, commit) else "")
         else:
             when = f"committed in {d['committed_in']} (provenance added from git history)"
         parts.append(f"`benchmarks/results/{name}.json`, written by `{d['command']}`; {machine_words(d['machine'])}; "
@@ -385,6 +385,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "core_scaling": _core_scaling(),
     "core_scaling-presized": _core_scaling("core_scaling-presized"),
     "core_scaling-16cores": _core_scaling("core_scaling-16cores"),
+    "core_scaling-16cores-2026-11-25": _core_scaling("core_scaling-16cores-2026-11-25"),
     "core_scaling-wds-tail": _wds_tail,
     "gpu_decode": _gpu_decode,
     "gpu_storage": _gpu_storage,
