@@ -1,4 +1,4 @@
-"""Resume checkpoints of the blob and HDF5 are made durable beside the writing (a thread runs
+"""Resume checkpoints of the blob, HDF5, LMDB and WebDataset shards are made durable beside the writing (a thread runs
 their ``fsync`` and the journal's commit: packer/writers/checkpoints.py), and lose nothing by it:
 a failed background ``fsync`` is the usual one-line error, an interrupted run keeps the last
 whole commit, and a finished run's last inputs are checkpointed before its index is written."""
@@ -13,14 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 import packer.writers.journal as journal
-from packer import ImageOptions, convert
+from packer import ImageOptions, StorageOptions, convert
 from packer.cli import cli
 from packer.writers import checkpoints
 from packer.writers.journal import journal_path
 from roundtrip_checks import read_plain
 
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
-BACKGROUND = {"hdf5": True, "blob": True, "lmdb": True}
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+BACKGROUND = {"hdf5": True, "blob": True, "lmdb": True, "webdataset": True}
 
 
 def _fsyncs_by_thread(monkeypatch) -> list[str]:
@@ -37,8 +37,9 @@ def _fsyncs_by_thread(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("fmt", sorted(BACKGROUND))
 def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, image_folder, tmp_path, monkeypatch):
-    """Every single-file format makes its checkpoints durable in the checkpoint thread (the writing
-    goes on meanwhile): os.fsync for the blob and HDF5, lmdb's own Environment.sync for LMDB."""
+    """Every format makes its checkpoints durable in the checkpoint thread (the writing goes on
+    meanwhile): os.fsync for the blob, HDF5 and the published WebDataset shards, lmdb's own
+    Environment.sync for LMDB."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     seen = _fsyncs_by_thread(monkeypatch)
     if fmt == "lmdb":  # its data is synced by lmdb's Environment.sync (msync or fdatasync), not os.fsync
@@ -59,7 +60,7 @@ def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, i
     assert meta["count"] == len(samples) == 18
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "blob"])  # (LMDB's data sync is lmdb's own, tested below)
+@pytest.mark.parametrize("fmt", ["hdf5", "blob", "webdataset"])  # (LMDB's data sync is lmdb's own, tested below)
 def test_a_failed_background_fsync_is_one_clear_line_and_leaves_nothing(fmt, image_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     real = os.fsync
@@ -151,3 +152,19 @@ def test_lmdb_never_resizes_its_map_under_a_running_sync(image_folder, tmp_path,
     report = convert(image_folder, tmp_path / "out.lmdb", image=ImageOptions(size=32), workers=1)
     assert overlaps == []
     assert read_plain(report.dst)[1] and report.written == 18
+
+
+@pytest.mark.parametrize("fmt", sorted(SUFFIX))
+def test_the_file_formats_checkpoint_more_often_than_lmdb(fmt, image_folder, tmp_path, monkeypatch):
+    """A checkpoint synced in the background costs the writing nothing and leaves the last sync
+    less to write, so the blob, HDF5 and WebDataset take one every BACKGROUND_CHECKPOINT_BYTES;
+    LMDB keeps CHECKPOINT_BYTES (each sync of its map makes its next writes fault)."""
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 1e9)
+    monkeypatch.setattr(journal, "BACKGROUND_CHECKPOINT_BYTES", 1)
+    monkeypatch.setattr(journal, "CHECKPOINT_BYTES", 1 << 40)
+    commits = []
+    real = journal.Journal.commit
+    monkeypatch.setattr(journal.Journal, "commit", lambda self, *a, **k: (commits.append(1), real(self, *a, **k))[1])
+    storage = StorageOptions(shard_size=4) if fmt == "webdataset" else None  # checkpoints fall on shard ends
+    convert(image_folder, tmp_path / f"out{SUFFIX[fmt]}", format=fmt, image=ImageOptions(size=8), storage=storage, workers=1)
+    assert (len(commits) == 0) if fmt == "lmdb" else (len(commits) >= 1), len(commits)  # (one in flight at a time)

@@ -1,5 +1,6 @@
 """WebDataset shards: bounds, determinism, dense keys, the plain library, streaming, CLI, damage."""
 
+import errno
 import io
 import json
 import os
@@ -137,6 +138,28 @@ def test_fragmented_pieces_give_byte_identical_output(tmp_path, with_bad, image_
             same_output(one, make(src, tmp_path / f"{workers}-{n}", workers=workers, **storage))
     keys = [m.name.split(".")[0] for path in tars(one) for m in members(path)][::2]
     assert keys == [sample_key(i) for i in range(18)] and not list(tmp_path.glob("**/.piece-*"))
+
+
+@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="copy_file_range: Linux")
+@pytest.mark.parametrize("kernel", ["copies", "refuses", "stops short"])
+def test_fragments_are_copied_in_the_kernel_or_else_read_and_written(tmp_path, with_bad, kernel, monkeypatch):
+    """The parent appends a worker's fragment file to its shard with ``copy_file_range`` (no
+    bytes through the process); where the kernel or file system refuses it, or copies only part,
+    the rest is read and written: the same shards either way."""
+    one = make(with_bad, tmp_path / "one", workers=1, shard_size=100)
+    real, calls = os.copy_file_range, []
+
+    def copy_file_range(src, dst, count, offset_src=None, *args):
+        calls.append(count)
+        if kernel == "refuses":
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        if kernel == "stops short" and len(calls) > 1:
+            return 0
+        return real(src, dst, min(count, 1000) if kernel == "stops short" else count, offset_src, *args)
+
+    monkeypatch.setattr(os, "copy_file_range", copy_file_range)
+    same_output(one, make(with_bad, tmp_path / "two", workers=2, shard_size=100))
+    assert calls  # the kernel was asked
 
 
 def test_only_the_last_rounds_pieces_are_fragmented(tmp_path, with_bad, image_folder, monkeypatch):

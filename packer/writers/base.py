@@ -151,7 +151,7 @@ class Writer:
 
     def _checkpoint_bytes(self) -> int:
         """Payload bytes after which a checkpoint is due (even if not :data:`~_journal.CHECKPOINT_SECONDS` passed)."""
-        return _journal.CHECKPOINT_BYTES
+        return _journal.BACKGROUND_CHECKPOINT_BYTES if self.durable_in_background else _journal.CHECKPOINT_BYTES
 
     def _committed(self) -> None:
         """A checkpoint was just committed (a sink may now store what it made durable)."""

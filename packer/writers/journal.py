@@ -44,12 +44,18 @@ __all__ = [
     "record_shapes",
     "CHECKPOINT_SECONDS",
     "CHECKPOINT_BYTES",
+    "BACKGROUND_CHECKPOINT_BYTES",
 ]
 
 #: A checkpoint is committed at most this often (seconds) ...
 CHECKPOINT_SECONDS = 2.0
-#: ... or once this much payload was written since the last one.
+#: ... or once this much payload was written since the last one ...
 CHECKPOINT_BYTES = 256 << 20
+#: ... or this much, by a writer whose checkpoints are made durable in a thread beside the
+#: writing (``Writer.durable_in_background``): such a checkpoint costs the writing nothing and sets
+#: the disk to work on the bytes so far, so the last ``fsync``, which the conversion waits for,
+#: has less left to write (LMDB keeps the larger spacing: packer/writers/lmdb.py says why).
+BACKGROUND_CHECKPOINT_BYTES = 64 << 20
 #: One row per sample written: the WebDataset index record (``readers/formats/webdataset.py``;
 #: ``shard``/``offset``: WebDataset only, else 0) and the sample's checksum. Read by name.
 ROW_DTYPE = np.dtype([*INDEX_DTYPE.descr, ("crc32", "<i8")])

@@ -33,6 +33,7 @@ from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
+from . import journal as _journal
 from .journal import Checkpoint
 
 __all__ = ["LMDBWriter"]
@@ -69,6 +70,14 @@ class LMDBWriter(Writer):
         """``env.sync`` (an msync of the map, or fdatasync) in the checkpoint thread, beside the
         writing: the map is never resized under it (:meth:`_grow` waits for it first)."""
         return True
+
+    def _checkpoint_bytes(self) -> int:
+        """The larger spacing, though its checkpoints are synced in the background: each sync
+        write-protects the map's dirty pages again, and LMDB writes some of them again (its
+        tree's pages), each such write then a fault. With the smaller spacing the file formats
+        use, its writer alone lost much of its rate on the 2-core VM (an A/B of
+        ``benchmarks.one_writer``, in the commit that chose these)."""
+        return _journal.CHECKPOINT_BYTES
 
     def _sync(self) -> dict[str, Any]:
         self._flush()  # committed: the checkpoint holds every sample added so far

@@ -142,8 +142,10 @@ class Assembly:
 
     def append(self, source: Any, rows: np.ndarray, start: int, end: int, *, keys_right: bool) -> None:
         """Copy bytes ``start:end`` of a member stream (the samples ``rows``) to the shard's end."""
-        source.seek(start)
         left = end - start
+        if isinstance(source, io.BufferedReader) and hasattr(os, "copy_file_range"):  # a worker's fragment file
+            left = self._copy_in_kernel(source, start, left)
+        source.seek(start + (end - start - left))
         while left:
             chunk = source.read(min(left, 1 << 22))
             if not chunk:  # pragma: no cover - internal invariant
@@ -158,6 +160,23 @@ class Assembly:
         self.member_bytes += int((rows["image_size"] + rows["label_size"]).sum())
         self.samples += len(rows)
         self.renumber |= not keys_right
+
+    def _copy_in_kernel(self, source: io.BufferedReader, start: int, count: int) -> int:
+        """Copy ``count`` bytes of ``source`` from ``start`` to the shard's end without passing
+        them through this process (``copy_file_range``); the bytes it could not copy so (a file
+        system or kernel without it), for the caller to copy."""
+        self.handle.flush()
+        out = self.handle.fileno()
+        try:
+            while count:
+                done = os.copy_file_range(source.fileno(), out, count, start)
+                if done == 0:
+                    break
+                start, count = start + done, count - done
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        return count
 
     def close(self) -> ShardPart:
         """Write the end of the archive once; the finished shard, to publish."""

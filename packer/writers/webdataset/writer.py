@@ -267,10 +267,23 @@ class ShardWriter(PieceWriter):
     def _checkpoint_ready(self, inputs: int) -> bool:
         return inputs == self._published_inputs  # only whole pieces are ever resumed
 
+    @property
+    def durable_in_background(self) -> bool:
+        """Without a sink: the published shards (never written again) are ``fsync``ed in a
+        thread, so the driver goes on handing out pieces meanwhile."""
+        return self.sink is None
+
     def _sync(self) -> dict[str, Any]:
         if self.sink is not None:  # durable = stored by the sink
             self.sink.flush()
-        for name in self._unsynced:
+        self._syncing, self._unsynced = self._unsynced, []  # made durable by _durable, next
+        return {"shards": list(self.shards), "shard_counts": list(self.shard_counts), "shard_sizes": list(self.shard_sizes),
+                "encoding": self.encoding}
+
+    def _durable(self) -> None:
+        """The shards the checkpoint lists, and the renames that named them (in the committing
+        thread: the driver may publish more shards meanwhile, which the next checkpoint lists)."""
+        for name in self._syncing:
             fd = os.open(self.tmp / name, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -281,9 +294,7 @@ class ShardWriter(PieceWriter):
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._unsynced.clear()
-        return {"shards": list(self.shards), "shard_counts": list(self.shard_counts), "shard_sizes": list(self.shard_sizes),
-                "encoding": self.encoding}
+        self._syncing = []
 
     def _reopen(self, checkpoint: Checkpoint) -> None:
         """Keep the shards the checkpoint lists; drop later shards and unpublished piece files
@@ -314,7 +325,8 @@ class ShardWriter(PieceWriter):
         self.shard_counts: list[int] = []
         self.shard_sizes: list[int] = []
         self._index: list[np.ndarray] = []
-        self._unsynced: list[str] = []
+        self._unsynced: list[str] = []  # published shards no checkpoint has listed yet
+        self._syncing: list[str] = []  # those the checkpoint in flight makes durable
         self._published_inputs = 0
         self._assembly: Assembly | None = None
 
