@@ -142,6 +142,7 @@ class _Worker:
     deadline: float = float("inf")  # for in_flight[0]
     ring: ResultSlots | None = None  # its result slots ("shm" transport)
     sent: int = 0  # chunks dispatched to it: their slots alternate
+    briefed: bool = False  # its work unit was sent whole (until then only a kill stops it)
 
 
 class _Pool(Generic[T, R]):
@@ -153,7 +154,9 @@ class _Pool(Generic[T, R]):
         # The work unit goes to each worker as its first message, pickled once here, not as an
         # argument of the process: start() writes those into the new worker's pipe, and one
         # larger than the pipe (64 KiB) made start() wait until that worker had imported what
-        # unpickling it needs, so the workers started one after another.
+        # unpickling it needs, so the workers started one after another. It is sent once every
+        # worker has started, as sending it waits for the worker to begin reading it (after
+        # re-importing the caller's script, where the work unit needs that).
         self.fn_message = encode(fn)
         self.transport = transport
         if transport == "shm":
@@ -170,6 +173,8 @@ class _Pool(Generic[T, R]):
         try:
             for _ in range(workers):
                 self.workers.append(self._start_worker())
+            for worker in self.workers:
+                self._brief(worker)
         except BaseException:
             self.close()
             raise
@@ -193,12 +198,15 @@ class _Pool(Generic[T, R]):
             raise
         task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
         result_send.close()
-        worker = _Worker(process, task_send, result_recv, ring=ring)
+        return _Worker(process, task_send, result_recv, ring=ring)
+
+    def _brief(self, worker: _Worker) -> None:
+        """Send ``worker`` its work unit (it unpickles it on its own time)."""
         try:
-            task_send.send_bytes(self.fn_message)  # read at once by the worker, which unpickles it on its own time
+            worker.tasks.send_bytes(self.fn_message)
         except OSError:
-            pass  # a worker dead at birth: seen as any dead worker is, when its first chunk is sent
-        return worker
+            return  # a worker dead at birth: seen as any dead worker is, when its first chunk is sent
+        worker.briefed = True
 
     def results(self) -> Iterator[R]:
         """The results in input order; dispatching and collecting happen as the caller asks."""
@@ -273,7 +281,9 @@ class _Pool(Generic[T, R]):
             if ring is not None:
                 ring.close()
             raise
-        self.workers.append(self._start_worker(ring))  # (which closes the ring if it fails)
+        successor = self._start_worker(ring)  # (which closes the ring if it fails)
+        self.workers.append(successor)
+        self._brief(successor)
         retries: list[_Chunk] = []
         for position, chunk in enumerate(worker.in_flight):
             if chunk.isolated or chunk.count == 1:
@@ -298,15 +308,15 @@ class _Pool(Generic[T, R]):
 
     def close(self) -> None:
         """Stop the workers: ask idle ones to exit, kill the rest (SIGKILL; never a shared lock)."""
-        for worker in self.workers:
-            if not worker.in_flight:
-                try:
-                    worker.tasks.send_bytes(b"")
-                except OSError:
-                    pass
+        idle = [w for w in self.workers if not w.in_flight and w.briefed]  # (an unbriefed one may not be reading)
+        for worker in idle:
+            try:
+                worker.tasks.send_bytes(b"")
+            except OSError:
+                pass
         deadline = time.monotonic() + 1.0
         for worker in self.workers:
-            if not worker.in_flight:
+            if any(worker is w for w in idle):
                 worker.process.join(max(0.0, deadline - time.monotonic()))
             _kill(worker)
         self.workers.clear()

@@ -60,14 +60,30 @@ def worker_main(tasks: Connection, results: Connection, inherited: tuple[Connect
         connection.close()
     _init_worker()
     try:
-        fn = ForkingPickler.loads(tasks.recv_bytes())
+        message = tasks.recv_bytes()
     except (EOFError, OSError):
         return  # the parent is gone before the work began
+    try:
+        fn = ForkingPickler.loads(message)
+    except Exception:  # noqa: BLE001 - reported for each chunk, which the parent raises
+        fn = _Unloadable(traceback.format_exc())
     block, slots = attach_slots(ring)
     try:
         _serve(fn, tasks, results, slots)
     finally:
         detach_slots(block, slots)
+
+
+class _Unloadable:
+    """Stands for a work unit this worker could not unpickle (a module missing here, say): each
+    item fails with why, so the parent raises a :class:`~packer.parallel.WorkerError` (a worker
+    that exited instead looked like a decoder crash on every item)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __call__(self, item: Any) -> Any:
+        raise RuntimeError(f"the work unit could not be loaded in the worker:\n{self.reason}")
 
 
 def _serve(fn: Callable, tasks: Connection, results: Connection, slots: list) -> None:

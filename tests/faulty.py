@@ -66,3 +66,18 @@ class LargeSlowToUnpickle:
 
     def __call__(self, x: int) -> bool:
         return self.gave_up
+
+
+def _refuse_to_load() -> None:
+    raise ImportError("No module named 'only_on_the_parent'")
+
+
+class LoadsOnlyInTheParent:
+    """A work unit whose unpickling fails in a worker (as one whose module the worker cannot
+    import does)."""
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+    def __call__(self, x: int) -> int:  # pragma: no cover - never loaded in a worker
+        return x

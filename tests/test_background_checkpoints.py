@@ -168,3 +168,34 @@ def test_the_file_formats_checkpoint_more_often_than_lmdb(fmt, image_folder, tmp
     storage = StorageOptions(shard_size=4) if fmt == "webdataset" else None  # checkpoints fall on shard ends
     convert(image_folder, tmp_path / f"out{SUFFIX[fmt]}", format=fmt, image=ImageOptions(size=8), storage=storage, workers=1)
     assert (len(commits) == 0) if fmt == "lmdb" else (len(commits) >= 1), len(commits)  # (one in flight at a time)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names the synced files through /proc (Linux)")
+def test_every_shard_a_checkpoint_lists_was_synced_before_it_is_committed(image_folder, tmp_path, monkeypatch):
+    """WebDataset's checkpoints list the shards published so far; each was fsynced before the
+    journal commits a checkpoint that lists it (in the checkpoint thread, or in the driver for
+    the last one, taken while finishing)."""
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    synced: list[tuple[str, str]] = []  # (thread, file name)
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append((threading.current_thread().name, os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    missing: list[list[str]] = []
+    listed: set[str] = set()
+    real_commit = journal.Journal.commit
+
+    def commit(self, checkpoint, *args, **kwargs):
+        listed.update(checkpoint.state["shards"])
+        missing.append([shard for shard in checkpoint.state["shards"] if shard not in {name for _, name in synced}])
+        return real_commit(self, checkpoint, *args, **kwargs)
+
+    monkeypatch.setattr(journal.Journal, "commit", commit)
+    dst = tmp_path / "out.shards"
+    convert(image_folder, dst, format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=3), workers=1)
+    assert len(listed) == 6 and missing == [[]] * len(missing), missing
+    assert any(thread == "packer-checkpoint" and name.startswith("shard-") for thread, name in synced)
+    assert len(read_plain(dst)[1]) == 18

@@ -14,7 +14,7 @@ import pytest
 
 from packer import parallel, result_slots
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
-from faulty import LargeSlowToUnpickle, crash_on_13, hang_on_5
+from faulty import LargeSlowToUnpickle, LoadsOnlyInTheParent, crash_on_13, hang_on_5
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A script run from a temporary folder imports this tree's packer (not an installed one), as
@@ -224,6 +224,75 @@ def test_a_large_work_unit_does_not_hold_up_the_workers_start(tmp_path):
     with ordered_map(LargeSlowToUnpickle(str(entered)), range(8), workers=2, chunksize=1) as results:
         entered.touch()
         assert list(results) == [False] * 8
+
+
+_SLOW_MAIN = """
+import os, sys, time
+from packer.parallel import ordered_map
+
+if __name__ != "__main__":  # a worker re-imports this script (its work unit lives here): slowly
+    started = time.monotonic()
+    time.sleep(0.5)
+    with open(os.path.join(os.environ["SLOW_MAIN_DIR"], f"import-{os.getpid()}"), "w") as out:
+        out.write(f"{started} {time.monotonic()}")
+
+
+class Unit:
+    def __init__(self):
+        self.payload = bytes(300_000)  # more than a pipe holds
+
+    def __call__(self, x):
+        return x
+
+
+if __name__ == "__main__":
+    with ordered_map(Unit(), list(range(6)), workers=3, chunksize=1) as results:
+        assert list(results) == list(range(6))
+    print("ok")
+"""
+
+
+def test_workers_whose_work_unit_needs_the_callers_script_import_it_side_by_side(tmp_path):
+    """A work unit defined in the caller's script makes each worker re-import the script before
+    it reads its work unit; the pool starts every worker before sending any its unit, so those
+    imports overlap instead of following one another."""
+    script = tmp_path / "train.py"
+    script.write_text(_SLOW_MAIN)
+    env = {**SCRIPT_ENV, "SLOW_MAIN_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    spans = [tuple(map(float, p.read_text().split())) for p in tmp_path.glob("import-*")]
+    assert len(spans) == 3
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # all at once
+
+
+def test_a_work_unit_a_worker_cannot_load_is_a_worker_error_not_crashes():
+    """Unpickling the work unit fails in the worker (a module only the parent has): the caller
+    gets that error, not every item reported as a decoder crash."""
+    with pytest.raises(WorkerError, match="could not be loaded in the worker(.|\n)*only_on_the_parent"):
+        with ordered_map(LoadsOnlyInTheParent(), list(range(4)), workers=2, on_crash=crashed) as results:
+            list(results)
+
+
+@needs_dev_shm
+def test_a_ctrl_c_while_briefing_the_workers_leaves_nothing_behind(monkeypatch):
+    """Interrupted between starting the workers and sending them their work unit: every worker
+    is stopped and every shared-memory block unlinked."""
+    real, calls = parallel._Pool._brief, []
+
+    def brief(self, worker):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, worker)
+
+    monkeypatch.setattr(parallel._Pool, "_brief", brief)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(KeyboardInterrupt):
+        with ordered_map(big, list(range(8)), workers=3, chunksize=1) as results:
+            list(results)
+    assert not multiprocessing.active_children()
+    assert set(os.listdir("/dev/shm")) <= before
 
 
 def test_a_single_item_runs_in_this_process():

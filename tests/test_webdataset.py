@@ -141,18 +141,19 @@ def test_fragmented_pieces_give_byte_identical_output(tmp_path, with_bad, image_
 
 
 @pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="copy_file_range: Linux")
-@pytest.mark.parametrize("kernel", ["copies", "refuses", "stops short"])
+@pytest.mark.parametrize("kernel", ["copies", "refuses", "forbids", "stops short"])
 def test_fragments_are_copied_in_the_kernel_or_else_read_and_written(tmp_path, with_bad, kernel, monkeypatch):
     """The parent appends a worker's fragment file to its shard with ``copy_file_range`` (no
-    bytes through the process); where the kernel or file system refuses it, or copies only part,
-    the rest is read and written: the same shards either way."""
+    bytes through the process); where the kernel, file system or a sandbox refuses it, or it
+    copies only part, the rest is read and written: the same shards either way."""
     one = make(with_bad, tmp_path / "one", workers=1, shard_size=100)
     real, calls = os.copy_file_range, []
 
     def copy_file_range(src, dst, count, offset_src=None, *args):
         calls.append(count)
-        if kernel == "refuses":
-            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        if kernel in ("refuses", "forbids"):  # across file systems; a sandbox's seccomp filter
+            code = errno.EXDEV if kernel == "refuses" else errno.EPERM
+            raise OSError(code, os.strerror(code))
         if kernel == "stops short" and len(calls) > 1:
             return 0
         return real(src, dst, min(count, 1000) if kernel == "stops short" else count, offset_src, *args)

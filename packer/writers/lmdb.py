@@ -75,8 +75,9 @@ class LMDBWriter(Writer):
         """The larger spacing, though its checkpoints are synced in the background: each sync
         write-protects the map's dirty pages again, and LMDB writes some of them again (its
         tree's pages), each such write then a fault. With the smaller spacing the file formats
-        use, its writer alone lost much of its rate on the 2-core VM (an A/B of
-        ``benchmarks.one_writer``, in the commit that chose these)."""
+        use, its writer alone was slower on the 2-core VM (an ad hoc A/B of
+        ``benchmarks.one_writer``; its figures are in the message of the commit that chose these,
+        not a committed result)."""
         return _journal.CHECKPOINT_BYTES
 
     def _sync(self) -> dict[str, Any]:

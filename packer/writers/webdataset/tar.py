@@ -163,8 +163,10 @@ class Assembly:
 
     def _copy_in_kernel(self, source: io.BufferedReader, start: int, count: int) -> int:
         """Copy ``count`` bytes of ``source`` from ``start`` to the shard's end without passing
-        them through this process (``copy_file_range``); the bytes it could not copy so (a file
-        system or kernel without it), for the caller to copy."""
+        them through this process (``copy_file_range``); the bytes it did not copy so, for the
+        caller to copy. Any refusal (a file system or kernel without it, a sandbox that forbids
+        the call) leaves the rest to the caller, as ``shutil`` does; a full disk or an I/O error
+        is the error."""
         self.handle.flush()
         out = self.handle.fileno()
         try:
@@ -174,7 +176,7 @@ class Assembly:
                     break
                 start, count = start + done, count - done
         except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
                 raise
         return count
 
