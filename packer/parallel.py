@@ -308,15 +308,16 @@ class _Pool(Generic[T, R]):
 
     def close(self) -> None:
         """Stop the workers: ask idle ones to exit, kill the rest (SIGKILL; never a shared lock)."""
-        idle = [w for w in self.workers if not w.in_flight and w.briefed]  # (an unbriefed one may not be reading)
-        for worker in idle:
-            try:
-                worker.tasks.send_bytes(b"")
-            except OSError:
-                pass
+        idle = [not w.in_flight and w.briefed for w in self.workers]  # (an unbriefed one may not be reading)
+        for worker, asked in zip(self.workers, idle):
+            if asked:
+                try:
+                    worker.tasks.send_bytes(b"")
+                except OSError:
+                    pass
         deadline = time.monotonic() + 1.0
-        for worker in self.workers:
-            if any(worker is w for w in idle):
+        for worker, asked in zip(self.workers, idle):
+            if asked:
                 worker.process.join(max(0.0, deadline - time.monotonic()))
             _kill(worker)
         self.workers.clear()

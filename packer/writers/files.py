@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["partial_path", "remove_path", "fsync_tree", "publish", "signals_deferred", "punch_hole"]
+__all__ = ["partial_path", "remove_path", "fsync_path", "fsync_tree", "publish", "signals_deferred", "punch_hole"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -33,7 +33,8 @@ def remove_path(path: Path) -> None:
             pass
 
 
-def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
+def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    """fsync the file or folder at ``path`` (a folder: the names in it)."""
     fd = os.open(path, flags)
     try:
         os.fsync(fd)
@@ -46,10 +47,10 @@ def fsync_tree(path: Path) -> None:
     if path.is_dir():
         for dirpath, _dirnames, filenames in os.walk(path):
             for name in filenames:
-                _fsync(Path(dirpath) / name)
-            _fsync(Path(dirpath))
+                fsync_path(Path(dirpath) / name)
+            fsync_path(Path(dirpath))
     else:
-        _fsync(path)
+        fsync_path(path)
 
 
 def publish(tmp: Path, dst: Path) -> None:
@@ -61,7 +62,7 @@ def publish(tmp: Path, dst: Path) -> None:
         remove_path(old)
         os.replace(dst, old)
     os.replace(tmp, dst)
-    _fsync(dst.parent if str(dst.parent) else Path("."))
+    fsync_path(dst.parent if str(dst.parent) else Path("."))
     if old is not None:
         remove_path(old)
 

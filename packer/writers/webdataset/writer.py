@@ -33,6 +33,7 @@ from ...errors import OptionError
 from ...options import ImageOptions, StorageOptions
 from ...preprocess.task import Encoded, Failed
 from ..base import Piece, PieceWriter, Written, remove_path
+from ..files import fsync_path
 from ..journal import ROW_DTYPE, Checkpoint
 from .pieces import PieceResult, PieceTask, fragments
 from .tar import TMP_PREFIX, Assembly, ShardPart, is_full, renumber
@@ -284,16 +285,8 @@ class ShardWriter(PieceWriter):
         """The shards the checkpoint lists, and the renames that named them (in the committing
         thread: the driver may publish more shards meanwhile, which the next checkpoint lists)."""
         for name in self._syncing:
-            fd = os.open(self.tmp / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(self.tmp, os.O_RDONLY)  # the renames
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fsync_path(self.tmp / name)
+        fsync_path(self.tmp)  # the renames
         self._syncing = []
 
     def _reopen(self, checkpoint: Checkpoint) -> None:
