@@ -75,8 +75,8 @@ def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_publication_syncs_every_file_and_folder(tmp_path, image_folder, monkeypatch, fmt):
     synced: list[Path] = []
-    original = files._fsync
-    monkeypatch.setattr(files, "_fsync", lambda path, *a: (synced.append(Path(path)), original(path, *a))[1])
+    original = files.fsync_path
+    monkeypatch.setattr(files, "fsync_path", lambda path, *a: (synced.append(Path(path)), original(path, *a))[1])
     dst = tmp_path / "out" / f"data{SUFFIX[fmt]}"
     dst.parent.mkdir()
     storage = StorageOptions(shard_size=5) if fmt == "webdataset" else None
