@@ -1,8 +1,8 @@
 """How the LMDB writer maps its file, read back from the kernel (``/proc/self/smaps``), not
-from py-lmdb's own flags (``packer/writers/lmdb.py``): a fresh output is written through a
-shared writable map where the blocks can be reserved, advised random so that a write fault on a
-new page reads (zeroes) no pages around it; a resumed one keeps read-ahead, since the pages it
-reads back and refills are the file's own."""
+from py-lmdb's own flags (``packer/writers/lmdb.py``): a fresh output's map is read-only (LMDB
+writes its pages with ``pwritev``, so they can be dropped from the page cache once durable) and
+advised random, so that reading a B-tree page brings back none of the dropped pages around it;
+a resumed one keeps read-ahead, since the pages it reads back and refills are the file's own."""
 
 import mmap
 from pathlib import Path
@@ -52,7 +52,7 @@ def _sample() -> Encoded:
     return Encoded(1, (3, 8, 8), bytes(192))
 
 
-def test_a_fresh_writers_map_is_shared_writable_and_advised_random(tmp_path, kernel_shows_advice):
+def test_a_fresh_writers_map_is_read_only_and_advised_random(tmp_path, kernel_shows_advice):
     writer = LMDBWriter(tmp_path / "out.lmdb")
     try:
         writer.add(_sample())
@@ -60,8 +60,7 @@ def test_a_fresh_writers_map_is_shared_writable_and_advised_random(tmp_path, ker
         flags = map_flags(writer.tmp / DATA_FILE)
         assert flags, "the data file is not mapped"
         assert all("rr" in f for f in flags), flags  # MADV_RANDOM: no read-around on a fault
-        if writer._preallocate:
-            assert any({"sh", "wr"} <= f for f in flags), flags  # writemap: written through the map
+        assert all("wr" not in f for f in flags), flags  # no writemap: written with pwritev
     finally:
         writer.abort()
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["partial_path", "remove_path", "fsync_path", "fsync_tree", "publish", "signals_deferred", "punch_hole"]
+__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "signals_deferred", "punch_hole"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -33,13 +33,35 @@ def remove_path(path: Path) -> None:
             pass
 
 
-def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
-    """fsync the file or folder at ``path`` (a folder: the names in it)."""
+def fsync_path(path: Path, flags: int = os.O_RDONLY, *, release: bool = False) -> None:
+    """fsync the file or folder at ``path`` (a folder: the names in it); ``release``: then drop
+    the file's pages from the page cache (:func:`release_cached`)."""
     fd = os.open(path, flags)
     try:
         os.fsync(fd)
+        if release:
+            release_cached(fd)
     finally:
         os.close(fd)
+
+
+def release_cached(fd: int, length: int = 0) -> None:
+    """Drop the first ``length`` bytes (0: all) of the file open as ``fd`` from the page cache,
+    once they are durable (``POSIX_FADV_DONTNEED``; a hint: pages still dirty or mapped stay).
+
+    The writers call it after each background checkpoint's ``fsync``: an output is not read
+    while it is written, so its pages would only crowd out the user's own cached files, and
+    the pages the writing needs next reuse the memory just freed instead of ever more of it
+    (on the 2-core VM, whose hypervisor takes back free memory, touching fresh memory is what
+    made a growing page cache slow; docs/SCALING.md).
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:  # pragma: no cover - not POSIX (macOS has no fadvise)
+        return
+    try:
+        advise(fd, 0, length, os.POSIX_FADV_DONTNEED)
+    except OSError:  # pragma: no cover - a filesystem without it: the pages are only kept
+        pass
 
 
 def fsync_tree(path: Path) -> None:

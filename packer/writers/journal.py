@@ -54,7 +54,8 @@ CHECKPOINT_BYTES = 256 << 20
 #: ... or this much, by a writer whose checkpoints are made durable in a thread beside the
 #: writing (``Writer.durable_in_background``): such a checkpoint costs the writing nothing and sets
 #: the disk to work on the bytes so far, so the last ``fsync``, which the conversion waits for,
-#: has less left to write (LMDB keeps the larger spacing: packer/writers/lmdb.py says why).
+#: has less left to write, and the pages it made durable are dropped from the page cache sooner
+#: (``files.release_cached``).
 BACKGROUND_CHECKPOINT_BYTES = 64 << 20
 #: One row per sample written: the WebDataset index record (``readers/formats/webdataset.py``;
 #: ``shard``/``offset``: WebDataset only, else 0) and the sample's checksum. Read by name.

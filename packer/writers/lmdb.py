@@ -1,23 +1,28 @@
 """Write a packer LMDB (layout owned by ``readers/formats/lmdb.py``).
 
 Samples are appended in large write transactions (keys are increasing, so ``append=True``
-skips B-tree searches). LMDB writes straight into its memory map (``writemap``), much faster here
-(an uncommitted measurement) than its default of copying every page through malloc'd buffers. A write into a memory map
-cannot report a full disk (the process would get SIGBUS instead), so the file's blocks are
-reserved with ``posix_fallocate`` before the map grows over them: a full disk is an ordinary
-``ENOSPC`` error. The map grows by half whenever it fills, and the file is cut back to the pages
-in use when the dataset is finished. Where the filesystem cannot preallocate, LMDB's default
-buffered writes are used.
+skips B-tree searches). LMDB copies each transaction's pages into buffers of its own and hands
+them to the kernel with ``pwritev`` when it commits (its default, buffered mode); its map of the
+file is read-only, for the few B-tree pages it reads back. The map grows by half whenever it
+fills, and the file's blocks are reserved with ``posix_fallocate`` before it grows over them: a
+full disk is then an ordinary ``ENOSPC`` from that call (LMDB reports a write cut short by a full
+disk as an I/O error). The file is cut back to the pages in use when the dataset is finished.
+Where the filesystem cannot preallocate, a full disk is that I/O error.
+
+Every checkpoint is made durable (``fdatasync``) in a thread beside the writing, and the pages it
+made durable are then dropped from the page cache (``files.release_cached``): the file is not
+read again while it is written, and the next pages written reuse the memory just freed (``benchmarks/results/one_writer.json``,
+row (a), has the writer's rate; the message of the commit that made this change has its A/B
+against the map). Writing through a shared writable map
+(``writemap``), as this writer did before, costs a page fault per new 4 KiB page and, at every
+sync, write-protecting each page again (``msync``: ``folio_mkclean``, with a TLB shoot-down to
+the other core), and the map's pages cannot be dropped from the cache.
 
 A fresh output's map is opened without read-ahead (``readahead=False``: LMDB advises
-``MADV_RANDOM``). A write fault on a page the file does not hold yet otherwise reads the pages
-around it too, which for a new file means the kernel zeroing them, and zeroing pages it will
-zero again: perf on the 2-core VM (kernel 6.18, ext4) showed ``memset`` under the fault path as
-most of a faulting writer's time (docs/SCALING.md; ``benchmarks/results/one_writer.json``
-was rerun with this change). A fresh output's writer reads only the B-tree pages it appends to,
-so it loses nothing. A resumed one keeps read-ahead: it reads back what was committed after the
-checkpoint to delete it, and then refills the freed pages, all of them pages the file already
-holds, which a cold page cache would otherwise fetch one fault at a time.
+``MADV_RANDOM``): its writer reads only the B-tree pages it appends to, and read-around would
+bring back the pages just dropped. A resumed one keeps read-ahead: it reads back what was
+committed after the checkpoint to delete it, pages a cold page cache would otherwise fetch one
+fault at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
-from . import journal as _journal
+from .files import release_cached
 from .journal import Checkpoint
 
 __all__ = ["LMDBWriter"]
@@ -67,31 +72,25 @@ class LMDBWriter(Writer):
 
     @property
     def durable_in_background(self) -> bool:
-        """``env.sync`` (an msync of the map, or fdatasync) in the checkpoint thread, beside the
-        writing: the map is never resized under it (:meth:`_grow` waits for it first)."""
+        """``env.sync`` (``fdatasync``) in the checkpoint thread, beside the writing: the map is
+        never resized under it (:meth:`_grow` waits for it first)."""
         return True
-
-    def _checkpoint_bytes(self) -> int:
-        """The larger spacing, though its checkpoints are synced in the background: each sync
-        write-protects the map's dirty pages again, and LMDB writes some of them again (its
-        tree's pages), each such write then a fault. With the smaller spacing the file formats
-        use, its writer alone was slower on the 2-core VM (an ad hoc A/B of
-        ``benchmarks.one_writer``; its figures are in the message of the commit that chose these,
-        not a committed result)."""
-        return _journal.CHECKPOINT_BYTES
 
     def _sync(self) -> dict[str, Any]:
         self._flush()  # committed: the checkpoint holds every sample added so far
+        self._synced_bytes = self._used_bytes()
         return {}
 
     def _durable(self) -> None:
         _lmdb_call(self._env.sync, True)
+        release_cached(self._fd, self._synced_bytes)  # module docstring
 
     def _open_env(self, map_size: int, *, readahead: bool = False) -> None:
         """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved;
         ``readahead``: whether a fault reads the pages around it (module docstring)."""
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
+        self._synced_bytes = 0
         self._preallocate = _can_preallocate(self.tmp / ".probe")
         self._map_size = map_size
         version = {"lib_version": 0} if int(lmdb.__version__.split(".")[0]) >= 3 else {}  # readable by any py-lmdb
@@ -103,14 +102,12 @@ class LMDBWriter(Writer):
             sync=False,
             metasync=False,
             meminit=False,
-            writemap=self._preallocate,
-            map_async=self._preallocate,
             readahead=readahead,
             max_dbs=0,
             **version,
         )
-        self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)
-        self._reserve(self._map_size)  # before the first write transaction touches the map
+        self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)  # to reserve blocks and drop durable pages
+        self._reserve(self._map_size)  # before the first commit writes into the map's range
 
     def _write(self, index: int, sample: Encoded) -> None:
         channels, height, width = sample.shape
@@ -137,16 +134,20 @@ class LMDBWriter(Writer):
         self._pending_bytes = 0
 
     def _grow(self) -> None:
-        self._settle(raise_error=True)  # no msync of the old map may run while it is replaced
+        self._settle(raise_error=True)  # no sync may run while the map is replaced
         wanted = max(int(self._map_size * GROWTH), self._map_size + 2 * self._pending_bytes)
         wanted = -(-wanted // _ALIGN) * _ALIGN
-        self._reserve(wanted)  # blocks first: the map must never cover unallocated space
+        self._reserve(wanted)  # blocks first: a full disk is ENOSPC here, not a cut-short write
         _lmdb_call(self._env.set_mapsize, wanted)
         self._map_size = wanted
 
     def _reserve(self, size: int) -> None:
         if self._preallocate:
             os.posix_fallocate(self._fd, 0, size)
+
+    def _used_bytes(self) -> int:
+        """The bytes of the file that hold LMDB's pages (the rest is reserved blocks)."""
+        return (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
 
     def _write_metadata(self, meta: Metadata) -> None:
         self._pending.append((CHECKSUMS_KEY, self.checksum_array().tobytes()))  # sorts before META_KEY
@@ -156,9 +157,9 @@ class LMDBWriter(Writer):
             self._pending.append((SOURCES_KEY, names))
         self._flush()
         _lmdb_call(self._env.sync, True)
-        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        used = self._used_bytes()
         self._env.close()
-        os.ftruncate(self._fd, used)  # drop the preallocated tail: the pages in use are all LMDB reads
+        os.ftruncate(self._fd, used)  # drop the reserved tail: the pages in use are all LMDB reads
         os.close(self._fd)
         self._fd = -1
         lock = self.tmp / LOCK_FILE  # readers open with lock=False: the lock file is not part of the data

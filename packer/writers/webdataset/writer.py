@@ -285,7 +285,7 @@ class ShardWriter(PieceWriter):
         """The shards the checkpoint lists, and the renames that named them (in the committing
         thread: the driver may publish more shards meanwhile, which the next checkpoint lists)."""
         for name in self._syncing:
-            fsync_path(self.tmp / name)
+            fsync_path(self.tmp / name, release=True)  # never read while the conversion runs
         fsync_path(self.tmp)  # the renames
         self._syncing = []
 
