@@ -47,13 +47,15 @@ def fsync_path(path: Path, flags: int = os.O_RDONLY, *, release: bool = False) -
 
 def release_cached(fd: int, length: int = 0) -> None:
     """Drop the first ``length`` bytes (0: all) of the file open as ``fd`` from the page cache,
-    once they are durable (``POSIX_FADV_DONTNEED``; a hint: pages still dirty or mapped stay).
+    once they are durable (``POSIX_FADV_DONTNEED``, a hint: pages still mapped stay, and so do
+    dirty ones, whose write-back it starts).
 
-    The writers call it after each background checkpoint's ``fsync``: an output is not read
-    while it is written, so its pages would only crowd out the user's own cached files, and
-    the pages the writing needs next reuse the memory just freed instead of ever more of it
-    (on the 2-core VM, whose hypervisor takes back free memory, touching fresh memory is what
-    made a growing page cache slow; docs/SCALING.md).
+    LMDB's and WebDataset's writers call it after each background checkpoint's ``fsync``: their
+    output is not read while it is written, so its pages would only crowd out the user's own
+    cached files, and the pages written next reuse the memory just freed instead of ever more
+    of it (on the 2-core VM, whose hypervisor takes back free memory, touching fresh memory is
+    what made LMDB's writes slow; docs/SCALING.md). The blob and HDF5 do not: it measured slower
+    for them.
     """
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:  # pragma: no cover - not POSIX (macOS has no fadvise)

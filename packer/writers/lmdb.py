@@ -5,12 +5,15 @@ skips B-tree searches). LMDB copies each transaction's pages into buffers of its
 them to the kernel with ``pwritev`` when it commits (its default, buffered mode); its map of the
 file is read-only, for the few B-tree pages it reads back. The map grows by half whenever it
 fills, and the file's blocks are reserved with ``posix_fallocate`` before it grows over them: a
-full disk is then an ordinary ``ENOSPC`` from that call (LMDB reports a write cut short by a full
-disk as an I/O error). The file is cut back to the pages in use when the dataset is finished.
-Where the filesystem cannot preallocate, a full disk is that I/O error.
+full disk is then, on most filesystems, an ordinary ``ENOSPC`` from that call rather than from
+LMDB's write (which reports a write cut short as an I/O error; a copy-on-write filesystem may
+still fail a write into reserved blocks). The file is cut back to the pages in use when the
+dataset is finished.
 
 Every checkpoint is made durable (``fdatasync``) in a thread beside the writing, and the pages it
-made durable are then dropped from the page cache (``files.release_cached``): the file is not
+made durable are then dropped from the page cache (``files.release_cached``; first from LMDB's
+map, :func:`_unmap_pages`: the kernel caches a file in blocks of up to 2 MiB and keeps a whole
+block while one page of it is mapped, and LMDB reads its B-tree pages through the map): the file is not
 read again while it is written, and the next pages written reuse the memory just freed (``benchmarks/results/one_writer.json``,
 row (a), has the writer's rate; the message of the commit that made this change has its A/B
 against the map). Writing through a shared writable map
@@ -27,7 +30,9 @@ fault at a time.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
 import os
 from typing import Any
 
@@ -83,7 +88,8 @@ class LMDBWriter(Writer):
 
     def _durable(self) -> None:
         _lmdb_call(self._env.sync, True)
-        release_cached(self._fd, self._synced_bytes)  # module docstring
+        _unmap_pages(self._map_address, self._synced_bytes)  # module docstring
+        release_cached(self._fd, self._synced_bytes)
 
     def _open_env(self, map_size: int, *, readahead: bool = False) -> None:
         """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved;
@@ -108,6 +114,7 @@ class LMDBWriter(Writer):
         )
         self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)  # to reserve blocks and drop durable pages
         self._reserve(self._map_size)  # before the first commit writes into the map's range
+        self._map_address = _map_address(self._fd, self._map_size)
 
     def _write(self, index: int, sample: Encoded) -> None:
         channels, height, width = sample.shape
@@ -140,6 +147,7 @@ class LMDBWriter(Writer):
         self._reserve(wanted)  # blocks first: a full disk is ENOSPC here, not a cut-short write
         _lmdb_call(self._env.set_mapsize, wanted)
         self._map_size = wanted
+        self._map_address = _map_address(self._fd, wanted)  # mapped anew
 
     def _reserve(self, size: int) -> None:
         if self._preallocate:
@@ -189,6 +197,45 @@ def _can_preallocate(probe: os.PathLike) -> bool:
         os.close(fd)
         os.unlink(probe)
     return True
+
+
+def _map_address(fd: int, length: int) -> int | None:
+    """Where this process maps the file open as ``fd`` from its start over ``length`` bytes (LMDB's
+    map: py-lmdb does not say), from ``/proc/self/maps``; None where that cannot be read."""
+    stat = os.fstat(fd)
+    device = (os.major(stat.st_dev), os.minor(stat.st_dev))
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:  # start-end perms offset major:minor inode [path]
+                fields = line.split()
+                if len(fields) < 5 or int(fields[4]) != stat.st_ino or int(fields[2], 16) != 0:
+                    continue
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if tuple(int(x, 16) for x in fields[3].split(":")) == device and end - start == length:
+                    return start
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _unmap_pages(address: int | None, length: int) -> None:
+    """Take the first ``length`` bytes of LMDB's read-only map out of this process's page tables
+    (``MADV_DONTNEED``: a later read maps them again), so the page cache may drop them."""
+    if address is None or not length or _madvise is None:
+        return
+    _madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
+
+
+def _libc_madvise():
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):  # pragma: no cover - not a POSIX libc
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return function if hasattr(mmap, "MADV_DONTNEED") else None
+
+
+_madvise = _libc_madvise()
 
 
 def _as_os_error(exc: lmdb.Error) -> OSError:
