@@ -1,10 +1,11 @@
 import os
+from pathlib import Path
 
 import pytest
 
 from imagefiles import gradient, jpeg_bytes, write
 from packer.errors import SourceError
-from packer.sources.images import scan_image_folder
+from packer.sources.images import ImageFolder, scan_image_folder
 
 JPEG = jpeg_bytes(gradient(8, 8))
 
@@ -177,3 +178,15 @@ def test_unusable_url_sources_are_the_same_clear_errors(tmp_path, setup, message
     setup(src)
     with pytest.raises(SourceError, match=f"^file://{src}: {message}"):
         scan_image_folder(f"file://{src}")
+
+
+@pytest.mark.parametrize("root, path", [
+    ("imgs", "imgs/a/b.jpg"), ("imgs/", "imgs/a/b.jpg"), (".", "a/b.jpg"), (".", "./a/b.jpg"), ("/", "/a/b.jpg"),
+    ("/x/y", "/x/y/a b/c.jpg"), ("imgs", "imgs/../imgs/a.jpg"), ("imgs", "imgs/../other/a.jpg"), ("imgs", "other/a.jpg"),
+    ("imgs", "imgs/./a.jpg"), ("imgs", "imgs//a.jpg"), ("imgs", "imgs/.."), ("imgs", "imgs/..a/b.jpg"), ("imgs", "imgs"),
+])
+def test_a_local_folders_names_are_what_relpath_says(root, path):
+    """The names metadata records for a local SRC: the scan's own joins are cut by string, any
+    other path goes through os.path.relpath; both must give relpath's answer."""
+    folder = ImageFolder(root=Path(root), items=[], classes=(), labeled=False, skipped=[], empty_classes=[])
+    assert folder.relative(path) == os.path.relpath(path, Path(root))

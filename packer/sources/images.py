@@ -64,6 +64,11 @@ class ImageFolder:
         if isinstance(self.root, str):  # a URL: items are below it
             prefix = self.root.rstrip("/") + "/"
             return path[len(prefix) :] if path.startswith(prefix) else path
+        prefix = str(self.root).rstrip(os.sep) + os.sep
+        if path.startswith(prefix):  # as the scan joins them: no relpath per sample (the driver's CPU)
+            rest = path[len(prefix) :]
+            if rest and not rest.startswith((os.sep, "..")) and os.path.normpath(rest) == rest:
+                return rest
         try:
             return os.path.relpath(path, self.root)
         except ValueError:  # pragma: no cover - other drive on Windows
