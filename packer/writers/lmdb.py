@@ -88,7 +88,7 @@ class LMDBWriter(Writer):
 
     def _durable(self) -> None:
         _lmdb_call(self._env.sync, True)
-        _unmap_pages(self._map_address, self._synced_bytes)  # module docstring
+        _unmap_pages(self._fd, self._map_size, self._synced_bytes)  # module docstring
         release_cached(self._fd, self._synced_bytes)
 
     def _open_env(self, map_size: int, *, readahead: bool = False) -> None:
@@ -114,7 +114,6 @@ class LMDBWriter(Writer):
         )
         self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)  # to reserve blocks and drop durable pages
         self._reserve(self._map_size)  # before the first commit writes into the map's range
-        self._map_address = _map_address(self._fd, self._map_size)
 
     def _write(self, index: int, sample: Encoded) -> None:
         channels, height, width = sample.shape
@@ -147,7 +146,6 @@ class LMDBWriter(Writer):
         self._reserve(wanted)  # blocks first: a full disk is ENOSPC here, not a cut-short write
         _lmdb_call(self._env.set_mapsize, wanted)
         self._map_size = wanted
-        self._map_address = _map_address(self._fd, wanted)  # mapped anew
 
     def _reserve(self, size: int) -> None:
         if self._preallocate:
@@ -218,12 +216,16 @@ def _map_address(fd: int, length: int) -> int | None:
     return None
 
 
-def _unmap_pages(address: int | None, length: int) -> None:
-    """Take the first ``length`` bytes of LMDB's read-only map out of this process's page tables
-    (``MADV_DONTNEED``: a later read maps them again), so the page cache may drop them."""
-    if address is None or not length or _madvise is None:
+def _unmap_pages(fd: int, map_size: int, length: int) -> None:
+    """Take the first ``length`` bytes of LMDB's read-only map (of ``map_size`` bytes, of the file
+    open as ``fd``) out of this process's page tables (``MADV_DONTNEED``: a later read maps them
+    again), so the page cache may drop them. The map is looked up anew each time, so advice never
+    goes to an address LMDB has stopped using (on private memory it would zero it)."""
+    if not length or _madvise is None:
         return
-    _madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
+    address = _map_address(fd, map_size)
+    if address is not None:
+        _madvise(ctypes.c_void_p(address), ctypes.c_size_t(min(length, map_size)), mmap.MADV_DONTNEED)
 
 
 def _libc_madvise():
