@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import shutil
 import signal
@@ -45,10 +46,13 @@ def fsync_path(path: Path, flags: int = os.O_RDONLY, *, release: bool = False) -
         os.close(fd)
 
 
-def release_cached(fd: int, length: int = 0) -> None:
+def release_cached(fd: int, length: int = 0, *, map_size: int = 0) -> None:
     """Drop the first ``length`` bytes (0: all) of the file open as ``fd`` from the page cache,
     once they are durable (``POSIX_FADV_DONTNEED``, a hint: pages still mapped stay, and so do
-    dirty ones, whose write-back it starts).
+    dirty ones, whose write-back it starts). ``map_size``: this process maps the file from its
+    start over that many bytes (LMDB's read-only map); that range of the map is emptied first
+    (``MADV_DONTNEED``: a later read maps it again), since the kernel caches a file in blocks of
+    up to 2 MiB and keeps a whole block while one page of it is mapped.
 
     LMDB's and WebDataset's writers call it after each background checkpoint's ``fsync``: their
     output is not read while it is written, so its pages would only crowd out the user's own
@@ -57,12 +61,38 @@ def release_cached(fd: int, length: int = 0) -> None:
     what made LMDB's writes slow; docs/SCALING.md). The blob and HDF5 do not: it measured slower
     for them.
     """
+    if map_size and length:
+        _unmap(fd, map_size, min(length, map_size))
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:  # pragma: no cover - not POSIX (macOS has no fadvise)
         return
     try:
         advise(fd, 0, length, os.POSIX_FADV_DONTNEED)
     except OSError:  # pragma: no cover - a filesystem without it: the pages are only kept
+        pass
+
+
+def _unmap(fd: int, map_size: int, length: int) -> None:
+    """Empty the first ``length`` bytes of this process's map of the file ``fd`` (``map_size``
+    bytes from its start), looked up anew in ``/proc/self/maps`` each time (the library that made
+    it does not say where it is): advice never goes to an address no longer the map's, which on
+    private memory would zero it."""
+    madvise = _libc("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+    if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    stat = os.fstat(fd)
+    device = (os.major(stat.st_dev), os.minor(stat.st_dev))
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:  # start-end perms offset major:minor inode [path]
+                fields = line.split()
+                if len(fields) < 5 or int(fields[4]) != stat.st_ino or int(fields[2], 16) != 0:
+                    continue
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if tuple(int(x, 16) for x in fields[3].split(":")) == device and end - start == map_size:
+                    madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
+                    return
+    except (OSError, ValueError):  # no /proc here: the mapped pages are only kept
         pass
 
 
@@ -119,21 +149,21 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     writing), keeping its size; the range then reads as zeros. ``False`` where unsupported."""
     if not sys.platform.startswith("linux") or length <= 0:
         return False
-    fallocate = _libc_fallocate()
+    fallocate = _libc("fallocate", (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64))
     if fallocate is None:
         return False
     keep_size, punch = 0x01, 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
     return fallocate(fd, keep_size | punch, offset, length) == 0
 
 
-def _libc_fallocate() -> Any:
-    if not hasattr(_libc_fallocate, "function"):
+def _libc(name: str, argtypes: tuple) -> Any:
+    """The C library's function ``name`` (returning an int), loaded once; None where there is none."""
+    functions = _libc.__dict__.setdefault("functions", {})
+    if name not in functions:
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            function = libc.fallocate
-            function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-            function.restype = ctypes.c_int
+            function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+            function.argtypes, function.restype = argtypes, ctypes.c_int
         except (OSError, AttributeError):  # pragma: no cover - no glibc
             function = None
-        _libc_fallocate.function = function  # type: ignore[attr-defined]
-    return _libc_fallocate.function  # type: ignore[attr-defined]
+        functions[name] = function
+    return functions[name]

@@ -12,8 +12,8 @@ dataset is finished.
 
 Every checkpoint is made durable (``fdatasync``) in a thread beside the writing, and the pages it
 made durable are then dropped from the page cache (``files.release_cached``; first from LMDB's
-map, :func:`_unmap_pages`: the kernel caches a file in blocks of up to 2 MiB and keeps a whole
-block while one page of it is mapped, and LMDB reads its B-tree pages through the map): the file is not
+map, through which it reads its B-tree pages: the kernel keeps a cached block of the file whole
+while one page of it is mapped): the file is not
 read again while it is written, and the next pages written reuse the memory just freed (``benchmarks/results/one_writer.json``,
 row (a), has the writer's rate; the message of the commit that made this change has its A/B
 against the map). Writing through a shared writable map
@@ -30,9 +30,7 @@ fault at a time.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
 from typing import Any
 
@@ -88,8 +86,7 @@ class LMDBWriter(Writer):
 
     def _durable(self) -> None:
         _lmdb_call(self._env.sync, True)
-        _unmap_pages(self._fd, self._map_size, self._synced_bytes)  # module docstring
-        release_cached(self._fd, self._synced_bytes)
+        release_cached(self._fd, self._synced_bytes, map_size=self._map_size)  # module docstring
 
     def _open_env(self, map_size: int, *, readahead: bool = False) -> None:
         """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved;
@@ -195,49 +192,6 @@ def _can_preallocate(probe: os.PathLike) -> bool:
         os.close(fd)
         os.unlink(probe)
     return True
-
-
-def _map_address(fd: int, length: int) -> int | None:
-    """Where this process maps the file open as ``fd`` from its start over ``length`` bytes (LMDB's
-    map: py-lmdb does not say), from ``/proc/self/maps``; None where that cannot be read."""
-    stat = os.fstat(fd)
-    device = (os.major(stat.st_dev), os.minor(stat.st_dev))
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:  # start-end perms offset major:minor inode [path]
-                fields = line.split()
-                if len(fields) < 5 or int(fields[4]) != stat.st_ino or int(fields[2], 16) != 0:
-                    continue
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if tuple(int(x, 16) for x in fields[3].split(":")) == device and end - start == length:
-                    return start
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _unmap_pages(fd: int, map_size: int, length: int) -> None:
-    """Take the first ``length`` bytes of LMDB's read-only map (of ``map_size`` bytes, of the file
-    open as ``fd``) out of this process's page tables (``MADV_DONTNEED``: a later read maps them
-    again), so the page cache may drop them. The map is looked up anew each time, so advice never
-    goes to an address LMDB has stopped using (on private memory it would zero it)."""
-    if not length or _madvise is None:
-        return
-    address = _map_address(fd, map_size)
-    if address is not None:
-        _madvise(ctypes.c_void_p(address), ctypes.c_size_t(min(length, map_size)), mmap.MADV_DONTNEED)
-
-
-def _libc_madvise():
-    try:
-        function = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):  # pragma: no cover - not a POSIX libc
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return function if hasattr(mmap, "MADV_DONTNEED") else None
-
-
-_madvise = _libc_madvise()
 
 
 def _as_os_error(exc: lmdb.Error) -> OSError:
