@@ -1,6 +1,6 @@
 """Write a packer LMDB (layout owned by ``readers/formats/lmdb.py``).
 
-Samples are appended in large write transactions (keys are increasing, so ``append=True``
+Samples are appended in write transactions of a few MB (keys are increasing, so ``append=True``
 skips B-tree searches). LMDB copies each transaction's pages into buffers of its own and hands
 them to the kernel with ``pwritev`` when it commits (its default, buffered mode); its map of the
 file is read-only, for the few B-tree pages it reads back. The map grows by half whenever it
@@ -47,7 +47,11 @@ from .journal import Checkpoint
 __all__ = ["LMDBWriter"]
 
 INITIAL_MAP_SIZE = 64 << 20
-TRANSACTION_BYTES = 64 << 20
+#: Samples are put in write transactions of about this many bytes: small enough that the pages
+#: LMDB copies them into are still in the CPU's cache when its commit writes them out (the
+#: message of the commit that chose it has the A/B against 64 MB; ``benchmarks/results/one_writer.json``
+#: has the rate); each commit adds only a few B-tree pages.
+TRANSACTION_BYTES = 4 << 20
 GROWTH = 1.5
 _ALIGN = 16 << 20
 
