@@ -7,12 +7,8 @@ single ``Error: ...`` line on stderr and exit non-zero, without a traceback.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Iterator
 
 import click
 
@@ -25,6 +21,7 @@ from .engine import Interrupted
 from .errors import PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
+from .interrupts import interruptible
 from .jobs import changed_fields
 from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
@@ -197,7 +194,7 @@ def convert(
     logger.addHandler(printer)
     logger.propagate = False
     try:
-        with _interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
+        with interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
             report = api.convert(
                 src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error,
                 progress=not quiet, timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens),
@@ -219,29 +216,6 @@ def _given(*names: str) -> bool:
     """Whether any of the current command's options ``names`` was set on the command line."""
     ctx = click.get_current_context()
     return any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in names)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def _interruptible() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does
-    (a conversion keeps its checkpoint, ``packer bench`` removes its temporary files), and so does
-    SIGINT where the shell started us ignoring it (a background job); the handlers are restored after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        names.append("SIGINT")
-    saved = {name: signal.signal(getattr(signal, name), _raise_interrupt) for name in names}
-    try:
-        yield
-    finally:
-        for name, handler in saved.items():
-            signal.signal(getattr(signal, name), handler)
 
 
 def _text_options(kind: str | None, tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions | None:
@@ -334,7 +308,7 @@ def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_m
 
     image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality)
     try:
-        with _interruptible():  # SIGTERM and SIGHUP clean up as Ctrl-C does
+        with interruptible():  # SIGTERM and SIGHUP clean up as Ctrl-C does
             report = run_bench(src, sample=sample, image=image, formats=formats or None, workers=workers, batch_size=batch_size,
                                seconds=seconds, repeats=repeats, tmp_dir=tmp_dir, log=None if quiet else lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
+from .interrupts import signals_deferred
 from .memory import keep_freed_memory  # part of this module's interface (the CLI calls it; workers, in packer.pool_worker)
 from .options import DEFAULT_ITEM_TIMEOUT
 from .pool_worker import encode, worker_main
@@ -172,7 +173,7 @@ class _Pool(Generic[T, R]):
         self.workers: list[_Worker] = []
         try:
             for _ in range(workers):
-                self.workers.append(self._start_worker())
+                self._start_worker()
             for worker in self.workers:
                 self._brief(worker)
         except BaseException:
@@ -180,25 +181,31 @@ class _Pool(Generic[T, R]):
             raise
 
     def _start_worker(self, ring: ResultSlots | None = None) -> _Worker:
-        if ring is None and self.transport == "shm":
-            ring = ResultSlots.create()
-        try:
-            task_recv, task_send = self.context.Pipe(duplex=False)
-            result_recv, result_send = self.context.Pipe(duplex=False)
-            # A forked worker inherits the parent's ends too; it closes them, or it would keep its
-            # own task pipe open and never see EOF (and exit) when the parent dies.
-            inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
-            args = (task_recv, result_send, inherited, ring.name if ring else None)
-            process = self.context.Process(target=worker_main, args=args, daemon=True)
-            with _main_not_reimported(self.fn):
-                process.start()
-        except BaseException:
-            if ring is not None:
-                ring.close()
-            raise
-        task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
-        result_send.close()
-        return _Worker(process, task_send, result_recv, ring=ring)
+        """Start a worker with ``ring`` (by default new result slots) and keep it in ``workers``.
+        A Ctrl-C waits until it is kept, so :meth:`close` stops it and unlinks its slots wherever
+        the Ctrl-C lands (between creating the slots and keeping the worker, it leaked them)."""
+        with signals_deferred():
+            if ring is None and self.transport == "shm":
+                ring = ResultSlots.create()
+            try:
+                task_recv, task_send = self.context.Pipe(duplex=False)
+                result_recv, result_send = self.context.Pipe(duplex=False)
+                # A forked worker inherits the parent's ends too; it closes them, or it would keep its
+                # own task pipe open and never see EOF (and exit) when the parent dies.
+                inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
+                args = (task_recv, result_send, inherited, ring.name if ring else None)
+                process = self.context.Process(target=worker_main, args=args, daemon=True)
+                with _main_not_reimported(self.fn):
+                    process.start()
+            except BaseException:
+                if ring is not None:
+                    ring.close()
+                raise
+            task_recv.close()  # the parent keeps only its own ends, so a dead worker reads as EOF / EPIPE
+            result_send.close()
+            worker = _Worker(process, task_send, result_recv, ring=ring)
+            self.workers.append(worker)
+            return worker
 
     def _brief(self, worker: _Worker) -> None:
         """Send ``worker`` its work unit (it unpickles it on its own time)."""
@@ -273,16 +280,16 @@ class _Pool(Generic[T, R]):
 
     def _replace(self, worker: _Worker, reason: str) -> None:
         """A worker died or hung: kill it, start another, and retry its chunks item by item."""
-        ring, worker.ring = worker.ring, None  # once it is dead and joined, its slots serve its successor
-        try:
-            _kill(worker)
-            self.workers.remove(worker)  # closed: close() must not meet it again if no successor starts
-        except BaseException:  # (a Ctrl-C in the join) the worker has its SIGKILL or is gone: nobody writes there
-            if ring is not None:
-                ring.close()
-            raise
-        successor = self._start_worker(ring)  # (which closes the ring if it fails)
-        self.workers.append(successor)
+        with signals_deferred():  # a Ctrl-C waits until the dead worker's slots are its successor's
+            ring, worker.ring = worker.ring, None  # once it is dead and joined, its slots serve its successor
+            try:
+                _kill(worker)
+                self.workers.remove(worker)  # closed: close() must not meet it again if no successor starts
+            except BaseException:
+                if ring is not None:
+                    ring.close()
+                raise
+            successor = self._start_worker(ring)  # (which closes the ring if it fails)
         self._brief(successor)
         retries: list[_Chunk] = []
         for position, chunk in enumerate(worker.in_flight):
@@ -309,18 +316,24 @@ class _Pool(Generic[T, R]):
     def close(self) -> None:
         """Stop the workers: ask idle ones to exit, kill the rest (SIGKILL; never a shared lock)."""
         idle = [not w.in_flight and w.briefed for w in self.workers]  # (an unbriefed one may not be reading)
-        for worker, asked in zip(self.workers, idle):
-            if asked:
+        try:
+            for worker, asked in zip(self.workers, idle):
+                if asked:
+                    try:
+                        worker.tasks.send_bytes(b"")
+                    except OSError:
+                        pass
+            deadline = time.monotonic() + 1.0
+            for worker, asked in zip(self.workers, idle):
+                if asked:
+                    worker.process.join(max(0.0, deadline - time.monotonic()))
+        finally:  # every worker killed and its slots unlinked, even if a Ctrl-C cut the wait short
+            with signals_deferred():
                 try:
-                    worker.tasks.send_bytes(b"")
-                except OSError:
-                    pass
-        deadline = time.monotonic() + 1.0
-        for worker, asked in zip(self.workers, idle):
-            if asked:
-                worker.process.join(max(0.0, deadline - time.monotonic()))
-            _kill(worker)
-        self.workers.clear()
+                    for worker in self.workers:
+                        _kill(worker)
+                finally:
+                    self.workers.clear()
 
 
 def _kill(worker: _Worker) -> None:

@@ -73,16 +73,18 @@ class ResultSlots:
         """Unlink the block and unmap it. A view of a slot still alive (a result being copied out
         when Ctrl-C landed, kept by the traceback) keeps the mapping until it goes: that is not
         an error, and must not stop the other workers' blocks from being unlinked."""
-        for view in self.slots:
-            try:
-                view.release()
-            except BufferError:  # exported (nothing here does): it goes with its export
-                pass
-        self.slots = []
         try:
-            self.block.unlink()
+            for view in self.slots:
+                try:
+                    view.release()
+                except BufferError:  # exported (nothing here does): it goes with its export
+                    pass
         finally:
-            _unmap(self.block)
+            self.slots = []
+            try:
+                self.block.unlink()
+            finally:
+                _unmap(self.block)
 
     @staticmethod
     def sweep_orphans() -> None:

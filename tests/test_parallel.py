@@ -513,3 +513,53 @@ def test_an_interrupted_kill_of_a_dead_worker_still_frees_its_block(monkeypatch)
     assert len(interrupted) == 1
     assert _blocks() == set()
     assert multiprocessing.active_children() == []
+
+
+@needs_dev_shm
+def test_a_signal_just_after_a_worker_s_slots_are_made_leaves_nothing_behind(monkeypatch):
+    """A real Ctrl-C (SIGINT to this process) landing right after a worker's shared-memory block
+    is created, before the pool keeps the worker: it waits until the worker is kept, so closing
+    stops every worker and unlinks every block (the block was leaked before)."""
+    real, made = result_slots.ResultSlots.create, []
+
+    def create():
+        ring = real()
+        made.append(ring)
+        if len(made) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return ring
+
+    monkeypatch.setattr(parallel.ResultSlots, "create", staticmethod(create))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ordered_map(big, list(range(8)), workers=3, chunksize=1) as results:
+                list(results)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(made) == 2
+    assert _blocks() == set()
+    assert multiprocessing.active_children() == []
+
+
+@needs_dev_shm
+def test_a_ctrl_c_while_closing_still_stops_every_worker(monkeypatch):
+    """A Ctrl-C while the pool waits for its idle workers to exit: every worker is still killed
+    and its block unlinked, and the interrupt is what the caller sees."""
+    from multiprocessing.process import BaseProcess
+
+    real_join, cut = BaseProcess.join, []
+
+    def join(self, timeout=None):
+        if timeout is not None and not cut:  # the wait for a worker asked to exit
+            cut.append(self)
+            raise KeyboardInterrupt
+        return real_join(self, timeout)
+
+    monkeypatch.setattr(BaseProcess, "join", join)
+    with pytest.raises(KeyboardInterrupt):
+        with ordered_map(big, list(range(8)), workers=3, chunksize=1) as results:
+            assert len(list(results)) == 8
+    assert len(cut) == 1
+    assert _blocks() == set()
+    assert multiprocessing.active_children() == []

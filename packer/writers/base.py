@@ -29,9 +29,10 @@ from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
 from .checkpoints import Committer
-from .files import fsync_tree, partial_path, publish, remove_path, signals_deferred
+from .files import fsync_tree, partial_path, publish, remove_path
 from ..destination import write_error
 from ..errors import OptionError, OutputError
+from ..interrupts import signals_deferred
 from ..locking import DestinationLock, lock_path
 from ..options import ImageOptions, StorageOptions
 from ..placement import Placed

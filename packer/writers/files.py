@@ -8,14 +8,11 @@ import ctypes.util
 import mmap
 import os
 import shutil
-import signal
 import sys
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "signals_deferred", "punch_hole"]
+__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "punch_hole"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -119,29 +116,6 @@ def publish(tmp: Path, dst: Path) -> None:
     fsync_path(dst.parent if str(dst.parent) else Path("."))
     if old is not None:
         remove_path(old)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C (and SIGTERM and SIGHUP where Python handles them) until the block is done,
-    then run the handler each one that came would have run (main thread only: Python runs signal
-    handlers there, whichever thread the signal reached)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    signums = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    saved = {signum: signal.getsignal(signum) for signum in signums}
-    held = {signum: handler for signum, handler in saved.items() if callable(handler)}  # SIG_DFL/SIG_IGN stay
-    for signum in held:
-        signal.signal(signum, lambda number, frame: caught.append(number))
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    for signum in caught:
-        held[signum](signum, None)
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:

@@ -1,0 +1,106 @@
+"""Interruptions: SIGTERM and SIGHUP stopping a command as Ctrl-C does (:func:`interruptible`),
+never lost where Python swallows the KeyboardInterrupt, and held over a few steps that must not be
+cut apart (:func:`signals_deferred`: an output's rename with its flag, a worker's start with the
+bookkeeping that stops it and unlinks its shared memory)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+__all__ = ["interruptible", "signals_deferred"]
+
+#: Seconds after a swallowed interruption before its signal is sent again.
+REDELIVERY_DELAY = 0.01
+#: The signals :func:`interruptible` turned into KeyboardInterrupt, latest last; and those
+#: swallowed (:func:`_interrupt_again`) and not delivered again yet.
+_received: list[int] = []
+_swallowed: list[int] = []
+_lock = threading.Lock()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    _received.append(signum)
+    _swallowed.clear()
+    raise KeyboardInterrupt
+
+
+def _interrupt_again(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+    """An unraisable-exception hook that delivers a swallowed interruption again.
+
+    Python runs a signal's handler wherever the main thread is, and where that is a callback
+    whose exceptions it only prints (``Exception ignored in``: the callbacks run after each fork,
+    ``__del__`` methods, weakref callbacks) the KeyboardInterrupt went nowhere: seen in CI,
+    ``packer bench`` carried on after a SIGHUP that landed while a DataLoader forked its worker.
+    The signal is sent again from another thread a moment later, when the main thread has left
+    the callback (not from here: the handler would run in this hook, and be swallowed again)."""
+
+    def hook(unraisable: Any) -> object:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
+            _swallowed.append(_received[-1])
+            threading.Timer(REDELIVERY_DELAY, _deliver_swallowed).start()
+            return None
+        return previous(unraisable)
+
+    return hook
+
+
+def _deliver_swallowed() -> None:
+    with _lock:  # not once interruptible() has restored the handlers (it raises the interrupt itself)
+        if _swallowed:
+            signal.raise_signal(_swallowed[-1])
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does
+    (a conversion keeps its checkpoint, ``packer bench`` removes its temporary files), and so do
+    Ctrl-C where Python's own handler is set, and SIGINT where the shell started us ignoring it (a
+    background job). An interruption Python swallowed is delivered again (by the block's end at
+    the latest). Restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
+        names.append("SIGINT")
+    saved = {name: signal.signal(getattr(signal, name), _raise_interrupt) for name in names}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupt_again(sys.unraisablehook)
+    try:
+        yield
+    finally:
+        with _lock:
+            swallowed = bool(_swallowed)
+            _swallowed.clear()
+            _received.clear()
+            for name, handler in saved.items():
+                signal.signal(getattr(signal, name), handler)
+            sys.unraisablehook = previous_hook
+    if swallowed:  # the block ended before the signal came again
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (and SIGTERM and SIGHUP where Python handles them) until the block is done,
+    then run the handler each one that came would have run (main thread only: Python runs signal
+    handlers there, whichever thread the signal reached)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    signums = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    held = {signum: handler for signum, handler in saved.items() if callable(handler)}  # SIG_DFL/SIG_IGN stay
+    for signum in held:
+        signal.signal(signum, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    for signum in caught:
+        held[signum](signum, None)

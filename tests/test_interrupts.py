@@ -1,0 +1,105 @@
+"""Interruptions (packer/interrupts.py): SIGTERM, SIGHUP and a background job's SIGINT stop a
+command as Ctrl-C does, even where Python swallows the KeyboardInterrupt."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from packer.interrupts import interruptible, signals_deferred
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+
+# A signal whose handler runs inside a callback Python only prints the exceptions of (here the
+# callbacks after a fork, as when a DataLoader forks its workers) went nowhere before.
+SWALLOWED = textwrap.dedent("""
+    import os, signal, sys, time
+    from packer.interrupts import interruptible
+
+    def after_fork():
+        os.kill(os.getpid(), signal.{signame})
+        for _ in range(1000):  # the handler runs here, in the callback
+            pass
+
+    os.register_at_fork(after_in_parent=after_fork)
+    try:
+        with {context}:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            for _ in range({spins}):
+                time.sleep(0.01)
+            print("went on")
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+def _run(signame: str, context: str = "interruptible()", spins: int = 200) -> subprocess.CompletedProcess:
+    code = SWALLOWED.format(signame=signame, context=context, spins=spins)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM", "SIGINT"])
+def test_an_interrupt_swallowed_in_a_fork_callback_is_delivered_again(signame: str) -> None:
+    done = _run(signame)
+    assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_swallowing_is_real_without_it() -> None:
+    """The case above, with Python's own Ctrl-C handler and nothing of ours: it goes on."""
+    done = _run("SIGINT", context="open(os.devnull)")
+    assert done.stdout.strip() == "went on" and "Exception ignored" in done.stderr
+
+
+def test_a_block_that_ends_before_the_redelivery_raises_as_it_ends() -> None:
+    done = _run("SIGHUP", spins=0)
+    assert done.stdout.split() == ["went", "on", "interrupted"], (done.stdout, done.stderr)
+
+
+def test_handlers_and_hook_are_restored() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    hook = sys.unraisablehook
+    with interruptible():
+        assert signal.getsignal(signal.SIGHUP) is not before[signal.SIGHUP]
+        assert sys.unraisablehook is not hook
+    assert {s: signal.getsignal(s) for s in before} == before and sys.unraisablehook is hook
+
+
+def test_sigterm_raises_keyboard_interrupt_inside() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        with interruptible():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10**6):
+                pass
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_signals_deferred_holds_a_ctrl_c_to_the_block_s_end() -> None:
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10**5):
+                pass
+            steps.append("finished the block")
+    assert steps == ["finished the block"]
+
+
+def test_outside_the_main_thread_nothing_changes() -> None:
+    seen = []
+
+    def other():
+        with interruptible():
+            seen.append(signal.getsignal(signal.SIGHUP))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == [signal.getsignal(signal.SIGHUP)]
