@@ -17,6 +17,12 @@ the same ImageNet-like 500x375 JPEGs (``benchmarks.common.imagenet_like``), conv
 (b) **each format's conversion** (``packer.convert``) with ``w`` workers: the whole call, worker
     start-up, scan, publication and all, as (a) includes its pool's start-up.
 
+Each run also records the machine's CPU account (Linux ``/proc/stat``, the whole machine: run it
+on a quiet one), as milliseconds of a core per image: ``user`` (user and nice), ``system``
+(system, irq, softirq), ``idle`` (idle and iowait). On a machine whose cores the work fills,
+the three say where a conversion's time beyond the work's goes: its own computing (checksums,
+the driver), the kernel (copying samples into files, writeback) or cores left waiting.
+
 Rounds alternate (a) and the formats at every ``w``, so machine drift hits all alike. Each
 figure is images/s, median (min-max) over ``--rounds``; ``share`` is (b)/(a) per round, median
 (min-max): how much of the work's own rate a conversion keeps. Where the share falls as ``w``
@@ -34,6 +40,7 @@ benchmarks/results/).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -73,14 +80,41 @@ def work_alone(src: Path, workers: int) -> float:
 
 def conversion(src: Path, dst: Path, fmt: str, workers: int, shard_size: int) -> float:
     """(b): images/s of a whole ``packer.convert`` of ``src`` to ``fmt`` with ``workers`` workers."""
-    if dst.is_dir():
-        shutil.rmtree(dst)
-    else:
-        dst.unlink(missing_ok=True)
+    remove_output(dst)
     storage = StorageOptions(shard_size=shard_size) if fmt == "webdataset" else None
     start = time.perf_counter()
     report = convert(src, dst, format=fmt, image=ImageOptions(size=SIZE), storage=storage, workers=workers)
     return report.written / (time.perf_counter() - start)
+
+
+#: /proc/stat's first line: user nice system idle iowait irq softirq steal, in clock ticks.
+ACCOUNT = {"user": (0, 1), "system": (2, 5, 6), "idle": (3, 4)}
+
+
+def cpu_ticks() -> list[int] | None:
+    """The machine's CPU time so far, per /proc/stat field (None where there is no /proc/stat)."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_per_image(before: list[int] | None, images: int) -> dict[str, float] | None:
+    """Milliseconds of a core per image in each part of :data:`ACCOUNT` since ``before``."""
+    after = cpu_ticks()
+    if before is None or after is None or images <= 0:
+        return None
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    return {part: sum(after[i] - before[i] for i in fields) * tick_ms / images for part, fields in ACCOUNT.items()}
+
+
+def remove_output(dst: Path) -> None:
+    """Remove an earlier run's output (a large file's unlink takes a tenth of a second or more)."""
+    if dst.is_dir():
+        shutil.rmtree(dst)
+    else:
+        dst.unlink(missing_ok=True)
 
 
 def summary(values: list[float]) -> dict:
@@ -110,15 +144,26 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--counts: worker counts are 1 or more")
     rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *args.formats]}
     shares: dict[str, dict[int, list[float]]] = {fmt: {w: [] for w in counts} for fmt in args.formats}
+    cpu: dict[str, dict[int, list[dict[str, float]]]] = {name: {w: [] for w in counts} for name in rates}
+
+    def timed(name: str, w: int, run) -> float:
+        before = cpu_ticks()
+        rate = run()
+        account = cpu_per_image(before, images)
+        if account is not None:
+            cpu[name][w].append(account)
+        rates[name][w].append(rate)
+        return rate
+
     with tempfile.TemporaryDirectory(prefix="packer-core-scaling-") as tmp:
         conversion(src, Path(tmp) / "warm.lmdb", "lmdb", max(counts), args.shard_size)  # imports, fork server, page cache
         for _ in range(args.rounds):
             for w in counts:
-                alone = work_alone(src, w)
-                rates["work alone"][w].append(alone)
+                alone = timed("work alone", w, lambda: work_alone(src, w))
                 for fmt in args.formats:
-                    rate = conversion(src, Path(tmp) / f"out{FORMATS[fmt]}", fmt, w, args.shard_size)
-                    rates[fmt][w].append(rate)
+                    out = Path(tmp) / f"out{FORMATS[fmt]}"
+                    remove_output(out)  # (before the clock and the CPU account start)
+                    rate = timed(fmt, w, lambda: conversion(src, out, fmt, w, args.shard_size))
                     shares[fmt][w].append(rate / alone)
                 print(f"{w} workers: work alone {alone:,.0f} img/s; "
                       + ", ".join(f"{fmt} {rates[fmt][w][-1]:,.0f}" for fmt in args.formats), flush=True)
@@ -133,6 +178,11 @@ def main(argv: list[str] | None = None) -> None:
         "rates": {name: {str(w): summary(v) for w, v in by_w.items()} for name, by_w in rates.items()},
         "shares": {fmt: {str(w): summary(v) for w, v in by_w.items()} for fmt, by_w in shares.items()},
     }
+    if all(runs for by_w in cpu.values() for runs in by_w.values()):
+        result["cpu_ms_per_image"] = {
+            name: {str(w): {part: statistics.median(run[part] for run in runs) for part in ACCOUNT} for w, runs in by_w.items()}
+            for name, by_w in cpu.items()
+        }
     print()
     print(render(result))
     name = "core_scaling" if args.source == "jpeg" else "core_scaling-presized"
@@ -153,7 +203,14 @@ def render(result: dict) -> str:
     what = "ImageNet-like JPEGs" if result.get("source", "jpeg") == "jpeg" else f"ImageNet-like images presized to {result['size']}x{result['size']} BMPs"
     head = (f"{result['images']:,} {what} to {result['size']}x{result['size']} raw, images/s median (min-max) of "
             f"{result['rounds']} round(s); each format: its rate, then its share of the work alone:")
-    return head + "\n\n" + markdown_table(["workers", "work alone"] + formats, rows)
+    table = head + "\n\n" + markdown_table(["workers", "work alone"] + formats, rows)
+    account = result.get("cpu_ms_per_image")
+    if not account:
+        return table
+    names = ["work alone"] + formats
+    cpu_rows = [[w] + ["/".join(f"{account[n][w][part]:.2f}" for part in ACCOUNT) for n in names] for w in map(str, result["worker_counts"])]
+    return (table + "\n\nThe machine's CPU per image, milliseconds of a core (median of the rounds): "
+            "user / system / idle (`/proc/stat`):\n\n" + markdown_table(["workers"] + names, cpu_rows))
 
 
 if __name__ == "__main__":

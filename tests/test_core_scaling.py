@@ -41,12 +41,36 @@ def test_a_ci_sized_run_reports_every_worker_count_and_format(tmp_path, capsys):
             assert alone > 0 and rate > 0
             assert result["shares"][fmt][w]["runs"] == [rate / alone]
     assert result["command"] and result["machine"]["cores"] >= 1
-    assert "| workers | work alone | lmdb | blob |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| workers | work alone | lmdb | blob |" in printed
+    if core_scaling.cpu_ticks() is not None:  # Linux: the CPU account per image
+        account = result["cpu_ms_per_image"]
+        assert set(account) == {"work alone", "lmdb", "blob"} and all(set(account[n]) == {"1", "2"} for n in account)
+        assert all(set(parts) == {"user", "system", "idle"} and min(parts.values()) >= 0 for n in account for parts in account[n].values())
+        assert account["work alone"]["1"]["user"] > 0.1  # decoding and resizing a JPEG takes a core more than 0.1 ms
+        assert "user / system / idle" in printed
 
 
-def test_chosen_worker_counts_are_saved_under_the_tag(tmp_path):
-    """A many-core host measures only some counts (--counts) and saves beside the VM's figures (--tag)."""
-    core_scaling.main(["--images", "20", "--rounds", "1", "--counts", "2", "1", "2", "--formats", "blob", "--tag", "16cores", "--out", str(tmp_path)])
-    result = json.loads((tmp_path / "core_scaling-16cores.json").read_text())
-    assert result["worker_counts"] == [1, 2] and list(result["shares"]["blob"]) == ["1", "2"]
-    assert not (tmp_path / "core_scaling.json").exists()
+def test_the_cpu_account_counts_what_the_machine_did():
+    """Over a spin of 0.2 s, the machine's user and system time cover this process's own (as
+    getrusage counts it), and all three parts together fit in the machine's cores over the time."""
+    if core_scaling.cpu_ticks() is None:
+        import pytest
+
+        pytest.skip("no /proc/stat")
+    import os
+    import resource
+    import time
+
+    def own_ms() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return (usage.ru_utime + usage.ru_stime) * 1000
+
+    start, mine, before = time.perf_counter(), own_ms(), core_scaling.cpu_ticks()
+    while time.perf_counter() < start + 0.2:
+        pass
+    account = core_scaling.cpu_per_image(before, 1)
+    wall_ms, mine = (time.perf_counter() - start) * 1000, own_ms() - mine
+    tick = 1000 / os.sysconf("SC_CLK_TCK")
+    assert mine > 100 and account["user"] + account["system"] >= mine - 2 * tick
+    assert sum(account.values()) <= wall_ms * os.cpu_count() + 2 * tick * os.cpu_count()
