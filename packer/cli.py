@@ -193,6 +193,7 @@ def convert(
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
+    report = None
     try:
         with interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
             report = api.convert(
@@ -204,6 +205,8 @@ def convert(
     except Interrupted as exc:
         raise _UserError(str(exc), EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
+        if report is not None:  # (a swallowed interruption, raised as the block ended: packer/interrupts.py)
+            raise _UserError(f"interrupted after the output was complete: {report.dst} is finished", EXIT_INTERRUPTED) from None
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None
     finally:
         logger.removeHandler(printer)

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 __all__ = ["interruptible", "signals_deferred"]
 
@@ -35,13 +35,16 @@ def _interrupt_again(previous: Callable[[Any], object]) -> Callable[[Any], objec
     whose exceptions it only prints (``Exception ignored in``: the callbacks run after each fork,
     ``__del__`` methods, weakref callbacks) the KeyboardInterrupt went nowhere: seen in CI,
     ``packer bench`` carried on after a SIGHUP that landed while a DataLoader forked its worker.
-    The signal is sent again from another thread a moment later, when the main thread has left
-    the callback (not from here: the handler would run in this hook, and be swallowed again)."""
+    The signal is sent again to the main thread a moment later, from another thread, when the
+    main thread has left the callback (not from here: the handler would run in this hook, and be
+    swallowed again); sent to the main thread, it also cuts short a system call it waits in."""
 
     def hook(unraisable: Any) -> object:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
             _swallowed.append(_received[-1])
-            threading.Timer(REDELIVERY_DELAY, _deliver_swallowed).start()
+            timer = threading.Timer(REDELIVERY_DELAY, _deliver_swallowed)
+            timer.daemon = True  # never what keeps the process from exiting
+            timer.start()
             return None
         return previous(unraisable)
 
@@ -51,7 +54,26 @@ def _interrupt_again(previous: Callable[[Any], object]) -> Callable[[Any], objec
 def _deliver_swallowed() -> None:
     with _lock:  # not once interruptible() has restored the handlers (it raises the interrupt itself)
         if _swallowed:
-            signal.raise_signal(_swallowed[-1])
+            if hasattr(signal, "pthread_kill"):
+                signal.pthread_kill(threading.main_thread().ident, _swallowed[-1])
+            else:  # pragma: no cover - Windows
+                signal.raise_signal(_swallowed[-1])
+
+
+
+def _restore(handlers: Mapping[int, Any]) -> None:
+    """Set each signal's handler back. ``signal.signal`` first runs the handler of a signal that
+    is pending, which may raise: every handler is still set back, then the first error raised."""
+    error: BaseException | None = None
+    for signum, handler in handlers.items():
+        while True:
+            try:
+                signal.signal(signum, handler)
+                break
+            except BaseException as exc:  # noqa: BLE001 - raised once all are restored
+                error = error or exc
+    if error is not None:
+        raise error
 
 
 @contextmanager
@@ -59,26 +81,32 @@ def interruptible() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does
     (a conversion keeps its checkpoint, ``packer bench`` removes its temporary files), and so do
     Ctrl-C where Python's own handler is set, and SIGINT where the shell started us ignoring it (a
-    background job). An interruption Python swallowed is delivered again (by the block's end at
-    the latest). Restored after."""
+    background job). An interruption Python swallowed is delivered again, or raised as the block
+    ends if it has not been yet. The handlers are restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    signums = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
-        names.append("SIGINT")
-    saved = {name: signal.signal(getattr(signal, name), _raise_interrupt) for name in names}
-    previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupt_again(sys.unraisablehook)
+        signums.append(signal.SIGINT)
+    _received.clear()
+    _swallowed.clear()
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    previous_hook = sys.unraisablehook
     try:
+        for signum in signums:
+            signal.signal(signum, _raise_interrupt)
+        sys.unraisablehook = _interrupt_again(previous_hook)
         yield
     finally:
         with _lock:
             swallowed = bool(_swallowed)
             _swallowed.clear()
-            _received.clear()
-            for name, handler in saved.items():
-                signal.signal(getattr(signal, name), handler)
-            sys.unraisablehook = previous_hook
+            try:
+                _restore(saved)
+            finally:
+                sys.unraisablehook = previous_hook
+                _received.clear()
     if swallowed:  # the block ended before the signal came again
         raise KeyboardInterrupt
 
@@ -86,21 +114,19 @@ def interruptible() -> Iterator[None]:
 @contextmanager
 def signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C (and SIGTERM and SIGHUP where Python handles them) until the block is done,
-    then run the handler each one that came would have run (main thread only: Python runs signal
-    handlers there, whichever thread the signal reached)."""
+    then run the handler each one that came would have run, whether the block ended or raised
+    (main thread only: Python runs signal handlers there, whichever thread the signal reached)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
     signums = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    saved = {signum: signal.getsignal(signum) for signum in signums}
-    held = {signum: handler for signum, handler in saved.items() if callable(handler)}  # SIG_DFL/SIG_IGN stay
-    for signum in held:
-        signal.signal(signum, lambda number, frame: caught.append(number))
+    held = {signum: handler for signum in signums if callable(handler := signal.getsignal(signum))}  # SIG_DFL/SIG_IGN stay
     try:
+        for signum in held:
+            signal.signal(signum, lambda number, frame: caught.append(number))
         yield
     finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    for signum in caught:
-        held[signum](signum, None)
+        _restore(held)
+        for signum in caught:
+            held[signum](signum, None)

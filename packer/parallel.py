@@ -119,6 +119,7 @@ def ordered_map(
         chunksize = max(1, min(16, len(items) // (workers * 8)))
     pool = _Pool(fn, items, max(1, min(workers, len(items))), chunksize, on_crash, item_timeout, transport)
     try:
+        pool.start()
         yield pool.results()
     finally:
         pool.close()
@@ -170,15 +171,17 @@ class _Pool(Generic[T, R]):
         self.order: deque[int] = deque(c.id for c in self.todo)  # chunk ids in output order
         self.done: dict[int, list[R]] = {}  # finished chunks waiting for their turn
         self.window = 4 * workers + 2  # chunks dispatched beyond the oldest unconsumed one
+        self.size = workers
         self.workers: list[_Worker] = []
-        try:
-            for _ in range(workers):
-                self._start_worker()
-            for worker in self.workers:
-                self._brief(worker)
-        except BaseException:
-            self.close()
-            raise
+
+    def start(self) -> None:
+        """Start the workers and send them the work unit (on an error or a Ctrl-C, the caller's
+        :meth:`close` stops those started: the constructor starts none, so nothing is left
+        running between it and the caller's ``try``)."""
+        for _ in range(self.size):
+            self._start_worker()
+        for worker in self.workers:
+            self._brief(worker)
 
     def _start_worker(self, ring: ResultSlots | None = None) -> _Worker:
         """Start a worker with ``ring`` (by default new result slots) and keep it in ``workers``.
@@ -280,11 +283,14 @@ class _Pool(Generic[T, R]):
 
     def _replace(self, worker: _Worker, reason: str) -> None:
         """A worker died or hung: kill it, start another, and retry its chunks item by item."""
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join()  # (a Ctrl-C may cut this wait: the worker is still listed, close() frees its slots)
         with signals_deferred():  # a Ctrl-C waits until the dead worker's slots are its successor's
-            ring, worker.ring = worker.ring, None  # once it is dead and joined, its slots serve its successor
+            ring, worker.ring = worker.ring, None  # it is dead and joined: its slots serve its successor
+            self.workers.remove(worker)
             try:
-                _kill(worker)
-                self.workers.remove(worker)  # closed: close() must not meet it again if no successor starts
+                _close_handles(worker)
             except BaseException:
                 if ring is not None:
                     ring.close()
@@ -327,27 +333,31 @@ class _Pool(Generic[T, R]):
             for worker, asked in zip(self.workers, idle):
                 if asked:
                     worker.process.join(max(0.0, deadline - time.monotonic()))
-        finally:  # every worker killed and its slots unlinked, even if a Ctrl-C cut the wait short
+        finally:  # every worker killed and its slots unlinked, even if a Ctrl-C cuts a wait short
             with signals_deferred():
-                try:
-                    for worker in self.workers:
-                        _kill(worker)
-                finally:
-                    self.workers.clear()
+                for worker in self.workers:
+                    if worker.process.is_alive():
+                        worker.process.kill()
+            try:  # (not with signals held: a process stuck in the kernel, on a hung mount, never ends)
+                for worker in self.workers:
+                    worker.process.join()
+                    _close_handles(worker)
+            finally:
+                with signals_deferred():  # killed, if not yet ended: nobody writes to the slots again
+                    try:
+                        for worker in self.workers:
+                            if worker.ring is not None:
+                                worker.ring.close()
+                                worker.ring = None
+                    finally:
+                        self.workers.clear()
 
 
-def _kill(worker: _Worker) -> None:
-    try:
-        if worker.process.is_alive():
-            worker.process.kill()
-        worker.process.join()
-        worker.tasks.close()
-        worker.results.close()
-        worker.process.close()
-    finally:
-        if worker.ring is not None:  # after the join: nobody writes to it any more
-            worker.ring.close()
-            worker.ring = None
+def _close_handles(worker: _Worker) -> None:
+    """Close the pipes and process object of a worker that has ended."""
+    worker.tasks.close()
+    worker.results.close()
+    worker.process.close()
 
 
 def _death_reason(worker: _Worker) -> str:

@@ -123,3 +123,23 @@ def test_as_a_subprocess(tmp_path, image_folder):
     assert info.returncode == 0 and "samples    18" in info.stdout
     missing = subprocess.run([sys.executable, "-m", "packer", "convert", str(tmp_path / "nope"), str(dst)], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr.startswith("Error: ") and "Traceback" not in missing.stderr
+
+
+def test_an_interruption_raised_as_the_conversion_ends_says_the_output_is_finished(image_folder, tmp_path, monkeypatch):
+    """An interruption Python swallowed is raised as the command's block ends (packer/interrupts.py):
+    when the conversion had finished by then, the message says the output is complete."""
+    from contextlib import contextmanager
+
+    import packer.cli
+
+    @contextmanager
+    def interrupted_as_it_ends():
+        yield
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.cli, "interruptible", interrupted_as_it_ends)
+    dst = tmp_path / "out.lmdb"
+    result = run("convert", image_folder, dst, "--size", "16")
+    assert result.exit_code == 130, result.output
+    assert f"interrupted after the output was complete: {dst} is finished" in result.output
+    assert len(LMDBDataset(dst)) == 18

@@ -18,7 +18,11 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX sig
 # callbacks after a fork, as when a DataLoader forks its workers) went nowhere before.
 SWALLOWED = textwrap.dedent("""
     import os, signal, sys, time
+    import packer.interrupts
     from packer.interrupts import interruptible
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job starts ignoring it)
+    packer.interrupts.REDELIVERY_DELAY = {delay}
 
     def after_fork():
         os.kill(os.getpid(), signal.{signame})
@@ -40,8 +44,9 @@ SWALLOWED = textwrap.dedent("""
 """)
 
 
-def _run(signame: str, context: str = "interruptible()", spins: int = 50) -> subprocess.CompletedProcess:
-    code = SWALLOWED.format(signame=signame, context=context, spins=spins)
+def _run(signame: str, context: str = "interruptible()", spins: int = 200, delay: float = 0.01) -> subprocess.CompletedProcess:
+    """The script above: ``spins`` sleeps of 10 ms after the fork, the signal sent again after ``delay`` s."""
+    code = SWALLOWED.format(signame=signame, context=context, spins=spins, delay=delay)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
@@ -54,12 +59,12 @@ def test_an_interrupt_swallowed_in_a_fork_callback_is_delivered_again(signame: s
 
 def test_the_swallowing_is_real_without_it() -> None:
     """The case above, with Python's own Ctrl-C handler and nothing of ours: it goes on."""
-    done = _run("SIGINT", context="open(os.devnull)")
+    done = _run("SIGINT", context="open(os.devnull)", spins=50)
     assert done.stdout.strip() == "went on" and "Exception ignored" in done.stderr
 
 
 def test_a_block_that_ends_before_the_redelivery_raises_as_it_ends() -> None:
-    done = _run("SIGHUP", spins=0)
+    done = _run("SIGHUP", spins=0, delay=30)  # (the process ends long before: the timer is a daemon)
     assert done.stdout.split() == ["went", "on", "interrupted"], (done.stdout, done.stderr)
 
 
@@ -84,12 +89,21 @@ def test_sigterm_raises_keyboard_interrupt_inside() -> None:
 
 def test_signals_deferred_holds_a_ctrl_c_to_the_block_s_end() -> None:
     steps = []
-    with pytest.raises(KeyboardInterrupt):
-        with signals_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(10**5):
-                pass
-            steps.append("finished the block")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job starts ignoring it)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10**5):
+                    pass
+                steps.append("finished the block")
+        with pytest.raises(KeyboardInterrupt):  # and over an error the block raised
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                raise OSError("the block failed")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert steps == ["finished the block"]
 
 

@@ -497,16 +497,17 @@ def test_a_successor_that_cannot_start_leaves_nothing_behind(monkeypatch):
 def test_an_interrupted_kill_of_a_dead_worker_still_frees_its_block(monkeypatch):
     """A Ctrl-C while the pool waits for a crashed worker to be joined: the block that would have
     gone to its successor is unlinked, and the interrupt is what the caller sees."""
-    real_kill, interrupted = parallel._kill, []
+    from multiprocessing.process import BaseProcess
 
-    def kill_interrupted(worker):
-        if worker.ring is None and not interrupted:  # the one being replaced: killed, not yet joined
-            interrupted.append(worker)
-            worker.process.kill()
+    real_join, interrupted = BaseProcess.join, []
+
+    def join(self, timeout=None):
+        if timeout is None and not interrupted:  # the crashed one, being replaced: killed, not yet joined
+            interrupted.append(self)
             raise KeyboardInterrupt
-        real_kill(worker)
+        return real_join(self, timeout)
 
-    monkeypatch.setattr(parallel, "_kill", kill_interrupted)
+    monkeypatch.setattr(BaseProcess, "join", join)
     with pytest.raises(KeyboardInterrupt):
         with ordered_map(big_or_crash, list(range(24)), workers=2, chunksize=4, on_crash=crashed) as results:
             list(results)
