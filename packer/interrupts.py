@@ -63,15 +63,19 @@ def _deliver_swallowed() -> None:
 
 def _restore(handlers: Mapping[int, Any]) -> None:
     """Set each signal's handler back. ``signal.signal`` first runs the handler of a signal that
-    is pending, which may raise: every handler is still set back, then the first error raised."""
+    is pending, which may raise KeyboardInterrupt: every handler is still set back, then that is
+    raised (any other error, too, once the rest are set back)."""
     error: BaseException | None = None
     for signum, handler in handlers.items():
         while True:
             try:
                 signal.signal(signum, handler)
                 break
-            except BaseException as exc:  # noqa: BLE001 - raised once all are restored
+            except KeyboardInterrupt as exc:  # a pending signal's handler: the restore is retried
                 error = error or exc
+            except Exception as exc:  # noqa: BLE001 - not for lack of a retry: raised once the rest are set back
+                error = error or exc
+                break
     if error is not None:
         raise error
 
@@ -91,22 +95,28 @@ def interruptible() -> Iterator[None]:
         signums.append(signal.SIGINT)
     _received.clear()
     _swallowed.clear()
-    saved = {signum: signal.getsignal(signum) for signum in signums}
+    saved = {signum: handler for signum in signums if (handler := signal.getsignal(signum)) is not None}  # (None: not set from Python)
     previous_hook = sys.unraisablehook
     try:
-        for signum in signums:
+        for signum in saved:
             signal.signal(signum, _raise_interrupt)
         sys.unraisablehook = _interrupt_again(previous_hook)
         yield
     finally:
-        with _lock:
-            swallowed = bool(_swallowed)
-            _swallowed.clear()
+        swallowed, interrupted = False, None
+        while True:  # a signal handled meanwhile (its handler raises, even in the lock's wait) must not leave ours set
             try:
-                _restore(saved)
-            finally:
-                sys.unraisablehook = previous_hook
-                _received.clear()
+                with _lock:
+                    swallowed = swallowed or bool(_swallowed)
+                    _swallowed.clear()
+                    sys.unraisablehook = previous_hook
+                    _restore(saved)
+                    _received.clear()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
     if swallowed:  # the block ended before the signal came again
         raise KeyboardInterrupt
 
@@ -127,6 +137,8 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(signum, lambda number, frame: caught.append(number))
         yield
     finally:
-        _restore(held)
-        for signum in caught:
-            held[signum](signum, None)
+        try:
+            _restore(held)
+        finally:  # (even if another signal's handler raised as the handlers were set back)
+            for signum in caught:
+                held[signum](signum, None)

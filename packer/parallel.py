@@ -334,11 +334,13 @@ class _Pool(Generic[T, R]):
                 if asked:
                     worker.process.join(max(0.0, deadline - time.monotonic()))
         finally:  # every worker killed and its slots unlinked, even if a Ctrl-C cuts a wait short
-            with signals_deferred():
-                for worker in self.workers:
-                    if worker.process.is_alive():
-                        worker.process.kill()
-            try:  # (not with signals held: a process stuck in the kernel, on a hung mount, never ends)
+            try:
+                with signals_deferred():  # (a Ctrl-C held here is raised as it ends: the finally below still runs)
+                    for worker in self.workers:
+                        if worker.process.is_alive():
+                            worker.process.kill()
+                # Not with signals held: a process stuck in the kernel (a hung network mount) does
+                # not end even when killed, and another Ctrl-C must stop the wait.
                 for worker in self.workers:
                     worker.process.join()
                     _close_handles(worker)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -36,17 +37,17 @@ SWALLOWED = textwrap.dedent("""
             if pid == 0:
                 os._exit(0)
             os.waitpid(pid, 0)
-            for _ in range({spins}):
-                time.sleep(0.01)
+            {wait}
             print("went on")
     except KeyboardInterrupt:
         print("interrupted")
 """)
 
 
-def _run(signame: str, context: str = "interruptible()", spins: int = 200, delay: float = 0.01) -> subprocess.CompletedProcess:
-    """The script above: ``spins`` sleeps of 10 ms after the fork, the signal sent again after ``delay`` s."""
-    code = SWALLOWED.format(signame=signame, context=context, spins=spins, delay=delay)
+def _run(signame: str, context: str = "interruptible()", spins: int = 200, delay: float = 0.01, wait: str = "") -> subprocess.CompletedProcess:
+    """The script above: ``spins`` sleeps of 10 ms after the fork (or ``wait``), the signal sent again after ``delay`` s."""
+    wait = wait or f"for _ in range({spins}): time.sleep(0.01)"
+    code = SWALLOWED.format(signame=signame, context=context, delay=delay, wait=wait)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
@@ -55,6 +56,14 @@ def test_an_interrupt_swallowed_in_a_fork_callback_is_delivered_again(signame: s
     done = _run(signame)
     assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_signal_sent_again_cuts_short_a_wait_in_a_system_call() -> None:
+    """Sent to the main thread (not to the thread that sends it), the signal ends a long sleep."""
+    start = time.monotonic()
+    done = _run("SIGHUP", wait="time.sleep(30)")
+    assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
+    assert time.monotonic() - start < 20
 
 
 def test_the_swallowing_is_real_without_it() -> None:

@@ -564,3 +564,33 @@ def test_a_ctrl_c_while_closing_still_stops_every_worker(monkeypatch):
     assert len(cut) == 1
     assert _blocks() == set()
     assert multiprocessing.active_children() == []
+
+
+@needs_dev_shm
+def test_a_ctrl_c_held_while_killing_the_workers_still_unlinks_every_block(monkeypatch):
+    """A Ctrl-C that comes while close() kills busy workers (held until the kills are sent) is
+    raised after them: every block is still unlinked and every worker ends."""
+    from multiprocessing.process import BaseProcess
+
+    real_kill, sent = BaseProcess.kill, []
+
+    def kill(self):
+        if not sent:
+            sent.append(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_kill(self)
+
+    monkeypatch.setattr(BaseProcess, "kill", kill)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ordered_map(big_or_hang, list(range(16)), workers=2, chunksize=2) as results:
+                next(iter(results))  # then leave with chunks in flight: the workers are killed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(sent) == 1
+    assert _blocks() == set()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
