@@ -345,7 +345,8 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
     given = changed_fields(options)
     if source is None and given:
         raise click.UsageError(f"{given[0]}: only with --source (the label file of the source it compares with)")
-    report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
+    with interruptible():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its workers are stopped, "interrupted", exit 130
+        report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
     for fault in report.faults:
         click.echo(f"fault: {fault}")
     if report.fault_count > len(report.faults):

@@ -143,3 +143,31 @@ def test_an_interruption_raised_as_the_conversion_ends_says_the_output_is_finish
     assert result.exit_code == 130, result.output
     assert f"interrupted after the output was complete: {dst} is finished" in result.output
     assert len(LMDBDataset(dst)) == 18
+
+
+def test_sigterm_stops_verify_as_ctrl_c_does(image_folder, tmp_path, monkeypatch):
+    """packer verify (whose --source runs a pool of workers) takes SIGTERM as an interruption:
+    one line, exit 130, as for Ctrl-C (before, SIGTERM killed it outright)."""
+    import signal
+
+    import packer.verify
+
+    dst = tmp_path / "out.lmdb"
+    assert run("convert", image_folder, dst, "--size", "16").exit_code == 0
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10**7):
+            pass
+        raise AssertionError("SIGTERM did not interrupt verify")
+
+    def not_taken(signum, frame):  # (if verify does not take SIGTERM: a failure, not a killed test run)
+        raise AssertionError("verify did not take SIGTERM")
+
+    monkeypatch.setattr(packer.verify, "verify", terminated)
+    previous = signal.signal(signal.SIGTERM, not_taken)
+    try:
+        result = run("verify", dst, "--source", image_folder)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 130 and "interrupted" in result.output, (result.output, result.exception)
