@@ -2,7 +2,7 @@
 from py-lmdb's own flags (``packer/writers/lmdb.py``): a fresh output's map is read-only (LMDB
 writes its pages with ``pwritev``, so they can be dropped from the page cache once durable) and
 advised random, so that reading a B-tree page brings back none of the dropped pages around it;
-a resumed one keeps read-ahead, since the pages it reads back and refills are the file's own."""
+a resumed one reads back what it deletes with read-ahead, then goes on advised random too."""
 
 import mmap
 from pathlib import Path
@@ -65,7 +65,9 @@ def test_a_fresh_writers_map_is_read_only_and_advised_random(tmp_path, kernel_sh
         writer.abort()
 
 
-def test_a_resumed_writers_map_keeps_read_ahead(tmp_path, monkeypatch, kernel_shows_advice):
+def test_a_resumed_writer_deletes_with_read_ahead_then_goes_on_without(tmp_path, monkeypatch, kernel_shows_advice):
+    import packer.writers.lmdb as lmdb_writer
+
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     dst, fingerprint = tmp_path / "out.lmdb", {"test": 1}
     first = LMDBWriter(dst, fingerprint=fingerprint)
@@ -73,10 +75,16 @@ def test_a_resumed_writers_map_keeps_read_ahead(tmp_path, monkeypatch, kernel_sh
         first.add(_sample())
         first.progress(i + 1, [])
     first.suspend()  # as an interrupted run leaves it
+    opened = []
+    real_open = lmdb_writer.lmdb.open
+    monkeypatch.setattr(lmdb_writer.lmdb, "open", lambda *a, **k: opened.append(k["readahead"]) or real_open(*a, **k))
     resumed = LMDBWriter(dst, fingerprint=fingerprint, resume=True)
     try:
         assert resumed.resumed_inputs >= 1  # a checkpoint was kept (later ones may have been deferred)
+        assert opened == [True, False]  # read-ahead for the deletion, then not
+        resumed.add(_sample())
+        resumed._flush()
         flags = map_flags(resumed.tmp / DATA_FILE)
-        assert flags and all("rr" not in f for f in flags), flags
+        assert flags and all("rr" in f for f in flags), flags  # the kernel's word: advised random
     finally:
         resumed.abort()

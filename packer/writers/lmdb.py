@@ -23,9 +23,9 @@ the other core), and the map's pages cannot be dropped from the cache.
 
 A fresh output's map is opened without read-ahead (``readahead=False``: LMDB advises
 ``MADV_RANDOM``): its writer reads only the B-tree pages it appends to, and read-around would
-bring back the pages just dropped. A resumed one keeps read-ahead: it reads back what was
-committed after the checkpoint to delete it, pages a cold page cache would otherwise fetch one
-fault at a time.
+bring back the pages just dropped. A resumed one is opened with read-ahead to delete what was
+committed after the checkpoint (it reads those pages back, which a cold page cache would
+otherwise fetch one fault at a time), then reopened without it for the rest of the run.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ class LMDBWriter(Writer):
                     cursor.delete()
         except lmdb.Error as exc:
             raise _as_os_error(exc) from None
+        map_size = self._map_size
+        self._close()  # then on as a fresh output: without read-ahead (module docstring)
+        self._open_env(map_size)
 
     @property
     def durable_in_background(self) -> bool:
