@@ -60,7 +60,6 @@ def _deliver_swallowed() -> None:
                 signal.raise_signal(_swallowed[-1])
 
 
-
 def _restore(handlers: Mapping[int, Any]) -> None:
     """Set each signal's handler back. ``signal.signal`` first runs the handler of a signal that
     is pending, which may raise KeyboardInterrupt: every handler is still set back, then that is
