@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -51,6 +50,7 @@ from packer import ImageOptions, StorageOptions, convert
 from packer.parallel import keep_freed_memory, ordered_map
 from packer.preprocess.task import ImageTask
 from packer.sources.images import scan_image_folder
+from packer.writers.files import remove_path
 
 from .work_units import Dropped
 from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, presized, save_json
@@ -80,7 +80,7 @@ def work_alone(src: Path, workers: int) -> float:
 
 def conversion(src: Path, dst: Path, fmt: str, workers: int, shard_size: int) -> float:
     """(b): images/s of a whole ``packer.convert`` of ``src`` to ``fmt`` with ``workers`` workers."""
-    remove_output(dst)
+    remove_path(dst)  # (an earlier run's: a large file's unlink takes a tenth of a second or more)
     storage = StorageOptions(shard_size=shard_size) if fmt == "webdataset" else None
     start = time.perf_counter()
     report = convert(src, dst, format=fmt, image=ImageOptions(size=SIZE), storage=storage, workers=workers)
@@ -107,14 +107,6 @@ def cpu_per_image(before: list[int] | None, images: int) -> dict[str, float] | N
         return None
     tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     return {part: sum(after[i] - before[i] for i in fields) * tick_ms / images for part, fields in ACCOUNT.items()}
-
-
-def remove_output(dst: Path) -> None:
-    """Remove an earlier run's output (a large file's unlink takes a tenth of a second or more)."""
-    if dst.is_dir():
-        shutil.rmtree(dst)
-    else:
-        dst.unlink(missing_ok=True)
 
 
 def summary(values: list[float]) -> dict:
@@ -162,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                 alone = timed("work alone", w, lambda: work_alone(src, w))
                 for fmt in args.formats:
                     out = Path(tmp) / f"out{FORMATS[fmt]}"
-                    remove_output(out)  # (before the clock and the CPU account start)
+                    remove_path(out)  # (before the clock and the CPU account start)
                     rate = timed(fmt, w, lambda: conversion(src, out, fmt, w, args.shard_size))
                     shares[fmt][w].append(rate / alone)
                 print(f"{w} workers: work alone {alone:,.0f} img/s; "
