@@ -34,6 +34,7 @@ from readers.schema import FORMAT_VERSION, Metadata
 from ..placement import Placed, Placement, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
+from .files import allocate
 from .journal import Checkpoint, record_shapes
 
 __all__ = ["BlobWriter", "BlobSink"]
@@ -135,8 +136,19 @@ class BlobWriter(Writer):
         if self.sink is not None or self.count != first_input or self._offsets[-1] != self.count * math.prod(shape):
             return None
         self._file.flush()
+        self._allocate(ALIGNMENT + self._offsets[-1], inputs * math.prod(shape))
         self._placement = Placement(str(self.tmp), ALIGNMENT, math.prod(shape), shape)
         return self._placement
+
+    def _allocate(self, end: int, nbytes: int) -> None:
+        """Allocate the ``nbytes`` after the samples so far (``end``) for the workers' samples
+        (``files.allocate``; the file is cut after its last sample at the end). A full disk is
+        the usual one-line error, now rather than halfway, and the file is cut back to ``end``."""
+        try:
+            allocate(self._file.fileno(), end, nbytes)
+        except OSError as exc:
+            self._file.truncate(end)
+            raise self.output_error(exc) from None
 
     def _write(self, index: int, sample: Encoded | Placed) -> None:
         if isinstance(sample, Placed):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 import shutil
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "punch_hole"]
+__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "punch_hole", "allocate"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -128,6 +129,31 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
         return False
     keep_size, punch = 0x01, 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
     return fallocate(fd, keep_size | punch, offset, length) == 0
+
+
+def allocate(fd: int, offset: int, length: int) -> bool:
+    """Allocate the disk blocks of ``length`` bytes at ``offset`` of the file ``fd`` (open for
+    writing) now, extending the file where they reach past its end (``fallocate``, mode 0: what
+    the range holds is kept, what it does not yet hold reads as zeros). ``False`` where the
+    filesystem cannot (the writes then allocate blocks as they go); a full disk (or quota)
+    raises ``OSError``, and the caller gives back what the call got (it may have got part).
+
+    The blob and HDF5 writers allocate the place of every sample their workers will write
+    (packer/placement.py): on ext4, writes into blocks not yet allocated reserve them one page at
+    a time, and a checkpoint's ``fsync`` allocates them under the inode's block-map lock, which
+    the workers' next writes then wait for (docs/SCALING.md). Never glibc's ``posix_fallocate``,
+    which writes zeros over the whole range where the filesystem has no ``fallocate``."""
+    if not sys.platform.startswith("linux") or length <= 0:
+        return False
+    fallocate = _libc("fallocate", (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64))
+    if fallocate is None:  # pragma: no cover - no glibc
+        return False
+    if fallocate(fd, 0, offset, length) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(error, os.strerror(error))
 
 
 def _libc(name: str, argtypes: tuple) -> Any:

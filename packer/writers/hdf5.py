@@ -35,7 +35,7 @@ from readers.schema import Metadata
 from ..placement import Placed, Placement, pwrite_all, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import punch_hole
+from .files import allocate, punch_hole
 from .journal import Checkpoint, record_shapes
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
@@ -165,8 +165,24 @@ class HDF5Writer(Writer):
             return None
         if self._written != first_input:
             return None
+        self._allocate_rows(first_input, math.prod(shape))
         self._placement = Placement(str(self.tmp), 0, math.prod(shape), shape, starts=self._starts)
         return self._placement
+
+    def _allocate_rows(self, first: int, nbytes: int) -> None:
+        """Allocate the chunks of the rows from ``first`` on, for the workers' samples
+        (``files.allocate``), where they lie back to back (as HDF5 allocates them early). A full
+        disk is the usual one-line error, now rather than halfway, and the range is given back."""
+        assert self._starts is not None
+        starts = self._starts[first:]
+        if not len(starts) or np.any(np.diff(starts) != nbytes):
+            return
+        start, length = int(starts[0]), len(starts) * nbytes
+        try:
+            allocate(self._fd, start, length)
+        except OSError as exc:
+            punch_hole(self._fd, start, length)  # rows nobody wrote yet
+            raise self.output_error(exc) from None
 
     def _create_rows(self, shape: tuple[int, int, int], rows: int) -> None:
         """``images`` with ``rows`` rows, each chunk allocated now (and not filled: its sample is
