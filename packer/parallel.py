@@ -133,6 +133,7 @@ class _Chunk:
     count: int
     isolated: bool = False  # a retry of a single item after its chunk was lost
     slot: int = 0  # the worker's shared-memory slot its results go to (set when dispatched)
+    big: bool = False  # pickles to more than _PREFETCH_BYTES: sent to an idle worker only
 
 
 @dataclass
@@ -227,6 +228,7 @@ class _Pool(Generic[T, R]):
             while self.order[0] not in self.done:  # (a lost chunk's retries replace it in the order)
                 self._dispatch()
                 self._collect(block=True)
+                self._dispatch()  # the worker that answered is idle: fed before the caller consumes
             yield from self.done.pop(self.order.popleft())
 
     def _dispatch(self) -> None:
@@ -236,12 +238,15 @@ class _Pool(Generic[T, R]):
                 if len(worker.in_flight) >= 2:
                     break
                 chunk = self.todo[0]
+                if worker.in_flight and (chunk.big or chunk.isolated or worker.in_flight[0].isolated):
+                    break  # big chunks go only to an idle worker (it is reading, so sending cannot block)
                 # In flight: at most two consecutive dispatches, so alternating slots never collide,
                 # and a slot is reused only after its chunk's results were copied out (_receive).
                 chunk.slot = worker.sent % 2
                 message = encode((chunk.id, chunk.slot, self.items[chunk.start : chunk.start + chunk.count]))
-                if worker.in_flight and (len(message) > _PREFETCH_BYTES or chunk.isolated or worker.in_flight[0].isolated):
-                    break  # big chunks go only to an idle worker (it is reading, so sending cannot block)
+                if worker.in_flight and len(message) > _PREFETCH_BYTES:
+                    chunk.big = True  # (not pickled again for every busy worker)
+                    break
                 self.todo.popleft()
                 worker.sent += 1
                 if not worker.in_flight:
