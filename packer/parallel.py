@@ -21,7 +21,10 @@ the pool (OpenCV runs single-threaded), and keep freed memory for reuse
 
 Results come back through shared memory (``transport="shm"``, the default: the payloads in the
 worker's slots, only the rest of the pickle through the pipe; :mod:`packer.result_slots`), or
-the whole pickle through the pipe (``transport="pipe"``).
+the whole pickle through the pipe (``transport="pipe"``). Each worker has its running chunk and
+one queued behind it when that pickles small enough to fit the pipe's buffer; a bigger chunk (a
+WebDataset piece) goes only to an idle worker, and the worker that just answered is fed before
+its answer is handed to the caller.
 
 Start method: ``forkserver`` (``spawn`` where it does not exist). Workers are forked from a
 clean single-threaded server process that has imported the decoders once, never from this
