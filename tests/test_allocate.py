@@ -13,6 +13,8 @@ import subprocess
 from datetime import datetime
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -26,6 +28,7 @@ from packer.writers import blob as blob_writer, files, hdf5 as hdf5_writer
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
+from readers.formats.hdf5 import IMAGES, chunk_starts
 from roundtrip_checks import read_plain
 
 WRITERS = {"blob": (BlobWriter, blob_writer), "h5": (HDF5Writer, hdf5_writer)}
@@ -153,11 +156,13 @@ def _watch_placement(monkeypatch) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("suffix", WRITERS)
-@pytest.mark.parametrize("broken_at", [set(), {38, 39}], ids=["none", "last-two"])
+@pytest.mark.parametrize("broken_at", [set(), {198, 199}], ids=["none", "a-middle-and-the-last"])  # (class_0, then class_1)
 def test_the_workers_places_are_allocated_first_and_the_output_is_the_same(tmp_path, monkeypatch, fixed_clock, suffix, broken_at):
+    """200 rows: HDF5 puts chunk index nodes between the chunks every few dozen rows."""
     if not _has_fallocate(tmp_path):
         pytest.skip("this filesystem has no fallocate")
-    src = _folder(tmp_path / "src", broken_at)
+    count = 200
+    src = _folder(tmp_path / "src", broken_at, count)
     options = dict(image=ImageOptions(size=SIZE), workers=2)
     with monkeypatch.context() as patched:
         patched.setattr(WRITERS[suffix][1], "allocate", lambda fd, offset, length: False)
@@ -166,9 +171,13 @@ def test_the_workers_places_are_allocated_first_and_the_output_is_the_same(tmp_p
     report = convert(src, tmp_path / f"out.{suffix}", **options)
     assert len(seen) == 1
     allocated, size = seen[0]
-    assert allocated >= 40 * SAMPLE and size >= 40 * SAMPLE  # every input's place, before any was written
+    assert allocated >= count * SAMPLE and size >= count * SAMPLE  # every input's place, before any was written
     assert report.dst.read_bytes() == plain.dst.read_bytes()
-    assert report.written == 40 - len(broken_at)
+    assert report.written == count - len(broken_at)
+    if suffix == "h5":  # the case the span covers: chunks not all back to back
+        with h5py.File(report.dst, "r") as f:
+            starts = chunk_starts(f[IMAGES].id, report.written, SAMPLE)
+        assert starts is not None and np.any(np.diff(np.sort(starts)) != SAMPLE)
     # nothing kept past the data: the places of skipped inputs are given back (4 KiB blocks)
     assert _allocated(report.dst) <= -(-report.dst.stat().st_size // 4096) * 4096
     assert len(open_store(report.dst)) == report.written
@@ -194,13 +203,14 @@ def test_a_full_disk_at_the_allocation_is_one_line_and_leaves_nothing(tmp_path, 
 
 @pytest.mark.parametrize("suffix", WRITERS)
 def test_a_full_disk_at_a_resumed_runs_allocation_keeps_its_checkpoint(tmp_path, monkeypatch, fixed_clock, suffix):
-    src = _folder(tmp_path / "src")
+    """200 inputs: what HDF5 gives back spares the chunk index nodes between the chunks."""
+    src = _folder(tmp_path / "src", count=200)
     (tmp_path / "ref").mkdir()
     reference = convert(src, tmp_path / "ref" / f"out.{suffix}", image=ImageOptions(size=SIZE), workers=2)
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     dst = tmp_path / f"out.{suffix}"
     with monkeypatch.context() as patched:
-        interrupt_at_call(patched, WRITERS[suffix][0], "add", 25)
+        interrupt_at_call(patched, WRITERS[suffix][0], "add", 90)
         with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
             convert(src, dst, image=ImageOptions(size=SIZE), workers=2)
     saved = journal.saved_inputs(Path(f"{dst}.partial"))
@@ -210,7 +220,7 @@ def test_a_full_disk_at_a_resumed_runs_allocation_keeps_its_checkpoint(tmp_path,
         result = CliRunner().invoke(cli, ["convert", str(src), str(dst), "--size", str(SIZE), "-q", "-j", "2", "--resume"])
     assert result.exit_code == 1 and "no space left" in result.stderr, result.output
     assert journal.saved_inputs(Path(f"{dst}.partial")) == saved  # the progress is kept
-    if suffix == "blob":  # cut back to the checkpoint's samples
+    if suffix == "blob":  # cut back to the checkpoint's samples (HDF5: the rows after it punched)
         assert Path(f"{dst}.partial").stat().st_size == 4096 + saved * SAMPLE
     report = convert(src, dst, image=ImageOptions(size=SIZE), workers=2, resume=True)
     assert report.resumed == saved
@@ -218,3 +228,4 @@ def test_a_full_disk_at_a_resumed_runs_allocation_keeps_its_checkpoint(tmp_path,
         assert dst.read_bytes() == reference.dst.read_bytes()
     else:  # HDF5 places its structures anew when a file is reopened: the same samples
         assert [bytes(s.payload) for s in read_plain(dst)[1]] == [bytes(s.payload) for s in read_plain(reference.dst)[1]]
+        assert len(read_plain(dst)[1]) == 200

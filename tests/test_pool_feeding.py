@@ -28,10 +28,9 @@ def test_a_big_chunk_goes_to_the_idle_worker_before_the_caller_consumes():
             handed.append(time.monotonic())
             starts.append(start)
             time.sleep(CONSUME_SECONDS)
-    # Item 2 goes to the worker that answered item 0 (or 1) as soon as it answered, while the
-    # caller was still consuming item 0: well before the caller came back for item 1.
+    # Item 2 goes to the worker that answered item 0 as soon as it answered, while the caller was
+    # still consuming item 0: well before the caller came back for item 1.
     assert starts[2] < handed[0] + CONSUME_SECONDS / 2, (starts, handed)
-    assert starts[3] < handed[1] + CONSUME_SECONDS / 2, (starts, handed)
 
 
 def test_a_big_chunk_is_pickled_once_while_the_workers_are_busy(monkeypatch):

@@ -171,17 +171,22 @@ class HDF5Writer(Writer):
 
     def _allocate_rows(self, first: int, nbytes: int) -> None:
         """Allocate the chunks of the rows from ``first`` on, for the workers' samples
-        (``files.allocate``), where they lie back to back (as HDF5 allocates them early). A full
-        disk is the usual one-line error, now rather than halfway, and the range is given back."""
+        (``files.allocate``): the span from the first to the last, with the chunk index nodes
+        HDF5 placed between them (every few dozen rows), which ``allocate`` leaves as they are. A
+        full disk is the usual one-line error, now rather than halfway, after the chunks'
+        blocks (not the nodes') are given back."""
         assert self._starts is not None
         starts = self._starts[first:]
-        if not len(starts) or np.any(np.diff(starts) != nbytes):
+        if not len(starts):
             return
-        start, length = int(starts[0]), len(starts) * nbytes
+        low, high = int(starts.min()), int(starts.max()) + nbytes
         try:
-            allocate(self._fd, start, length)
+            allocate(self._fd, low, high - low)
         except OSError as exc:
-            punch_hole(self._fd, start, length)  # rows nobody wrote yet
+            ordered = np.sort(starts)
+            runs = np.split(ordered, np.flatnonzero(np.diff(ordered) != nbytes) + 1)  # chunks back to back
+            for run in runs:  # rows nobody wrote yet
+                punch_hole(self._fd, int(run[0]), len(run) * nbytes)
             raise self.output_error(exc) from None
 
     def _create_rows(self, shape: tuple[int, int, int], rows: int) -> None:
