@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from datetime import datetime
 import signal
 from pathlib import Path
 
@@ -21,6 +22,20 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 CLASSES = 3
 PER_CLASS = 6
 SOURCE_SIZE = (60, 80)  # height, width: small so tests stay fast
+
+
+class _FixedNow(datetime):
+    @classmethod
+    def now(cls, tz=None):  # one creation time, so two outputs can be compared byte for byte
+        return datetime(2026, 1, 1, tzinfo=tz)
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch):
+    """Conversions in this test record one creation time (their metadata's ``created``)."""
+    import packer.engine
+
+    monkeypatch.setattr(packer.engine, "datetime", _FixedNow)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ import ctypes
 import errno
 import os
 import subprocess
-from datetime import datetime
 from pathlib import Path
 
 import h5py
@@ -35,17 +34,6 @@ WRITERS = {"blob": (BlobWriter, blob_writer), "h5": (HDF5Writer, hdf5_writer)}
 SIZE = 12
 SAMPLE = 3 * SIZE * SIZE
 MIB = 1 << 20
-
-
-class _Fixed(datetime):
-    @classmethod
-    def now(cls, tz=None):  # one creation time, so two outputs can be compared byte for byte
-        return datetime(2026, 1, 1, tzinfo=tz)
-
-
-@pytest.fixture
-def fixed_clock(monkeypatch):
-    monkeypatch.setattr(packer.engine, "datetime", _Fixed)
 
 
 def _folder(root: Path, broken_at: set[int] = frozenset(), count: int = 40) -> Path:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import packer.engine
 import packer.writers.journal as journal
 from packer import ImageOptions, convert
 from packer.cli import cli
@@ -20,12 +19,7 @@ from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
 from checkpoints import interrupt_at_call
 from roundtrip_checks import read_plain
-from test_placement import _Fixed, _folder
-
-
-@pytest.fixture
-def fixed_clock(monkeypatch):
-    monkeypatch.setattr(packer.engine, "datetime", _Fixed)
+from test_placement import _folder
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])

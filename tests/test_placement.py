@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +30,6 @@ FAULTS = Path(__file__).parent / "faults"
 BROKEN = b"\xff\xd8 not an image"
 #: The formats whose workers place samples, by suffix.
 WRITERS = {"blob": BlobWriter, "h5": HDF5Writer}
-
-
-class _Fixed(datetime):
-    @classmethod
-    def now(cls, tz=None):  # one creation time, so two outputs can be compared byte for byte
-        return datetime(2026, 1, 1, tzinfo=tz)
-
-
-@pytest.fixture
-def fixed_clock(monkeypatch):
-    monkeypatch.setattr(packer.engine, "datetime", _Fixed)
 
 
 def _folder(root: Path, broken_at: set[int], count: int = 40) -> Path:

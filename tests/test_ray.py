@@ -94,13 +94,9 @@ def test_lmdb_on_ray_is_identical_to_local(tmp_path, with_bad):
 
 
 @pytest.mark.parametrize("suffix", [".h5", ".blob"])
-def test_fixed_size_single_files_on_ray_are_byte_identical_to_local(tmp_path, with_bad, monkeypatch, suffix):
+def test_fixed_size_single_files_on_ray_are_byte_identical_to_local(tmp_path, with_bad, fixed_clock, suffix):
     """Locally the workers write a fixed-size HDF5 file's or blob's samples into it; on Ray the
     driver writes them into the same layout (packer.engine._placement): the same file."""
-    import packer.engine
-    from test_placement import _Fixed
-
-    monkeypatch.setattr(packer.engine, "datetime", _Fixed)
     image = ImageOptions(size=16)
     local = convert(with_bad, tmp_path / f"local{suffix}", image=image, workers=2)
     remote = convert(with_bad, tmp_path / f"ray{suffix}", image=image, executor="ray")
