@@ -21,7 +21,7 @@ from packer.errors import InputError
 from packer.writers.webdataset import ShardWriter
 from readers import IncompleteDatasetError, PackedFormatError, ShardDataset, StreamingShards, UnsupportedVersionError
 from readers.formats import open_store
-from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, sample_key
+from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, sample_key, tar_header
 
 
 def make(src: Path, dst: Path, *, workers: int = 1, size: int = 16, **storage) -> Path:
@@ -364,3 +364,22 @@ def test_the_pieces_protocol_is_declared():
 
     with pytest.raises(TypeError, match="add_piece"):
         Incomplete("unused")
+
+
+@pytest.mark.parametrize("name", ["0000000007.npy", "0000000007.cls", "a", "x" * 99 + ".", "x" * 100, "d/" * 60 + "long.npy"])
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 150_656, 8**11 - 1, 8**11])
+def test_tar_headers_are_the_ones_the_tarfile_module_writes(name, size):
+    """Built directly for short names (a WebDataset worker writes two per sample); byte for byte
+    the standard library's ustar header, and read back by it as the same member."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime, info.uname, info.gname = size, 0o644, 0, "", ""
+    if size >= 8**11:  # beyond ustar's size field: refused alike
+        with pytest.raises(ValueError):
+            info.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+        with pytest.raises(ValueError):
+            tar_header(name, size)
+        return
+    header = tar_header(name, size)
+    assert header == info.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+    read = tarfile.TarInfo.frombuf(header, "ascii", "strict")
+    assert (read.name, read.size, read.mode, read.mtime, read.type) == (name, size, 0o644, 0, tarfile.REGTYPE)

@@ -131,8 +131,26 @@ def check_pattern(pattern: str) -> str:
     return pattern
 
 
+#: The fixed fields of :func:`tar_header` after the name (mode 0644, uid and gid 0) and after
+#: the checksum (a regular file, no link, ustar magic and version 00, no owner, no device numbers,
+#: no prefix), as ``tarfile`` writes them.
+_TAR_MODE_IDS = b"0000644\x00" + b"0000000\x00" * 2
+_TAR_REST = b"0" + bytes(100) + b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
+#: The checksum adds the header's bytes with its own field as 8 spaces.
+_TAR_FIXED_SUM = sum(_TAR_MODE_IDS) + sum(b"00000000000\x00") + 8 * ord(" ") + sum(_TAR_REST)
+
+
 def tar_header(name: str, size: int) -> bytes:
-    """The 512-byte ustar header of a regular file (mode 0644, mtime 0, no owner): deterministic."""
+    """The 512-byte ustar header of a regular file (mode 0644, mtime 0, no owner): deterministic.
+
+    Byte for byte what ``tarfile`` writes (``TarInfo.tobuf(USTAR_FORMAT)``), built directly for
+    ASCII names of at most 100 bytes (every sample's): ``tarfile`` took 13 µs a header, two per
+    sample, in every WebDataset worker. Other names go through ``tarfile``."""
+    raw = name.encode("ascii", "strict")
+    if len(raw) <= 100 and 0 <= size < 8**11:
+        size_field = b"%011o\x00" % size
+        checksum = _TAR_FIXED_SUM + sum(raw) + sum(size_field)
+        return b"".join((raw, bytes(100 - len(raw)), _TAR_MODE_IDS, size_field, b"00000000000\x00", b"%06o\x00 " % checksum, _TAR_REST))
     info = tarfile.TarInfo(name)
     info.size = size
     info.mode = 0o644
