@@ -1,20 +1,28 @@
 """LMDB's pages and WebDataset's shards leave the page cache once a checkpoint made them durable
-(``packer.writers.files.release_cached``): read back from the kernel (``mincore`` on a map of
-the finished file), not from the writer's calls."""
+(``packer.writers.files.release_cached``), and a WebDataset worker's shard as it grows
+(``WriteBehind``): read back from the kernel (``mincore`` on a map of the file), not from the
+writer's calls."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 from pathlib import Path
 
 import pytest
 
+import packer.writers.files as files
 import packer.writers.journal as journal
 from packer import ImageOptions, StorageOptions, convert
 from packer.preprocess.task import Encoded
+from packer.sources.images import scan_image_folder
+from packer.writers.base import Piece
+from packer.writers.files import WriteBehind
+from packer.writers.webdataset.pieces import PieceTask, fragments
+from packer.writers.webdataset.tar import Assembly
 from packer.writers.lmdb import LMDBWriter
 from readers.formats.lmdb import DATA_FILE
 
@@ -101,3 +109,83 @@ def test_webdataset_drops_every_shard_a_checkpoint_made_durable(image_folder, tm
     assert len(shards) == 9
     first = cached_pages(shards[0])
     assert first[1] > 5 and first[0] == 0, first  # synced at a checkpoint, then dropped
+
+
+def _grow(path: Path, chunks: int, chunk: int, behind: WriteBehind | None) -> None:
+    """Write ``chunks`` random chunks to ``path``, telling ``behind`` after each."""
+    with open(path, "wb", buffering=0) as handle:
+        if behind is not None:
+            behind.fd = handle.fileno()
+        for j in range(chunks):
+            handle.write(os.urandom(chunk))
+            if behind is not None:
+                behind.wrote((j + 1) * chunk)
+
+
+def test_write_behind_puts_all_but_the_last_step_on_disk_as_the_file_grows(tmp_path, drops_synced_pages):
+    """Pages the kernel drops on ``POSIX_FADV_DONTNEED`` are clean ones: a page out of the cache
+    was written to disk. Without write-behind, nothing of a fresh file leaves it before an fsync."""
+    step, chunk = 1 << 20, 256 << 10
+    behind = WriteBehind(-1, step)
+    _grow(tmp_path / "behind", 24, chunk, behind)  # 6 MiB, no fsync
+    assert behind.enabled and behind.released == 5 * step and behind.started == 6 * step
+    released_pages = behind.released // mmap.PAGESIZE
+    assert cached_pages(tmp_path / "behind", behind.released)[0] == 0
+    cached, pages = cached_pages(tmp_path / "behind")
+    assert cached == pages - released_pages  # the last step stays, its write-out started
+    _grow(tmp_path / "plain", 24, chunk, None)
+    assert cached_pages(tmp_path / "plain") == (pages, pages)
+
+
+@pytest.mark.parametrize("error, raises", [(errno.EIO, True), (errno.ENOSPC, True), (errno.EINVAL, False), (errno.ENOSYS, False)])
+def test_write_behind_reports_write_errors_and_steps_aside_where_refused(tmp_path, error, raises):
+    calls = []
+
+    def refuse(fd, start, length, flags):
+        calls.append((start, length, flags))
+        ctypes.set_errno(error)
+        return -1
+
+    behind = WriteBehind(-1, 1 << 16)
+    behind._call = refuse
+    if raises:
+        with pytest.raises(OSError) as caught:
+            _grow(tmp_path / "out", 4, 1 << 16, behind)
+        assert caught.value.errno == error
+    else:
+        _grow(tmp_path / "out", 4, 1 << 16, behind)
+        assert not behind.enabled and len(calls) == 1  # asked once, then never again
+        assert (tmp_path / "out").stat().st_size == 4 << 16
+
+
+@pytest.mark.parametrize("fragment", [None, 0])
+def test_a_worker_writes_a_whole_shard_behind_but_keeps_a_fragment_for_the_driver(
+    image_folder, tmp_path, drops_synced_pages, monkeypatch, fragment
+):
+    """A whole piece's shard leaves the page cache as it grows; a fragment, which the driver
+    copies into its shard next, stays (dropped, it would be read back from the disk)."""
+    monkeypatch.setattr(files, "WRITE_BEHIND_STEP", 16 << 10)
+    items = scan_image_folder(image_folder).items
+    task = PieceTask(ImageOptions(size=64), str(tmp_path))
+    result = task(Piece(0, 0, tuple(items), fragment=fragment, last=True))
+    assert result.error is None and len(result.parts) == 1
+    cached, pages = cached_pages(tmp_path / result.parts[0].tmp_name)
+    assert pages > 50  # 18 samples of 12 KiB
+    if fragment is None:
+        assert cached <= 2 * (16 << 10) // mmap.PAGESIZE + 1, (cached, pages)
+    else:
+        assert cached == pages
+
+
+def test_the_driver_writes_the_shard_it_assembles_from_fragments_behind(image_folder, tmp_path, drops_synced_pages, monkeypatch):
+    monkeypatch.setattr(files, "WRITE_BEHIND_STEP", 16 << 10)
+    items = scan_image_folder(image_folder).items
+    task = PieceTask(ImageOptions(size=64), str(tmp_path))
+    shard = Assembly(tmp_path / "shard.tar")
+    for fragment in fragments(Piece(0, 0, tuple(items)), 4):
+        part = task(fragment).parts[0]
+        with open(tmp_path / part.tmp_name, "rb") as source:
+            shard.append(source, part.rows, 0, part.size, keys_right=True)
+    shard.close()
+    cached, pages = cached_pages(tmp_path / "shard.tar")
+    assert pages > 50 and cached < pages // 2, (cached, pages)  # the first three of four fragments left

@@ -75,7 +75,7 @@ class PieceTask:
                 if shard is None:
                     suffix = f"{len(parts):04d}" if piece.fragment is None else f"f{piece.fragment:04d}"
                     name = f"{TMP_PREFIX}{piece.number:06d}-{suffix}.tar"
-                    shard = ShardFile(self.folder, name, self.image.encoding)
+                    shard = ShardFile(self.folder, name, self.image.encoding, write_behind=piece.fragment is None)
                 shard.add(piece.start + written, result)
                 written += 1
             if shard is not None:

@@ -21,6 +21,7 @@ from readers.encodings import get_encoding
 from readers.formats.webdataset import BLOCK, INDEX_DTYPE, LABEL_EXTENSION, RECORD, npy_header, sample_array_shape, sample_key, tar_header
 
 from ...preprocess.task import Encoded
+from ..files import WriteBehind
 
 __all__ = ["MEMBER_DTYPE", "ShardPart", "ShardFile", "Assembly", "tar_end", "is_full", "renumber", "TMP_PREFIX"]
 
@@ -68,14 +69,16 @@ def is_full(samples: int, member_bytes: int, incoming: int, shard_size: int | No
 
 class ShardFile:
     """One tar file being written sequentially (to ``folder``, else in memory), with the
-    records of its samples."""
+    records of its samples; ``write_behind``: a finished shard's file, written to disk as it
+    grows (:class:`~packer.writers.files.WriteBehind`; not a fragment, which the driver reads)."""
 
-    def __init__(self, folder: str | None, name: str, encoding: str) -> None:
+    def __init__(self, folder: str | None, name: str, encoding: str, *, write_behind: bool = False) -> None:
         self.path = Path(folder) / name if folder is not None else None
         self.name = name
         self.extension = get_encoding(encoding).extension
         self.raw = encoding == "raw"
         self.handle: Any = open(self.path, "wb") if self.path is not None else io.BytesIO()
+        self.behind = WriteBehind(self.handle.fileno()) if write_behind and self.path is not None else None
         self.position = 0
         self.member_bytes = 0
         self.rows: list[tuple[int, ...]] = []  # fields of MEMBER_DTYPE, in its order
@@ -111,6 +114,8 @@ class ShardFile:
         if padding:
             write(bytes(padding))
         self.position += BLOCK + size + padding
+        if self.behind is not None:
+            self.behind.wrote(self.position)
 
     def close(self, *, end_archive: bool = True) -> ShardPart:
         """Finish the file; ``end_archive=False``: members only (a fragment's stream)."""
@@ -134,6 +139,7 @@ class Assembly:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.handle = open(path, "wb")
+        self.behind = WriteBehind(self.handle.fileno())
         self.position = 0
         self.member_bytes = 0
         self.samples = 0
@@ -160,6 +166,7 @@ class Assembly:
         self.member_bytes += int((rows["image_size"] + rows["label_size"]).sum())
         self.samples += len(rows)
         self.renumber |= not keys_right
+        self.behind.wrote(self.position)
 
     def _copy_in_kernel(self, source: io.BufferedReader, start: int, count: int) -> int:
         """Copy ``count`` bytes of ``source`` from ``start`` to the shard's end without passing
