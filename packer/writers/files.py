@@ -158,6 +158,8 @@ def allocate(fd: int, offset: int, length: int) -> bool:
 
 #: ``sync_file_range`` flags (linux/fs.h): wait for write-out already under way, start it, wait for it.
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4
+#: Errors of writing the data out, which :class:`WriteBehind` raises (any other turns it off).
+_WRITE_ERRORS = (errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 #: How far a file grows between two steps of :class:`WriteBehind`.
 WRITE_BEHIND_STEP = 8 << 20
 
@@ -169,8 +171,8 @@ class WriteBehind:
     Each time the file has grown a step past the last, :meth:`wrote` starts the write-out of the
     new step (``sync_file_range``, ``SYNC_FILE_RANGE_WRITE``: it does not wait), then waits for
     the step before it and drops that step from the page cache (:func:`release_cached`'s
-    reason: the output is not read while it is written). So the final ``fsync`` finds at most
-    two steps not yet on disk, where without it a WebDataset shard (150 MB of raw 224px
+    reason: the output is not read while it is written). So the final ``fsync`` finds about two
+    steps not yet on disk (two, and what was written past the last), where without it a WebDataset shard (150 MB of raw 224px
     samples) was all still in memory: the kernel starts writing dirty pages on its own only
     past a tenth of the memory or after 30 s, and the last shards' ``fsync`` then held the
     conversion's end with its cores idle (docs/SCALING.md). A disk slower than the samples
@@ -179,7 +181,8 @@ class WriteBehind:
     Only for files not read back while written (a WebDataset worker's finished shard, the
     shards the driver assembles), never fragments the driver copies from. Where
     ``sync_file_range`` is missing or refused (not Linux, a filesystem without it), it does
-    nothing; a write error or a full disk it reports raises ``OSError``.
+    nothing; a write error or a full disk it reports raises ``OSError`` (and must: once a wait
+    has seen a writeback error, the final ``fsync`` on another descriptor does not report it).
     """
 
     def __init__(self, fd: int, step: int | None = None) -> None:
@@ -189,11 +192,18 @@ class WriteBehind:
         self._call = _libc("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint))
         self.enabled = self._call is not None and sys.platform.startswith("linux")
 
+    def due(self, position: int) -> bool:
+        """Whether :meth:`wrote` at ``position`` would do anything (a buffered writer flushes
+        first: its buffer may be as large as a step on some filesystems)."""
+        return self.enabled and position >= self.started + self.step
+
     def wrote(self, position: int) -> None:
         """The file now holds ``position`` bytes (written, not only buffered)."""
-        if not self.enabled or position < self.started + self.step:
+        if not self.due(position):
             return
         end = position - position % mmap.PAGESIZE
+        if end <= self.started:  # a step under a page: nothing whole yet (a length 0 means "to the end")
+            return
         if not self._sync(self.started, end, _WRITE):
             return
         if self.started > self.released:
@@ -206,10 +216,10 @@ class WriteBehind:
         if self._call(self.fd, start, end - start, flags) == 0:
             return True
         error = ctypes.get_errno()
-        if error in (errno.ENOSYS, errno.EINVAL, errno.ESPIPE, errno.EOPNOTSUPP, errno.EPERM):
-            self.enabled = False  # refused: the final fsync writes it all, as before
-            return False
-        raise OSError(error, os.strerror(error))
+        if error in _WRITE_ERRORS:  # seen here, a later fsync on another descriptor would not report it
+            raise OSError(error, os.strerror(error))
+        self.enabled = False  # refused or failed otherwise: the final fsync writes it all, as before
+        return False
 
 
 def _libc(name: str, argtypes: tuple) -> Any:

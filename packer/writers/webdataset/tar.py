@@ -114,7 +114,8 @@ class ShardFile:
         if padding:
             write(bytes(padding))
         self.position += BLOCK + size + padding
-        if self.behind is not None:
+        if self.behind is not None and self.behind.due(self.position):
+            self.handle.flush()
             self.behind.wrote(self.position)
 
     def close(self, *, end_archive: bool = True) -> ShardPart:
@@ -166,7 +167,9 @@ class Assembly:
         self.member_bytes += int((rows["image_size"] + rows["label_size"]).sum())
         self.samples += len(rows)
         self.renumber |= not keys_right
-        self.behind.wrote(self.position)
+        if self.behind.due(self.position):
+            self.handle.flush()
+            self.behind.wrote(self.position)
 
     def _copy_in_kernel(self, source: io.BufferedReader, start: int, count: int) -> int:
         """Copy ``count`` bytes of ``source`` from ``start`` to the shard's end without passing
@@ -208,10 +211,13 @@ def _close_quietly(handle: Any) -> None:
 
 def renumber(path: Path, rows: np.ndarray, first: int, encoding: str) -> None:
     """Rewrite the member names of the samples ``rows`` of the shard ``path`` in place, keyed
-    from ``first`` (keys are fixed-width: only the 512-byte headers change)."""
+    from ``first`` (keys are fixed-width: only the 512-byte headers change). The shard was written
+    behind (:class:`~packer.writers.files.WriteBehind`): the pages of its headers are asked for
+    all at once first, not read one by one as each partial write of a page not cached must."""
     extension = get_encoding(encoding).extension
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_RDWR)
     try:
+        _read_ahead(fd, [*rows["image_header"].tolist(), *rows["label_header"].tolist()])
         columns = zip(rows["image_header"].tolist(), rows["image_size"].tolist(), rows["label_header"].tolist(), rows["label_size"].tolist())
         for j, (image_header, image_size, label_header, label_size) in enumerate(columns):
             key = sample_key(first + j)
@@ -219,3 +225,15 @@ def renumber(path: Path, rows: np.ndarray, first: int, encoding: str) -> None:
             os.pwrite(fd, tar_header(f"{key}.{LABEL_EXTENSION}", label_size), label_header)
     finally:
         os.close(fd)
+
+
+def _read_ahead(fd: int, offsets: list[int]) -> None:
+    """Ask the kernel to read the blocks at ``offsets`` into the page cache (a hint)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:  # pragma: no cover - not POSIX
+        return
+    try:
+        for offset in offsets:
+            advise(fd, offset, BLOCK, os.POSIX_FADV_WILLNEED)
+    except OSError:  # pragma: no cover - a filesystem without it: each write reads its page
+        pass
