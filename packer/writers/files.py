@@ -48,9 +48,9 @@ def release_cached(fd: int, length: int = 0, *, map_size: int = 0, start: int = 
     """Drop bytes ``start`` up to ``length`` (0: to the end) of the file open as ``fd`` from the
     page cache, once they are durable (``POSIX_FADV_DONTNEED``, a hint: pages still mapped stay,
     and so do dirty ones, whose write-back it starts). ``map_size``: this process maps the file
-    from its start over that many bytes (LMDB's read-only map); that range of the map is emptied first
-    (``MADV_DONTNEED``: a later read maps it again), since the kernel caches a file in blocks of
-    up to 2 MiB and keeps a whole block while one page of it is mapped.
+    from its start over that many bytes (LMDB's read-only map); that range of the map is emptied
+    first (``MADV_DONTNEED``: a later read maps it again), since the kernel caches a file in
+    blocks of up to 2 MiB and keeps a whole block while one page of it is mapped.
 
     LMDB's and WebDataset's writers call it after each background checkpoint's ``fsync``: their
     output is not read while it is written, so its pages would only crowd out the user's own
@@ -172,10 +172,10 @@ class WriteBehind:
     new step (``sync_file_range``, ``SYNC_FILE_RANGE_WRITE``: it does not wait), then waits for
     the step before it and drops that step from the page cache (:func:`release_cached`'s
     reason: the output is not read while it is written). So the final ``fsync`` finds about two
-    steps not yet on disk (two, and what was written past the last), where without it a WebDataset shard (150 MB of raw 224px
-    samples) was all still in memory: the kernel starts writing dirty pages on its own only
-    past a tenth of the memory or after 30 s, and the last shards' ``fsync`` then held the
-    conversion's end with its cores idle (docs/SCALING.md). A disk slower than the samples
+    steps not yet on disk (two, and what was written past the last), where without it a
+    WebDataset shard (150 MB of raw 224px samples) was all still in memory: the kernel starts
+    writing dirty pages on its own only past a tenth of the memory or after 30 s, and the last
+    shards' ``fsync`` then held the conversion's end with its cores idle (docs/SCALING.md). A disk slower than the samples
     come makes the writer wait here, where it would otherwise wait in the kernel's throttling.
 
     Only for files not read back while written (a WebDataset worker's finished shard, the
