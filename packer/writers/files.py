@@ -11,9 +11,9 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "punch_hole", "allocate", "WriteBehind"]
+__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "punch_hole", "allocate", "WriteBehind", "read_ahead"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -67,6 +67,20 @@ def release_cached(fd: int, length: int = 0, *, map_size: int = 0, start: int = 
     try:
         advise(fd, start, length - start if length else 0, os.POSIX_FADV_DONTNEED)
     except OSError:  # pragma: no cover - a filesystem without it: the pages are only kept
+        pass
+
+
+def read_ahead(fd: int, offsets: Sequence[int], length: int) -> None:
+    """Ask the kernel to read ``length`` bytes at each of ``offsets`` of the file ``fd`` into the
+    page cache now, all at once (``POSIX_FADV_WILLNEED``, a hint), before small writes into pages
+    it no longer holds (each would otherwise read its page first, one after another)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:  # pragma: no cover - not POSIX
+        return
+    try:
+        for offset in offsets:
+            advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:  # pragma: no cover - a filesystem without it: each write reads its page
         pass
 
 
@@ -196,6 +210,13 @@ class WriteBehind:
         """Whether :meth:`wrote` at ``position`` would do anything (a buffered writer flushes
         first: its buffer may be as large as a step on some filesystems)."""
         return self.enabled and position >= self.started + self.step
+
+    def wrote_through(self, handle: Any, position: int) -> None:
+        """:meth:`wrote` for a file written through the buffered ``handle``, which holds
+        ``position`` bytes with its buffer: flushed first when a step is due."""
+        if self.due(position):
+            handle.flush()
+            self.wrote(position)
 
     def wrote(self, position: int) -> None:
         """The file now holds ``position`` bytes (written, not only buffered)."""

@@ -21,7 +21,7 @@ from readers.encodings import get_encoding
 from readers.formats.webdataset import BLOCK, INDEX_DTYPE, LABEL_EXTENSION, RECORD, npy_header, sample_array_shape, sample_key, tar_header
 
 from ...preprocess.task import Encoded
-from ..files import WriteBehind
+from ..files import WriteBehind, read_ahead
 
 __all__ = ["MEMBER_DTYPE", "ShardPart", "ShardFile", "Assembly", "tar_end", "is_full", "renumber", "TMP_PREFIX"]
 
@@ -114,9 +114,8 @@ class ShardFile:
         if padding:
             write(bytes(padding))
         self.position += BLOCK + size + padding
-        if self.behind is not None and self.behind.due(self.position):
-            self.handle.flush()
-            self.behind.wrote(self.position)
+        if self.behind is not None:
+            self.behind.wrote_through(self.handle, self.position)
 
     def close(self, *, end_archive: bool = True) -> ShardPart:
         """Finish the file; ``end_archive=False``: members only (a fragment's stream)."""
@@ -167,9 +166,7 @@ class Assembly:
         self.member_bytes += int((rows["image_size"] + rows["label_size"]).sum())
         self.samples += len(rows)
         self.renumber |= not keys_right
-        if self.behind.due(self.position):
-            self.handle.flush()
-            self.behind.wrote(self.position)
+        self.behind.wrote_through(self.handle, self.position)
 
     def _copy_in_kernel(self, source: io.BufferedReader, start: int, count: int) -> int:
         """Copy ``count`` bytes of ``source`` from ``start`` to the shard's end without passing
@@ -217,7 +214,7 @@ def renumber(path: Path, rows: np.ndarray, first: int, encoding: str) -> None:
     extension = get_encoding(encoding).extension
     fd = os.open(path, os.O_RDWR)
     try:
-        _read_ahead(fd, [*rows["image_header"].tolist(), *rows["label_header"].tolist()])
+        read_ahead(fd, [*rows["image_header"].tolist(), *rows["label_header"].tolist()], BLOCK)
         columns = zip(rows["image_header"].tolist(), rows["image_size"].tolist(), rows["label_header"].tolist(), rows["label_size"].tolist())
         for j, (image_header, image_size, label_header, label_size) in enumerate(columns):
             key = sample_key(first + j)
@@ -225,15 +222,3 @@ def renumber(path: Path, rows: np.ndarray, first: int, encoding: str) -> None:
             os.pwrite(fd, tar_header(f"{key}.{LABEL_EXTENSION}", label_size), label_header)
     finally:
         os.close(fd)
-
-
-def _read_ahead(fd: int, offsets: list[int]) -> None:
-    """Ask the kernel to read the blocks at ``offsets`` into the page cache (a hint)."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:  # pragma: no cover - not POSIX
-        return
-    try:
-        for offset in offsets:
-            advise(fd, offset, BLOCK, os.POSIX_FADV_WILLNEED)
-    except OSError:  # pragma: no cover - a filesystem without it: each write reads its page
-        pass
