@@ -8,6 +8,9 @@ itself (``os.pwrite``, from the worker's own descriptor of ``DST.partial``) and 
 :class:`Placed` record (label, shape, size, checksum); the driving process books it without
 touching its bytes. The driver still takes the checkpoints (an ``fsync`` makes the workers'
 writes durable as well as its own: they are one file) and writes everything but the samples.
+Each worker writes its samples to disk as it goes and drops them from the page cache
+(``files.WriteBehind.wrote_range``, the step chosen by the driver): nothing reads them while the
+conversion runs, and the next samples reuse the memory just freed.
 
 The first skipped input ends it: from then on the driver asks the workers for the samples
 (:meth:`Placement.stop`; chunks are handed out in input order, so every chunk handed out later
@@ -40,6 +43,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkabl
 
 from .errors import OutputError
 from .preprocess.task import Encoded, Failed
+from .writers import files
 
 __all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "pwrite_all", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
 
@@ -110,7 +114,7 @@ class Placement:
 
     def task(self, task: Callable[[Any], Encoded | Failed]) -> "PlaceTask":
         """The work unit that runs ``task`` and places its sample (a picklable object)."""
-        return PlaceTask(task, self.path, self.stride, self.shape)
+        return PlaceTask(task, self.path, self.stride, self.shape, files.WRITE_BEHIND_STEP)
 
     def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, int | None]]:
         """``items`` (input ``first`` on) as ``(index, item, offset)``, ``offset`` the place to
@@ -140,16 +144,21 @@ class _Entries(Sequence):
 class PlaceTask:
     """Run the conversion task; write a fixed-shape sample at its input's place, or return it."""
 
-    def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, stride: int, shape: tuple[int, int, int]) -> None:
+    def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, stride: int, shape: tuple[int, int, int],
+                 behind_step: int | None = None) -> None:
         self.task, self.path, self.stride, self.shape = task, path, stride, shape
+        #: A worker writes its samples to disk as it goes, this many bytes at a time (``None``:
+        #: files.WRITE_BEHIND_STEP): :meth:`files.WriteBehind.wrote_range`.
+        self.behind_step = behind_step
         #: The pool's cue that the task carries something of the script's ``__main__`` (a Python
         #: dataset's class, packer/sources/datasets.py): passed on from the task it wraps.
         self.needs_main = bool(getattr(task, "needs_main", False))
         self._fd = -1
+        self._behind: files.WriteBehind | None = None
         self._driver = os.getpid()  # run here (a single input), the descriptor is not kept open
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": -1}  # each process opens the file for itself
+        return {**self.__dict__, "_fd": -1, "_behind": None}  # each process opens the file for itself
 
     def __call__(self, entry: tuple[int, Any, int | None]) -> Encoded | Failed | Placed:
         index, item, offset = entry
@@ -187,6 +196,8 @@ class PlaceTask:
             os.close(fd)
             raise
         self._fd = fd
+        if os.getpid() != self._driver:
+            self._behind = files.WriteBehind(fd, self.behind_step)  # (the output is not read while it is written)
 
     def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:
         """Write ``result`` at ``offset`` (input ``index``'s place) and return its record; a
@@ -200,6 +211,8 @@ class PlaceTask:
             if self._fd < 0:
                 self._open_locked()
             pwrite_all(self._fd, result.payload, offset)
+            if self._behind is not None:
+                self._behind.wrote_range(offset, offset + self.stride)
         except OSError as exc:
             return dataclasses.replace(placed, error=(exc.errno or errno.EIO, exc.strerror or str(exc)))
         finally:

@@ -1,6 +1,6 @@
 """LMDB's pages and WebDataset's shards leave the page cache once a checkpoint made them durable
-(``packer.writers.files.release_cached``), and a WebDataset worker's shard as it grows
-(``WriteBehind``): read back from the kernel (``mincore`` on a map of the file), not from the
+(``packer.writers.files.release_cached``), and a WebDataset worker's shard, or the samples a
+blob's or HDF5's workers place, as they are written (``WriteBehind``): read back from the kernel (``mincore`` on a map of the file), not from the
 writer's calls."""
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 def cached_pages(path: Path, length: int = 0) -> tuple[int, int]:
     """``(pages of path in the page cache, pages of path)``, as the kernel's ``mincore`` says;
     ``length``: only the file's first ``length`` bytes."""
+    in_cache = page_map(path, length)
+    return sum(in_cache), len(in_cache)
+
+
+def page_map(path: Path, length: int = 0) -> list[bool]:
+    """Per page of ``path`` (its first ``length`` bytes), whether it is in the page cache (``mincore``)."""
     size = length or path.stat().st_size
     pages = -(-size // mmap.PAGESIZE)
     fd = os.open(path, os.O_RDONLY)
@@ -50,7 +56,7 @@ def cached_pages(path: Path, length: int = 0) -> tuple[int, int]:
             vector = ctypes.create_string_buffer(pages)
             if _libc.mincore(address, size, vector) != 0:
                 raise OSError(ctypes.get_errno(), "mincore")
-            return sum(byte & 1 for byte in vector.raw), pages
+            return [bool(byte & 1) for byte in vector.raw]
         finally:
             _libc.munmap(address, size)
     finally:
@@ -223,3 +229,51 @@ def test_a_shard_written_behind_is_renumbered_right(image_folder, tmp_path, monk
     assert len(names) == 2 * len(items) and path.stat().st_size == len(before)
     with tarfile.open(fileobj=io.BytesIO(before)) as tar:
         assert payloads == [tar.extractfile(member).read() for member in tar.getmembers()]
+
+
+def test_placed_runs_are_written_behind_but_never_a_page_two_writers_share(tmp_path, drops_synced_pages):
+    """Two writers place runs of samples in turn into one file, as a blob's workers do: what they
+    wrote leaves the page cache as they go, but the write-out they ask for never covers a page at
+    the edge of a run (the other writer's bytes may be in it, now or later), and those pages stay."""
+    path, page = tmp_path / "out", mmap.PAGESIZE
+    stride, per_run, runs = 10_000, 5, 60
+    path.write_bytes(b"")
+    fds = [os.open(path, os.O_WRONLY) for _ in range(2)]
+    asked: list[tuple[int, int, int]] = []
+    expected = bytearray()
+    try:
+        behinds = [WriteBehind(fd, 64 << 10) for fd in fds]
+        real = behinds[0]._call
+        for k, behind in enumerate(behinds):
+            behind._call = lambda fd, start, length, flags, k=k: asked.append((k, start, length)) or real(fd, start, length, flags)
+        for run in range(runs):
+            for i in range(per_run):
+                data, offset = os.urandom(stride), (run * per_run + i) * stride
+                os.pwrite(fds[run % 2], data, offset)
+                expected += data
+                behinds[run % 2].wrote_range(offset, offset + stride)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    in_cache = page_map(path)  # (before the file is read back below)
+    owned = [[(run * per_run * stride, (run + 1) * per_run * stride) for run in range(k, runs, 2)] for k in range(2)]
+    assert asked and all(length > 0 and start % page == 0 and length % page == 0 for _k, start, length in asked)
+    assert all(any(a <= start and start + length <= b for a, b in owned[k]) for k, start, length in asked)
+    edges = {run * per_run * stride // page for run in range(1, runs) if run * per_run * stride % page}
+    assert len(edges) > 40 and all(in_cache[edge] for edge in edges)  # never written out, never dropped
+    most = len(edges) + 2 * (2 * (64 << 10) + per_run * stride) // page + 4  # two steps and a run per writer
+    assert sum(in_cache) <= most < len(in_cache) // 3, (sum(in_cache), most, len(in_cache))
+    assert path.read_bytes() == expected
+
+
+@pytest.mark.parametrize("suffix", ["blob", "h5"])
+def test_the_samples_workers_place_leave_the_page_cache_as_they_are_written(image_folder, tmp_path, drops_synced_pages,
+                                                                            monkeypatch, suffix):
+    """The step travels to the workers with their task (packer/placement.py), so a small one
+    here shows in a real two-worker conversion: most of the output is on disk and out of memory
+    when the conversion ends, where without write-behind every page of it stays cached."""
+    monkeypatch.setattr(files, "WRITE_BEHIND_STEP", 8 << 10)
+    report = convert(image_folder, tmp_path / f"out.{suffix}", image=ImageOptions(size=96), workers=2)
+    assert report.written == 18
+    cached, pages = cached_pages(report.dst)
+    assert pages > 18 * 27648 // mmap.PAGESIZE and cached < pages // 2, (cached, pages)

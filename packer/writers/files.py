@@ -56,8 +56,8 @@ def release_cached(fd: int, length: int = 0, *, map_size: int = 0, start: int = 
     output is not read while it is written, so its pages would only crowd out the user's own
     cached files, and the pages written next reuse the memory just freed instead of ever more
     of it (on the 2-core VM, whose hypervisor takes back free memory, touching fresh memory is
-    what made LMDB's writes slow; docs/SCALING.md). The blob and HDF5 do not: it measured slower
-    for them.
+    what made LMDB's writes slow; docs/SCALING.md). The blob's and HDF5's workers drop what they
+    placed as they write it instead (:meth:`WriteBehind.wrote_range`).
     """
     if map_size and length:
         _unmap(fd, map_size, min(length, map_size))
@@ -179,7 +179,8 @@ WRITE_BEHIND_STEP = 8 << 20
 
 
 class WriteBehind:
-    """Writes a file that grows sequentially to disk as it grows, in steps of ``step`` bytes
+    """Writes a file that grows sequentially (:meth:`wrote`), or this process's ranges of a file
+    others write too (:meth:`wrote_range`), to disk as it is written, in steps of ``step`` bytes
     (default :data:`WRITE_BEHIND_STEP`).
 
     Each time the file has grown a step past the last, :meth:`wrote` starts the write-out of the
@@ -193,7 +194,8 @@ class WriteBehind:
     come makes the writer wait here, where it would otherwise wait in the kernel's throttling.
 
     Only for files not read back while written (a WebDataset worker's finished shard, the
-    shards the driver assembles), never fragments the driver copies from. Where
+    shards the driver assembles, the samples a blob's or HDF5's workers place:
+    :meth:`wrote_range`), never fragments the driver copies from. Where
     ``sync_file_range`` is missing or refused (not Linux, a filesystem without it), it does
     nothing; a write error or a full disk it reports raises ``OSError`` (and must: once a wait
     has seen a writeback error, the final ``fsync`` on another descriptor does not report it).
@@ -203,6 +205,10 @@ class WriteBehind:
         self.fd, self.step = fd, step or WRITE_BEHIND_STEP
         self.started = 0  # write-out started below this offset
         self.released = 0  # on disk and out of the page cache below this offset
+        self._run_end = -1  # :meth:`wrote_range`: where the run of contiguous ranges written last ends
+        self._cut = 0  # the first byte of that run not handed on yet (a page boundary)
+        self._pending: list[tuple[int, int]] = []  # whole pages handed on, write-out not started
+        self._in_flight: list[tuple[int, int]] = []  # write-out started, not waited for yet
         self._call = _libc("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint))
         self.enabled = self._call is not None and sys.platform.startswith("linux")
 
@@ -228,10 +234,46 @@ class WriteBehind:
         if not self._sync(self.started, end, _WRITE):
             return
         if self.started > self.released:
-            self._sync(self.released, self.started, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
-            release_cached(self.fd, self.started, start=self.released)
+            self._wait_and_release(self.released, self.started)
             self.released = self.started
         self.started = end
+
+    def wrote_range(self, start: int, end: int) -> None:
+        """Bytes ``start`` up to ``end`` of a file that other processes write into too, each its
+        own ranges (the samples workers place: packer/placement.py), were written. Contiguous
+        ranges make a run; a run's whole pages are written behind a step at a time, as
+        :meth:`wrote` does, but not the page at either end of a run, which may hold another
+        writer's bytes too: it stays dirty for the final ``fsync`` (dropped from the page cache,
+        the other writer's part-page write would have to read it back from the disk first)."""
+        if not self.enabled:
+            return
+        if start != self._run_end:  # a new run: the last one's whole pages are handed on
+            self._hand_on(self._run_end - self._run_end % mmap.PAGESIZE)
+            self._cut = start + -start % mmap.PAGESIZE
+        self._run_end = end
+        if end - self._cut >= self.step:
+            self._hand_on(end - end % mmap.PAGESIZE)
+        if sum(stop - begin for begin, stop in self._pending) >= self.step:
+            pending, self._pending = self._pending, []
+            if all(self._sync(begin, stop, _WRITE) for begin, stop in pending):
+                for begin, stop in self._in_flight:
+                    self._wait_and_release(begin, stop)
+                self._in_flight = pending
+
+    def _hand_on(self, end: int) -> None:
+        """The current run's whole pages up to ``end`` are due to be written behind."""
+        if end <= self._cut:
+            return
+        if self._pending and self._pending[-1][1] == self._cut:
+            self._pending[-1] = (self._pending[-1][0], end)
+        else:
+            self._pending.append((self._cut, end))
+        self._cut = end
+
+    def _wait_and_release(self, start: int, end: int) -> None:
+        """Wait for the write-out of bytes ``start`` to ``end`` (started earlier), then drop them."""
+        self._sync(start, end, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
+        release_cached(self.fd, end, start=start)
 
     def _sync(self, start: int, end: int, flags: int) -> bool:
         if self._call(self.fd, start, end - start, flags) == 0:
