@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,6 +216,26 @@ def open_packed(path: str | Path, format_name: str) -> Dataset:
     return opener(path)
 
 
+def quiet_handle_sharing(_worker_id: int = 0) -> None:
+    """A ``DataLoader`` worker's ``worker_init_fn``: no traceback when the main process stops
+    fetching a batch's shared-memory handle mid-way (it was interrupted: ``packer bench`` then
+    says so in one line). The worker serves those handles from a thread of
+    ``multiprocessing.resource_sharer``, which prints any error there through ``sys.excepthook``;
+    a broken connection is the only error dropped, and only from that module."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        frames, at = [], tb
+        while at is not None:
+            frames.append(at.tb_frame.f_code.co_filename)
+            at = at.tb_next
+        if issubclass(kind, (ConnectionError, EOFError)) and frames and frames[0].endswith("resource_sharer.py"):
+            return
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 def loader_rates(
     dataset: Dataset,
     *,
@@ -233,7 +254,8 @@ def loader_rates(
     out: dict[str, Rate | str] = {}
     for workers in settings:
         loader = DataLoader(
-            dataset, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, collate_fn=collate
+            dataset, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, collate_fn=collate,
+            worker_init_fn=quiet_handle_sharing,
         )
         out[f"DataLoader(num_workers={workers})"] = measure(timed_pass(loader, seconds), repeats=repeats, warmup=warmup)
         del loader
