@@ -10,7 +10,8 @@ touching its bytes. The driver still takes the checkpoints (an ``fsync`` makes t
 writes durable as well as its own: they are one file) and writes everything but the samples.
 Each worker writes its samples to disk as it goes and drops them from the page cache
 (``files.WriteBehind.wrote_range``, the step chosen by the driver): nothing reads them while the
-conversion runs, and the next samples reuse the memory just freed.
+conversion runs but the few moved down after a skipped input (below; read back from the disk,
+once per conversion), and the next samples reuse the memory just freed.
 
 The first skipped input ends it: from then on the driver asks the workers for the samples
 (:meth:`Placement.stop`; chunks are handed out in input order, so every chunk handed out later

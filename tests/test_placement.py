@@ -5,6 +5,7 @@ a resumed run and a full disk in a worker behave as everywhere else."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import multiprocessing
 import os
@@ -15,11 +16,13 @@ import pytest
 from click.testing import CliRunner
 
 import packer.engine
+import packer.writers.files as files
 import packer.writers.journal as journal
 from imagefiles import gradient, jpeg_bytes, write
 from packer import ImageOptions, convert, parallel
 from packer.cli import cli
-from packer.placement import Placed
+from packer.placement import Placed, PlaceTask
+from packer.preprocess.task import Encoded
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
@@ -71,7 +74,9 @@ def _driver_writes_all(monkeypatch) -> None:
 def test_workers_place_the_samples_and_the_output_is_the_drivers_byte_for_byte(tmp_path, monkeypatch, fixed_clock, broken_at, size,
                                                                                 suffix):
     """(Large samples just before the end: a moved sample's old place lies past the last sample
-    and past the index sections written after it; the output must not keep it.)"""
+    and past the index sections written after it; the output must not keep it. The workers
+    write behind in steps of two pages, so samples are moved from pages already dropped.)"""
+    monkeypatch.setattr(files, "WRITE_BEHIND_STEP", 8 << 10)
     src = _folder(tmp_path / "src", broken_at)
     options = dict(image=ImageOptions(size=size))
     kinds = _booked(monkeypatch, suffix)
@@ -304,3 +309,44 @@ def test_a_killed_runs_worker_is_waited_for_before_its_first_write(tmp_path):
         os.close(fd)
     assert worker.wait(10) == 0
     assert path.read_bytes() == bytes([0x11]) * 12, f"overwritten by the killed run's worker after a wait of {waited:.2f} s"
+
+
+def test_a_write_error_the_write_behind_sees_comes_back_with_the_sample(tmp_path, monkeypatch):
+    """A worker's ``sync_file_range`` that reports EIO (a sample written earlier did not reach
+    the disk) makes the record an error, as a failed ``pwrite`` does: the driver then stops with
+    its one line (test above), where the checkpoint's ``fsync`` might never have been told."""
+    calls = []
+
+    def failing(fd, start, length, flags):
+        calls.append(flags)
+        ctypes.set_errno(errno.EIO)
+        return -1
+
+    real = files._libc
+    monkeypatch.setattr(files, "_libc", lambda name, argtypes: failing if name == "sync_file_range" else real(name, argtypes))
+    path = tmp_path / "out.blob"
+    path.write_bytes(bytes(4 * 12288))
+    task = PlaceTask(lambda item: Encoded(7, (3, 64, 64), bytes([item]) * 12288), str(path), 12288, (3, 64, 64), 4096)
+    task._driver = -1  # this process stands in for a worker (the driver writes without write-behind)
+    first = task((0, 1, 0))
+    assert calls and isinstance(first, Placed) and first.error is not None and first.error[0] == errno.EIO
+    assert path.read_bytes()[:12288] == bytes([1]) * 12288  # written; its write-out is what failed
+
+
+def test_hdf5_checkpoints_sync_through_the_descriptor_open_before_the_workers_wrote(tmp_path, monkeypatch):
+    """The kernel tells a write error a worker's write-behind saw first only to descriptors
+    opened before it was seen: a checkpoint's ``fsync`` through one opened for it would pass,
+    and the journal would record samples the disk never got (packer/writers/hdf5.py)."""
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 1e9)
+    monkeypatch.setattr(journal, "BACKGROUND_CHECKPOINT_BYTES", 1)  # a checkpoint after every sample
+    opened = []
+    locate = HDF5Writer._locate_rows
+    monkeypatch.setattr(HDF5Writer, "_locate_rows", lambda self, rows: (locate(self, rows), opened.append(self._fd))[0])
+    in_durable, synced = [], []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (in_durable and synced.append(fd), real_fsync(fd))[1])
+    durable = HDF5Writer._durable
+    monkeypatch.setattr(HDF5Writer, "_durable", lambda self: (in_durable.append(1), durable(self), in_durable.clear())[1])
+    report = convert(_folder(tmp_path / "src", set(), count=12), tmp_path / "out.h5", image=ImageOptions(size=12), workers=2)
+    assert report.written == 12 and len(opened) == 1 and opened[0] >= 0
+    assert synced and all(fd == opened[0] for fd in synced), (synced, opened)

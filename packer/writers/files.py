@@ -194,11 +194,13 @@ class WriteBehind:
     come makes the writer wait here, where it would otherwise wait in the kernel's throttling.
 
     Only for files not read back while written (a WebDataset worker's finished shard, the
-    shards the driver assembles, the samples a blob's or HDF5's workers place:
-    :meth:`wrote_range`), never fragments the driver copies from. Where
+    shards the driver assembles, the samples a blob's or HDF5's workers place, :meth:`wrote_range`,
+    of which only the few moved down after a skipped input are read back), never fragments the
+    driver copies from. Where
     ``sync_file_range`` is missing or refused (not Linux, a filesystem without it), it does
     nothing; a write error or a full disk it reports raises ``OSError`` (and must: once a wait
-    has seen a writeback error, the final ``fsync`` on another descriptor does not report it).
+    has seen a writeback error, an ``fsync`` through a descriptor opened after that does not
+    report it; the writers' checkpoints sync through one opened before the workers wrote).
     """
 
     def __init__(self, fd: int, step: int | None = None) -> None:
@@ -243,8 +245,8 @@ class WriteBehind:
         own ranges (the samples workers place: packer/placement.py), were written. Contiguous
         ranges make a run; a run's whole pages are written behind a step at a time, as
         :meth:`wrote` does, but not the page at either end of a run, which may hold another
-        writer's bytes too: it stays dirty for the final ``fsync`` (dropped from the page cache,
-        the other writer's part-page write would have to read it back from the disk first)."""
+        writer's bytes too: it is left to the next checkpoint's ``fsync`` (dropped from the page
+        cache, the other writer's part-page write would have to read it back from the disk first)."""
         if not self.enabled:
             return
         if start != self._run_end:  # a new run: the last one's whole pages are handed on
@@ -272,8 +274,8 @@ class WriteBehind:
 
     def _wait_and_release(self, start: int, end: int) -> None:
         """Wait for the write-out of bytes ``start`` to ``end`` (started earlier), then drop them."""
-        self._sync(start, end, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
-        release_cached(self.fd, end, start=start)
+        if self._sync(start, end, _WAIT_BEFORE | _WRITE | _WAIT_AFTER):
+            release_cached(self.fd, end, start=start)
 
     def _sync(self, start: int, end: int, flags: int) -> bool:
         if self._call(self.fd, start, end - start, flags) == 0:
