@@ -210,6 +210,7 @@ class WriteBehind:
         self._run_end = -1  # :meth:`wrote_range`: where the run of contiguous ranges written last ends
         self._cut = 0  # the first byte of that run not handed on yet (a page boundary)
         self._pending: list[tuple[int, int]] = []  # whole pages handed on, write-out not started
+        self._pending_bytes = 0
         self._in_flight: list[tuple[int, int]] = []  # write-out started, not waited for yet
         self._call = _libc("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint))
         self.enabled = self._call is not None and sys.platform.startswith("linux")
@@ -255,8 +256,8 @@ class WriteBehind:
         self._run_end = end
         if end - self._cut >= self.step:
             self._hand_on(end - end % mmap.PAGESIZE)
-        if sum(stop - begin for begin, stop in self._pending) >= self.step:
-            pending, self._pending = self._pending, []
+        if self._pending_bytes >= self.step:
+            pending, self._pending, self._pending_bytes = self._pending, [], 0
             if all(self._sync(begin, stop, _WRITE) for begin, stop in pending):
                 for begin, stop in self._in_flight:
                     self._wait_and_release(begin, stop)
@@ -270,6 +271,7 @@ class WriteBehind:
             self._pending[-1] = (self._pending[-1][0], end)
         else:
             self._pending.append((self._cut, end))
+        self._pending_bytes += end - self._cut
         self._cut = end
 
     def _wait_and_release(self, start: int, end: int) -> None:
