@@ -40,11 +40,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .errors import OutputError
 from .preprocess.task import Encoded, Failed
-from .writers import files
+
+if TYPE_CHECKING:
+    from .writers.files import WriteBehind
 
 __all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "pwrite_all", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
 
@@ -115,6 +117,8 @@ class Placement:
 
     def task(self, task: Callable[[Any], Encoded | Failed]) -> "PlaceTask":
         """The work unit that runs ``task`` and places its sample (a picklable object)."""
+        from .writers import files  # (here, not above: the writers import this module)
+
         return PlaceTask(task, self.path, self.stride, self.shape, files.WRITE_BEHIND_STEP)
 
     def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, int | None]]:
@@ -155,7 +159,7 @@ class PlaceTask:
         #: dataset's class, packer/sources/datasets.py): passed on from the task it wraps.
         self.needs_main = bool(getattr(task, "needs_main", False))
         self._fd = -1
-        self._behind: files.WriteBehind | None = None
+        self._behind: WriteBehind | None = None
         self._driver = os.getpid()  # run here (a single input), the descriptor is not kept open
 
     def __getstate__(self) -> dict[str, Any]:
@@ -198,7 +202,9 @@ class PlaceTask:
             raise
         self._fd = fd
         if os.getpid() != self._driver:
-            self._behind = files.WriteBehind(fd, self.behind_step)  # (the output is not read while it is written)
+            from .writers.files import WriteBehind  # (here, not above: the writers import this module)
+
+            self._behind = WriteBehind(fd, self.behind_step)  # (the output is not read while it is written)
 
     def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:
         """Write ``result`` at ``offset`` (input ``index``'s place) and return its record; a

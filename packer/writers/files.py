@@ -56,8 +56,9 @@ def release_cached(fd: int, length: int = 0, *, map_size: int = 0, start: int = 
     output is not read while it is written, so its pages would only crowd out the user's own
     cached files, and the pages written next reuse the memory just freed instead of ever more
     of it (on the 2-core VM, whose hypervisor takes back free memory, touching fresh memory is
-    what made LMDB's writes slow; docs/SCALING.md). The blob's and HDF5's workers drop what they
-    placed as they write it instead (:meth:`WriteBehind.wrote_range`).
+    what made LMDB's writes slow; docs/SCALING.md). The blob's and HDF5's workers drop the samples
+    they place as they write them instead (:meth:`WriteBehind.wrote_range`); what their driver
+    writes (other shapes, compression, samples after a skip) stays cached until the end.
     """
     if map_size and length:
         _unmap(fd, map_size, min(length, map_size))
@@ -200,7 +201,7 @@ class WriteBehind:
     ``sync_file_range`` is missing or refused (not Linux, a filesystem without it), it does
     nothing; a write error or a full disk it reports raises ``OSError`` (and must: once a wait
     has seen a writeback error, an ``fsync`` through a descriptor opened after that does not
-    report it; the writers' checkpoints sync through one opened before the workers wrote).
+    report it; the blob's and HDF5's checkpoints sync through one opened before the workers wrote).
     """
 
     def __init__(self, fd: int, step: int | None = None) -> None:

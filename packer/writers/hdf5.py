@@ -87,11 +87,9 @@ class HDF5Writer(Writer):
     # -- resuming ------------------------------------------------------------------------------
     @property
     def durable_in_background(self) -> bool:
-        """``fsync`` of the file through a descriptor of its own, beside h5py's writing: with
-        rows placed by the workers, the one that writes them, opened before any worker wrote. A
-        write error a worker's write-behind saw first (``files.WriteBehind``) is reported only
-        to descriptors opened before it was seen; one opened per checkpoint would miss it, and
-        the journal would record samples the disk never got."""
+        """``fsync`` beside h5py's writing, through the rows' descriptor where there is one: a
+        write error a worker's write-behind saw first is told only to descriptors opened before
+        (``files.WriteBehind``), and the journal would record samples the disk never got."""
         return True
 
     def _sync(self) -> dict[str, Any]:
@@ -102,8 +100,9 @@ class HDF5Writer(Writer):
         return {"layout": self._layout, "fixed_shape": list(shape) if shape else None, "written": self._written, "rows": rows}
 
     def _durable(self) -> None:
-        if self._fd >= 0:  # the rows' descriptor, open since before any worker wrote (below)
-            os.fsync(self._fd)
+        rows = self._fd  # open since before any worker wrote (closed only after _settle)
+        if rows >= 0:
+            os.fsync(rows)
             return
         fd = os.open(self.tmp, os.O_RDONLY)
         try:
