@@ -400,10 +400,11 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     ignoring SIGINT keeps ignoring it, and the server's children (our workers) restore the
     server's own setting, so a Ctrl-C to the terminal's process group never reaches a worker, not
     even while it is still importing (where it printed a KeyboardInterrupt traceback before
-    the worker's own set-up could ignore SIGINT, ``packer.pool_worker``). The parent stops the workers itself."""
+    the worker's own set-up could ignore SIGINT, ``packer.pool_worker``). The parent stops the workers itself.
+    Only while one starts: a SIGINT that comes while ignored is lost (seen at a pool's start)."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or _server_running(forkserver):
         forkserver.ensure_running()
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -411,6 +412,15 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _server_running(forkserver: Any) -> bool:
+    """Whether this process's fork server runs (its pid is the module's private: else False)."""
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    try:
+        return isinstance(pid, int) and os.kill(pid, 0) is None  # (not waitpid: ensure_running reaps it)
+    except OSError:
+        return False
 
 
 @contextmanager

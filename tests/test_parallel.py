@@ -594,3 +594,23 @@ def test_a_ctrl_c_held_while_killing_the_workers_still_unlinks_every_block(monke
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
+
+
+def test_a_pool_start_ignores_sigint_only_while_a_fork_server_starts(monkeypatch):
+    """SIGINT is ignored while the fork server starts (so it and its workers never see a Ctrl-C),
+    and a SIGINT that comes then is lost: with the server running, a pool's start must leave
+    SIGINT's handler alone (a background ``packer bench`` once ran its full time after a SIGINT
+    that came as its second conversion started its pool)."""
+    from multiprocessing import forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server here")
+    with ordered_map(abs, [1, -2], workers=1) as results:  # the server runs from here on
+        assert list(results) == [1, 2]
+    assert parallel._server_running(forkserver)
+    changed = []
+    real = signal.signal
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: (changed.append((signum, handler)), real(signum, handler))[1])
+    with ordered_map(abs, [3, -4], workers=1) as results:
+        assert list(results) == [3, 4]
+    assert changed and (signal.SIGINT, signal.SIG_IGN) not in changed  # (others hold it over a worker's start)
