@@ -225,13 +225,9 @@ def quiet_handle_sharing(_worker_id: int = 0) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        frames, at = [], tb
-        while at is not None:
-            frames.append(at.tb_frame.f_code.co_filename)
-            at = at.tb_next
-        if issubclass(kind, (ConnectionError, EOFError)) and frames and frames[0].endswith("resource_sharer.py"):
-            return
-        previous(kind, value, tb)
+        where = tb.tb_frame.f_code.co_filename if tb is not None else ""  # the frame that caught it
+        if not (issubclass(kind, (ConnectionError, EOFError)) and where.endswith("resource_sharer.py")):
+            previous(kind, value, tb)
 
     sys.excepthook = hook
 

@@ -191,17 +191,18 @@ class WriteBehind:
     steps not yet on disk (two, and what was written past the last), where without it a
     WebDataset shard (150 MB of raw 224px samples) was all still in memory: the kernel starts
     writing dirty pages on its own only past a tenth of the memory or after 30 s, and the last
-    shards' ``fsync`` then held the conversion's end with its cores idle (docs/SCALING.md). A disk slower than the samples
-    come makes the writer wait here, where it would otherwise wait in the kernel's throttling.
+    shards' ``fsync`` then held the conversion's end with its cores idle (docs/SCALING.md). A
+    disk slower than the samples come makes the writer wait here, where it would otherwise wait
+    in the kernel's throttling.
 
     Only for files not read back while written (a WebDataset worker's finished shard, the
     shards the driver assembles, the samples a blob's or HDF5's workers place, :meth:`wrote_range`,
     of which only the few moved down after a skipped input are read back), never fragments the
-    driver copies from. Where
-    ``sync_file_range`` is missing or refused (not Linux, a filesystem without it), it does
-    nothing; a write error or a full disk it reports raises ``OSError`` (and must: once a wait
-    has seen a writeback error, an ``fsync`` through a descriptor opened after that does not
-    report it; the blob's and HDF5's checkpoints sync through one opened before the workers wrote).
+    driver copies from. Where ``sync_file_range`` is missing or refused (not Linux, a filesystem
+    without it), it does nothing; a write error or a full disk it reports raises ``OSError`` (and
+    must: once a wait has seen a writeback error, an ``fsync`` through a descriptor opened after
+    that does not report it; the blob's and HDF5's checkpoints sync through one opened before the
+    workers wrote).
     """
 
     def __init__(self, fd: int, step: int | None = None) -> None:

@@ -35,7 +35,7 @@ from readers.schema import Metadata
 from ..placement import Placed, Placement, pwrite_all, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import allocate, punch_hole
+from .files import allocate, fsync_path, punch_hole
 from .journal import Checkpoint, record_shapes
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
@@ -103,12 +103,8 @@ class HDF5Writer(Writer):
         rows = self._fd  # open since before any worker wrote (closed only after _settle)
         if rows >= 0:
             os.fsync(rows)
-            return
-        fd = os.open(self.tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        else:
+            fsync_path(self.tmp)
 
     def _reopen(self, checkpoint: Checkpoint) -> None:
         """Reopen the file and cut its datasets back to the checkpoint (rows allocated up front
