@@ -30,7 +30,7 @@ from pathlib import Path
 import packer
 from packer.sources.tarstream import gzip_inflater, stream_tar
 
-from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
+from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 
 SOURCES = ("folder", "tar", "tar of tars", "zip", "tar.gz")
 
@@ -127,4 +127,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

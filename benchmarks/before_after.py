@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import OUT_DIR, RESULTS_DIR, cpu_count, imagenet_like, machine, markdown_table, presized, save_json
+from .common import OUT_DIR, RESULTS_DIR, cpu_count, imagenet_like, machine, markdown_table, presized, save_json, run_main
 
 FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
 REPO = Path(__file__).resolve().parent.parent
@@ -146,4 +146,4 @@ def _line(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

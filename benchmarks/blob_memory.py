@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import add_output_arguments, machine, markdown_table, output_dir, save_json
+from .common import add_output_arguments, machine, markdown_table, output_dir, save_json, run_main
 
 SHAPE = (3, 224, 224)
 BATCH = 64
@@ -206,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

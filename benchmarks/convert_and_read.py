@@ -23,7 +23,7 @@ from packer import ImageOptions, convert
 from packer.bench import timed_pass
 
 from .baselines import TutorialFolder, naive_convert, remove
-from .common import Rate, cpu_count, folder_stats, imagenet_like, machine, markdown_table, measure, save_json
+from .common import Rate, cpu_count, folder_stats, imagenet_like, machine, markdown_table, measure, save_json, run_main
 
 BATCH = 64
 
@@ -96,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,7 +18,7 @@ from packer import ImageOptions, convert
 from packer.parallel import keep_freed_memory
 
 from .baselines import naive_convert, remove
-from .common import Rate, add_output_arguments, cpu_count, imagenet_like, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, output_dir, save_json, run_main
 
 SUFFIX = {"lmdb": ".lmdb", "webdataset": ".shards", "blob": ".blob", "hdf5": ".h5"}
 
@@ -68,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

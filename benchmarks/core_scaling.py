@@ -53,7 +53,7 @@ from packer.sources.images import scan_image_folder
 from packer.writers.files import remove_path
 
 from .work_units import Dropped
-from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, presized, save_json
+from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, presized, save_json, run_main
 
 FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
 SIZE = 224
@@ -207,4 +207,4 @@ def render(result: dict) -> str:
 
 if __name__ == "__main__":
     keep_freed_memory()  # as `packer convert` does for its own process (process-wide: not when a test calls main)
-    main()
+    run_main(main)

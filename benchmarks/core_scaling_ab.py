@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .common import run_main
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -54,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

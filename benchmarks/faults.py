@@ -51,7 +51,7 @@ from packer.bench import SUFFIX
 from packer.writers.base import partial_path
 from packer.writers.journal import journal_path, saved_inputs
 
-from .common import add_output_arguments, machine, markdown_table, output_dir, save_json
+from .common import add_output_arguments, machine, markdown_table, output_dir, save_json, run_main
 
 __all__ = [
     "FORMATS", "KINDS", "PHASES", "Campaign", "Trial", "Digest", "digest", "run_campaign", "summarise", "render", "main",
@@ -722,4 +722,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 
 SIZE = 224
 BATCH = 256
@@ -257,4 +257,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

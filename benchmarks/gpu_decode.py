@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json
+from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 from .loader_ceiling import summary
 
 SIZE = 224
@@ -213,4 +213,4 @@ def render(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

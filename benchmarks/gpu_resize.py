@@ -31,7 +31,7 @@ from packer.preprocess.image import preprocess_image
 from packer.preprocess.tensor_resize import TENSOR_RESAMPLE, preprocess_tensor
 from packer.sources.images import scan_image_folder
 
-from .common import add_output_arguments, imagenet_like, machine, markdown_table, output_dir, save_json
+from .common import add_output_arguments, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 from .preprocess import TARGET, photo_like, psnr, reference
 
 OPTIONS = ImageOptions(size=TARGET)
@@ -86,4 +86,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

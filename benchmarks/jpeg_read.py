@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from .common import add_output_arguments, cpu_count, imagenet_like, markdown_table, output_dir, save_json
+from .common import add_output_arguments, cpu_count, imagenet_like, markdown_table, output_dir, save_json, run_main
 from .loader import FORMATS, open_reader
 from .loader_ceiling import summary
 
@@ -300,4 +300,4 @@ def _x(r: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # nothing here computes; keep torch's pool from competing with the decoding threads
-    main()
+    run_main(main)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json, run_main
 
 BATCH = 256
 SIZE = 224
@@ -194,4 +194,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # nothing here computes; keep torch's pool from competing with the loader threads
-    main()
+    run_main(main)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .common import add_output_arguments, cpu_count, markdown_table, output_dir, save_json
+from .common import add_output_arguments, cpu_count, markdown_table, output_dir, save_json, run_main
 from .loader import SIZE, make_data, open_reader
 
 FORMATS = ("blob", "lmdb", "hdf5")
@@ -171,4 +171,4 @@ def _rate(r: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # nothing here computes; keep torch's pool from competing with the loader threads
-    main()
+    run_main(main)

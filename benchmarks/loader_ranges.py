@@ -30,6 +30,8 @@ import readers.loader as loader_module
 from readers.blob import RAMDataset
 from readers.filling import BatchSource, FillingIterator
 
+from .common import run_main
+
 
 def rate(path: Path, batch: int, seconds: float) -> float:
     loader = loader_module.Loader(RAMDataset(path), batch, buffers="recycle")
@@ -84,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -50,7 +50,7 @@ from packer.writers.files import remove_path
 from readers.schema import Metadata
 
 from .work_units import SHAPE, MakeSample
-from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json, run_main
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob"}
 CLASSES = tuple(f"class_{i}" for i in range(10))
@@ -193,4 +193,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -33,7 +33,7 @@ from packer import ImageOptions
 from packer.preprocess.image import preprocess_image
 from packer.sources.images import scan_image_folder
 
-from .common import DATA_DIR, add_output_arguments, machine, markdown_table, output_dir, save_json
+from .common import DATA_DIR, add_output_arguments, machine, markdown_table, output_dir, save_json, run_main
 
 TARGET = 224
 Method = Callable[[bytes], np.ndarray]
@@ -171,4 +171,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

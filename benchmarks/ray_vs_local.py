@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import add_output_arguments, imagenet_like, machine, markdown_table, output_dir, save_json
+from benchmarks.common import add_output_arguments, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
 
@@ -91,4 +91,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

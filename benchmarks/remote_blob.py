@@ -27,7 +27,7 @@ from typing import Any
 
 from packer import ImageOptions, convert
 
-from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, measure, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, measure, output_dir, save_json, run_main
 
 
 class PeakDisk:
@@ -138,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -27,7 +27,7 @@ from packer import ImageOptions, convert
 from packer.preprocess.task import ImageTask
 from packer.sources.images import scan_image_folder
 
-from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, measure, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, measure, output_dir, save_json, run_main
 
 #: The HTTP server: a directory listing and files, each GET answered after a delay.
 SERVER = """
@@ -112,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -17,7 +17,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from .common import HERE
+from .common import HERE, run_main
 from .render_sections import SECTIONS as _TABLES
 from .render_sections import load
 from .render_targets import targets
@@ -155,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -45,7 +45,7 @@ from packer.sources.images import scan_image_folder
 from packer.writers import WRITERS, get_writer
 
 from .baselines import FastFolder, TutorialFolder, naive_convert, remove
-from .common import DATA_DIR, add_output_arguments, cpu_count, folder_stats, imagenet_like, machine, markdown_table, output_dir, save_json
+from .common import DATA_DIR, add_output_arguments, cpu_count, folder_stats, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 from .peers import PEERS, peer_versions, timed_write
 
 BATCH = 64
@@ -429,4 +429,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from packer import ImageOptions, StorageOptions, convert
 
-from .common import cpu_count, imagenet_like, machine, markdown_table, save_json
+from .common import cpu_count, imagenet_like, machine, markdown_table, save_json, run_main
 
 SAMPLE = 3 * 224 * 224
 _JPEG = b""
@@ -142,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

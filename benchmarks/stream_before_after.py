@@ -32,7 +32,7 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-from .common import add_output_arguments, output_dir, save_json
+from .common import add_output_arguments, output_dir, save_json, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"1 rank": (0, 1), "rank 1 of 2": (1, 2)}
@@ -112,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,7 +23,7 @@ from packer.options import StorageOptions, TextOptions
 from readers import Loader, TokenDataset
 from readers.tokenizer import load_tokenizer
 
-from .common import add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json
+from .common import add_output_arguments, cpu_count, machine, markdown_table, measure, output_dir, save_json, run_main
 
 WORDS = [f"w{i}{s}" for i in range(400) for s in ("", "ing", "ed")]
 
@@ -126,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 from packer import ImageOptions, convert
 from packer.sources.images import scan_image_folder
 
-from .common import DATA_DIR, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json
+from .common import DATA_DIR, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json, run_main
 
 BATCH = 64
 LR = 1e-3
@@ -323,4 +323,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json
+from .common import Rate, add_output_arguments, cpu_count, machine, markdown_table, output_dir, save_json, run_main
 
 SIZE = 224
 BATCH = 256
@@ -133,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -74,3 +74,32 @@ def test_the_cpu_account_counts_what_the_machine_did():
     tick = 1000 / os.sysconf("SC_CLK_TCK")
     assert mine > 100 and account["user"] + account["system"] >= mine - 2 * tick
     assert sum(account.values()) <= wall_ms * os.cpu_count() + 2 * tick * os.cpu_count()
+
+
+def test_a_benchmark_stopped_by_sigterm_removes_its_temporary_folder(tmp_path):
+    """A benchmark killed by ``timeout`` or a scheduler (SIGTERM) unwinds as Ctrl-C does: its
+    temporary folder of converted data is removed, one line, exit 130 (``common.run_main``).
+    Before, SIGTERM ended core_scaling at once and left GBs under /tmp."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.core_scaling", "--images", "20", "--rounds", "1000", "--workers", "1", "--formats", "blob",
+         "--out", str(tmp_path / "out")],
+        cwd=repo, env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(scratch.glob("packer-core-scaling-*/out.blob")):  # conversions under way
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted; temporary files removed" and "Traceback" not in err
+    assert os.listdir(scratch) == []
