@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, Callable, Iterator, Mapping
 
 __all__ = ["interruptible", "signals_deferred"]
@@ -16,16 +17,62 @@ __all__ = ["interruptible", "signals_deferred"]
 #: Seconds after a swallowed interruption before its signal is sent again.
 REDELIVERY_DELAY = 0.01
 #: The signals :func:`interruptible` turned into KeyboardInterrupt, latest last; and those
-#: swallowed (:func:`_interrupt_again`) and not delivered again yet.
+#: swallowed (:func:`_interrupt_again`) or held back (:func:`_importing_or_exec_string`) and not
+#: delivered again yet.
 _received: list[int] = []
 _swallowed: list[int] = []
+#: For each ``interruptible()`` block being run (innermost last), the frames on the main
+#: thread's stack as it began, and their ids (kept unique by the references): the handler looks
+#: only at the frames above them.
+_entry: list[tuple[tuple[FrameType, ...], frozenset[int]]] = []
 _lock = threading.Lock()
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    if _importing_or_exec_string(frame):
+        _swallowed.append(signum)  # (not raised: the block raises it as it ends, if the signal has not come again)
+        _deliver_later()
+        return
     _received.append(signum)
     _swallowed.clear()
     raise KeyboardInterrupt
+
+
+def _importing_or_exec_string(frame: FrameType | None) -> bool:
+    """Whether the main thread, inside :func:`interruptible`'s block, is importing a module or
+    running code compiled from a string (``exec``/``eval``: a namedtuple's or a dataclass's
+    methods are made so), where a KeyboardInterrupt goes wrong: seen in a loop of ``packer bench``
+    SIGINTed in the background, about 1 run in 60 each:
+    * raised in ``eval`` during an import (h5py's namedtuple), caught by packer, it still made
+      ``python -m packer`` end by SIGINT, not with exit code 130: Python marks any
+      KeyboardInterrupt that leaves code it compiled from a string as unhandled, and when the
+      ``-m`` module ends it sends itself SIGINT;
+    * raised in an import (``abc.register`` in a module's body) it was lost: the bench went on.
+    There the handler sends the signal again a moment later (:func:`_deliver_later`), until it
+    lands outside; imports and such ``eval`` calls take a fraction of a second. Only frames
+    above the block's own are looked at (a ``python -c`` script is code from a string too)."""
+    below = _entry[-1][1] if _entry else frozenset()
+    while frame is not None and id(frame) not in below:
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib") or (code.co_filename == "<string>" and code.co_name == "<module>"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _stack(frame: FrameType | None) -> tuple[tuple[FrameType, ...], frozenset[int]]:
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return tuple(frames), frozenset(map(id, frames))
+
+
+def _deliver_later() -> None:
+    """Send the main thread the latest of :data:`_swallowed` again after :data:`REDELIVERY_DELAY`."""
+    timer = threading.Timer(REDELIVERY_DELAY, _deliver_swallowed)
+    timer.daemon = True  # never what keeps the process from exiting
+    timer.start()
 
 
 def _interrupt_again(previous: Callable[[Any], object]) -> Callable[[Any], object]:
@@ -42,9 +89,7 @@ def _interrupt_again(previous: Callable[[Any], object]) -> Callable[[Any], objec
     def hook(unraisable: Any) -> object:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
             _swallowed.append(_received[-1])
-            timer = threading.Timer(REDELIVERY_DELAY, _deliver_swallowed)
-            timer.daemon = True  # never what keeps the process from exiting
-            timer.start()
+            _deliver_later()
             return None
         return previous(unraisable)
 
@@ -96,6 +141,7 @@ def interruptible() -> Iterator[None]:
     _swallowed.clear()
     saved = {signum: handler for signum in signums if (handler := signal.getsignal(signum)) is not None}  # (None: not set from Python)
     previous_hook = sys.unraisablehook
+    _entry.append(_stack(sys._getframe()))
     try:
         for signum in saved:
             signal.signal(signum, _raise_interrupt)
@@ -114,6 +160,7 @@ def interruptible() -> Iterator[None]:
                 break
             except KeyboardInterrupt as exc:
                 interrupted = interrupted or exc
+        _entry.pop()
         if interrupted is not None:
             raise interrupted
     if swallowed:  # the block ended before the signal came again

@@ -127,3 +127,42 @@ def test_outside_the_main_thread_nothing_changes() -> None:
     thread.start()
     thread.join()
     assert seen == [signal.getsignal(signal.SIGHUP)]
+
+
+# A signal that lands while code compiled from a string runs (h5py's import builds a namedtuple
+# with ``eval``), or while a module is imported: seen in a loop of ``python -m packer bench`` in
+# the background, about 1 run in 60 each, it made Python end by SIGINT after packer had caught the
+# KeyboardInterrupt and exited 130 (Python marks one that leaves such code as unhandled, and acts
+# on it when ``-m``'s module ends), or it was lost (swallowed inside the import).
+SPOT = textwrap.dedent("""
+    import os, signal, sys
+    from packer.interrupts import interruptible
+
+    {setup}
+    try:
+        with interruptible():
+            {spot}
+            for _ in range(200):
+                __import__("time").sleep(0.01)
+            print("went on")
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(130)
+""")
+SEND = "os.kill(os.getpid(), signal.SIGTERM); [i for i in range(10**6)]"  # the handler runs in the comprehension
+
+
+def test_an_interrupt_landing_in_code_from_a_string_ends_with_130_not_by_sigint(tmp_path) -> None:
+    (tmp_path / "spot.py").write_text(SPOT.format(setup="", spot=f"exec({SEND!r})"))  # (a string: a code object runs another way)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "spot"], capture_output=True, text=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout.strip()) == (130, "interrupted"), (done.returncode, done.stdout, done.stderr)
+
+
+def test_an_interrupt_landing_in_an_import_is_raised_after_it(tmp_path) -> None:
+    """Run as ``python -c``: the script is code from a string itself, and the frames below the
+    block must not count (or the signal would wait for the block's end)."""
+    (tmp_path / "swallows.py").write_text(f"import os, signal\ntry:\n    {SEND}\nexcept BaseException:\n    pass\n")
+    code = SPOT.format(setup=f"sys.path.insert(0, {str(tmp_path)!r})", spot="import swallows")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (130, "interrupted"), (done.returncode, done.stdout, done.stderr)
