@@ -101,8 +101,10 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     fingerprint = job.fingerprint(fmt, Path(dst), dataclasses.asdict(storage or StorageOptions()), options.on_error)
     started = time.perf_counter()
     writer = writer_class(dst, storage, fingerprint=fingerprint, resume=options.resume, **extra)
+    resumed_at = (0, 0)  # samples and payload bytes a resumed run found written (not in this run's rate)
     try:
         with writer:
+            resumed_at = (writer.count, writer.payload_bytes)
             _drive(job, writer, skipped, options, workers, run_map, in_memory=sink is not None and options.executor != "local")
             if writer.count == 0:
                 first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
@@ -122,7 +124,7 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
         raise Interrupted(f"interrupted: {saved:,} of {total:,} inputs are saved; run the same command with --resume to finish") from None
     return job.report(
         dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
-        payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started,
+        payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started, resumed_written=resumed_at[0], resumed_bytes=resumed_at[1],
         workers=workers if workers is not None else getattr(run_map, "workers", None) or 1, shape=writer.shape,
         resumed=writer.resumed_inputs,
     )

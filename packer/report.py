@@ -35,11 +35,15 @@ class ConversionReport:
     encoding: str = "raw"
     #: Inputs an interrupted run had converted before this one resumed it.
     resumed: int = 0
+    #: Samples, and their payload bytes, that interrupted run had written (counted in
+    #: ``written`` and ``payload_bytes``, not in this run's rates).
+    resumed_written: int = 0
+    resumed_bytes: int = 0
 
     @property
     def images_per_second(self) -> float:
-        """Samples written per second."""
-        return self._rate(self.written)
+        """Samples this run wrote per second (a resumed run's earlier samples left out)."""
+        return self._rate(self.written - self.resumed_written)
 
     def _rate(self, amount: float) -> float:
         return amount / self.seconds if self.seconds > 0 else 0.0
@@ -65,10 +69,13 @@ class TextConversionReport(ConversionReport):
 
     tokens: int = 0
     tokenizer: str = ""
+    #: Tokens of the documents an interrupted run had written (not in this run's rate).
+    resumed_tokens: int = 0
 
     @property
     def tokens_per_second(self) -> float:
-        return self._rate(self.tokens)
+        """Tokens this run wrote per second."""
+        return self._rate(self.tokens - self.resumed_tokens)
 
     def summary(self) -> str:
         return (

@@ -97,7 +97,7 @@ class TextJob(Job):
     def report(self, **counts: Any) -> ConversionReport:
         assert self.tokenizer is not None
         return TextConversionReport(
-            encoding="raw", tokens=self.tokens(counts["payload_bytes"]),
+            encoding="raw", tokens=self.tokens(counts["payload_bytes"]), resumed_tokens=self.tokens(counts.get("resumed_bytes", 0)),
             tokenizer=f"{self.tokenizer.kind}, vocab {self.tokenizer.vocab_size:,}, {self.dtype}", **counts,
         )
 

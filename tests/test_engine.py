@@ -66,6 +66,9 @@ def test_text_resume_after_sigkill_gives_the_uninterrupted_result(corpus, tmp_pa
     assert sum(converted) == LINES - saved and report.resumed == saved
     assert stored_documents(dst) == expected_documents(corpus)
     assert report.tokens == sum(map(len, expected_documents(corpus)))
+    # The rate is this run's: the documents the interrupted run wrote are left out of it.
+    assert report.resumed_written == saved and report.resumed_tokens == sum(map(len, expected_documents(corpus)[:saved]))
+    assert report.tokens_per_second == pytest.approx((report.tokens - report.resumed_tokens) / report.seconds)
 
 
 def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):
@@ -183,6 +186,7 @@ def test_ctrl_c_inside_finish_then_resume_gives_the_uninterrupted_result(fmt, na
     monkeypatch.setattr(writer_class, "_write_metadata", real_write_metadata)
     report = convert(image_folder, tmp_path / name, format=fmt, image=ImageOptions(size=16), workers=1, resume=True)
     assert report.resumed == 18
+    assert report.resumed_written == 18 and report.images_per_second == 0  # nothing left to convert: no rate to claim
     (meta, samples), (ref_meta, ref_samples) = read_plain(tmp_path / name), read_plain(reference.dst)
     assert samples == ref_samples and meta["count"] == ref_meta["count"] == 18
 
