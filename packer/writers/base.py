@@ -104,7 +104,8 @@ class Writer:
             try:
                 checkpoint = self._journal.load()
             except ValueError as exc:  # nothing is touched: the partial output stays for a correct --resume
-                raise OptionError(f"--resume: {exc}; run with the same options, or without --resume to start over") from None
+                raise OptionError(f"--resume: {exc}; run with the same options to finish it, or with --overwrite instead of --resume to "
+                                  "discard it and start over") from None
         if resume and checkpoint is None:
             logging.getLogger("packer").warning("--resume: no interrupted conversion to %s to resume; starting over", self.dst)
         try:

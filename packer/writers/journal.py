@@ -108,8 +108,19 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
         if old.get(key) != new.get(key):
             if key == "listing":
                 return "the source folder changed since the interrupted run (files added, removed or modified)"
-            return f"{key} was {old.get(key)!r} in the interrupted run, now {new.get(key)!r}"
+            return f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}"
     return None
+
+
+def _shown(value: Any) -> str:
+    """An option's fingerprinted value as a person typed it: ``224x224``, ``on``, ``not set``."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return "x".join(map(str, value))
+    return str(value)
 
 
 @dataclass
