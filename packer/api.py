@@ -23,13 +23,17 @@ __all__ = ["convert", "ConversionReport", "TextConversionReport", "resolve_forma
 
 
 def resolve_format(dst: str | Path, format: str | None) -> str:
-    """The output format: explicit ``format``, else from DST's suffix."""
+    """The output format: explicit ``format``, else from DST's name (a ``format`` the name
+    contradicts is refused: an HDF5 file named ``.lmdb`` misleads every tool after)."""
+    guessed = format_for_path(str(dst))
     if format is not None:
         get_writer(format)
+        if guessed is not None and guessed != format:
+            raise OptionError(f"{dst}: the name says {guessed} but --format is {format}; rename DST to match, or leave --format out")
         return format
-    guessed = format_for_path(str(dst))
     if guessed is None:
-        raise OptionError(f"{dst}: cannot tell the format from the name; pass --format (for example --format lmdb)")
+        raise OptionError(f"{dst}: cannot tell the format from the name; pass --format (lmdb, hdf5, blob or webdataset), or name "
+                          "it .lmdb, .h5, .blob or folder/name-%06d.tar (WebDataset)")
     return guessed
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -38,6 +39,17 @@ def test_format_flag_and_options(tmp_path, image_folder):
     assert (meta.shape, meta.encoding) == ((1, 16, 24), "png")
 
 
+def test_a_shard_pattern_names_a_webdataset_output(tmp_path, image_folder):
+    """``folder/name-%06d.tar`` selects WebDataset without --format (README: WebDataset's DST)."""
+    import tarfile
+
+    result = run("convert", image_folder, tmp_path / "wds" / "train-%06d.tar", "--size", "8", "-q")
+    assert result.exit_code == 0, result.output
+    [shard] = sorted((tmp_path / "wds").glob("train-*.tar"))
+    with tarfile.open(shard) as tar:  # the plain library reads what was written
+        assert len({Path(m.name).name.split(".")[0] for m in tar.getmembers()}) == 18
+
+
 def test_progress_bar_and_summary(tmp_path, image_folder):
     result = run("convert", image_folder, tmp_path / "p.lmdb", "--size", "8", "-j", "1")
     assert result.exit_code == 0
@@ -51,6 +63,8 @@ def test_progress_bar_and_summary(tmp_path, image_folder):
         (["convert", "{tmp}/missing", "{tmp}/o.lmdb"], "no such folder", 1),
         (["convert", "{tmp}/empty", "{tmp}/o.lmdb"], "no images found", 1),
         (["convert", "{src}", "{tmp}/o.zip"], "cannot tell the format", 2),
+        (["convert", "{src}", "{tmp}/e.lmdb", "--format", "hdf5"], "the name says lmdb but --format is hdf5", 2),
+        (["convert", "{src}", "{tmp}/x-%06d.tar", "--format", "blob"], "the name says webdataset but --format is blob", 2),
         (["convert", "{src}", "{tmp}/o.lmdb", "--size", "big"], "N or HxW", 2),
         (["convert", "{src}", "{tmp}/o.lmdb", "--resize-mode", "pad"], "needs --size", 2),
         (["convert", "{src}", "{tmp}/o.lmdb", "--format", "zip"], "Invalid value for '--format'", 2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 from readers.schema import FORMATS
 
@@ -34,9 +35,12 @@ def get_writer(name: str) -> type[Writer]:
 
 
 def format_for_path(path: str) -> str | None:
-    """The format a destination's suffix selects, or ``None``."""
+    """The format a destination's name selects: its suffix, or a shard pattern such as
+    ``train-%06d.tar`` (WebDataset); ``None`` for any other name (a plain folder)."""
     lowered = str(path).rstrip("/").lower()
     for suffix, name in SUFFIXES.items():
         if lowered.endswith(suffix):
             return name
+    if re.search(r"%0?\d*d\.tar$", lowered):
+        return "webdataset"
     return None
