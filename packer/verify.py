@@ -1,7 +1,9 @@
 """``packer verify``: check a packed dataset end to end, and optionally against its source.
 
 What is checked (each problem becomes a :class:`Fault` naming the sample index and, for
-WebDataset, the shard):
+WebDataset, the shard; a path that is not a packer dataset, or is missing, is not a fault but
+the error ``packer info`` gives for it, and a recognised dataset that does not open, truncated
+or with a damaged header, is one ``dataset`` fault):
 
 * the metadata record parses and agrees with the storage (the store's own checks on open:
   counts, section and dataset sizes, shard sizes);
@@ -15,7 +17,8 @@ WebDataset, the shard):
 * a text dataset: every document is ``(1, 1, n)`` token ids inside the tokenizer's vocabulary,
   ending with its end-of-document id (when it has one), and the documents hold the metadata's
   ``tokens`` in all;
-* with ``source`` (:mod:`packer.verify_source`): the recorded preprocessing, re-run on the
+* with ``source`` (:mod:`packer.verify_source`; image datasets: given for a text dataset it is
+  refused before anything is checked): the recorded preprocessing, re-run on the
   source (a folder, a URL, an archive, WebDataset shards, or a folder or archive with its label
   file given again as ``source_options``), gives the same
   samples (raw and png: identical pixels; jpeg: decoded pixels within :data:`JPEG_TOLERANCE`
@@ -37,12 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from readers.checksums import sample_checksum
-from readers.formats import open_store
+from readers.formats import detect_format, store_class
 from readers.formats.base import Store
 from readers.schema import Metadata, PackedFormatError
 
 from .options import SourceOptions
-from .verify_source import JPEG_TOLERANCE, compare_source, copies
+from .verify_source import JPEG_TOLERANCE, check_source_applies, compare_source, copies
 
 __all__ = ["verify", "VerifyReport", "Fault", "JPEG_TOLERANCE"]
 
@@ -67,14 +70,21 @@ class VerifyReport:
     """What :func:`verify` checked and found."""
 
     path: Path
-    format: str = "?"
+    #: The format the path was recognised as (a recognised dataset may still fail to open).
+    format: str = ""
+    #: Whether the dataset opened (its metadata read and checked against the storage): if not,
+    #: the one fault says why and nothing else was checked.
+    opened: bool = False
     count: int = 0
     checked: int = 0
     decoded: int = 0
     compared: int = 0
     #: Text datasets: tokens counted in the checked documents (EOS included).
     tokens: int = 0
+    #: Stored checksums were read and compared with every checked sample.
     checksums: bool = False
+    #: The metadata records checksums (``checksums`` False with this True: they could not be read).
+    checksums_recorded: bool = False
     faults: list[Fault] = field(default_factory=list)
     fault_count: int = 0
     seconds: float = 0.0
@@ -90,14 +100,19 @@ class VerifyReport:
 
     def summary(self) -> str:
         """One line for a person."""
-        parts = [f"{self.checked:,} of {self.count:,} samples checked"]
-        parts.append("checksums matched" if self.checksums and self.ok else "checksums compared" if self.checksums else "no checksums stored")
+        if not self.opened:
+            parts = ["could not be opened, so no sample was checked"]
+        elif self.checksums:
+            parts = [f"{self.checked:,} of {self.count:,} samples checked", "checksums matched" if self.ok else "checksums compared"]
+        else:
+            parts = [f"{self.checked:,} of {self.count:,} samples checked",
+                     "stored checksums unreadable" if self.checksums_recorded else "no checksums stored"]
         if self.decoded:
             parts.append(f"{self.decoded:,} decoded")
         if self.compared:
             parts.append(f"{self.compared:,} compared with the source")
         head = f"{self.path}: OK" if self.ok else f"{self.path}: {self.fault_count:,} fault{'s' if self.fault_count != 1 else ''}"
-        return f"{head} ({self.format}; {', '.join(parts)}; {self.seconds:.1f} s)"
+        return f"{head} ({'; '.join(filter(None, [self.format, ', '.join(parts), f'{self.seconds:.1f} s']))})"
 
 
 def verify(
@@ -111,23 +126,29 @@ def verify(
     a URL, an archive, WebDataset shards; with ``source_options`` a label file and its columns,
     as the conversion had them) with ``workers`` processes and compares
     (:mod:`packer.verify_source`).
-    Raises ``FileNotFoundError`` for a missing path and :class:`packer.errors.OptionError` for
-    ``source_options`` that do not apply to ``source``; everything else is a fault in the report.
+    Raises ``FileNotFoundError`` for a missing path, ``PackedFormatError`` for a path that is not
+    a packer dataset at all (what ``packer info`` says of it: nothing to verify), and
+    :class:`packer.errors.OptionError` for ``source`` given for a text dataset or
+    ``source_options`` that do not apply to ``source``, before checking anything. Everything
+    else is a fault in the report, a recognised dataset that does not open included (truncated,
+    a damaged header: one ``dataset`` fault, and ``report.opened`` is False).
     """
     if source is not None:  # label options without --labels: refused as convert refuses them
         from .jobs import check_source_options
 
         check_source_options(source, source_options if source_options is not None else SourceOptions())
     started = time.perf_counter()
-    report = VerifyReport(Path(path))
+    report = VerifyReport(Path(path), format=detect_format(path))  # not a dataset, or missing: raised
     try:
-        store = open_store(path)
-    except PackedFormatError as exc:
+        store = store_class(report.format)(path)
+    except PackedFormatError as exc:  # recognised (by name or first bytes), but damaged: a fault
         report.add("dataset", str(exc))
         report.seconds = time.perf_counter() - started
         return report
     meta = store.meta
-    report.format, report.count = meta.format, meta.count
+    if source is not None:
+        check_source_applies(meta, path)
+    report.opened, report.count, report.checksums_recorded = True, meta.count, bool(meta.checksum)
     _check_metadata(meta, report)
     _check_structure(store, report)
     try:

@@ -34,7 +34,7 @@ class Report(Protocol):
     def add(self, where: str, problem: str) -> None: ...
 
 
-__all__ = ["compare_source", "copies", "JPEG_TOLERANCE", "GPU_TOLERANCE", "Report"]
+__all__ = ["compare_source", "check_source_applies", "copies", "JPEG_TOLERANCE", "GPU_TOLERANCE", "Report"]
 
 #: Largest mean absolute pixel difference accepted between a stored jpeg sample and a fresh
 #: re-encoding of its source (``--source``).
@@ -51,10 +51,21 @@ def copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
 
 
 # -- against the source ------------------------------------------------------------------------
+def check_source_applies(meta: Metadata, path: str | Path) -> None:
+    """Refuse ``--source`` for a dataset it cannot compare (``OptionError``, one line naming it):
+    only image conversions are redone and compared. Called before any check, as convert refuses
+    an option that does not apply before converting anything."""
+    from .errors import OptionError
+
+    if meta.kind != "image":
+        raise OptionError(f"--source: applies to image datasets only, and {path} holds {meta.kind}; drop it")
+
+
 def compare_source(store: Store, source: str | Path, report: Report, workers: int | None,
                    options: SourceOptions | None = None) -> None:
     """Match the dataset's samples to the source's current inputs, then report, by name, every
-    input that changed, was added or was removed (see :func:`_match_source`)."""
+    input that changed, was added or was removed (see :func:`_match_source`). A dataset that is
+    not an image conversion is refused (:func:`check_source_applies`), not reported."""
     from .errors import PackerError
     from .jobs import image_job
     from .options import ImageOptions
@@ -62,9 +73,7 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     from .sources.remote import is_source_url
 
     meta = store.meta
-    if meta.kind != "image":
-        report.add("source", f"--source compares image conversions only; this dataset holds {meta.kind}")
-        return
+    check_source_applies(meta, store.path)
     if is_python_dataset(source):
         report.add("source", "--source takes what packer convert takes as SRC on the command line (a folder, URL, "
                              "archive or WebDataset shards), not a Python dataset: read it back and compare in Python")
