@@ -64,6 +64,7 @@ class _WarningPrinter(logging.Handler):
         self.limit = 0 if quiet else limit
         self.quiet = quiet
         self.count = 0
+        self.closed = False
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
@@ -73,8 +74,11 @@ class _WarningPrinter(logging.Handler):
             tqdm.write(f"warning: {record.getMessage()}", file=sys.stderr)
 
     def close(self) -> None:
-        if self.count > self.limit and not self.quiet:
+        """Say how many warnings were not printed, once (logging closes every handler still
+        alive again at exit: after an error, the traceback kept this one, and it said it twice)."""
+        if self.count > self.limit and not self.quiet and not self.closed:
             click.echo(f"warning: ... and {self.count - self.limit:,} more warnings", err=True)
+        self.closed = True
         super().close()
 
 
@@ -85,7 +89,7 @@ def label_file_options(command):
         click.option("--path-column", metavar="NAME", help="With --labels: the image path column (default: path, filename, image, id...)."),
         click.option("--label-column", metavar="NAME", help="With --labels: the label column (default: label, class, category...)."),
         click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split)."),
-        click.option("--split", metavar="VALUE", help="With --labels: convert only the rows of this split (e.g. val)."),
+        click.option("--split", metavar="VALUE", help="With --labels: only the rows of this split (e.g. val)."),
     ]):
         command = option(command)
     return command
@@ -106,7 +110,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("src", type=click.Path())  # str: a path or an fsspec URL (s3://...), which a Path would mangle
 @click.argument("dst", type=click.Path())
-@click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's suffix: .lmdb, .h5/.hdf5, .blob).")
+@click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's name: .lmdb, .h5/.hdf5, .blob, name-%06d.tar).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size: N (square) or HEIGHTxWIDTH.")
 @click.option("--resize", type=click.IntRange(1), metavar="N", help="Center-crop: scale the shorter side to N first (--size 224 --resize 256: the standard Resize(256) + CenterCrop(224)).")
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="center-crop (default with --size), pad, stretch, shorter (shorter side to N), none (default without --size).")
@@ -128,7 +132,7 @@ def cli() -> None:
 @click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
 @label_file_options
-@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it is a packer dataset (never another file or folder).")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage, or URLs).")
 @click.option("--ray-address", metavar="ADDR", help="With --executor ray: the cluster to join (default: a running one, else a local instance).")

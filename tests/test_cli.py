@@ -127,6 +127,18 @@ def test_all_inputs_bad_is_an_error(tmp_path):
     assert not (tmp_path / "o.lmdb").exists()
 
 
+def test_warnings_past_the_limit_are_counted_once_even_when_the_conversion_fails(tmp_path):
+    """Every input skipped: 20 warnings, one line counting the rest, then the error. The count
+    was printed again after the error (logging closes the handlers still alive at exit)."""
+    for i in range(25):
+        write(tmp_path / f"src/a/{i}.jpg", b"nope")
+    done = subprocess.run([sys.executable, "-m", "packer", "convert", str(tmp_path / "src"), str(tmp_path / "o.lmdb"), "-j", "1"],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and lines[-1].startswith("Error: ") and "none of the 25 images" in lines[-1], done.stderr
+    assert sum("more warnings" in line for line in lines) == 1 and "and 5 more warnings" in lines[-2]
+
+
 def test_as_a_subprocess(tmp_path, image_folder):
     dst = tmp_path / "sub.lmdb"
     env = dict(os.environ, PYTHONWARNINGS="error::DeprecationWarning")
