@@ -202,7 +202,9 @@ def _labeled_folder(src: Any, table: Any) -> ImageFolder:
         raise SourceError(f"{src}: with --labels, SRC must be a local folder of images or an archive (.tar, .tar.gz, .zip)")
     matched = match_rows(table, image_files(root), lambda path, label: ImageItem(path, label), str(src))
     if matched.unlisted:
-        log.warning("%d images in %s are not in %s (not converted)", matched.unlisted, src, table.identity["labels"])
+        many = matched.unlisted != 1
+        log.warning("%s in %s %s not in %s (not converted)", f"{matched.unlisted:,} images" if many else "1 image", src,
+                    "are" if many else "is", table.identity["labels"])
     if not matched.items:
         first = f" (first: {matched.skipped[0].path}: {matched.skipped[0].reason})" if matched.skipped else ""
         raise SourceError(f"{src}: no image of it is named by a usable row of {table.identity['labels']}{first}")

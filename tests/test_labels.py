@@ -121,6 +121,19 @@ def test_integer_labels_ids_without_extension_and_a_split(flat, tmp_path):
     assert [s["reason"][:16] for s in meta["skipped"]] == ["unknown label -1"]
 
 
+def test_only_images_no_row_names_are_called_unlisted(flat, tmp_path):
+    """With --split, the images of the other splits are left out as asked, not reported as
+    missing from the file (they were: '15 images ... are not in all.csv'); an image no row names is."""
+    root, pairs = flat
+    rows = [{"image": name, "label": label, "split": "val" if i % 3 == 0 else "train"} for i, (name, label) in enumerate(pairs[:-1])]
+    labels = write_labels(tmp_path / "all.csv", rows)
+    result = CliRunner().invoke(cli, ["convert", str(root), str(tmp_path / "val.lmdb"), "--labels", str(labels), "--split", "val",
+                                      "--size", "16", "-j", "1"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "not in" in line]
+    assert len(warnings) == 1 and f"1 image in {root} is not in" in warnings[0], result.stderr
+
+
 def test_a_flat_zip_with_a_label_file(flat, reference, tmp_path):
     root, pairs = flat
     archive = tmp_path / "train.zip"

@@ -69,6 +69,8 @@ class LabelTable:
     skipped: list[Skipped] = field(default_factory=list)
     #: The file's identity for the resume fingerprint: name, options and a digest of its bytes.
     identity: dict[str, Any] = field(default_factory=dict)
+    #: The paths the rows of other splits name (``--split``): left out, not unlisted.
+    elsewhere: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -77,7 +79,7 @@ class Matched:
 
     items: list[Any]
     skipped: list[Skipped]
-    unlisted: int  # inputs of SRC no row names
+    unlisted: int  # inputs of SRC no row names (a row of another split does name it)
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -114,8 +116,11 @@ def read_label_rows(options: SourceOptions) -> LabelTable:
     index = {name: i for i, name in enumerate(classes)}
     rows: list[LabelRow] = []
     skipped: list[Skipped] = []
+    elsewhere: list[str] = []
     for (where, record), label in zip(records, values):
         if split_key is not None and _text(record.get(split_key)) != options.split:
+            if (image := _text(record.get(path_key))) is not None:
+                elsewhere.append(image)
             continue
         image = _text(record.get(path_key))
         if image is None:
@@ -131,7 +136,7 @@ def read_label_rows(options: SourceOptions) -> LabelTable:
         raise OptionError(f"--split {options.split}: no row of {path} has it in column {split_key!r} (it has: {', '.join(found[:10])})")
     identity = {"labels": str(path.resolve()), "labels_sha256": file_digest(path), "path_column": path_key, "label_column": label_key,
                 "split_column": split_key, "split": options.split}
-    return LabelTable(rows, classes, skipped, identity)
+    return LabelTable(rows, classes, skipped, identity, elsewhere)
 
 
 def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, int], Any], where: str) -> Matched:
@@ -144,16 +149,20 @@ def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, in
         stem, ext = posixpath.splitext(name)
         if ext.lower() in IMAGE_EXTENSIONS:
             stems.setdefault(stem, []).append(name)
+    def named(path: str) -> str | None:  # the input a row's path names, if it is safe
+        name = safe_relative(path)
+        if name is not None and name not in inputs and not posixpath.splitext(name)[1] and len(stems.get(name, ())) == 1:
+            name = stems[name][0]  # an id without its extension
+        return name
+
     first: dict[str, str] = {}
     keyed: list[tuple[int, list[str], Any]] = []
     skipped = list(table.skipped)
     for row in table.rows:
-        name = safe_relative(row.path)
+        name = named(row.path)
         if name is None:
             skipped.append(Skipped(row.path, f"path leaves {where} (absolute, or '..'; {row.where}); refused"))
             continue
-        if name not in inputs and not posixpath.splitext(name)[1] and len(stems.get(name, ())) == 1:
-            name = stems[name][0]  # an id without its extension
         if name not in inputs:
             skipped.append(Skipped(name, f"no such image in {where} ({row.where})"))
         elif name in first:
@@ -162,7 +171,8 @@ def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, in
             first[name] = row.where
             keyed.append((row.label, image_order(name.split("/")), make(inputs[name], row.label)))
     keyed.sort(key=lambda entry: (entry[0], entry[1]))
-    return Matched([item for _, _, item in keyed], skipped, len(inputs) - len(first))
+    other_splits = {name for path in table.elsewhere if (name := named(path)) in inputs and name not in first}
+    return Matched([item for _, _, item in keyed], skipped, len(inputs) - len(first) - len(other_splits))
 
 
 def safe_relative(name: str) -> str | None:
