@@ -186,9 +186,23 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
     else:
         folder = scan_image_folder(src)
         task = ImageTask(image)
+        _warn_if_one_class_of_class_folders(folder, src)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
     return ImageJob(folder.source, folder.items, task, list(folder.skipped), image, folder=folder, identity=identity)
+
+
+def _warn_if_one_class_of_class_folders(folder: ImageFolder, src: Any) -> None:
+    """SRC given one level too high (``imagenet/`` holding ``train/``, whose sub-folders are the
+    classes) converts without an error into one class, label 0 for every sample: said at once,
+    not found when training does not learn."""
+    if folder.labeled and len(folder.classes) == 1:
+        [name] = folder.classes
+        subfolders = sorted({relative.split("/")[1] for item in folder.items if (relative := folder.relative(item.path)).count("/") >= 2})
+        if len(subfolders) >= 2:
+            log.warning("every image is in one class folder, %r, so every sample gets label 0; its images are in %d sub-folders "
+                        "(%s): if those are the classes, convert %s instead", name, len(subfolders),
+                        ", ".join(subfolders[:3]) + (", ..." if len(subfolders) > 3 else ""), f"{str(src).rstrip('/')}/{name}")
 
 
 def _labeled_folder(src: Any, table: Any) -> ImageFolder:

@@ -50,6 +50,20 @@ def test_a_shard_pattern_names_a_webdataset_output(tmp_path, image_folder):
         assert len({Path(m.name).name.split(".")[0] for m in tar.getmembers()}) == 18
 
 
+def test_a_source_one_level_too_high_is_warned_about(tmp_path, image_folder):
+    """``imagenet/`` holding ``train/``, whose sub-folders are the classes: one class, label 0 for
+    every sample, said at once (a new user found out only from `packer info`)."""
+    import shutil
+
+    shutil.copytree(image_folder, tmp_path / "imagenet" / "train")
+    result = run("convert", tmp_path / "imagenet", tmp_path / "whole.lmdb", "--size", "8", "-j", "1")
+    assert result.exit_code == 0, result.output
+    assert "every sample gets label 0" in result.stderr and f"convert {tmp_path / 'imagenet'}/train instead" in result.stderr
+    assert list(LMDBDataset(tmp_path / "whole.lmdb").meta.classes) == ["train"]  # converted as asked, only warned
+    right = run("convert", tmp_path / "imagenet" / "train", tmp_path / "right.lmdb", "--size", "8", "-j", "1")
+    assert right.exit_code == 0 and "warning" not in right.stderr
+
+
 def test_progress_bar_and_summary(tmp_path, image_folder):
     result = run("convert", image_folder, tmp_path / "p.lmdb", "--size", "8", "-j", "1")
     assert result.exit_code == 0
