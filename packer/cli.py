@@ -267,7 +267,7 @@ def info(path: Path, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("preview.png"), show_default=True, help="Image file to write (.png or .jpg).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("preview.png"), show_default=True, help="Image file to write (.png, .jpg, or another type Pillow writes).")
 @click.option("--count", "-n", type=click.IntRange(1, 1024), default=16, show_default=True, help="Number of random samples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random samples.")
 @click.option("--tile", type=click.IntRange(16, 1024), default=128, show_default=True, help="Cell size in pixels.")

@@ -175,7 +175,7 @@ def run_doctor(
 
             packed = Loader(RAMDataset(tmp / "sample.blob"), batch_size)
             how = (f"packer convert {src} train.blob --size {size} (converting ran at {done.images_per_second:,.0f} img/s here: "
-                   f"~{len(items) / max(done.images_per_second, 1e-9) / 60:,.1f} min for the {len(items):,} images), "
+                   f"~{_duration(len(items) / max(done.images_per_second, 1e-9))} for the {len(items):,} images), "
                    f"then readers.Loader(readers.RAMDataset('train.blob'), {batch_size})")
             alternatives = {f"packed blob ({len(picked)} images)": (packed, how)}
             loader = _folder_loader(items, size, batch_size, cores)
@@ -241,3 +241,12 @@ def plot(diagnosis: Diagnosis, path: str | Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _duration(seconds: float) -> str:
+    """``"40 s"``, ``"12 min"``, ``"3.5 h"``: a conversion's expected time, as a person says it."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:,.1f} h"

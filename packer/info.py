@@ -69,7 +69,8 @@ def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
         ("documents", f"{meta.count:,}"),
         ("tokens", f"{meta.tokens:,} ({meta.tokens / max(meta.count, 1):,.1f} per document, EOS included)"),
         ("storage", f"{meta.dtype} {meta.layout}"),
-        ("tokenizer", f"{tok.get('kind')} {tok.get('name')}, vocab {tok.get('vocab_size'):,}, eos {tok.get('eos_id')}"
+        ("tokenizer", " ".join(dict.fromkeys(str(tok.get(k)) for k in ("kind", "name")))  # ("bytes bytes" once)
+                      + f", vocab {tok.get('vocab_size'):,}, eos {tok.get('eos_id')}"
                       + (f", sha256 {sha[:16]}..." if sha else "")),
         ("source", meta.source),
         ("on disk", f"{size:,} bytes"),

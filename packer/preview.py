@@ -3,7 +3,7 @@ looks right (orientation, colour, crop). Works for every format through the torc
 
 A text dataset has no pictures: :func:`preview` refuses it with one line naming ``packer head``,
 and :func:`document_preview` gives its first documents decoded with the recorded tokenizer
-(what ``packer head`` prints).
+(what ``packer head`` prints); it refuses an image dataset naming ``packer preview``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def contact_sheet(path: str | Path, *, count: int = 16, seed: int = 0, tile: int
 
 
 def preview(path: str | Path, out: str | Path, *, count: int = 16, seed: int = 0, tile: int = 128) -> Path:
-    """Write :func:`contact_sheet` of ``path`` to the image file ``out`` (PNG or JPEG by suffix)."""
+    """Write :func:`contact_sheet` of ``path`` to the image file ``out`` (its type by suffix:
+    .png, .jpg, or any other Pillow writes)."""
     out = Path(out)
     sheet = contact_sheet(path, count=count, seed=seed, tile=tile)
     try:
@@ -79,6 +80,10 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
     checked against the recorded sha256)."""
     if count < 1:
         raise OptionError(f"-n: must be at least 1, got {count}")
+    meta = open_store(path).meta
+    if meta.kind != "text":
+        raise PackerError(f"{path}: an {meta.kind} dataset ({meta.count:,} samples) has no documents to print: "
+                          f"see a contact sheet of its samples with: packer preview {path}")
     try:
         store = TokenStore(path)
         parts = []

@@ -91,3 +91,29 @@ def make_image_folder(
         for job in jobs:
             _write_one(job)
     return root_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m packer.samples DIR``: a folder of sample class folders to try packer on."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m packer.samples", description=(
+        "Write a folder of natural-looking ImageNet-like JPEGs in class sub-folders (DIR/class_00/img_00000.jpg, ...), "
+        "to try packer on; the same arguments always give the same bytes, and nothing is downloaded."))
+    parser.add_argument("dir", type=Path, help="the folder to write (created; existing images are kept)")
+    parser.add_argument("--classes", type=int, default=10, help="class folders (default 10)")
+    parser.add_argument("--per-class", type=int, default=20, help="images per class (default 20)")
+    parser.add_argument("--size", default="375x500", help="HEIGHTxWIDTH of each image (default 375x500, ~100 KB each)")
+    args = parser.parse_args(argv)
+    try:
+        height, width = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        parser.error(f"--size: HEIGHTxWIDTH, for example 375x500, not {args.size!r}")
+    if min(args.classes, args.per_class, height, width) < 1:
+        parser.error("--classes, --per-class and --size are 1 or more")
+    root = make_image_folder(args.dir, classes=args.classes, per_class=args.per_class, size=(height, width), workers=os.cpu_count() or 1)
+    print(f"wrote {args.classes * args.per_class:,} JPEGs in {args.classes} class folders under {root}")
+
+
+if __name__ == "__main__":
+    main()

@@ -64,6 +64,14 @@ def test_a_source_one_level_too_high_is_warned_about(tmp_path, image_folder):
     assert right.exit_code == 0 and "warning" not in right.stderr
 
 
+def test_head_on_an_image_dataset_names_preview(tmp_path, image_folder):
+    dst = tmp_path / "i.lmdb"
+    assert run("convert", image_folder, dst, "--size", "8", "-q").exit_code == 0
+    result = run("head", dst)
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert f"an image dataset (18 samples) has no documents to print: see a contact sheet of its samples with: packer preview {dst}" in result.stderr
+
+
 def test_progress_bar_and_summary(tmp_path, image_folder):
     result = run("convert", image_folder, tmp_path / "p.lmdb", "--size", "8", "-j", "1")
     assert result.exit_code == 0
@@ -211,3 +219,19 @@ def test_sigterm_stops_verify_as_ctrl_c_does(image_folder, tmp_path, monkeypatch
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert result.exit_code == 130 and "interrupted" in result.output, (result.output, result.exception)
+
+
+def test_sample_images_for_a_first_try(tmp_path):
+    """README: ``python -m packer.samples DIR`` writes class folders of JPEGs that convert."""
+    from PIL import Image
+
+    done = subprocess.run([sys.executable, "-m", "packer.samples", str(tmp_path / "imgs"), "--classes", "2", "--per-class", "3",
+                           "--size", "30x40"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "wrote 6 JPEGs in 2 class folders" in done.stdout, done.stderr
+    files = sorted((tmp_path / "imgs").rglob("*.jpg"))
+    assert [f.relative_to(tmp_path / "imgs").as_posix() for f in files[:2]] == ["class_00/img_00000.jpg", "class_00/img_00001.jpg"]
+    with Image.open(files[0]) as image:
+        assert (image.format, image.size) == ("JPEG", (40, 30))
+    assert run("convert", tmp_path / "imgs", tmp_path / "s.lmdb", "--size", "8", "-q").exit_code == 0
+    bad = subprocess.run([sys.executable, "-m", "packer.samples", str(tmp_path / "x"), "--size", "12"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("HEIGHTxWIDTH, for example 375x500, not '12'")

@@ -117,6 +117,7 @@ def test_doctor_on_a_folder_measures_the_packed_alternative(image_folder, tmp_pa
     assert d["loader_name"] == "DataLoader(PILFolder, num_workers=0)" and d["sample_shape"] == [3, 32, 32]
     alt, *more = d["alternatives"]
     assert alt["label"] == "packed blob (8 images)" and alt["how"].startswith(f"packer convert {image_folder} train.blob --size 32")
+    assert " s for the 18 images)" in alt["how"] and "0.0 min" not in alt["how"]  # (it said ~0.0 min)
     assert alt["measured"]["images_per_s"] > 0
     cores = default_workers()
     assert [m["label"] for m in more] == [f"num_workers={cores}"] and more[0]["measured"]["images_per_s"] > 0
@@ -233,3 +234,9 @@ def test_a_step_slowed_inside_the_loop_is_called_contended():
                          "less work per image can (decode once, ahead of training: packer convert)"]
     d.step_slowdown = 1.1
     assert verdict(d).startswith("compute-bound: only 14%") and advise(d) == ["nothing to change on the data side"]
+
+
+def test_the_expected_conversion_time_is_said_in_units_a_person_uses():
+    from packer.doctor import _duration
+
+    assert [_duration(s) for s in (0.2, 40, 89, 600, 5399, 12_600)] == ["1 s", "40 s", "89 s", "10 min", "90 min", "3.5 h"]

@@ -150,7 +150,7 @@ def test_info_shows_documents_tokens_and_tokenizer(converted, fmt):
     assert rows["format"].startswith(fmt)
     assert rows["documents"] == str(len(TEXTS))
     assert rows["tokens"].startswith(f"{len(STREAM)} ")
-    assert rows["tokenizer"].startswith("bytes") and "vocab 257" in rows["tokenizer"] and "eos 256" in rows["tokenizer"]
+    assert rows["tokenizer"].startswith("bytes, vocab 257") and "eos 256" in rows["tokenizer"]  # (kind and name alike: said once)
     data = json.loads(CliRunner().invoke(cli, ["info", str(path), "--json"]).output)
     assert (data["kind"], data["count"], data["tokens"], data["dtype"]) == ("text", len(TEXTS), len(STREAM), "uint16")
 
