@@ -128,11 +128,16 @@ def verify(
     (:mod:`packer.verify_source`).
     Raises ``FileNotFoundError`` for a missing path, ``PackedFormatError`` for a path that is not
     a packer dataset at all (what ``packer info`` says of it: nothing to verify), and
-    :class:`packer.errors.OptionError` for ``source`` given for a text dataset or
-    ``source_options`` that do not apply to ``source``, before checking anything. Everything
+    :class:`packer.errors.OptionError` for ``source`` given for a text dataset,
+    ``source_options`` that do not apply to ``source``, or ``workers`` without ``source`` (only
+    the comparison runs processes), before checking anything. Everything
     else is a fault in the report, a recognised dataset that does not open included (truncated,
     a damaged header: one ``dataset`` fault, and ``report.opened`` is False).
     """
+    if workers is not None and source is None:
+        from .errors import OptionError
+
+        raise OptionError("--workers: only with --source (the processes that redo the conversion to compare with)")
     if source is not None:  # label options without --labels: refused as convert refuses them
         from .jobs import check_source_options
 

@@ -74,6 +74,14 @@ def test_source_on_an_image_dataset_still_compares(lmdb_32, image_folder):
     assert result.exit_code == 0 and "18 compared with the source" in result.output, result.output
 
 
+def test_workers_without_source_are_refused(lmdb_32):
+    """-j sets the processes that redo the conversion for --source; alone it was silently unused."""
+    result = run("verify", lmdb_32, "-j", "2")
+    assert result.exit_code == 2 and result.stderr.strip() == "Error: --workers: only with --source (the processes that redo the conversion to compare with)"
+    with pytest.raises(OptionError, match="--workers: only with --source"):
+        verify(lmdb_32, workers=2)
+
+
 # -- not a packer dataset, or missing: what packer info says -------------------------------
 def _not_a_dataset(kind: str, image_folder: Path, tmp_path: Path) -> Path:
     if kind == "image folder":
