@@ -3,7 +3,7 @@
     python examples/quickstart.py                # in a temporary folder, removed at the end
     python examples/quickstart.py --keep DIR     # keep the JPEG folder and the LMDB in DIR
 
-1. Generates a few hundred natural-looking 500x375 JPEGs (q90, ~100 KB each; nothing is
+1. Generates 200 (``--images``) natural-looking 500x375 JPEGs (q90, ~100 KB each; nothing is
    downloaded) in 10 class folders.
 2. Converts them with the standard evaluation crop, torchvision's ``Resize(256)`` +
    ``CenterCrop(224)`` (``packer convert SRC DST --size 224 --resize 256``), to LMDB.
