@@ -49,15 +49,39 @@ def _flip(path: Path, offset: int, xor: int = 0x01) -> None:
 
 def _payload_location(path: Path, fmt: str, index: int) -> tuple[Path, int]:
     """The file holding sample ``index``'s payload and the payload's offset in it."""
+    if fmt == "lmdb":
+        return path / "data.mdb", _lmdb_value_offset(path, index) + 16  # after the 16-byte sample header
     store = open_store(path)
     if fmt == "webdataset":
         row = np.load(path / INDEX_FILE)[index]
         return path / store.meta.extra["shards"][int(row[0])], int(row[1])
     [payload] = [bytes(payload) for _label, _shape, payload in store.records([index])]  # copied inside the read
-    file = path / "data.mdb" if fmt == "lmdb" else path
-    data = file.read_bytes()
+    data = path.read_bytes()
     assert data.count(payload) == 1
-    return file, data.find(payload)
+    return path, data.find(payload)
+
+
+def _lmdb_value_offset(path: Path, index: int) -> int:
+    """Where in ``data.mdb`` the value the lmdb library reads for sample ``index`` lies: found
+    from its address in the library's read-only map (/proc/self/maps), not by searching the file
+    for its bytes, since LMDB's copy-on-write leaves older copies of a page in freed pages (a
+    checkpoint's commit in mid-conversion did: the bytes were found twice)."""
+    target = str((path / "data.mdb").resolve())
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    try:
+        with env.begin(buffers=True) as txn:
+            value = txn.get(b"%010d" % index)
+            address = np.frombuffer(value, np.uint8).__array_interface__["data"][0]
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].strip() == target:
+                        low, high = (int(x, 16) for x in fields[0].split("-"))
+                        if low <= address < high:
+                            return address - low + int(fields[2], 16)
+    finally:
+        env.close()
+    raise AssertionError(f"sample {index}'s value is not in the map of {target}")
 
 
 def _label_location(path: Path, fmt: str, index: int) -> tuple[Path, int]:
