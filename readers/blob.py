@@ -30,11 +30,10 @@ class RAMDataset(PackedDataset):
     def __init__(
         self, path: str | Path, transform: Transform | None = None, *, in_memory: bool = True, verify: bool | None = None
     ) -> None:
-        self.store = BlobStore(path, in_memory=False, verify=verify)
-        self.store.require_images()  # before loading a text blob into RAM for nothing
+        # mapped first: another format, or a text blob, is refused before it is loaded into RAM for nothing
+        super().__init__(path, transform, verify=verify)
         if in_memory:
             self.store = BlobStore(path, in_memory=True, verify=verify)
-        self.transform = transform
 
     @property
     def in_memory(self) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .formats import check_format
 from .formats.base import Store
 from .schema import Metadata
 
@@ -33,12 +34,15 @@ class PackedDataset(Dataset):
     checks; ``None`` (default) checks jpeg/png samples, where the decode dwarfs it (measured:
     within run-to-run noise), and not raw ones, where it cuts reads by more than half
     (docs/RELIABILITY.md, ``benchmarks/verify_cost.py``). A text dataset (token ids, metadata ``kind: "text"``) is refused
-    with one line naming :class:`readers.TokenDataset`, which reads it.
+    with one line naming :class:`readers.TokenDataset`, which reads it; so is another format's
+    dataset, naming the class that reads it, and a path that is no packer dataset
+    (:func:`readers.formats.check_format`).
     """
 
     store_class: ClassVar[type[Store]] = Store
 
     def __init__(self, path: str | Path, transform: Transform | None = None, *, verify: bool | None = None) -> None:
+        check_format(path, self.store_class.format_name)
         self.store = self.store_class(path, verify=verify)
         self.store.require_images()
         self.transform = transform

@@ -7,20 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .dataset import PackedDataset, Transform
-from .formats import open_store
+from .formats import DATASETS, open_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from .tokens import TokenDataset
 
 __all__ = ["open_dataset", "DATASETS"]
-
-#: Format name -> (module, class) of its map-style torch Dataset of images.
-DATASETS: dict[str, tuple[str, str]] = {
-    "lmdb": ("readers.lmdb", "LMDBDataset"),
-    "hdf5": ("readers.hdf5", "HDF5Dataset"),
-    "blob": ("readers.blob", "RAMDataset"),
-    "webdataset": ("readers.webdataset", "ShardDataset"),
-}
 
 
 def open_dataset(

@@ -29,6 +29,7 @@ from .codecs import decode_image
 from .dataset import PackedDataset
 from .epoch import (EpochCursor, ResumeError, ShardPlan, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint,
                     equal_batches, resolve_rank)
+from .formats import check_format
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -418,6 +419,7 @@ def _resolve(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | 
     """Shard URLs and, when it can be found locally, the metadata record."""
     if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):
         folder = Path(source)
+        check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line
         meta = read_metadata(folder)
         return [str(folder / name) for name in meta.extra["shards"]], meta
     from .remote import is_url, read_url

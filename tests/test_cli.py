@@ -93,11 +93,14 @@ def test_progress_bar_and_summary(tmp_path, image_folder):
         (["convert", "{src}", "{tmp}/o.lmdb", "--workers", "0"], "Invalid value for '--workers'", 2),
         (["convert", "{src}", "{tmp}/nodir/o.lmdb"], "does not exist; create it first", 1),
         (["info", "{tmp}/missing.lmdb"], "no such packed dataset", 1),
+        (["info", "{tmp}/missing.lmdb.partial"], "no such packed dataset", 1),  # (not "an unfinished conversion")
+        (["info", "{tmp}/half.lmdb"], "half.lmdb.partial is an unfinished conversion: run the same packer convert command again, with --resume", 1),
         (["info", "{tmp}/empty"], "not a packer dataset", 1),
     ],
 )
 def test_user_mistakes_are_one_line_errors(tmp_path, image_folder, args, message, code):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "half.lmdb.partial").mkdir()
     args = [a.format(tmp=tmp_path, src=image_folder) for a in args]
     result = run(*args)
     assert result.exit_code == code, result.output

@@ -4,9 +4,10 @@ A *store* is the torch-free access to one packed dataset: its metadata record an
 as uint8 arrays. Torch Datasets (``readers/lmdb.py`` and friends) wrap a store; the CLI
 (``packer info``, ``packer verify``) uses stores directly, so it never imports torch.
 
-A format subclasses :class:`Store` and supplies how to read its metadata record
-(:meth:`Store._read_metadata`) and how to walk the stored records of a list of indices
-(:meth:`Store._records`). Formats whose storage allows something faster for fixed-shape raw
+A format subclasses :class:`Store` and supplies how to tell its paths from others
+(:meth:`Store.mismatch`: a store refuses, in one line, a path that is not its format), how to
+read its metadata record (:meth:`Store._read_metadata`) and how to walk the stored records of a
+list of indices (:meth:`Store._records`). Formats whose storage allows something faster for fixed-shape raw
 batches (one gather from an array, a chunked HDF5 read) also override :meth:`Store._fill_raw`.
 
 What tools ask of a format, whatever it holds, is a method here that the format may override,
@@ -57,11 +58,16 @@ class Store:
     """Read access to one packed dataset; picklable, opens storage lazily per process."""
 
     format_name: ClassVar[str] = ""
+    #: The format's name in messages: "a packer HDF5 dataset, not LMDB".
+    label: ClassVar[str] = ""
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such packed dataset")
+        reason = self.mismatch(self.path)
+        if reason is not None:
+            raise PackedFormatError(f"{self.path}: {reason}")
         self._payload_offsets_cache: np.ndarray | None = None
         self._crcs: np.ndarray | None = None  # the stored checksums, loaded on the first verified read
         self._names: list[str] | None = None  # the source names, loaded on the first source_name()
@@ -77,9 +83,15 @@ class Store:
 
     # -- what a format supplies ---------------------------------------------------------
     @classmethod
-    def recognises(cls, path: Path) -> bool:
-        """Whether ``path`` (which exists) looks like this format, from its name or first bytes."""
+    def mismatch(cls, path: Path) -> str | None:
+        """Why ``path`` (which exists) does not look like this format, from its name or first
+        bytes, as one clause (``"not an LMDB dataset (no data.mdb inside)"``); ``None`` when it does."""
         raise NotImplementedError
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        """Whether ``path`` (which exists) looks like this format (:meth:`mismatch` finds nothing)."""
+        return cls.mismatch(path) is None
 
     def _read_metadata(self) -> Metadata:
         raise NotImplementedError

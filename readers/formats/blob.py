@@ -147,6 +147,7 @@ class BlobStore(Store):
     """
 
     format_name = "blob"
+    label = "blob"
 
     def __init__(self, path: str | Path, *, in_memory: bool = False, verify: bool | None = None) -> None:
         self.in_memory = in_memory
@@ -158,13 +159,17 @@ class BlobStore(Store):
             self._view.get()  # load here, before workers start, so they share this copy
 
     @classmethod
-    def recognises(cls, path: Path) -> bool:
+    def mismatch(cls, path: Path) -> str | None:
         if not path.is_file():
-            return False
+            return "not a blob (a blob is a single file)"
         if path.suffix == ".blob":  # an unfinished one too, so it gets a clear "incomplete" error
-            return True
-        with open(path, "rb") as handle:
-            return handle.read(len(MAGIC)) == MAGIC
+            return None
+        try:
+            with open(path, "rb") as handle:
+                magic = handle.read(len(MAGIC))
+        except OSError as exc:
+            return f"not a readable blob ({exc.strerror or type(exc).__name__})"
+        return None if magic == MAGIC else f"not a packer blob (starts with {magic!r}, expected {MAGIC!r})"
 
     def _read_metadata(self) -> Metadata:
         where = str(self.path)

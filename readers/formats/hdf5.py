@@ -87,20 +87,22 @@ class HDF5Store(Store):
     """
 
     format_name = "hdf5"
+    label = "HDF5"
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self._file = PerProcess(_FileOpener(str(path)))
         super().__init__(path, verify=verify)
 
     @classmethod
-    def recognises(cls, path: Path) -> bool:
+    def mismatch(cls, path: Path) -> str | None:
         if not path.is_file():
-            return False
+            return "not an HDF5 file (this is a folder)"
         try:
             with open(path, "rb") as handle:
-                return handle.read(len(SIGNATURE)) == SIGNATURE
-        except OSError:
-            return False
+                head = handle.read(len(SIGNATURE))
+        except OSError as exc:
+            return f"not a readable HDF5 file ({exc.strerror or type(exc).__name__})"
+        return None if head == SIGNATURE else f"not an HDF5 file (starts with {head!r}, expected {SIGNATURE!r})"
 
     def _read_metadata(self) -> Metadata:
         shared = self._file.get()
@@ -239,7 +241,7 @@ class _SharedFile:
                 self.offsets = file[OFFSETS][()]
                 self.shapes = file[SHAPES][()]
         except _H5_ERRORS as exc:
-            raise PackedFormatError(f"{path}: not a readable packer HDF5 file ({exc}); convert again") from None
+            raise PackedFormatError(f"{path}: not a readable packer HDF5 file ({' '.join(str(exc).split())}); convert again") from None
 
     def check(self, meta: Metadata) -> None:
         """Raise unless the datasets agree with the metadata record (count, shapes, layout)."""
@@ -437,7 +439,7 @@ def open_shared_file(path: str) -> _SharedFile:
         try:
             file = h5py.File(path, "r")  # HDF5's default locking: see HDF5Store
         except _H5_ERRORS as exc:
-            raise PackedFormatError(f"{path}: cannot open as HDF5 ({exc})") from None
+            raise PackedFormatError(f"{path}: cannot open as HDF5 ({' '.join(str(exc).split())})") from None
         try:
             return _SharedFile(path, file)
         except BaseException:

@@ -54,14 +54,19 @@ class LMDBStore(Store):
     """
 
     format_name = "lmdb"
+    label = "LMDB"
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self._env = PerProcess(_EnvOpener(str(path)))
         super().__init__(path, verify=verify)
 
     @classmethod
-    def recognises(cls, path: Path) -> bool:
-        return path.is_dir() and (path / DATA_FILE).exists()
+    def mismatch(cls, path: Path) -> str | None:
+        if not path.is_dir():
+            return f"not an LMDB dataset (that is a folder holding {DATA_FILE}; this is a file)"
+        if not (path / DATA_FILE).exists():
+            return f"not an LMDB dataset (no {DATA_FILE} inside)"
+        return None
 
     def _read_metadata(self) -> Metadata:
         with self._env.get().env.begin() as txn:
@@ -175,7 +180,7 @@ def open_shared_env(path: str) -> _SharedEnv:
     """
     try:
         key = file_key(os.path.join(path, DATA_FILE))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such LMDB dataset") from None
         raise PackedFormatError(f"{path}: not an LMDB dataset (no {DATA_FILE} inside)") from None

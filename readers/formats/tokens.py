@@ -31,7 +31,7 @@ import numpy as np
 
 from ..schema import Metadata, PackedFormatError
 from ..tokenizer import Tokenizer, TokenizerError, file_sha256, load_tokenizer
-from . import detect_format, store_class
+from . import detect_format, reader_hint, store_class
 from .base import Store
 
 __all__ = ["TokenStore", "check_tokenizer"]
@@ -65,7 +65,10 @@ class TokenStore:
         self.store: Store = _open(self.path, in_memory, bool(verify))
         self.meta: Metadata = self.store.meta
         if self.meta.kind != "text":
-            raise PackedFormatError(f"{self.path}: holds {self.meta.kind} samples, not text tokens; use open_dataset()")
+            raise PackedFormatError(
+                f"{self.path}: a packer {self.store.label} dataset of {self.meta.count:,} {self.meta.kind}s, not text (token ids): "
+                + reader_hint(self.meta)
+            )
         if expect_tokenizer is not None:
             check_tokenizer(self.meta, expect_tokenizer, where=str(self.path))
         self.dtype = np.dtype(self.meta.dtype).newbyteorder("<")

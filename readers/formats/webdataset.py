@@ -244,6 +244,7 @@ class ShardStore(Store):
     """
 
     format_name = "webdataset"
+    label = "WebDataset"
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         super().__init__(path, verify=verify)
@@ -252,13 +253,15 @@ class ShardStore(Store):
         self._check_files()
 
     @classmethod
-    def recognises(cls, path: Path) -> bool:
+    def mismatch(cls, path: Path) -> str | None:
         if not path.is_dir():
-            return False
+            return "not a folder of WebDataset shards (this is a file)"
         if (path / META_FILE).exists() or (path / INDEX_FILE).exists():
-            return True
+            return None
         with os.scandir(path) as entries:
-            return any(e.name.endswith(".tar") for e in entries)
+            if any(e.name.endswith(".tar") for e in entries):
+                return None
+        return f"not a packer shard folder (no {META_FILE}, {INDEX_FILE} or .tar shards inside)"
 
     def _read_metadata(self) -> Metadata:
         return read_metadata(self.path)

@@ -1,0 +1,164 @@
+"""A reader class given the wrong thing says so in one line: another format's finished dataset
+(which format it is, and the class that reads it), something that is no packer dataset (a plain
+folder, an image folder, a random file, a missing path), an unfinished conversion (its own
+message, as before).
+
+The datasets are real conversions (``packer.convert``); the expected format labels and reader
+classes are written out here, not taken from the readers' own tables.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import packer
+from readers import (HDF5Dataset, IncompleteDatasetError, LMDBDataset, PackedFormatError, RAMDataset, ShardDataset, StreamingShards,
+                     TokenDataset, open_dataset)
+from readers.schema import FORMATS
+
+#: The class that reads each format's image datasets, and the format's name in messages.
+READERS = {"lmdb": LMDBDataset, "hdf5": HDF5Dataset, "blob": RAMDataset, "webdataset": ShardDataset}
+LABELS = {"lmdb": "LMDB", "hdf5": "HDF5", "blob": "blob", "webdataset": "WebDataset"}
+#: Every entry point a user may hand a path to.
+ALL_READERS = [*READERS.values(), TokenDataset, open_dataset]
+#: What OSError, lmdb and h5py say when they are handed the wrong thing.
+RAW = ("Errno", "errno", "Not a directory", "Is a directory", "Unable to", "buf =", "signature not found", "data.mdb'")
+
+PAIRS = [(fmt, reader) for fmt in FORMATS for reader in FORMATS if reader != fmt]
+
+
+def one_line(exc: BaseException) -> str:
+    message = str(exc)
+    assert "\n" not in message, message
+    assert not any(raw in message for raw in RAW), message
+    return message
+
+
+def test_every_format_is_covered():
+    assert set(READERS) == set(LABELS) == set(FORMATS)
+
+
+@pytest.mark.parametrize("fmt, reader", PAIRS)
+def test_another_formats_dataset_names_its_format_and_reader(packed_32, fmt, reader):
+    path = packed_32(fmt)
+    with pytest.raises(PackedFormatError) as caught:
+        READERS[reader](path)
+    assert type(caught.value) is PackedFormatError  # finished: not an IncompleteDatasetError
+    message = one_line(caught.value)
+    assert message.startswith(f"{path}: a packer {LABELS[fmt]} image dataset, not {LABELS[reader]}: "), message
+    assert f"read it with readers.{READERS[fmt].__name__}(path) (or readers.open_dataset(path))" in message
+    assert len(READERS[fmt](path)) == 18  # the class named reads it, the refused open left nothing behind
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "webdataset"])
+def test_streaming_shards_names_the_reader_of_another_format(packed_32, fmt):
+    path = packed_32(fmt)
+    with pytest.raises(PackedFormatError) as caught:
+        StreamingShards(Path(path))
+    assert f"a packer {LABELS[fmt]} image dataset, not WebDataset" in one_line(caught.value)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_token_dataset_names_the_image_reader(packed_32, fmt):
+    path = packed_32(fmt)
+    with pytest.raises(PackedFormatError) as caught:
+        TokenDataset(path)
+    message = one_line(caught.value)
+    assert f"a packer {LABELS[fmt]} dataset of 18 images, not text" in message, message
+    assert f"readers.{READERS[fmt].__name__}(path)" in message
+
+
+@pytest.fixture(scope="module")
+def text_blob(tmp_path_factory) -> Path:
+    corpus = tmp_path_factory.mktemp("corpus")
+    (corpus / "a.txt").write_text("a few words of text\n" * 20)
+    dst = tmp_path_factory.mktemp("text") / "t.blob"
+    packer.convert(corpus, dst, format="blob", workers=1)
+    return dst
+
+
+@pytest.mark.parametrize("reader", [r for r in FORMATS if r != "blob"])
+def test_another_formats_text_dataset_names_token_dataset(text_blob, reader):
+    with pytest.raises(PackedFormatError) as caught:
+        READERS[reader](text_blob)
+    message = one_line(caught.value)
+    assert f"a packer blob text dataset, not {LABELS[reader]}: read it with readers.TokenDataset(path)" in message, message
+
+
+@pytest.fixture(scope="module")
+def not_packer(tmp_path_factory, image_folder) -> dict[str, Path]:
+    """Things that are no packer dataset: folders of other files, and files of other bytes."""
+    root = tmp_path_factory.mktemp("other")
+    (root / "plain").mkdir()
+    (root / "plain" / "notes.txt").write_text("not a dataset")
+    (root / "empty").mkdir()
+    (root / "random.bin").write_bytes(os.urandom(4096))
+    (root / "text.h5").write_text("not HDF5 either")
+    return {"plain": root / "plain", "empty": root / "empty", "images": image_folder,
+            "random": root / "random.bin", "named h5": root / "text.h5"}
+
+
+@pytest.mark.parametrize("reader", ALL_READERS, ids=lambda r: r.__name__)
+@pytest.mark.parametrize("what", ["plain", "empty", "images", "random", "named h5"])
+def test_no_packer_dataset_is_one_line(not_packer, reader, what):
+    path = not_packer[what]
+    with pytest.raises(PackedFormatError) as caught:
+        reader(path)
+    message = one_line(caught.value)
+    assert type(caught.value) is PackedFormatError
+    assert message.startswith(f"{path}: not "), message
+    assert "nor any other packer dataset" in message or "not a packer dataset" in message, message
+
+
+@pytest.mark.parametrize("reader", ALL_READERS, ids=lambda r: r.__name__)
+def test_a_file_named_blob_that_is_not_one_is_one_line(tmp_path, reader):
+    path = tmp_path / "x.blob"
+    path.write_bytes(b"NOTABLOB" + os.urandom(200))
+    with pytest.raises(PackedFormatError, match="not a packer blob") as caught:
+        reader(path)
+    one_line(caught.value)
+
+
+@pytest.mark.parametrize("reader", ALL_READERS, ids=lambda r: r.__name__)
+def test_a_missing_path_is_one_line(tmp_path, reader):
+    with pytest.raises(FileNotFoundError) as caught:
+        reader(tmp_path / "nothing.lmdb")
+    assert one_line(caught.value) == f"{tmp_path / 'nothing.lmdb'}: no such packed dataset"
+
+
+@pytest.mark.parametrize("reader", ALL_READERS, ids=lambda r: r.__name__)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_unfinished_conversion_keeps_its_message(packed_32, tmp_path, fmt, reader):
+    done = packed_32(fmt)
+    partial = tmp_path / (done.name + ".partial")  # what a killed conversion leaves: DST.partial, no DST
+    (shutil.copytree if done.is_dir() else shutil.copy)(done, partial)
+    with pytest.raises(IncompleteDatasetError, match=f"{done.name}.partial is an unfinished conversion: run the same packer convert command again, with --resume") as caught:
+        reader(tmp_path / done.name)
+    one_line(caught.value)
+    with pytest.raises(IncompleteDatasetError, match="an unfinished conversion") as caught:
+        reader(partial)
+    one_line(caught.value)
+
+
+@pytest.mark.parametrize("reader", [r for r in FORMATS if r != "webdataset"])
+def test_another_formats_unfinished_dataset_says_it_did_not_finish(packed_32, tmp_path, reader):
+    shards = tmp_path / "cut.shards"
+    shutil.copytree(packed_32("webdataset"), shards)
+    (shards / "packer.json").unlink()  # the metadata is written last: a conversion that did not finish
+    with pytest.raises(IncompleteDatasetError, match="did not finish") as caught:
+        READERS[reader](shards)
+    one_line(caught.value)
+
+
+def test_opening_one_format_imports_no_other_formats_library(packed_32):
+    """The check asks the other formats only about a path its own format does not recognise."""
+    path = packed_32("webdataset")
+    probe = f"import sys\nfrom readers import ShardDataset\nShardDataset({str(path)!r})\nprint('h5py' in sys.modules, 'lmdb' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"], done.stdout + done.stderr
