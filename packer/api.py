@@ -37,6 +37,18 @@ def resolve_format(dst: str | Path, format: str | None) -> str:
     return guessed
 
 
+def _refuse_inside_a_worker_start() -> None:
+    """A worker process imports the main script to find the classes it defines (a Python
+    dataset's); a script without ``if __name__ == "__main__":`` then runs its conversion again in
+    every worker, which failed on the output's lock, and the driver called each sample a decoder
+    crash. Said plainly here, in the worker, where multiprocessing marks its start-up."""
+    import multiprocessing.process
+
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        raise RuntimeError("packer.convert was called while a worker process was importing your script (workers import it to "
+                           "find the classes it defines): put the script's code under `if __name__ == \"__main__\":`")
+
+
 def convert(
     src: Any,
     dst: str | Path,
@@ -86,6 +98,12 @@ def convert(
     WebDataset's files or a blob's bytes instead of the local ``dst`` (what packer/remote.py
     passes for a URL DST).
     """
+    _refuse_inside_a_worker_start()
+    for name, value, expected in (("image", image, ImageOptions), ("storage", storage, StorageOptions), ("text", text, TextOptions),
+                                  ("source", source, SourceOptions)):
+        if value is not None and not isinstance(value, expected):
+            raise TypeError(f"convert: {name}= takes a packer.{expected.__name__}, got {type(value).__name__} "
+                            f"(for example {name}=packer.{expected.__name__}(...))")
     options = RunOptions(on_error=on_error, workers=workers, timeout=timeout, executor=executor, ray_address=ray_address,
                          resume=resume, progress=progress)
     fmt = resolve_format(dst, format)

@@ -33,16 +33,16 @@ process deadlocks the child. Python threads can be counted, native ones cannot b
 OpenCV starts its thread pool on import, and a worker forked after this process had run OpenCV
 code hung inside ``cv2.setNumThreads`` (seen in ``packer bench``). The server costs ~0.3 s once
 per conversion; the usual multiprocessing rule follows: a script that converts must be a file
-(or guard its work with ``if __name__ == "__main__":``), not code piped to ``python -``.
+(or guard its work with ``if __name__ == "__main__":``), not code piped to ``python -``. How
+workers start lives in :mod:`packer.pool_start`. A worker that ends with an exit status before
+its first result failed to start (its error is on stderr): the map raises :class:`WorkerError`
+rather than blame every input on it.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
-import sys
-import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -53,6 +53,7 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 from .interrupts import signals_deferred
 from .memory import keep_freed_memory  # part of this module's interface (the CLI calls it; workers, in packer.pool_worker)
 from .options import DEFAULT_ITEM_TIMEOUT
+from .pool_start import main_not_reimported, pool_context
 from .pool_worker import encode, worker_main
 from .result_slots import ResultSlots, decode_results
 
@@ -149,6 +150,7 @@ class _Worker:
     ring: ResultSlots | None = None  # its result slots ("shm" transport)
     sent: int = 0  # chunks dispatched to it: their slots alternate
     briefed: bool = False  # its work unit was sent whole (until then only a kill stops it)
+    answered: bool = False  # it sent back a result: it got through its start-up
 
 
 class _Pool(Generic[T, R]):
@@ -167,7 +169,7 @@ class _Pool(Generic[T, R]):
         self.transport = transport
         if transport == "shm":
             ResultSlots.sweep_orphans()
-        self.context = _context()
+        self.context = pool_context()
         self.todo: deque[_Chunk] = deque(
             _Chunk(i, start, min(chunksize, len(items) - start)) for i, start in enumerate(range(0, len(items), chunksize))
         )
@@ -202,7 +204,7 @@ class _Pool(Generic[T, R]):
                 inherited = (task_send, result_recv) if self.context.get_start_method() == "fork" else ()
                 args = (task_recv, result_send, inherited, ring.name if ring else None)
                 process = self.context.Process(target=worker_main, args=args, daemon=True)
-                with _main_not_reimported(self.fn):
+                with main_not_reimported(self.fn):
                     process.start()
             except BaseException:
                 if ring is not None:
@@ -275,13 +277,26 @@ class _Pool(Generic[T, R]):
                 except (EOFError, OSError):
                     message = None
                 if message is None:
-                    self._replace(worker, _death_reason(worker))
+                    self._lost(worker)
                 else:
                     self._receive(worker, message)
             elif now >= worker.deadline:
                 self._replace(worker, f"timed out after {self.item_timeout:g} s")
 
+    def _lost(self, worker: _Worker) -> None:
+        """A worker ended without its result. Killed by a signal (a decoder's crash), or after
+        it had answered: its input is the culprit (:meth:`_replace`). Ended with an exit status
+        before it ever answered: its start-up failed (its error is on stderr; a script without
+        ``if __name__ == "__main__":`` run again in every worker, say), which each replacement
+        would repeat, so the map stops there instead of blaming every input."""
+        worker.process.join(1.0)  # the sentinel or EOF may come a moment before the exit status
+        code = worker.process.exitcode
+        if not worker.answered and code is not None and code > 0:
+            raise WorkerError(f"a worker process exited with status {code} before it converted anything (its error is printed above)")
+        self._replace(worker, crash_reason(code))
+
     def _receive(self, worker: _Worker, message: bytes) -> None:
+        worker.answered = True
         chunk = worker.in_flight.popleft()
         kind, payload = decode_results(message, worker.ring.slots[chunk.slot] if worker.ring else None)
         if kind == "error":
@@ -370,11 +385,6 @@ def _close_handles(worker: _Worker) -> None:
     worker.process.close()
 
 
-def _death_reason(worker: _Worker) -> str:
-    worker.process.join(1.0)  # the sentinel or EOF may come a moment before the exit status
-    return crash_reason(worker.process.exitcode)
-
-
 def crash_reason(exitcode: int | None) -> str:
     """The skip reason for a worker that ended with ``exitcode`` (negative: killed by that signal)."""
     if exitcode is not None and exitcode < 0:
@@ -382,68 +392,4 @@ def crash_reason(exitcode: int | None) -> str:
             return f"crashed the decoder ({signal.Signals(-exitcode).name})"
         except ValueError:  # pragma: no cover - a signal Python has no name for
             return f"crashed the decoder (signal {-exitcode})"
-    return f"crashed the decoder (worker exited with status {exitcode})"
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    if "forkserver" in methods:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["packer.preprocess.task"])
-        _start_forkserver_deaf_to_ctrl_c()
-        return context
-    return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
-
-
-def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the fork server (if it is not running yet) with SIGINT ignored: a Python started
-    ignoring SIGINT keeps ignoring it, and the server's children (our workers) restore the
-    server's own setting, so a Ctrl-C to the terminal's process group never reaches a worker, not
-    even while it is still importing (where it printed a KeyboardInterrupt traceback before
-    the worker's own set-up could ignore SIGINT, ``packer.pool_worker``). The parent stops the workers itself.
-    Only while one starts: a SIGINT that comes while ignored is lost (seen at a pool's start)."""
-    from multiprocessing import forkserver
-
-    if threading.current_thread() is not threading.main_thread() or _server_running(forkserver):
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _server_running(forkserver: Any) -> bool:
-    """Whether this process's fork server runs (its pid is the module's private: else False)."""
-    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    try:
-        return isinstance(pid, int) and os.kill(pid, 0) is None  # (not waitpid: ensure_running reaps it)
-    except OSError:
-        return False
-
-
-@contextmanager
-def _main_not_reimported(fn: Callable) -> Iterator[None]:
-    """Start workers without re-importing the caller's main module, when ``fn`` does not need it.
-
-    A worker from a fork server or spawn first re-imports the ``__main__`` module of the
-    program that started it (Python's rule, so that functions defined there unpickle). For a
-    training script that imports torch that costs about a second per conversion, for nothing:
-    packer's work units live in packer's own modules. So while a worker starts, ``__main__``
-    hides the two attributes that name it (``__file__``, ``__spec__``), unless ``fn`` itself
-    comes from ``__main__`` or says it carries something that does (``fn.needs_main``: a Python
-    dataset whose class the script defines, packer/sources/datasets.py).
-    """
-    main = sys.modules.get("__main__")
-    if main is None or getattr(fn, "__module__", None) == "__main__" or type(fn).__module__ == "__main__" or getattr(fn, "needs_main", False):
-        yield
-        return
-    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
+    return f"its worker process exited with status {exitcode} (an error there, printed above; not a decoder crash)"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import parallel, result_slots
+from packer import parallel, pool_start, result_slots
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
 from faulty import LargeSlowToUnpickle, LoadsOnlyInTheParent, crash_on_13, hang_on_5
 
@@ -353,7 +353,7 @@ def test_workers_always_come_from_a_fork_server():
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        assert parallel._context().get_start_method() == "forkserver"
+        assert pool_start.pool_context().get_start_method() == "forkserver"
         with ordered_map(crash_on_13, list(range(20)), workers=2, on_crash=crashed) as results:
             out = list(results)
         assert out[:13] == list(range(13)) and out[13][2] == "crashed the decoder (SIGSEGV)"
@@ -361,7 +361,7 @@ def test_workers_always_come_from_a_fork_server():
         stop.set()
         thread.join()
     # Also with no other Python thread: native pools (OpenCV's) make forking this process unsafe.
-    assert parallel._context().get_start_method() == "forkserver"
+    assert pool_start.pool_context().get_start_method() == "forkserver"
 
 
 def test_workers_ignore_ctrl_c():
@@ -607,7 +607,7 @@ def test_a_pool_start_ignores_sigint_only_while_a_fork_server_starts(monkeypatch
         pytest.skip("no fork server here")
     with ordered_map(abs, [1, -2], workers=1) as results:  # the server runs from here on
         assert list(results) == [1, 2]
-    assert parallel._server_running(forkserver)
+    assert pool_start.server_running(forkserver)
     changed = []
     real = signal.signal
     monkeypatch.setattr(signal, "signal", lambda signum, handler: (changed.append((signum, handler)), real(signum, handler))[1])

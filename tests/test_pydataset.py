@@ -167,3 +167,39 @@ def test_hugging_face_dataset(reference, tmp_path):
     packer.convert(dataset, dst, image=ImageOptions(size=16), workers=2)
     samples, meta = lmdb_samples(dst)
     assert samples == reference[0] and meta["classes"] == CLASSES
+
+
+NO_MAIN_GUARD = '''
+import numpy as np, packer
+
+class Digits:  # defined in the script: the workers import the script to unpickle it
+    classes = ["a", "b"]
+    def __len__(self): return 20
+    def __getitem__(self, i): return np.full((8, 8, 3), i, np.uint8), i % 2
+
+packer.convert(Digits(), {dst!r}, workers=2)  # no `if __name__ == "__main__":`
+print("converted")
+'''
+
+
+def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
+    """Each worker imports the script to find ``Digits`` and, unguarded, ran its conversion again:
+    every sample was then skipped as 'crashed the decoder' and the run ended 'none of the 20
+    images could be converted'. Now the worker says what to do and the driver stops at once."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(NO_MAIN_GUARD.format(dst=str(tmp_path / "d.blob")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0 and "converted" not in done.stdout
+    assert 'put the script\'s code under `if __name__ == "__main__":`' in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("a worker process exited with status 1 before it converted anything "
+                                                         "(its error is printed above)")
+    assert not [line for line in done.stderr.splitlines() if "skipped dataset[" in line or "crashed the decoder (" in line]
+    assert not (tmp_path / "d.blob").exists() and not (tmp_path / "d.blob.partial").exists()
+
+
+def test_options_of_the_wrong_type_are_a_clear_error(tmp_path):
+    with pytest.raises(TypeError, match=r"convert: image= takes a packer.ImageOptions, got dict \(for example image=packer.ImageOptions"):
+        packer.convert([(np.zeros((8, 8, 3), np.uint8), 0)], tmp_path / "x.blob", image={"size": 32})
