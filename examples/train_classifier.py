@@ -52,6 +52,16 @@ def make_tiny_dataset(workdir: Path) -> Path:
     return dst
 
 
+def label_count(dataset) -> int:
+    """The largest label + 1: the class count of a dataset converted without class names (a
+    Python dataset with no ``.classes``), whose metadata lists none."""
+    top = -1
+    for start in range(0, len(dataset), 4096):
+        _images, labels = dataset.read_batch(range(start, min(start + 4096, len(dataset))))
+        top = max(top, int(labels.max()))
+    return top + 1
+
+
 def train(
     data: Path, *, epochs: int | None, steps: int | None, batch_size: int, size: int, device: torch.device, lr: float,
     checkpoint: Path | None = None,
@@ -60,7 +70,7 @@ def train(
     as the steps need, or 1 without ``steps``), carrying on from ``checkpoint`` if it exists and
     saving it after every step; returns the last loss."""
     dataset = open_dataset(data)
-    classes = max(len(dataset.classes), 2)
+    classes = max(len(dataset.classes) or label_count(dataset), 2)
     loader = Loader(dataset, batch_size, shuffle=True, seed=0, drop_last=True, device=device)
     augment = nn.Sequential(RandomResizedCrop(size, scale=(0.35, 1.0)), RandomHorizontalFlip()).to(device)
     cuda = device.type == "cuda"

@@ -52,3 +52,22 @@ def test_mnist_from_python_packs_a_dataset_and_trains_five_epochs(tmp_path):
     accuracy = float(result.stdout.split("test accuracy after 5 epochs: ")[1].split("%")[0])
     assert accuracy > 80  # chance is 10%: the labels survived packing
     assert not any(tmp_path.glob("packer-mnist-*"))  # the temporary blobs are removed
+
+
+def test_train_classifier_counts_the_classes_of_a_dataset_without_class_names(tmp_path):
+    """A Python dataset with no ``.classes`` converts to labeled samples and no class names: the
+    example sized its model from the names (2) and failed on label 3 ('Target 3 is out of bounds')."""
+    import numpy as np
+
+    from packer import ImageOptions, convert
+
+    samples = [(np.full((24, 24, 3), 40 * label, np.uint8), label) for label in range(5) for _ in range(4)]
+    convert(samples, tmp_path / "nameless.blob", image=ImageOptions(size=16), workers=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_classifier.py"), "--data", str(tmp_path / "nameless.blob"), "--steps", "2",
+         "--batch-size", "8", "--size", "16", "--device", "cpu"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped after 2 steps" in result.stdout
