@@ -98,6 +98,8 @@ class ImageOptions:
     decode_device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.grayscale, bool):  # ("no" is truthy: it converted to grayscale)
+            raise OptionError(f"--grayscale: must be True or False, got {self.grayscale!r}")
         if self.decode_device not in DECODE_DEVICES:
             raise OptionError(f"--decode-device: must be one of {', '.join(DECODE_DEVICES)}, got {self.decode_device!r}")
         size = parse_size(self.size)
@@ -218,6 +220,8 @@ class TextOptions:
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.lines, bool):
+            raise OptionError(f"--lines: must be True or False, got {self.lines!r}")
         if not self.text_field:
             raise OptionError("--text-field: must not be empty")
         if self.eos is not None and self.eos != NO_EOS and not (isinstance(self.eos, int) and self.eos >= 0):

@@ -142,3 +142,25 @@ def test_the_journal_rows_stay_raw_little_endian_int64(tmp_path):
     loaded = journal.load()
     assert loaded is not None and loaded.rows["crc32"].tolist() == [0xDEADBEEF, 7] and loaded.rows["label"].tolist() == [2, -1]
 
+
+
+def test_a_refused_resume_names_every_option_that_changed():
+    """Sorted by name, the first difference alone could be one the user never set (a default
+    that followed the one they changed)."""
+    from packer.writers.journal import fingerprint_difference
+
+    old = {"--size": [224, 224], "--resize-mode": "center-crop", "--grayscale": False, "--quality": None}
+    new = {"--size": [128, 128], "--resize-mode": "shorter", "--grayscale": True, "--quality": None}
+    assert fingerprint_difference(old, new) == ("--grayscale was off in the interrupted run, now on; --resize-mode was center-crop in "
+                                                "the interrupted run, now shorter; --size was 224x224 in the interrupted run, now 128x128")
+    assert fingerprint_difference(old, dict(old)) is None
+
+
+def test_flags_take_booleans_only():
+    """``grayscale="no"`` is truthy: it converted to grayscale and recorded "no"."""
+    from packer import TextOptions
+
+    with pytest.raises(OptionError, match="--grayscale: must be True or False, got 'no'"):
+        ImageOptions(grayscale="no")
+    with pytest.raises(OptionError, match="--lines: must be True or False, got 1"):
+        TextOptions(lines=1)

@@ -103,13 +103,17 @@ def conversion_fingerprint(
 
 
 def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
-    """The first difference between two fingerprints, for a person; ``None`` if they agree."""
+    """Every difference between two fingerprints, for a person (``"; "``-joined; a changed
+    ``--size`` also changes the default ``--resize-mode``, and naming only the first, by name,
+    named the one the user did not touch); ``None`` if they agree."""
+    changes = []
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
             if key == "listing":
-                return "the source folder changed since the interrupted run (files added, removed or modified)"
-            return f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}"
-    return None
+                changes.append("the source folder changed since the interrupted run (files added, removed or modified)")
+            else:
+                changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
+    return "; ".join(changes) or None
 
 
 def _shown(value: Any) -> str:
