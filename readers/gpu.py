@@ -33,9 +33,14 @@ class Normalize(nn.Module):
 
     ``mean`` and ``std`` are in [0, 1] units, one value per channel (or one for all).
     ``dtype`` is the output dtype; the arithmetic is done in float32 (float64 if asked) and
-    rounded once. ``channels_last=True`` returns 4-D output in channels-last memory format,
-    which convolutions under mixed precision prefer; the conversion is free here because the
-    output is a new tensor anyway.
+    rounded once. Like torch's own modules, ``.to(dtype)``, ``.half()``, ``.bfloat16()``,
+    ``.double()`` and ``.float()`` (on this module or a model holding it) set the output dtype,
+    and the constants are never rounded below float32: ``Normalize().bfloat16()`` computes
+    exactly what ``Normalize(dtype=torch.bfloat16)`` does (``.double()`` keeps float32-exact
+    constants; build with ``dtype=torch.float64`` for float64 ones).
+    ``channels_last=True`` returns 4-D output in channels-last memory format, which
+    convolutions under mixed precision prefer; the conversion is free here because the output
+    is a new tensor anyway.
     """
 
     scale: torch.Tensor
@@ -58,8 +63,7 @@ class Normalize(nn.Module):
             raise ValueError(f"Normalize: mean has {mean_t.numel()} values but std has {std_t.numel()}")
         if bool((std_t <= 0).any()):
             raise ValueError(f"Normalize: std must be positive, got {std_t.tolist()}")
-        if dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"Normalize: dtype must be a floating dtype, got {dtype}")
+        _check_dtype(dtype)
         self.dtype = dtype
         self.channels_last = channels_last
         compute = torch.float64 if dtype == torch.float64 else torch.float32
@@ -72,11 +76,26 @@ class Normalize(nn.Module):
     def channels(self) -> int:
         return max(self.scale.numel(), self.shift.numel())
 
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        # what .to(), .half(), .cuda()... call: as in torch's own modules, a cast sets the output
+        # dtype; the constants only move (float64 for float64 output, else float32: never rounded
+        # to bfloat16 or float16, so the result is still rounded once)
+        target = fn(torch.empty(0, dtype=self.dtype, device=self.scale.device)).dtype
+        _check_dtype(target)  # before anything moved
+        kept = {name: self._buffers[name] for name in ("scale", "shift")}
+        result = super()._apply(fn, recurse)
+        compute = torch.float64 if target == torch.float64 else torch.float32
+        for name, constant in kept.items():
+            moved = self._buffers[name]
+            self._buffers[name] = (constant if moved.dtype != constant.dtype else moved).to(moved.device, compute)
+        self.dtype = target
+        return result
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        _check_tensor(images, "Normalize", "a torch uint8 tensor")
         if images.dtype != torch.uint8:
             raise TypeError(f"Normalize expects uint8 images, got {images.dtype}")
-        if images.dim() not in (3, 4):
-            raise ValueError(f"Normalize expects (C, H, W) or (N, C, H, W), got shape {tuple(images.shape)}")
+        _check_images(images, "Normalize")
         channels = images.shape[-3]
         if self.channels not in (1, channels):
             raise ValueError(f"Normalize has {self.channels} channel values but the images have {channels} channels")
@@ -108,7 +127,24 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: 
     return torch.rand(shape, generator=generator, device=generator.device).to(device, non_blocking=True)
 
 
+def _check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in _FLOAT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _FLOAT_DTYPES)
+        raise ValueError(f"Normalize: dtype must be a floating dtype ({names}), got {dtype}")
+
+
+def _check_tensor(images: object, who: str, wants: str) -> None:
+    if isinstance(images, torch.Tensor):
+        return
+    kind = type(images)
+    if (kind.__module__, kind.__name__) == ("numpy", "ndarray"):
+        raise TypeError(f"{who} expects {wants}, got a numpy array: convert it with torch.from_numpy(array)")
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    raise TypeError(f"{who} expects {wants}, got {name}")
+
+
 def _check_images(images: torch.Tensor, who: str) -> None:
+    _check_tensor(images, who, "a torch tensor")
     if images.dim() not in (3, 4):
         raise ValueError(f"{who} expects (C, H, W) or (N, C, H, W), got shape {tuple(images.shape)}")
 

@@ -360,7 +360,14 @@ class MemoryCopy:
             except BaseException:
                 os.close(fd)
                 raise
+        self._own(fd)
+
+    def _own(self, fd: int) -> None:
+        """Keep ``fd`` open while this copy lives: a ``weakref.finalize`` closes it when the copy is
+        collected, or at interpreter exit before module globals are torn down (a ``__del__``
+        then found ``os`` already gone)."""
         self._fd = fd
+        weakref.finalize(self, os.close, fd)
 
     def __reduce__(self):
         return (MemoryCopy, (self.path,))
@@ -370,16 +377,11 @@ class MemoryCopy:
         self()  # loaded, so there is something to share
         return (_attach, (self.path, len(self._map), DupFd(self._fd)))  # type: ignore[arg-type]
 
-    def __del__(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
 
 def _attach(path: str, size: int, dupfd) -> MemoryCopy:
     """Rebuild a :class:`MemoryCopy` in the receiving process over the sent memfd."""
     copy = MemoryCopy(path)
-    copy._fd = dupfd.detach()
+    copy._own(dupfd.detach())
     copy._map = mmap.mmap(copy._fd, size, access=mmap.ACCESS_READ)
     return copy
 

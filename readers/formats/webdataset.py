@@ -317,7 +317,7 @@ class ShardStore(Store):
                 f"{self.path}: sample {int(indices[j])} has {int(rows['nbytes'][j])} bytes, expected {expected}: the index is corrupt"
             )
         labels[:] = rows["label"]
-        flat = out.reshape(len(out), -1)
+        flat = out.reshape(len(out), expected)  # not -1: an empty batch has no size to infer
         for j, (shard, offset) in enumerate(zip(rows["shard"].tolist(), rows["offset"].tolist())):
             flat[j] = np.frombuffer(files.map(shard), np.uint8, expected, offset)
 
