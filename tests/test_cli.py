@@ -238,3 +238,14 @@ def test_sample_images_for_a_first_try(tmp_path):
     assert run("convert", tmp_path / "imgs", tmp_path / "s.lmdb", "--size", "8", "-q").exit_code == 0
     bad = subprocess.run([sys.executable, "-m", "packer.samples", str(tmp_path / "x"), "--size", "12"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("HEIGHTxWIDTH, for example 375x500, not '12'")
+
+
+def test_a_shard_pattern_reads_back_as_it_was_written(tmp_path, image_folder):
+    """The DST string convert took (``wds/train-%06d.tar``) opens the dataset: open_dataset and
+    ShardDataset said 'no such packed dataset'."""
+    from readers import ShardDataset, open_dataset
+
+    pattern = tmp_path / "wds" / "train-%06d.tar"
+    assert run("convert", image_folder, pattern, "--size", "8", "-q").exit_code == 0
+    assert len(open_dataset(pattern)) == len(ShardDataset(pattern)) == 18
+    assert run("info", pattern).exit_code == 0

@@ -162,3 +162,20 @@ def test_opening_one_format_imports_no_other_formats_library(packed_32):
     probe = f"import sys\nfrom readers import ShardDataset\nShardDataset({str(path)!r})\nprint('h5py' in sys.modules, 'lmdb' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"], done.stdout + done.stderr
+
+
+def test_an_lmdb_open_elsewhere_in_the_process_is_named(lmdb_32, tmp_path):
+    """Plain lmdb first, then packer's reader on the same path (a notebook): py-lmdb refuses the
+    second open; the one line says what to do (docs/FORMATS.md, LMDB)."""
+    import shutil
+
+    import lmdb
+
+    path = shutil.copytree(lmdb_32, tmp_path / "own.lmdb")  # (a path no other test's reader holds)
+    env = lmdb.open(str(path), readonly=True, lock=False)
+    try:
+        with pytest.raises(PackedFormatError, match="close the other lmdb environment on it first"):
+            LMDBDataset(path)[0]
+    finally:
+        env.close()
+    assert LMDBDataset(path)[0][1] >= 0  # (after the close it opens)

@@ -14,7 +14,7 @@ import importlib
 from pathlib import Path
 
 from ..schema import FORMATS, IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Store
+from .base import Store, dataset_path
 
 __all__ = ["detect_format", "check_format", "open_store", "store_class", "reader_hint", "STORES", "DATASETS", "PARTIAL_SUFFIX"]
 
@@ -92,8 +92,8 @@ def open_store(path: str | Path) -> Store:
 
 
 def _existing(path: str | Path) -> Path:
-    """``path``, unless it is an unfinished conversion or missing (then raise)."""
-    p = Path(path)
+    """``path`` (a shard pattern: its folder), unless it is an unfinished conversion or missing (then raise)."""
+    p = dataset_path(path)
     if not p.exists():
         partial = p.with_name(p.name + PARTIAL_SUFFIX)
         if partial.exists() and not p.name.endswith(PARTIAL_SUFFIX):

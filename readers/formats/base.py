@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
 
@@ -45,13 +46,20 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault"]
+__all__ = ["Store", "Record", "Fault", "dataset_path"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
 Record = tuple[int, tuple[int, int, int], "bytes | memoryview"]
 #: A structure problem a format finds: ``(where, what)``, e.g. ``("shard shard-000001.tar", "holds 9 members, ...")``.
 Fault = tuple[str, str]
+
+
+def dataset_path(path: str | Path) -> Path:
+    """The dataset at ``path``: a WebDataset destination given as its shard pattern, as
+    ``packer convert`` takes it (``out/train-%06d.tar``), is its folder (``out``)."""
+    p = Path(path)
+    return p.parent if re.search(r"%0?\d*d\.tar$", p.name) and not p.exists() else p
 
 
 class Store:
@@ -62,7 +70,7 @@ class Store:
     label: ClassVar[str] = ""
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
-        self.path = Path(path)
+        self.path = dataset_path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path}: no such packed dataset")
         reason = self.mismatch(self.path)

@@ -189,7 +189,8 @@ def open_shared_env(path: str) -> _SharedEnv:
         try:
             env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False, subdir=True, max_readers=1024)
         except lmdb.Error as exc:
-            raise PackedFormatError(f"{path}: cannot open as LMDB ({exc})") from None
+            hint = "; py-lmdb opens a path once per process: close the other lmdb environment on it first" if "already open" in str(exc) else ""
+            raise PackedFormatError(f"{path}: cannot open as LMDB ({exc}){hint}") from None
         return _SharedEnv(env)
 
     return _handles.get(key, open_env)
