@@ -3,8 +3,9 @@
 One owner for what :class:`~readers.loader.Loader`, :class:`~readers.sampler.ResumableSampler`
 and :class:`~readers.webdataset.StreamingShards` need:
 
-* :func:`resolve_rank`: ``rank``/``world_size`` from the arguments, else from
-  ``torch.distributed`` when it is initialised, else one process; validated.
+* :func:`resolve_rank`: ``rank``/``world_size`` from the arguments, else from ``torch.distributed``
+  when it is initialised, else one process (warned when the environment says ``WORLD_SIZE > 1``);
+  validated. :func:`whole_number` checks every seed, epoch and count at the API boundary.
 * :class:`EpochPlan` (map-style, for ``Loader`` and ``ResumableSampler``): one global order per
   epoch, a permutation drawn from ``(seed, epoch)``, read in steps of ``batch_size *
   world_size`` positions split across ranks, so that every rank gets the same number of
@@ -20,6 +21,7 @@ and :class:`~readers.webdataset.StreamingShards` need:
   of those per DataLoader worker, and the seed of each worker's sample shuffle buffer.
 * :func:`equal_batches` (streaming): how many samples each DataLoader worker of each rank
   yields so that every rank yields the same number of batches (padded or truncated).
+  :func:`rank_shares` and :meth:`EpochPlan.refuse_empty` refuse an epoch with no batch.
 * :class:`EpochCursor` and :func:`check_settings`: the resume bookkeeping all share (the
   epoch the next iteration follows, a resume position that ``set_epoch`` to another epoch
   drops, and the refusal of a saved state whose order-deciding settings differ).
@@ -29,7 +31,10 @@ Every plan is a pure function of its settings and the epoch: the same on every p
 
 from __future__ import annotations
 
+import numbers
+import os
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, TypeVar
 
@@ -49,8 +54,10 @@ __all__ = [
     "position_state",
     "read_position_state",
     "check_batch_size",
+    "whole_number",
     "mix_seed",
     "equal_batches",
+    "rank_shares",
 ]
 
 T = TypeVar("T")
@@ -58,29 +65,55 @@ T = TypeVar("T")
 
 def distributed_rank() -> tuple[int, int]:
     """``(rank, world_size)`` of ``torch.distributed`` when it is initialised, else ``(0, 1)``."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+    if _group_initialised():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def _group_initialised() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def resolve_rank(rank: int | None, world_size: int | None, owner: str = "reader") -> tuple[int, int]:
     """``(rank, world_size)``: each given one as is, a missing one from :func:`distributed_rank`.
 
-    Raises ``ValueError`` unless ``world_size >= 1`` and ``0 <= rank < world_size``."""
+    Warns (``UserWarning``, shown once per calling line by Python's default filter) when a
+    missing one comes from a process group not yet initialised while the environment says
+    ``WORLD_SIZE > 1`` (``torchrun`` sets it): ``owner`` would read as rank 0 on every process
+    (of one process: the whole dataset), unlike what the launcher meant. Raises ``ValueError``
+    unless ``world_size >= 1`` and ``0 <= rank < world_size``."""
     if rank is None or world_size is None:
         dist_rank, dist_size = distributed_rank()
         rank = dist_rank if rank is None else rank
         world_size = dist_size if world_size is None else world_size
+        launched = os.environ.get("WORLD_SIZE", "").strip()  # a launcher's (torchrun sets it)
+        if launched.isdigit() and int(launched) > 1 and not _group_initialised():
+            whole = " (the whole dataset, on every process)" if world_size == 1 else ", on every process"
+            warnings.warn(
+                f"{owner}: the environment says WORLD_SIZE={launched} (RANK={os.environ.get('RANK', '?')}), but no "
+                f"torch.distributed process group is initialised, so it reads as rank {rank} of {world_size}{whole}; "
+                "call torch.distributed.init_process_group() before creating it, or pass rank= and world_size=",
+                UserWarning, stacklevel=3)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} and world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
     return int(rank), int(world_size)
 
 
-def check_batch_size(batch_size: Any) -> None:
-    """Raise ``ValueError`` unless ``batch_size`` is a positive integer."""
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size``; raises ``ValueError`` unless it is a positive integer."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return batch_size
+
+
+def whole_number(value: Any, name: str, what: str = "an integer >= 0") -> int:
+    """``value`` as an ``int`` when it is an integer >= 0 (a numpy integer too, never a bool);
+    else a ``TypeError`` (not an integer) or ``ValueError`` (negative) saying ``name must be what``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(value)
 
 
 def mix_seed(*values: int) -> int:
@@ -164,9 +197,19 @@ def read_position_state(state: Any, plan: "EpochPlan", fingerprint: Mapping[str,
         consumed = saved.position(0, int(state["batches"]))
     else:
         raise ResumeError(f"load_state_dict: the state has no 'samples_consumed' (nor an older state's 'batches'): not a saved {owner} state")
-    if isinstance(consumed, bool) or not isinstance(consumed, int) or not 0 <= consumed <= plan.length:
+    if isinstance(consumed, bool) or not isinstance(consumed, numbers.Integral):
+        raise ResumeError(f"load_state_dict: samples_consumed={consumed!r} is not a count of samples (an integer 0..{plan.length})")
+    if not 0 <= consumed <= plan.length:
         raise ResumeError(f"load_state_dict: samples_consumed={consumed!r} is outside 0..{plan.length} for this {owner}")
-    return int(state["epoch"]), consumed
+    return state_epoch(state["epoch"]), int(consumed)
+
+
+def state_epoch(epoch: Any) -> int:
+    """A saved state's ``epoch``; a :class:`ResumeError` unless it is an integer >= 0."""
+    try:
+        return whole_number(epoch, "the state's epoch")
+    except (TypeError, ValueError) as exc:
+        raise ResumeError(f"load_state_dict: {exc}") from None
 
 
 class EpochCursor:
@@ -182,14 +225,14 @@ class EpochCursor:
         self.position: Any = None
 
     def set_epoch(self, epoch: int) -> None:
-        epoch = int(epoch)
+        epoch = whole_number(epoch, "set_epoch: epoch")
         if epoch != self.epoch:
             self.position = None
         self.epoch = epoch
 
     def resume(self, epoch: int, position: Any) -> None:
         """Make the next iteration follow ``epoch`` from ``position`` (a loaded state, already checked)."""
-        self.epoch = int(epoch)
+        self.epoch = state_epoch(epoch)
         self.position = position
 
 
@@ -223,6 +266,7 @@ class EpochPlan:
         check_batch_size(self.batch_size)
         if self.length < 0:
             raise ValueError(f"length must be at least 0, got {self.length!r}")
+        object.__setattr__(self, "seed", whole_number(self.seed, "seed"))  # a plain int: states are JSON
         resolve_rank(self.rank, self.world_size)
 
     @property
@@ -248,6 +292,21 @@ class EpochPlan:
         """The position after ``steps`` steps from ``start``: ``length`` once the epoch's last step
         is done (its padding, or the tail ``drop_last`` drops, counts as read)."""
         return self.length if 0 < steps >= self.steps(start) else self._check_start(start) + steps * self.step_size
+
+    def refuse_empty(self, owner: str) -> None:
+        """Raise ``ValueError`` (why, and what would work) when an epoch yields no batch on a rank
+        (then on every rank): no samples, or ``drop_last`` dropping all of them."""
+        if len(self):
+            return
+        if not self.length:
+            raise ValueError(f"{owner}: the dataset has no samples, so every epoch would yield no batch")
+        fits = self.length // self.world_size  # the largest batch_size that makes one whole step
+        hint = f" (here batch_size={fits} or less)" if fits else ""
+        raise ValueError(
+            f"{owner}: drop_last=True drops all {self.length} samples, fewer than one step of batch_size x world_size = "
+            f"{self.batch_size} x {self.world_size}, so every rank would get no batch; make batch_size x world_size at most "
+            f"{self.length}{hint}, or drop_last=False"
+        )
 
     def order(self, epoch: int) -> np.ndarray:
         """The whole epoch's order (every rank's samples, before the split): a permutation of ``length``."""
@@ -292,6 +351,7 @@ class ShardPlan:
     world_size: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", whole_number(self.seed, "seed"))  # a plain int: states are JSON
         resolve_rank(self.rank, self.world_size)
 
     def shards(self, items: Sequence[T], epoch: int, worker: int = 0, num_workers: int = 1) -> list[T]:
@@ -342,13 +402,36 @@ def equal_batches(counts: Sequence[Sequence[int]], batch_size: int, drop_last: b
         extra, owners = steps - sum(natural), [w for w, c in enumerate(rank) if c > 0]
         if extra and not owners:
             raise ValueError(
-                f"rank {r} of {len(counts)} reads no samples, so it cannot repeat any up to the other ranks' {steps} batches: "
-                "give every rank a shard (fewer ranks or more shards), or drop_last=True"
+                f"rank {r} of {len(counts)} reads no samples (fewer shards than ranks, or empty ones), so it cannot repeat any "
+                f"up to the other ranks' {steps} batches: give every rank a shard (fewer ranks or more shards); drop_last=True "
+                "would not help, every rank would stop at this rank's 0 batches"
             )
         share, rest = divmod(extra, max(1, len(owners)))
         more = {w: share + (i < rest) for i, w in enumerate(owners)}
         out.append([batch_size * (n + more.get(w, 0)) for w, n in enumerate(natural)])
     return out
+
+
+def rank_shares(counts: Sequence[Sequence[int]], batch_size: int, drop_last: bool = False) -> list[list[int]]:
+    """:func:`equal_batches`, refusing shares that give every rank no batch (no samples, or
+    ``drop_last`` at a rank without a whole batch): a ``ValueError`` says why and what would work."""
+    shares = equal_batches(counts, batch_size, drop_last)
+    if any(sum(rank) for rank in shares):
+        return shares
+    if not any(sum(rank) for rank in counts):
+        raise ValueError("StreamingShards: the shards hold no samples (their metadata counts 0), so every epoch would yield no batch")
+    r = min(range(len(counts)), key=lambda k: sum(int(c) // batch_size for c in counts[k]))
+    if not sum(counts[r]):
+        raise ValueError(
+            f"StreamingShards: rank {r} of {len(counts)} reads no samples (fewer shards than ranks, or empty ones), so with "
+            "drop_last=True every rank would stop at its 0 batches: give every rank a shard (fewer ranks or more shards)"
+        )
+    raise ValueError(
+        f"StreamingShards: drop_last=True stops every rank at the shortest rank's whole batches, and rank {r} of {len(counts)} "
+        f"has none: its DataLoader workers read {[int(c) for c in counts[r]]} samples this epoch, each fewer than "
+        f"batch_size={batch_size}, so every rank would get no batch; use a smaller batch_size or fewer DataLoader workers, "
+        "or drop_last=False (shorter ranks are then padded)"
+    )
 
 
 def _round_robin_first(batches: Sequence[int], steps: int) -> list[int]:

@@ -84,18 +84,22 @@ def default_threads(dataset: Any = None) -> int:
 class Loader:
     """Batches ``(images, labels)`` of a map-style dataset: uint8 ``(N, C, H, W)`` and int64 ``(N,)``.
 
-    ``dataset`` is any packer reader (anything with ``.store`` or ``read_batch(indices, out)``);
-    a plain torch Dataset works too, slowly, through ``__getitems__``/``__getitem__``.
+    ``dataset`` is any packer reader (anything with ``.store`` or ``read_batch(indices, out)``;
+    a path is refused: open it with ``readers.open_dataset(path)``); a plain torch Dataset
+    works too, slowly, through ``__getitems__``/``__getitem__``.
 
     * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle`` (call
       :meth:`set_epoch` before each epoch, like ``DistributedSampler``: same seed and epoch,
       same order), else index order.
     * Distributed: ``rank`` and ``world_size`` (default: from ``torch.distributed`` when it is
-      initialised, else one process) give each rank every ``world_size``-th sample of the
-      epoch's order. Every rank gets the same number of samples and batches: without
-      ``drop_last`` the order is padded by repeating its first samples (at most
-      ``world_size - 1``), and a shorter last batch is kept; with ``drop_last`` the tail that
-      does not divide evenly is dropped, and so is a shorter last batch.
+      initialised, else one process, with a warning when the environment says ``WORLD_SIZE >
+      1``: create the Loader after ``init_process_group``, or pass both) give each rank every
+      ``world_size``-th sample of the epoch's order. Every rank gets the same number of samples
+      and batches: without ``drop_last`` the order is padded by repeating its first samples (at
+      most ``world_size - 1``), and a shorter last batch is kept; with ``drop_last`` the tail
+      that does not divide evenly is dropped, and so is a shorter last batch. Settings whose
+      epoch has no batch (no samples, or ``drop_last`` dropping them all) are refused.
+    * ``seed`` and :meth:`set_epoch`'s epoch are integers >= 0 (others raise naming them).
     * Background: ``threads`` threads (default :func:`default_threads`) fill whole batches at
       most ``prefetch`` batches ahead (default: ``2 * threads``) into reused buffers; the
       ``buffers`` contract (``"checked"``, ``"recycle"``, ``"fresh"``) is in the module docstring.
@@ -123,7 +127,8 @@ class Loader:
       ``drop_last``), with any ``world_size``, ``batch_size``, ``threads`` or device; the next
       epochs (:meth:`set_epoch`) are those of an uninterrupted run with the new settings. The
       rest is cut into steps of the new ``batch_size * world_size``, so the number of steps left
-      is ``ceil(rest / (batch_size * world_size))`` (``floor`` with ``drop_last``). All ranks
+      is ``ceil(rest / (batch_size * world_size))`` (``floor`` with ``drop_last``), which is
+      what ``len()`` reports from the load until the resumed iteration ends. All ranks
       hold the same state when they step together: saving rank 0's is enough.
 
     Threads stop when an iteration ends, is abandoned (``break``, garbage collection) or
@@ -148,6 +153,7 @@ class Loader:
         decode: DecodeMode = "cpu",
     ) -> None:
         check_batch_size(batch_size)
+        _check_dataset(dataset)
         if decode not in DECODE_MODES:
             raise ValueError(f"decode={decode!r}: choose from {', '.join(DECODE_MODES)}")
         if decode == "cuda":
@@ -158,7 +164,7 @@ class Loader:
             raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")
         if gather not in GATHER_MODES:
             raise ValueError(f"gather={gather!r}: choose from {', '.join(GATHER_MODES)}")
-        rank, world_size = resolve_rank(rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size, "Loader")
         if getattr(dataset, "transform", None) is not None:
             raise ValueError(
                 f"{type(dataset).__name__} has a per-sample transform, which the batch path skips: open the dataset "
@@ -172,14 +178,14 @@ class Loader:
         self.prefetch = 2 * self.threads if prefetch is None else int(prefetch)
         if self.prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-        self.plan = EpochPlan(self.source.length, batch_size, shuffle, int(seed), drop_last, rank, world_size)
+        self.plan = EpochPlan(self.source.length, batch_size, shuffle, seed, drop_last, rank, world_size)
+        self.plan.refuse_empty("Loader")
         self._fingerprint = dataset_fingerprint(dataset, self.source.length)
         self.device = resolve_device(device)
         self.buffers = buffers
         # the epoch of the next iteration, and the position it starts from (a resume; None: whole)
         self._cursor = EpochCursor()
-        self._progress = Progress(0, 0)  # (epoch, batches handed out) of the latest iteration
-        self._start = 0  # the position the latest iteration started from
+        self._progress = _Pass(0, 0)  # the latest iteration: its epoch, start, batches handed out, whether it ended
         cuda = self.device is not None and self.device.type == "cuda"
         self._transfer = _ProfiledTransfer(self.device) if cuda else None  # type: ignore[arg-type]
         self._gather = _device_gather(dataset, self.device, gather) if cuda and decode == "cpu" else None
@@ -217,7 +223,7 @@ class Loader:
         """Where the job is in the epoch: ``{epoch, samples_consumed, seed, shuffle, dataset}``
         (``samples_consumed``: positions of the epoch's global order read by all ranks together;
         ``dataset``: the fingerprint :meth:`load_state_dict` checks). Plain values: JSON-safe."""
-        epoch, consumed = self._progress.epoch, self.plan.position(self._start, self._progress.batches)
+        epoch, consumed = self._progress.epoch, self.plan.position(self._progress.start, self._progress.batches)
         if epoch != self.epoch:  # set_epoch was called after the last iteration: nothing of it consumed yet
             epoch, consumed = self.epoch, self._cursor.position or 0
         return position_state(self.plan, epoch, consumed, self._fingerprint)
@@ -230,10 +236,22 @@ class Loader:
         format before the global plan (``batches`` per rank) is converted exactly."""
         epoch, consumed = read_position_state(state, self.plan, self._fingerprint, "loader")
         self._cursor.resume(epoch, consumed)
-        self._progress, self._start = Progress(epoch, 0), consumed
+        self._progress = _Pass(epoch, consumed)
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
+        """Batches of this epoch's pass on this rank (the same on every rank): what the next
+        iteration yields, and while an iteration is under way (until it has ended) what it yields.
+
+        The whole epoch's batches, except after :meth:`load_state_dict` mid-epoch: then the rest
+        of that epoch (``ceil(rest / (batch_size * world_size))``, ``floor`` with ``drop_last``),
+        before and during the resumed iteration, until it ends or :meth:`set_epoch` moves to
+        another epoch. ``len(ResumableSampler)`` is the same before an iteration (in samples); it
+        cannot see the end of a DataLoader's loop, so it reports the next, whole pass during it."""
+        if self._cursor.position is not None:  # a loaded position, not iterated yet
+            return self.plan.steps(self._cursor.position)
+        latest = self._progress
+        if latest.epoch == self.epoch and not latest.ended:  # a (resumed) iteration under way
+            return self.plan.steps(latest.start)
         return len(self.plan)
 
     def batch_indices(self, epoch: int | None = None, start: int = 0) -> list[np.ndarray]:
@@ -244,13 +262,13 @@ class Loader:
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
-        self._progress, self._start = Progress(self.epoch, 0), start
+        self._progress = progress = _Pass(self.epoch, start)
         batches = self.batch_indices(start=start)
         if self._gather is not None:
-            return self._gather.iterate(batches, self._progress)
+            return _UntilEnded(self._gather.iterate(batches, progress), progress)
         if self._decode is not None:
-            return self._decode.iterate(batches, self._progress)
-        it = _ProfiledIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, self._progress)
+            return _UntilEnded(self._decode.iterate(batches, progress), progress)
+        it = _ProfiledIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, progress=progress)
         self._iterators.add(it)
         return it
 
@@ -316,9 +334,63 @@ class _ProfiledTransfer(CudaTransfer):
 
 
 class _ProfiledIterator(FillingIterator):
+    def __init__(self, *args: Any, progress: _Pass) -> None:
+        super().__init__(*args, progress=progress)
+        self._pass = progress
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         with _stage("packer.loader.wait"):
-            return super().__next__()
+            try:
+                return super().__next__()
+            except StopIteration:
+                self._pass.ended = True
+                raise
+
+
+class _Pass(Progress):
+    """The latest iteration: its epoch, the position it started from, the batches it handed
+    out, and whether it has ended (its iterator ran out or was closed): what ``len`` reports."""
+
+    __slots__ = ("start", "ended")
+
+    def __init__(self, epoch: int, start: int) -> None:
+        super().__init__(epoch, 0)
+        self.start, self.ended = start, False
+
+
+class _UntilEnded:
+    """A device path's iteration (GPU gather, GPU decode), marking its pass ended when it runs
+    out; ``close()`` and ``len()`` are the iteration's own."""
+
+    def __init__(self, batches: Iterator[Any], progress: _Pass) -> None:
+        self._batches, self._pass = batches, progress
+
+    def __iter__(self) -> "_UntilEnded":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._pass.ended = True
+            raise
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._batches.close()  # type: ignore[attr-defined]
+
+
+def _check_dataset(dataset: Any) -> None:
+    """Refuse, in one line, what is not a map-style dataset (a path above all: open it first)."""
+    if isinstance(dataset, (str, bytes, os.PathLike)):
+        raise TypeError(f"Loader takes a dataset, not a path: got {dataset!r}; open it first, e.g. "
+                        f"Loader(readers.open_dataset({os.fsdecode(dataset)!r}), batch_size)")
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__") or not any(
+            hasattr(dataset, a) for a in ("store", "read_batch", "__getitem__")):
+        raise TypeError(f"Loader takes a map-style dataset (len() and dataset[i], or a packer reader such as "
+                        f"readers.open_dataset(path)), got {type(dataset).__name__}; stream an IterableDataset with a torch DataLoader")
 
 
 def _device_gather(dataset: Any, device: torch.device, mode: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import Sampler
 
-from .epoch import EpochCursor, EpochPlan, dataset_fingerprint, position_state, read_position_state, resolve_rank
+from .epoch import EpochCursor, EpochPlan, dataset_fingerprint, position_state, read_position_state, resolve_rank, whole_number
 
 __all__ = ["ResumableSampler"]
 
@@ -29,12 +29,14 @@ class ResumableSampler(Sampler[int]):
     fingerprint a resume is checked against) or its length.
 
     * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle``; call :meth:`set_epoch`
-      before each epoch. Rank ``r`` of ``world_size`` (default: from ``torch.distributed``) takes
+      before each epoch. Rank ``r`` of ``world_size`` (default: from ``torch.distributed``, with
+      a warning when it is not initialised but the environment says ``WORLD_SIZE > 1``) takes
       every ``world_size``-th position from ``r``.
     * Equal steps on every rank, so DDP never waits on a rank with a batch fewer: without
       ``drop_last`` the last positions are padded (the epoch's first samples repeated, at most
       ``world_size - 1``) to the same count on every rank; with ``drop_last`` the tail that does
-      not fill a whole step (``batch_size * world_size``) is dropped.
+      not fill a whole step (``batch_size * world_size``) is dropped. Settings whose epoch would
+      have no index on a rank (no samples, or ``drop_last`` dropping them all) are refused.
     * Resume: the DataLoader fetches ahead of the loop (workers, prefetching), so the sampler
       cannot know what the loop consumed: pass it, ``state_dict(batches)`` with the batches the
       DataLoader yielded in this iteration. The state ``{epoch, samples_consumed, seed, shuffle,
@@ -60,8 +62,9 @@ class ResumableSampler(Sampler[int]):
             length = len(data_source)
         else:
             raise TypeError(f"ResumableSampler needs a sized dataset or its length, got {type(data_source).__name__}")
-        rank, world_size = resolve_rank(rank, world_size)
-        self.plan = EpochPlan(int(length), batch_size, bool(shuffle), int(seed), bool(drop_last), rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size, "ResumableSampler")
+        self.plan = EpochPlan(int(length), batch_size, bool(shuffle), seed, bool(drop_last), rank, world_size)
+        self.plan.refuse_empty("ResumableSampler")
         self._fingerprint = dataset_fingerprint(data_source, length)
         self._cursor = EpochCursor()
         self._started: tuple[int, int] | None = None  # (epoch, position) of the latest iteration
@@ -98,8 +101,7 @@ class ResumableSampler(Sampler[int]):
     def state_dict(self, batches: int) -> dict[str, Any]:
         """The position after the DataLoader yielded ``batches`` batches of the current iteration
         (counted from where it started: after a resume, from the resume position)."""
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise ValueError(f"state_dict: batches must be a count of batches (an int >= 0), got {batches!r}")
+        batches = whole_number(batches, "state_dict: batches", "a count of batches (an int >= 0)")
         if self._started is None or self._started[0] != self.epoch:  # no iteration of this epoch yet
             if batches:
                 raise ValueError(f"state_dict: batches={batches}, but no iteration of epoch {self.epoch} has started")

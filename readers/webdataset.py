@@ -28,7 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .codecs import decode_image
 from .dataset import PackedDataset
 from .epoch import (EpochCursor, ResumeError, ShardPlan, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint,
-                    equal_batches, resolve_rank)
+                    rank_shares, resolve_rank, whole_number)
 from .formats import check_format
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
@@ -73,23 +73,23 @@ class StreamingShards(IterableDataset):
     metadata fetched from there. ``cache_dir`` keeps downloaded shards on local disk, at most
     ``cache_bytes`` (least recently used out), for later epochs.
 
-    ``rank``/``world_size`` default to torch.distributed's when it is initialised, else 0/1.
+    ``rank``/``world_size``: torch.distributed's once initialised, else 0/1 (warned if ``WORLD_SIZE > 1``).
 
-    Equal steps on every rank (so that DDP never waits on a rank with a batch fewer): ranks
-    read whole shards, so their sample counts differ; from the metadata's per-shard counts
-    every rank computes every rank's and worker's share (:func:`~readers.epoch.equal_batches`).
-    Pass the DataLoader's ``batch_size`` and ``num_workers`` (``batch_size=None``: batches of
-    one sample, any ``num_workers``). By default each worker's samples are padded to whole
-    batches by repeating its own samples from its first shard on, then ranks with fewer
-    batches get whole batches of such repeats up to the longest rank (as ``DistributedSampler``
-    pads; every batch is full); with ``drop_last=True`` each rank stops after the shortest
-    rank's number of whole batches (each worker's unread tail dropped, nothing read twice).
-    The shuffle buffer does not change the counts: padding follows a worker's shuffled stream,
-    truncation cuts it. ``len()`` is the number of samples this rank yields per epoch (padding
-    included), a multiple of ``batch_size``: ``len(DataLoader(...))`` is the true number of
-    batches. A DataLoader with another worker count (when ``batch_size`` is given) is refused.
-    Without metadata (unknown counts) ranks are not equalised, ``len()`` raises ``TypeError``,
-    and ``batch_size``/``drop_last``/``num_workers`` are refused.
+    Equal steps on every rank (so that DDP never waits on a rank with a batch fewer): ranks read
+    whole shards, so their sample counts differ; from the metadata's per-shard counts every rank
+    computes every rank's and worker's share (:func:`~readers.epoch.rank_shares`). Pass the
+    DataLoader's ``batch_size`` and ``num_workers`` (``batch_size=None``: batches of one sample, any
+    ``num_workers``). By default each worker's samples are padded to whole batches by repeating its
+    own samples from its first shard on, then ranks with fewer batches get whole batches of such
+    repeats up to the longest rank (as ``DistributedSampler`` pads; every batch is full); with
+    ``drop_last=True`` each rank stops after the shortest rank's number of whole batches (each
+    worker's unread tail dropped, nothing read twice). An epoch with no batch is refused (at
+    construction and ``set_epoch``). The shuffle buffer does not change the counts: padding follows
+    a worker's shuffled stream, truncation cuts it. ``len()`` is the number of samples this rank
+    yields per epoch (padding included), a multiple of ``batch_size``: ``len(DataLoader(...))`` is
+    the true number of batches; a DataLoader with another worker count (when ``batch_size`` is
+    given) is refused. Without metadata (unknown counts) ranks are not equalised, ``len()`` raises
+    ``TypeError``, and ``batch_size``/``drop_last``/``num_workers`` are refused.
 
     Resume mid-epoch (sample-exact, needs the metadata): the training process counts the
     batches its ``DataLoader`` yielded this epoch and saves ``state_dict(batches)``
@@ -149,14 +149,13 @@ class StreamingShards(IterableDataset):
             raise ValueError(f"{urls_or_path!r}: names no shards")
         if buffer < 1:
             raise ValueError(f"buffer must be a positive number of samples, got {buffer!r}")
-        rank, world_size = resolve_rank(rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size, "StreamingShards")
         self.plan = ShardPlan(shuffle, seed, rank, world_size)
         self.buffer = buffer
         self.transform = transform
         # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
         self._cursor = EpochCursor()
-        if self.meta is not None:
-            self._shares(num_workers)  # refuses now a split that cannot be equalised (a rank without shards)
+        self.set_epoch(0)
 
     # -- the plan (readers/epoch.py) ---------------------------------------------------------
     shuffle = property(lambda self: self.plan.shuffle, doc="Whether shards and samples are shuffled.")
@@ -172,8 +171,10 @@ class StreamingShards(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use the shard and sample order of ``epoch`` (needs ``shuffle`` to change anything).
 
-        A resume position loaded for another epoch is dropped."""
+        A resume position loaded for another epoch is dropped; an epoch with no batch is refused."""
         self._cursor.set_epoch(epoch)
+        if self.meta is not None:
+            self._shares(self.num_workers)
 
     # -- equal steps --------------------------------------------------------------------------
     def _shares(self, num_workers: int) -> tuple[list[int], list[int]]:
@@ -189,7 +190,7 @@ class StreamingShards(IterableDataset):
                            for rank in self.plan.split(self.urls, self.epoch, key[1])]
             except KeyError as exc:
                 raise TypeError(f"StreamingShards: shard {exc} is not listed in the metadata") from None
-            shares = equal_batches(natural, self.batch_size or 1, self.drop_last)
+            shares = rank_shares(natural, self.batch_size or 1, self.drop_last)
             self._shares_cache = (key, (natural[self.rank], shares[self.rank]))
         return self._shares_cache[1]
 
@@ -202,16 +203,15 @@ class StreamingShards(IterableDataset):
 
         Returns plain JSON-safe values: the epoch, the settings that decide the order, and how
         many samples each worker has handed out (``skip``)."""
-        batch_size = self.batch_size if batch_size is None else batch_size
-        num_workers = self.num_workers if num_workers is None else num_workers
+        batches = whole_number(batches, "state_dict: batches", "a count of batches (an int >= 0)")
+        batch_size = self.batch_size if batch_size is None else check_batch_size(batch_size)
+        num_workers = self.num_workers if num_workers is None else whole_number(num_workers, "state_dict: num_workers")
         if self.batch_size is not None and (batch_size, max(1, num_workers)) != (self.batch_size, max(1, self.num_workers)):
             raise ValueError(
                 f"state_dict: batch_size={batch_size}, num_workers={num_workers}, but this StreamingShards equalises batches "
                 f"of batch_size={self.batch_size} over num_workers={self.num_workers}: pass the DataLoader's, as the constructor has them"
             )
-        size = 1 if batch_size is None else int(batch_size)
-        if size < 1 or batches < 0:
-            raise ValueError(f"state_dict: need batches >= 0 and batch_size >= 1, got {batches!r}, {batch_size!r}")
+        size = 1 if batch_size is None else batch_size
         counts = self._shares(num_workers)[1]
         per_worker = [-(-n // size) for n in counts]  # batches each worker yields (the last may be short)
         taken = [0] * len(counts)

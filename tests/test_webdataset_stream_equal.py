@@ -78,11 +78,21 @@ def natural_counts(stream: StreamingShards, num_workers: int) -> list[int]:
 )
 def test_every_rank_yields_the_same_number_of_batches(folders, table, size, world_size, num_workers, batch_size,
                                                       drop_last, shuffle, buffer, epoch):
-    ranks, naturals = [], []
-    for rank in range(world_size):
+    def make(rank: int, drop_last: bool) -> StreamingShards:
         stream = StreamingShards(folders[size], shuffle=shuffle, buffer=buffer, seed=3, rank=rank, world_size=world_size,
                                  batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
         stream.set_epoch(epoch)
+        return stream
+
+    b = batch_size or 1
+    if drop_last and min(sum(c // b for c in natural_counts(make(r, False), num_workers if batch_size else 0))
+                         for r in range(world_size)) == 0:  # an epoch without a batch: refused
+        with pytest.raises(ValueError, match="every rank would get no batch"):
+            make(0, True)
+        return
+    ranks, naturals = [], []
+    for rank in range(world_size):
+        stream = make(rank, drop_last)
         batches = run(stream, table, batch_size, num_workers)
         assert len(DataLoader(stream, batch_size=batch_size, num_workers=num_workers)) == len(batches)
         assert len(stream) == sum(map(len, batches)) and {len(b) for b in batches} <= {batch_size or 1}  # all full
@@ -90,7 +100,6 @@ def test_every_rank_yields_the_same_number_of_batches(folders, table, size, worl
         naturals.append(natural_counts(stream, num_workers if batch_size else 0))
     steps = {len(batches) for batches in ranks}
     assert len(steps) == 1, f"ranks yield {[len(b) for b in ranks]} batches"
-    b = batch_size or 1
     if drop_last:  # the shortest rank's whole batches; nothing twice
         assert steps == {min(sum(c // b for c in n) for n in naturals)}
         seen = [i for batches in ranks for batch in batches for i in batch]
@@ -182,7 +191,8 @@ def test_equal_batches_rule(counts, batch_size, drop_last):
 def test_settings_that_cannot_be_kept_are_refused(folders, small_shards_without_meta):
     with pytest.raises(ValueError, match="rank 3 of 4 reads no samples.*drop_last=True"):
         StreamingShards(folders[7], rank=0, world_size=4)  # 3 shards
-    assert len(StreamingShards(folders[7], rank=0, world_size=4, drop_last=True)) == 0
+    with pytest.raises(ValueError, match="rank 3 of 4 reads no samples.*give every rank a shard"):  # drop_last: no way out
+        StreamingShards(folders[7], rank=0, world_size=4, drop_last=True)
     stream = StreamingShards(folders[5], batch_size=2, num_workers=2)
     with pytest.raises(ValueError, match="computed for num_workers=2, this DataLoader has 0 workers"):
         list(DataLoader(stream, batch_size=2))
