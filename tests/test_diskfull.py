@@ -59,7 +59,7 @@ def test_write_error_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder
         # Its shards are written in the workers. A forked worker would see the patch, but fork in a
         # process with threads (earlier tests leave some) can hang on a lock held at the fork: the
         # workers are spawned instead and tests/faults/sitecustomize.py injects the same fault there.
-        monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))
+        monkeypatch.setattr(parallel, "pool_context", lambda: multiprocessing.get_context("spawn"))
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
         monkeypatch.setenv("PACKER_TEST_SHARD_ERRNO", str(code))
     dst = tmp_path / f"out{SUFFIX[fmt.split('-')[0]]}"

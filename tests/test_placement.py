@@ -141,7 +141,7 @@ def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, mo
 @pytest.mark.parametrize("suffix", WRITERS)
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
 def test_a_workers_failed_write_is_one_clear_line_and_leaves_nothing(tmp_path, image_folder, monkeypatch, code, suffix):
-    monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))  # see tests/faults
+    monkeypatch.setattr(parallel, "pool_context", lambda: multiprocessing.get_context("spawn"))  # see tests/faults
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("PACKER_TEST_PLACE_ERRNO", str(code))
     out = tmp_path / "out"
