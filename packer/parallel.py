@@ -35,8 +35,8 @@ code hung inside ``cv2.setNumThreads`` (seen in ``packer bench``). The server co
 per conversion; the usual multiprocessing rule follows: a script that converts must be a file
 (or guard its work with ``if __name__ == "__main__":``), not code piped to ``python -``. How
 workers start lives in :mod:`packer.pool_start`. A worker that ends with an exit status before
-its first result failed to start (its error is on stderr): the map raises :class:`WorkerError`
-rather than blame every input on it.
+it says it started (its first message) failed to start (its error is on stderr): the map raises
+:class:`WorkerError` rather than blame every input on it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from .interrupts import signals_deferred
 from .memory import keep_freed_memory  # part of this module's interface (the CLI calls it; workers, in packer.pool_worker)
 from .options import DEFAULT_ITEM_TIMEOUT
 from .pool_start import main_not_reimported, pool_context
-from .pool_worker import encode, worker_main
+from .pool_worker import STARTED, encode, worker_main
 from .result_slots import ResultSlots, decode_results
 
 T = TypeVar("T")
@@ -150,7 +150,7 @@ class _Worker:
     ring: ResultSlots | None = None  # its result slots ("shm" transport)
     sent: int = 0  # chunks dispatched to it: their slots alternate
     briefed: bool = False  # its work unit was sent whole (until then only a kill stops it)
-    answered: bool = False  # it sent back a result: it got through its start-up
+    started: bool = False  # it said it got through its start-up (pool_worker.STARTED)
 
 
 class _Pool(Generic[T, R]):
@@ -278,25 +278,26 @@ class _Pool(Generic[T, R]):
                     message = None
                 if message is None:
                     self._lost(worker)
+                elif message == STARTED:
+                    worker.started = True
                 else:
                     self._receive(worker, message)
             elif now >= worker.deadline:
                 self._replace(worker, f"timed out after {self.item_timeout:g} s")
 
     def _lost(self, worker: _Worker) -> None:
-        """A worker ended without its result. Killed by a signal (a decoder's crash), or after
-        it had answered: its input is the culprit (:meth:`_replace`). Ended with an exit status
-        before it ever answered: its start-up failed (its error is on stderr; a script without
+        """A worker ended without its result. Once started (:data:`~packer.pool_worker.STARTED`),
+        its input is the culprit, whatever ended it (:meth:`_replace`). Ended with an exit status
+        before it started: its start-up failed (its error is on stderr; a script without
         ``if __name__ == "__main__":`` run again in every worker, say), which each replacement
         would repeat, so the map stops there instead of blaming every input."""
         worker.process.join(1.0)  # the sentinel or EOF may come a moment before the exit status
         code = worker.process.exitcode
-        if not worker.answered and code is not None and code > 0:
+        if not worker.started and code is not None and code > 0:
             raise WorkerError(f"a worker process exited with status {code} before it converted anything (its error is printed above)")
         self._replace(worker, crash_reason(code))
 
     def _receive(self, worker: _Worker, message: bytes) -> None:
-        worker.answered = True
         chunk = worker.in_flight.popleft()
         kind, payload = decode_results(message, worker.ring.slots[chunk.slot] if worker.ring else None)
         if kind == "error":

@@ -27,7 +27,11 @@ from .result_slots import attach_slots, detach_slots, encode_results
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["worker_main", "run_items", "encode"]
+__all__ = ["worker_main", "run_items", "encode", "STARTED"]
+
+#: A worker's first message: it got through its start-up (imports, the caller's script where the
+#: work unit needs it, the work unit itself); an empty message, as no result is.
+STARTED = b""
 
 
 def encode(message: Any) -> memoryview:
@@ -69,7 +73,10 @@ def worker_main(tasks: Connection, results: Connection, inherited: tuple[Connect
         fn = _Unloadable(traceback.format_exc())
     block, slots = attach_slots(ring)
     try:
+        results.send_bytes(STARTED)  # from here on, an exit is an input's doing, not the start-up's (packer.parallel)
         _serve(fn, tasks, results, slots)
+    except OSError:  # the parent is gone
+        return
     finally:
         detach_slots(block, slots)
 

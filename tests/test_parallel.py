@@ -36,6 +36,22 @@ def crashed(item, reason):
     return ("crashed", item, reason)
 
 
+def exit_on_2(x: int) -> int:
+    if x == 2:
+        os._exit(3)  # as a library calling exit() on a bad input
+    return x
+
+
+def test_an_input_that_exits_its_fresh_worker_costs_only_itself():
+    """A worker that ends with an exit status after it started: its input is skipped, even in the
+    first chunk of the first worker and in a replacement's first retry (a worker that had sent no
+    result yet was taken for one that failed to start, and the whole map stopped)."""
+    with ordered_map(exit_on_2, list(range(12)), workers=1, chunksize=4, on_crash=crashed) as results:
+        out = list(results)
+    assert out[:2] == [0, 1] and out[3:] == list(range(3, 12))
+    assert out[2] == ("crashed", 2, "its worker process exited with status 3 (an error there, printed above; not a decoder crash)")
+
+
 def sigint_ignored(_x: int) -> bool:
     return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
