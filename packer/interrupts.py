@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Callable, Iterator, Mapping
@@ -16,6 +17,9 @@ __all__ = ["interruptible", "signals_deferred"]
 
 #: Seconds after a swallowed interruption before its signal is sent again.
 REDELIVERY_DELAY = 0.01
+#: Seconds a signal is held back while the main thread imports or runs code from a string
+#: (:func:`_importing_or_exec_string`) before it is raised there all the same.
+MAX_HOLD = 2.0
 #: The signals :func:`interruptible` turned into KeyboardInterrupt, latest last; and those
 #: swallowed (:func:`_interrupt_again`) or held back (:func:`_importing_or_exec_string`) and not
 #: delivered again yet.
@@ -26,13 +30,18 @@ _swallowed: list[int] = []
 #: only at the frames above them.
 _entry: list[tuple[tuple[FrameType, ...], frozenset[int]]] = []
 _lock = threading.Lock()
+#: When the signal being held back was first held (key 0), and whether a redelivery timer waits.
+_held_since: dict[int, float] = {}
+_timer_waiting: list[bool] = []
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    if _importing_or_exec_string(frame):
+    now = time.monotonic()
+    if _importing_or_exec_string(frame) and now - _held_since.setdefault(0, now) < MAX_HOLD:
         _swallowed.append(signum)  # (not raised: the block raises it as it ends, if the signal has not come again)
         _deliver_later()
         return
+    _held_since.clear()
     _received.append(signum)
     _swallowed.clear()
     raise KeyboardInterrupt
@@ -49,7 +58,8 @@ def _importing_or_exec_string(frame: FrameType | None) -> bool:
       ``-m`` module ends it sends itself SIGINT;
     * raised in an import (``abc.register`` in a module's body) it was lost: the bench went on.
     There the handler sends the signal again a moment later (:func:`_deliver_later`), until it
-    lands outside; imports and such ``eval`` calls take a fraction of a second. Only frames
+    lands outside; imports and such ``eval`` calls take a fraction of a second, and after
+    :data:`MAX_HOLD` seconds (an import that hangs) it is raised where it lands. Only frames
     above the block's own are looked at (a ``python -c`` script is code from a string too)."""
     below = _entry[-1][1] if _entry else frozenset()
     while frame is not None and id(frame) not in below:
@@ -69,7 +79,11 @@ def _stack(frame: FrameType | None) -> tuple[tuple[FrameType, ...], frozenset[in
 
 
 def _deliver_later() -> None:
-    """Send the main thread the latest of :data:`_swallowed` again after :data:`REDELIVERY_DELAY`."""
+    """Send the main thread the latest of :data:`_swallowed` again after :data:`REDELIVERY_DELAY`
+    (one timer at a time: a signal held again while one waits rides on it)."""
+    if _timer_waiting:
+        return
+    _timer_waiting.append(True)
     timer = threading.Timer(REDELIVERY_DELAY, _deliver_swallowed)
     timer.daemon = True  # never what keeps the process from exiting
     timer.start()
@@ -97,6 +111,7 @@ def _interrupt_again(previous: Callable[[Any], object]) -> Callable[[Any], objec
 
 
 def _deliver_swallowed() -> None:
+    _timer_waiting.clear()
     with _lock:  # not once interruptible() has restored the handlers (it raises the interrupt itself)
         if _swallowed:
             if hasattr(signal, "pthread_kill"):
@@ -137,10 +152,13 @@ def interruptible() -> Iterator[None]:
     signums = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
         signums.append(signal.SIGINT)
-    _received.clear()
-    _swallowed.clear()
+    if not _entry:  # (an inner block keeps what the outer one holds)
+        _received.clear()
+        _swallowed.clear()
+        _held_since.clear()
     saved = {signum: handler for signum in signums if (handler := signal.getsignal(signum)) is not None}  # (None: not set from Python)
     previous_hook = sys.unraisablehook
+    depth = len(_entry)
     _entry.append(_stack(sys._getframe()))
     try:
         for signum in saved:
@@ -149,18 +167,21 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         swallowed, interrupted = False, None
-        while True:  # a signal handled meanwhile (its handler raises, even in the lock's wait) must not leave ours set
-            try:
-                with _lock:
-                    swallowed = swallowed or bool(_swallowed)
-                    _swallowed.clear()
-                    sys.unraisablehook = previous_hook
-                    _restore(saved)
-                    _received.clear()
-                break
-            except KeyboardInterrupt as exc:
-                interrupted = interrupted or exc
-        _entry.pop()
+        try:
+            while True:  # a signal handled meanwhile (its handler raises, even in the lock's wait) must not leave ours set
+                try:
+                    with _lock:
+                        swallowed = swallowed or bool(_swallowed)
+                        _swallowed.clear()
+                        sys.unraisablehook = previous_hook
+                        _restore(saved)
+                        _received.clear()
+                    break
+                except KeyboardInterrupt as exc:
+                    interrupted = interrupted or exc
+        finally:
+            del _entry[depth:]
+            _held_since.clear()
         if interrupted is not None:
             raise interrupted
     if swallowed:  # the block ended before the signal came again

@@ -166,3 +166,15 @@ def test_an_interrupt_landing_in_an_import_is_raised_after_it(tmp_path) -> None:
     code = SPOT.format(setup=f"sys.path.insert(0, {str(tmp_path)!r})", spot="import swallows")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (130, "interrupted"), (done.returncode, done.stdout, done.stderr)
+
+
+def test_an_import_that_hangs_is_interrupted_all_the_same(tmp_path) -> None:
+    """Held back while the main thread imports, a signal is raised there after MAX_HOLD seconds:
+    an import that hangs (a deadlock, a network call) must not make the command deaf."""
+    (tmp_path / "hangs.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n")
+    setup = f"sys.path.insert(0, {str(tmp_path)!r}); import packer.interrupts; packer.interrupts.MAX_HOLD = 0.3"
+    code = SPOT.format(setup=setup, spot="import hangs")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (130, "interrupted"), (done.returncode, done.stdout, done.stderr)
+    assert time.monotonic() - start < 15  # not the import's 30 s
