@@ -56,7 +56,7 @@ def label_count(dataset) -> int:
     """The largest label + 1: the class count of a dataset converted without class names (a
     Python dataset with no ``.classes``), whose metadata lists none."""
     top = -1
-    for start in range(0, len(dataset), 4096):
+    for start in range(0, len(dataset), 4096):  # (read_batch brings the pixels too: fine for an example's data)
         _images, labels = dataset.read_batch(range(start, min(start + 4096, len(dataset))))
         top = max(top, int(labels.max()))
     return top + 1

@@ -349,7 +349,7 @@ class _ProfiledIterator(FillingIterator):
 
 class _Pass(Progress):
     """The latest iteration: its epoch, the position it started from, the batches it handed
-    out, and whether it has ended (its iterator ran out or was closed): what ``len`` reports."""
+    out, and whether it has ended (its iterator ran out; not on a ``break``): what ``len`` reports."""
 
     __slots__ = ("start", "ended")
 

@@ -170,8 +170,8 @@ class StreamingShards(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shard and sample order of ``epoch`` (needs ``shuffle`` to change anything).
-
-        A resume position loaded for another epoch is dropped; an epoch with no batch is refused."""
+        A resume position loaded for another epoch is dropped; an epoch with no batch is refused (with
+        ``shuffle`` and shards of unequal sizes, a later epoch can be where the first was not)."""
         self._cursor.set_epoch(epoch)
         if self.meta is not None:
             self._shares(self.num_workers)

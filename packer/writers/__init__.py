@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import re
 
+from readers.formats.base import SHARD_NAME
 from readers.schema import FORMATS
 
 from ..errors import OptionError
@@ -41,6 +41,6 @@ def format_for_path(path: str) -> str | None:
     for suffix, name in SUFFIXES.items():
         if lowered.endswith(suffix):
             return name
-    if re.search(r"%0?\d*d\.tar$", lowered):
+    if SHARD_NAME.fullmatch(str(path).rstrip("/").rsplit("/", 1)[-1]):  # (what the writer takes: readers/formats/webdataset.py)
         return "webdataset"
     return None

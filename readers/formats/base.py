@@ -46,7 +46,7 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault", "dataset_path"]
+__all__ = ["Store", "Record", "Fault", "dataset_path", "SHARD_NAME"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
@@ -55,11 +55,15 @@ Record = tuple[int, tuple[int, int, int], "bytes | memoryview"]
 Fault = tuple[str, str]
 
 
+#: A WebDataset shard file name pattern: one ``%d`` field, the .tar suffix (``train-%06d.tar``).
+SHARD_NAME = re.compile(r"[^%/\\]*%0?\d*d[^%/\\]*\.tar")
+
+
 def dataset_path(path: str | Path) -> Path:
     """The dataset at ``path``: a WebDataset destination given as its shard pattern, as
     ``packer convert`` takes it (``out/train-%06d.tar``), is its folder (``out``)."""
     p = Path(path)
-    return p.parent if re.search(r"%0?\d*d\.tar$", p.name) and not p.exists() else p
+    return p.parent if SHARD_NAME.fullmatch(p.name) and not p.exists() else p
 
 
 class Store:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import mmap
 import os
-import re
 import tarfile
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +32,7 @@ from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
 from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Fault, Record, Store
+from .base import SHARD_NAME, Fault, Record, Store
 from .names import decode_source_names
 from .tar import BLOCK, iter_tar, tar_members
 
@@ -90,7 +89,7 @@ LABEL_EXTENSION = "cls"
 KEY_FORMAT = "%010d"
 RECORD = 20 * BLOCK  # tar files end with zero blocks up to a multiple of this, as tarfile writes
 
-_PATTERN_RE = re.compile(r"[^%/\\]*%0?\d*d[^%/\\]*\.tar")
+_PATTERN_RE = SHARD_NAME
 
 
 def index_records(array: np.ndarray) -> np.ndarray:
