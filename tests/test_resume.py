@@ -143,7 +143,6 @@ def test_the_journal_rows_stay_raw_little_endian_int64(tmp_path):
     assert loaded is not None and loaded.rows["crc32"].tolist() == [0xDEADBEEF, 7] and loaded.rows["label"].tolist() == [2, -1]
 
 
-
 def test_a_refused_resume_names_every_option_that_changed():
     """Sorted by name, the first difference alone could be one the user never set (a default
     that followed the one they changed)."""
