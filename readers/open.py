@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,21 @@ def open_dataset(
             raise TypeError(f"{path}: a text dataset is read by readers.TokenDataset, which takes no transform")
         from .tokens import TokenDataset
 
+        _check_options(TokenDataset, options, path)
         return TokenDataset(path, verify=bool(verify), **options)
     module, name = DATASETS[meta.format]
     cls = getattr(importlib.import_module(module), name)
+    _check_options(cls, options, path)
     return cls(path, transform=transform, verify=verify, **options)
+
+
+def _check_options(cls: type, options: dict[str, Any], path: str | Path) -> None:
+    """Refuse in one line an option the dataset class does not take (``in_memory=`` is the
+    blob's): format-generic code gets told which, not Python's 'unexpected keyword argument'."""
+    taken = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+        return
+    unknown = [name for name in options if name not in taken]
+    if unknown:
+        raise TypeError(f"open_dataset: {', '.join(f'{n}=' for n in unknown)} does not apply to {path}, read by readers.{cls.__name__}, "
+                        f"which takes {', '.join(n for n in taken if n != 'path') or 'no options'}")

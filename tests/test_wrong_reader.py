@@ -179,3 +179,10 @@ def test_an_lmdb_open_elsewhere_in_the_process_is_named(lmdb_32, tmp_path):
     finally:
         env.close()
     assert LMDBDataset(path)[0][1] >= 0  # (after the close it opens)
+
+
+def test_open_dataset_names_an_option_the_format_does_not_take(lmdb_32):
+    """Format-generic code passing the blob's ``in_memory=`` to an LMDB: one line naming the
+    option, the class and what it takes (it was Python's 'unexpected keyword argument')."""
+    with pytest.raises(TypeError, match=r"^open_dataset: in_memory= does not apply to .*, read by readers.LMDBDataset, which takes transform, verify$"):
+        open_dataset(lmdb_32, in_memory=False)
