@@ -25,7 +25,7 @@ def open_dataset(
     ``.blob`` file, a folder of WebDataset shards). Images: that format's dataset
     (``LMDBDataset`` and friends), ``verify`` (check each sample's stored checksum as it is
     read; ``None``: jpeg/png yes, raw no, see :class:`~readers.dataset.PackedDataset`) and
-    ``options`` going to its constructor. Text (metadata ``kind: "text"``), in any format: a
+    ``options`` going to its constructor (one it does not take is refused, naming what it takes). Text (metadata ``kind: "text"``), in any format: a
     :class:`readers.TokenDataset` (documents, or blocks with ``block_size=...``; ``options`` go
     to it), which takes no ``transform``; ``verify=True`` checks each document it reads
     (``None``: no, as for raw images).
