@@ -56,7 +56,7 @@ class BatchSource:
             images = _as_numpy(images)
             self.shape, self.dtype = tuple(images.shape[1:]), images.dtype
         else:
-            image, _label = dataset[0]
+            image, _label = _pair(dataset[0], 0)
             image = _as_numpy(image)
             self.shape, self.dtype = tuple(image.shape), image.dtype
 
@@ -68,9 +68,18 @@ class BatchSource:
             return
         getitems = getattr(self._dataset, "__getitems__", None)
         samples = getitems(indices.tolist()) if getitems is not None else [self._dataset[int(i)] for i in indices]
-        for j, (image, label) in enumerate(samples):
+        for j, sample in enumerate(samples):
+            image, label = _pair(sample, int(indices[j]))
             out[j] = _as_numpy(image)
             labels[j] = int(label)
+
+
+def _pair(sample: Any, index: int) -> tuple[Any, Any]:
+    """``sample`` as ``(image, label)``, or one line saying what ``dataset[index]`` gave instead."""
+    if isinstance(sample, (tuple, list)) and len(sample) == 2:
+        return sample[0], sample[1]
+    what = f"a {type(sample).__name__} of {len(sample)}" if isinstance(sample, (tuple, list)) else f"a {type(sample).__name__}"
+    raise TypeError(f"Loader: dataset[{index}] must be an (image, label) pair, got {what}")
 
 
 def _as_numpy(value: Any) -> np.ndarray:

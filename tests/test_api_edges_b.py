@@ -388,3 +388,25 @@ def test_plans_refuse_a_bad_seed_too():
         EpochPlan(10, 2, seed=-5)
     with pytest.raises(TypeError, match="seed must be an integer >= 0"):
         ShardPlan(seed=0.5)
+
+
+def test_a_dataset_whose_items_are_not_pairs_is_named():
+    """A plain dataset giving an image alone, or a triple: one line naming the item (it was
+    'too many values to unpack (expected 2)')."""
+    import torch
+
+    from readers import Loader
+
+    class Images:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.zeros(3, 4, 4, dtype=torch.uint8) if self.alone else ((torch.zeros(3, 4, 4, dtype=torch.uint8), i) if i == 0 else (1, 2, 3))
+
+    alone, triple = Images(), Images()
+    alone.alone, triple.alone = True, False
+    with pytest.raises(TypeError, match=r"^Loader: dataset\[0\] must be an \(image, label\) pair, got a Tensor$"):
+        next(iter(Loader(alone, 4)))
+    with pytest.raises(TypeError, match=r"^Loader: dataset\[1\] must be an \(image, label\) pair, got a tuple of 3$"):
+        next(iter(Loader(triple, 4, shuffle=False)))
