@@ -46,7 +46,7 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault", "dataset_path", "SHARD_NAME"]
+__all__ = ["Store", "Record", "Fault", "dataset_path", "magic_mismatch", "SHARD_NAME"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
@@ -64,6 +64,17 @@ def dataset_path(path: str | Path) -> Path:
     ``packer convert`` takes it (``out/train-%06d.tar``), is its folder (``out``)."""
     p = Path(path)
     return p.parent if SHARD_NAME.fullmatch(p.name) and not p.exists() else p
+
+
+def magic_mismatch(path: Path, magic: bytes, readable: str, expected: str) -> str | None:
+    """Why the file ``path`` is not ``expected`` (``"a packer blob"``) from its first bytes,
+    which must be ``magic``; or that it is not ``readable`` (``"a readable blob"``); ``None`` if it is."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(magic))
+    except OSError as exc:
+        return f"not {readable} ({exc.strerror or type(exc).__name__})"
+    return None if head == magic else f"not {expected} (starts with {head!r}, expected {magic!r})"
 
 
 class Store:

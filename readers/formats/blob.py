@@ -49,7 +49,7 @@ import numpy as np
 from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
-from .base import Record, Store
+from .base import Record, Store, magic_mismatch
 from .names import decode_source_names
 
 __all__ = [
@@ -164,12 +164,7 @@ class BlobStore(Store):
             return "not a blob (a blob is a single file)"
         if path.suffix == ".blob":  # an unfinished one too, so it gets a clear "incomplete" error
             return None
-        try:
-            with open(path, "rb") as handle:
-                magic = handle.read(len(MAGIC))
-        except OSError as exc:
-            return f"not a readable blob ({exc.strerror or type(exc).__name__})"
-        return None if magic == MAGIC else f"not a packer blob (starts with {magic!r}, expected {MAGIC!r})"
+        return magic_mismatch(path, MAGIC, "a readable blob", "a packer blob")
 
     def _read_metadata(self) -> Metadata:
         where = str(self.path)

@@ -34,7 +34,7 @@ import numpy as np
 
 from .._process import HandleCache, PerProcess, file_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Record, Store
+from .base import Record, Store, magic_mismatch
 from .names import decode_source_names
 
 __all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "chunk_starts", "open_shared_file"]
@@ -97,12 +97,7 @@ class HDF5Store(Store):
     def mismatch(cls, path: Path) -> str | None:
         if not path.is_file():
             return "not an HDF5 file (this is a folder)"
-        try:
-            with open(path, "rb") as handle:
-                head = handle.read(len(SIGNATURE))
-        except OSError as exc:
-            return f"not a readable HDF5 file ({exc.strerror or type(exc).__name__})"
-        return None if head == SIGNATURE else f"not an HDF5 file (starts with {head!r}, expected {SIGNATURE!r})"
+        return magic_mismatch(path, SIGNATURE, "a readable HDF5 file", "an HDF5 file")
 
     def _read_metadata(self) -> Metadata:
         shared = self._file.get()
