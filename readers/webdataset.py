@@ -15,23 +15,19 @@ Samples are ``(uint8 tensor (C, H, W), int label)``; a text dataset's samples (`
 
 from __future__ import annotations
 
-import os
-import random
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .codecs import decode_image
 from .dataset import PackedDataset
 from .epoch import (EpochCursor, ResumeError, ShardPlan, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint,
                     rank_shares, resolve_rank, whole_number)
-from .formats import check_format
-from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
-from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
+from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, ShardStore, iter_tar
+from .schema import PackedFormatError
+from .shard_stream import decode_member, resolve_shards, shard_name, shuffled
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -54,7 +50,9 @@ class StreamingShards(IterableDataset):
     ``urls_or_path``: a packer shard folder (its shards, in order, from the metadata), or what
     the webdataset library accepts: a URL or path with brace patterns, several joined by
     ``::``, or a list of URLs; ``pipe:`` commands and http(s) URLs are opened with the
-    webdataset library's ``gopen``.
+    webdataset library's ``gopen``. A local shard that is missing, a folder in a list, or a file
+    that is not a tar (another packer format's dataset is named, with the class that reads it)
+    is refused at construction, in one line (``readers/shard_stream.py``).
 
     Samples are ``(image, label)``, or for a text dataset ``(token ids, -1)``: each document's
     ids as a 1-D uint16/uint32 tensor (lengths differ: ``DataLoader(batch_size=None)`` or a
@@ -129,7 +127,7 @@ class StreamingShards(IterableDataset):
         drop_last: bool = False,
         num_workers: int = 0,
     ) -> None:
-        self.urls, self.meta = _resolve(urls_or_path)
+        self.urls, self.meta = resolve_shards(urls_or_path)
         if batch_size is not None:
             check_batch_size(batch_size)
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
@@ -171,10 +169,16 @@ class StreamingShards(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use the shard and sample order of ``epoch`` (needs ``shuffle`` to change anything).
         A resume position loaded for another epoch is dropped; an epoch with no batch is refused (with
-        ``shuffle`` and shards of unequal sizes, a later epoch can be where the first was not)."""
+        ``shuffle`` and shards of unequal sizes, a later epoch can be where the first was not), and
+        the epoch and position before it stay as they were."""
+        before = (self._cursor.epoch, self._cursor.position)
         self._cursor.set_epoch(epoch)
-        if self.meta is not None:
-            self._shares(self.num_workers)
+        try:
+            if self.meta is not None:
+                self._shares(self.num_workers)
+        except ValueError:
+            self._cursor.epoch, self._cursor.position = before
+            raise
 
     # -- equal steps --------------------------------------------------------------------------
     def _shares(self, num_workers: int) -> tuple[list[int], list[int]]:
@@ -186,7 +190,7 @@ class StreamingShards(IterableDataset):
         if getattr(self, "_shares_cache", (None,))[0] != key:
             counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
             try:
-                natural = [[sum(counts[_basename(url)] for url in part) for part in rank]
+                natural = [[sum(counts[shard_name(url)] for url in part) for part in rank]
                            for rank in self.plan.split(self.urls, self.epoch, key[1])]
             except KeyError as exc:
                 raise TypeError(f"StreamingShards: shard {exc} is not listed in the metadata") from None
@@ -297,7 +301,7 @@ class StreamingShards(IterableDataset):
             natural, shares = self._shares(num_workers)
             own, share = natural[worker], shares[worker]
         for encoded, label in self._positions(urls, worker, skip, own, share):
-            sample = _decode(*encoded, self.meta)
+            sample = decode_member(*encoded, self.meta)
             yield (self.transform(sample) if self.transform is not None else sample), label
 
     def _positions(self, urls: list[str], worker: int, skip: int, own: int | None, share: int | None) -> Iterator[Any]:
@@ -310,12 +314,12 @@ class StreamingShards(IterableDataset):
             n, rest = 0, urls
             if skip and not self.shuffle and self.meta is not None:  # whole shards already read are not opened
                 counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
-                while rest and n + counts.get(_basename(rest[0]), skip + 1) <= skip:
-                    n += counts[_basename(rest[0])]
+                while rest and n + counts.get(shard_name(rest[0]), skip + 1) <= skip:
+                    n += counts[shard_name(rest[0])]
                     rest = rest[1:]
             samples = self._samples(rest)
             if self.shuffle:
-                samples = _shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
+                samples = shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
             for sample in samples:
                 if end is not None and n >= end:
                     break
@@ -363,88 +367,3 @@ class StreamingShards(IterableDataset):
             f"{type(self).__name__}({len(self.urls)} shards, shuffle={self.shuffle}, buffer={self.buffer}, "
             f"seed={self.seed}, rank={self.rank}/{self.world_size}, epoch={self.epoch})"
         )
-
-
-def _decode(data: np.ndarray, ext: str, url: str, name: str, meta: Metadata | None) -> torch.Tensor:
-    """A member's sample: pixels ``(C, H, W)`` uint8, or a text document's 1-D token ids.
-
-    The metadata's ``kind`` decides; without metadata, a 1-D uint16/uint32 ``.npy`` member is a
-    document and anything else an image."""
-    kind = meta.kind if meta is not None else None
-    try:
-        if ext == "npy":
-            shape, dtype, offset = parse_npy(data)
-            if kind == "text" or (kind is None and dtype.name in TOKEN_DTYPES and len(shape) == 1):
-                return _tokens(data[offset:], shape, dtype, meta.dtype if meta is not None else dtype.name)
-            if dtype != np.uint8:
-                raise PackedFormatError(f"dtype {dtype}, expected uint8")
-            return torch.from_numpy(data[offset:].reshape(shape))
-        if kind == "text":
-            raise PackedFormatError(f"a .{ext} member in a text dataset, expected .npy token ids")
-        channels = meta.channels if meta is not None else 3
-        return torch.from_numpy(np.ascontiguousarray(decode_image(data, channels)))
-    except (PackedFormatError, ValueError) as exc:
-        raise PackedFormatError(f"{url}: member {name}: {exc}") from None
-
-
-def _tokens(payload: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, expected: str) -> torch.Tensor:
-    """A document's token ids (the ``.npy`` payload after its header) as a 1-D tensor of native byte order."""
-    if dtype.name != expected or len(shape) != 1:
-        raise PackedFormatError(f"a {dtype.name} array of shape {shape}, expected a 1-D {expected} array of token ids")
-    ids = payload.view(dtype)
-    if ids.shape != shape:
-        raise PackedFormatError(f"{ids.size} token ids after the header, expected {shape[0]}")
-    return torch.from_numpy(ids.astype(dtype.newbyteorder("=")))  # a copy: aligned, native
-
-
-def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """A shuffle buffer: fill to ``size``, then emit a random element for each new one."""
-    pool: list[Any] = []
-    for sample in samples:
-        if len(pool) < size:
-            pool.append(sample)
-            continue
-        j = rng.randrange(size)
-        pool[j], sample = sample, pool[j]
-        yield sample
-    rng.shuffle(pool)
-    yield from pool
-
-
-def _basename(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1].split()[-1] if url else url
-
-
-def _resolve(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | None]:
-    """Shard URLs and, when it can be found locally, the metadata record."""
-    if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):
-        folder = Path(source)
-        check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line
-        meta = read_metadata(folder)
-        return [str(folder / name) for name in meta.extra["shards"]], meta
-    from .remote import is_url, read_url
-
-    if isinstance(source, str) and is_url(source) and not source.endswith(".tar") and "{" not in source:
-        folder_url = source.rstrip("/")  # a remote shard folder: its metadata lists the shards
-        raw = read_url(f"{folder_url}/{META_FILE}")
-        if raw is None:
-            raise IncompleteDatasetError(f"{folder_url}: no {META_FILE}: the upload did not finish or this is not a packer shard folder")
-        meta = parse_metadata(raw, folder_url)
-        return [f"{folder_url}/{name}" for name in meta.extra["shards"]], meta
-    if isinstance(source, str):
-        from webdataset.shardlists import expand_urls
-
-        urls = expand_urls(source)
-    else:
-        urls = [str(url) for url in source]
-    folders = {os.path.dirname(url) for url in urls if not urlparse(url).scheme}
-    meta = None
-    remote_folders = {url.rsplit("/", 1)[0] for url in urls if is_url(url)}
-    if len(remote_folders) == 1 and all(is_url(u) for u in urls):
-        raw = read_url(f"{next(iter(remote_folders))}/{META_FILE}")
-        meta = parse_metadata(raw, next(iter(remote_folders))) if raw is not None else None
-    if len(folders) == 1 and all(not urlparse(u).scheme for u in urls):
-        folder = Path(next(iter(folders)) or ".")
-        if (folder / META_FILE).exists():
-            meta = read_metadata(folder)
-    return urls, meta

@@ -217,8 +217,12 @@ def test_a_shuffled_epoch_with_no_batch_is_refused_at_set_epoch(tmp_path):
     good = next(e for e in range(1, 100) if not empty(seed, e))
     stream = StreamingShards(folder, shuffle=True, seed=seed, rank=0, world_size=2, batch_size=2, drop_last=True)
     assert len(urls) == 3 and len(stream) > 0
+    whole = list(stream)
+    stream.load_state_dict(stream.state_dict(1))  # a resume position in epoch 0: the refusal keeps it
     with pytest.raises(ValueError, match=r"rank 1 of 2 has none: its DataLoader workers read \[1\] samples"):
         stream.set_epoch(bad)
+    assert stream.epoch == 0 and len(stream) == len(whole)
+    assert [label for _, label in stream] == [label for _, label in whole[2:]]
     stream.set_epoch(good)
     assert len(stream) > 0
 

@@ -59,9 +59,19 @@ def test_another_formats_dataset_names_its_format_and_reader(packed_32, fmt, rea
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "webdataset"])
 def test_streaming_shards_names_the_reader_of_another_format(packed_32, fmt):
     path = packed_32(fmt)
-    with pytest.raises(PackedFormatError) as caught:
-        StreamingShards(Path(path))
-    assert f"a packer {LABELS[fmt]} image dataset, not WebDataset" in one_line(caught.value)
+    for given in (Path(path), str(path), [str(path)]):  # a string or list was read as a shard URL (a tar error at iteration)
+        with pytest.raises(PackedFormatError) as caught:
+            StreamingShards(given)
+        assert f"a packer {LABELS[fmt]} image dataset, not WebDataset" in one_line(caught.value), given
+
+
+def test_streaming_shards_refuses_missing_shards_and_folders_among_them(packed_32, tmp_path):
+    shards = [str(p) for p in sorted(Path(packed_32("webdataset")).glob("*.tar"))]
+    assert shards and len(StreamingShards(shards[:1])) > 0
+    with pytest.raises(FileNotFoundError, match=r"^\S*gone.tar: no such shard \(StreamingShards reads"):
+        StreamingShards([*shards, str(tmp_path / "gone.tar")])
+    with pytest.raises(PackedFormatError, match="a shard folder among the shards; pass the folder alone"):
+        StreamingShards([*shards, packed_32("webdataset")])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -1,0 +1,126 @@
+"""Where :class:`~readers.webdataset.StreamingShards` gets its shards and how it decodes their
+members: the shard list and metadata of a folder, pattern, URL or list
+(:func:`resolve_shards`), a member's bytes as a sample (:func:`decode_member`), and the
+sample shuffle buffer (:func:`shuffled`). The layout is ``readers/formats/webdataset.py``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from .codecs import decode_image
+from .formats import check_format
+from .formats.webdataset import META_FILE, ShardStore, parse_metadata, parse_npy, read_metadata
+from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
+
+#: Names of local files taken as shards without reading their first bytes.
+TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+
+__all__ = ["decode_member", "resolve_shards", "shard_name", "shuffled"]
+
+
+def decode_member(data: np.ndarray, ext: str, url: str, name: str, meta: Metadata | None) -> torch.Tensor:
+    """A member's sample: pixels ``(C, H, W)`` uint8, or a text document's 1-D token ids.
+
+    The metadata's ``kind`` decides; without metadata, a 1-D uint16/uint32 ``.npy`` member is a
+    document and anything else an image."""
+    kind = meta.kind if meta is not None else None
+    try:
+        if ext == "npy":
+            shape, dtype, offset = parse_npy(data)
+            if kind == "text" or (kind is None and dtype.name in TOKEN_DTYPES and len(shape) == 1):
+                return token_ids(data[offset:], shape, dtype, meta.dtype if meta is not None else dtype.name)
+            if dtype != np.uint8:
+                raise PackedFormatError(f"dtype {dtype}, expected uint8")
+            return torch.from_numpy(data[offset:].reshape(shape))
+        if kind == "text":
+            raise PackedFormatError(f"a .{ext} member in a text dataset, expected .npy token ids")
+        channels = meta.channels if meta is not None else 3
+        return torch.from_numpy(np.ascontiguousarray(decode_image(data, channels)))
+    except (PackedFormatError, ValueError) as exc:
+        raise PackedFormatError(f"{url}: member {name}: {exc}") from None
+
+
+def token_ids(payload: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, expected: str) -> torch.Tensor:
+    """A document's token ids (the ``.npy`` payload after its header) as a 1-D tensor of native byte order."""
+    if dtype.name != expected or len(shape) != 1:
+        raise PackedFormatError(f"a {dtype.name} array of shape {shape}, expected a 1-D {expected} array of token ids")
+    ids = payload.view(dtype)
+    if ids.shape != shape:
+        raise PackedFormatError(f"{ids.size} token ids after the header, expected {shape[0]}")
+    return torch.from_numpy(ids.astype(dtype.newbyteorder("=")))  # a copy: aligned, native
+
+
+def shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """A shuffle buffer: fill to ``size``, then emit a random element for each new one."""
+    pool: list[Any] = []
+    for sample in samples:
+        if len(pool) < size:
+            pool.append(sample)
+            continue
+        j = rng.randrange(size)
+        pool[j], sample = sample, pool[j]
+        yield sample
+    rng.shuffle(pool)
+    yield from pool
+
+
+def shard_name(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1].split()[-1] if url else url
+
+
+def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | None]:
+    """Shard URLs and, when it can be found locally, the metadata record."""
+    if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):
+        folder = Path(source)
+        check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line
+        meta = read_metadata(folder)
+        return [str(folder / name) for name in meta.extra["shards"]], meta
+    from .remote import is_url, read_url
+
+    if isinstance(source, str) and is_url(source) and not source.endswith(".tar") and "{" not in source:
+        folder_url = source.rstrip("/")  # a remote shard folder: its metadata lists the shards
+        raw = read_url(f"{folder_url}/{META_FILE}")
+        if raw is None:
+            raise IncompleteDatasetError(f"{folder_url}: no {META_FILE}: the upload did not finish or this is not a packer shard folder")
+        meta = parse_metadata(raw, folder_url)
+        return [f"{folder_url}/{name}" for name in meta.extra["shards"]], meta
+    if isinstance(source, str):
+        from webdataset.shardlists import expand_urls
+
+        urls = expand_urls(source)
+    else:
+        urls = [str(url) for url in source]
+    _check_local(url for url in urls if not urlparse(url).scheme)
+    folders = {os.path.dirname(url) for url in urls if not urlparse(url).scheme}
+    meta = None
+    remote_folders = {url.rsplit("/", 1)[0] for url in urls if is_url(url)}
+    if len(remote_folders) == 1 and all(is_url(u) for u in urls):
+        raw = read_url(f"{next(iter(remote_folders))}/{META_FILE}")
+        meta = parse_metadata(raw, next(iter(remote_folders))) if raw is not None else None
+    if len(folders) == 1 and all(not urlparse(u).scheme for u in urls):
+        folder = Path(next(iter(folders)) or ".")
+        if (folder / META_FILE).exists():
+            meta = read_metadata(folder)
+    return urls, meta
+
+
+def _check_local(paths: Iterator[str]) -> None:
+    """Refuse, in one line, a local shard that is missing, a folder, or a file that is not a tar
+    (by its name or its first bytes: another packer format's dataset is named, with the class
+    that reads it)."""
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such shard (StreamingShards reads .tar shards, a packer shard folder or URLs)")
+        if os.path.isdir(path) or not (path.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(path)):
+            check_format(path, ShardStore.format_name)  # another packer format's dataset, or none: named
+        if os.path.isdir(path):
+            raise PackedFormatError(f"{path}: a shard folder among the shards; pass the folder alone, or its .tar shards")
