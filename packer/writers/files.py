@@ -197,7 +197,10 @@ class WriteBehind:
 
     Only for files not read back while written (a WebDataset worker's finished shard, the
     shards the driver assembles, the samples a blob's or HDF5's workers place, :meth:`wrote_range`,
-    of which only the few moved down after a skipped input are read back), never fragments the
+    of which only the few moved down after a skipped input are read back; LMDB's file, whose
+    writer reads back only B-tree pages its last commit wrote, in the step not dropped yet, or
+    rewritten in place, below the steps: ``map_size``, the writer's map of the file, is emptied
+    over what is dropped first, as at its checkpoints), never fragments the
     driver copies from. Where ``sync_file_range`` is missing or refused (not Linux, a filesystem
     without it), it does nothing; a write error or a full disk it reports raises ``OSError`` (and
     must: once a wait has seen a writeback error, an ``fsync`` through a descriptor opened after
@@ -205,8 +208,9 @@ class WriteBehind:
     workers wrote).
     """
 
-    def __init__(self, fd: int, step: int | None = None) -> None:
+    def __init__(self, fd: int, step: int | None = None, *, map_size: int = 0) -> None:
         self.fd, self.step = fd, step or WRITE_BEHIND_STEP
+        self.map_size = map_size  # this process maps the file over so many bytes (LMDB: :func:`release_cached`)
         self.started = 0  # write-out started below this offset
         self.released = 0  # on disk and out of the page cache below this offset
         self._run_end = -1  # :meth:`wrote_range`: where the run of contiguous ranges written last ends
@@ -279,7 +283,7 @@ class WriteBehind:
     def _wait_and_release(self, start: int, end: int) -> None:
         """Wait for the write-out of bytes ``start`` to ``end`` (started earlier), then drop them."""
         if self._sync(start, end, _WAIT_BEFORE | _WRITE | _WAIT_AFTER):
-            release_cached(self.fd, end, start=start)
+            release_cached(self.fd, end, start=start, map_size=self.map_size)
 
     def _sync(self, start: int, end: int, flags: int) -> bool:
         if self._call(self.fd, start, end - start, flags) == 0:

@@ -16,7 +16,14 @@ map, through which it reads its B-tree pages: the kernel keeps a cached block of
 while one page of it is mapped): the file is not
 read again while it is written, and the next pages written reuse the memory just freed (``benchmarks/results/one_writer.json``,
 row (a), has the writer's rate; the message of the commit that made this change has its A/B
-against the map). Writing through a shared writable map
+against the map). Between checkpoints the commits are also
+written behind (``files.WriteBehind``, as WebDataset's shards and the blob's and HDF5's placed
+samples are): every 8 MiB the file grows, the write-out of the new step starts and the step
+before it is waited for and dropped (out of the map first), so the next commits' pages reuse
+memory freed a few MB earlier. A checkpoint's pages come back only after its ``fsync``, by then
+often memory the 2-core VM's hypervisor had taken back, where a fresh page costs several times
+a reused one (docs/SCALING.md); dropping a clean page costs no durability (the checkpoint's
+``fdatasync`` still flushes the disk). Writing through a shared writable map
 (``writemap``), as this writer did before, costs a page fault per new 4 KiB page and, at every
 sync, write-protecting each page again (``msync``: ``folio_mkclean``, with a TLB shoot-down to
 the other core), and the map's pages cannot be dropped from the cache.
@@ -41,7 +48,7 @@ from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import release_cached
+from .files import WriteBehind, release_cached
 from .journal import Checkpoint
 
 __all__ = ["LMDBWriter"]
@@ -118,6 +125,8 @@ class LMDBWriter(Writer):
         )
         self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)  # to reserve blocks and drop durable pages
         self._reserve(self._map_size)  # before the first commit writes into the map's range
+        # through a descriptor opened before any write (it reports their errors); dropping pages takes them out of the map first
+        self._behind = WriteBehind(self._fd, map_size=self._map_size)
 
     def _write(self, index: int, sample: Encoded) -> None:
         channels, height, width = sample.shape
@@ -142,6 +151,7 @@ class LMDBWriter(Writer):
                 raise _as_os_error(exc) from None
         self._pending.clear()
         self._pending_bytes = 0
+        self._behind.wrote(self._used_bytes())  # module docstring; a write-out error raises OSError, as the fsync's would
 
     def _grow(self) -> None:
         self._settle(raise_error=True)  # no sync may run while the map is replaced
@@ -149,7 +159,7 @@ class LMDBWriter(Writer):
         wanted = -(-wanted // _ALIGN) * _ALIGN
         self._reserve(wanted)  # blocks first: a full disk is ENOSPC here, not a cut-short write
         _lmdb_call(self._env.set_mapsize, wanted)
-        self._map_size = wanted
+        self._map_size = self._behind.map_size = wanted
 
     def _reserve(self, size: int) -> None:
         if self._preallocate:
