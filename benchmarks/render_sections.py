@@ -212,12 +212,15 @@ def _one_writer() -> str:
                         markdown_table(["what", "samples/s, median (min-max)", "MB/s"], rows)])
 
 
-def _one_writer_before_after() -> str:
-    d = load("one_writer-before_after")
-    runs = lambda values: " / ".join(f"{v:,.0f}" for v in values) or "(not in the base)"  # noqa: E731
-    rows = [[name, runs(r["before"]), runs(r["after"])] for name, r in d["rates"].items()]
-    return "\n\n".join([source_line("one_writer-before_after"), f"base {d['base']}, after {d['after']}:",
-                         markdown_table(["row (samples/s)", "before", "after"], rows)])
+def _one_writer_before_after(name: str = "one_writer-before_after") -> Callable[[], str]:
+    def section() -> str:
+        d = load(name)
+        runs = lambda values: " / ".join(f"{v:,.0f}" for v in values) or "(not in the base)"  # noqa: E731
+        rows = [[row, runs(r["before"]), runs(r["after"])] for row, r in d["rates"].items()]
+        return "\n\n".join([source_line(name), f"base {d['base']}, after {d['after']}:",
+                             markdown_table(["row (samples/s)", "before", "after"], rows)])
+
+    return section
 
 
 def _core_scaling(name: str = "core_scaling") -> Callable[[], str]:
@@ -381,7 +384,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "blob_memory": _blob_memory,
     "train_loop": _train_loop,
     "one_writer": _one_writer,
-    "one_writer-before_after": _one_writer_before_after,
+    "one_writer-before_after": _one_writer_before_after(),
+    "one_writer-lmdb-write-behind": _one_writer_before_after("one_writer-lmdb-write-behind"),
     "core_scaling": _core_scaling(),
     "core_scaling-presized": _core_scaling("core_scaling-presized"),
     "core_scaling-16cores": _core_scaling("core_scaling-16cores"),
