@@ -13,7 +13,9 @@ class PackerError(Exception):
 
 
 class OptionError(PackerError, ValueError):
-    """An option value is invalid or options contradict each other."""
+    """An option value is invalid or options contradict each other. The message names the
+    option as the CLI spells it (``--on-error``); from Python it is the keyword or options
+    field of the same name with underscores (``on_error=``, ``ImageOptions(resize_mode=...)``)."""
 
     exit_code = 2
 
