@@ -114,13 +114,18 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
 
 
 def _check_local(paths: Iterator[str]) -> None:
-    """Refuse, in one line, a local shard that is missing, a folder, or a file that is not a tar
-    (by its name or its first bytes: another packer format's dataset is named, with the class
-    that reads it)."""
+    """Refuse, in one line, a local shard that is missing, a folder, or a regular file that is
+    not a tar (by its name or its first bytes: another packer format's dataset is named, with
+    the class that reads it). ``-`` (standard input, to the webdataset library's ``gopen``) and
+    other non-regular files (a named pipe, ``/dev/stdin``) are left to the reading: their bytes
+    can be read once only."""
     for path in paths:
+        if path == "-":
+            continue
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such shard (StreamingShards reads .tar shards, a packer shard folder or URLs)")
-        if os.path.isdir(path) or not (path.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(path)):
-            check_format(path, ShardStore.format_name)  # another packer format's dataset, or none: named
         if os.path.isdir(path):
+            check_format(path, ShardStore.format_name)  # another packer format's dataset, or none: named
             raise PackedFormatError(f"{path}: a shard folder among the shards; pass the folder alone, or its .tar shards")
+        if os.path.isfile(path) and not (path.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(path)):
+            check_format(path, ShardStore.format_name)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,26 @@ def test_streaming_shards_refuses_missing_shards_and_folders_among_them(packed_3
         StreamingShards([*shards, str(tmp_path / "gone.tar")])
     with pytest.raises(PackedFormatError, match="a shard folder among the shards; pass the folder alone"):
         StreamingShards([*shards, packed_32("webdataset")])
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_streaming_shards_reads_a_named_pipe_and_stdin_unchecked(packed_32, tmp_path):
+    """Their bytes can be read once: no check may read them first (a tar check on a pipe hung)."""
+    shard = sorted(Path(packed_32("webdataset")).glob("*.tar"))[0]
+    expected = [label for _, label in StreamingShards([str(shard)])]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code = "import sys\nfrom readers import StreamingShards\nprint([l for _, l in StreamingShards(sys.argv[1])])"
+    with open(shard, "rb") as stdin:
+        from_stdin = subprocess.run([sys.executable, "-c", code, "-"], stdin=stdin, capture_output=True, text=True, timeout=120,
+                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert from_stdin.returncode == 0 and from_stdin.stdout.strip() == str(expected), from_stdin.stderr
+    reader = subprocess.Popen([sys.executable, "-c", code, str(fifo)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    writer = threading.Thread(target=fifo.write_bytes, args=(shard.read_bytes(),), daemon=True)  # it waits for the reader
+    writer.start()
+    out, _ = reader.communicate(timeout=120)
+    assert reader.returncode == 0 and out.strip() == str(expected)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
