@@ -164,6 +164,27 @@ def test_write_behind_puts_all_but_the_last_step_on_disk_as_the_file_grows(tmp_p
     assert cached_pages(tmp_path / "plain") == (pages, pages)
 
 
+def test_write_behind_of_a_resumed_file_leaves_its_first_bytes_alone(tmp_path, drops_synced_pages):
+    """A resumed LMDB's pages so far are the checkpoints' business: a write-behind that starts
+    there neither writes them out nor drops them with its first step (it waited for the whole
+    file on the writer's thread)."""
+    path = tmp_path / "resumed"
+    path.write_bytes(os.urandom(4 << 20))  # from the interrupted run: cached
+    fd = os.open(path, os.O_RDWR)
+    try:
+        behind = WriteBehind(fd, 1 << 20, start=(4 << 20) + 100)
+        assert behind.started == behind.released == 4 << 20  # a page boundary
+        for end in (6 << 20, 8 << 20):
+            os.pwrite(fd, os.urandom(2 << 20), end - (2 << 20))
+            behind.wrote(end)
+        assert behind.released == 6 << 20
+        in_cache = page_map(path)
+        pages = (4 << 20) // mmap.PAGESIZE
+        assert all(in_cache[:pages]) and not any(in_cache[pages : 2 * pages - pages // 2])
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("error, raises", [
     (errno.EIO, True), (errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EROFS, True),
     (errno.EINVAL, False), (errno.ENOSYS, False), (errno.ENOMEM, False),

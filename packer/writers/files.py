@@ -61,7 +61,7 @@ def release_cached(fd: int, length: int = 0, *, map_size: int = 0, start: int = 
     writes (other shapes, compression, samples after a skip) stays cached until the end.
     """
     if map_size and length:
-        _unmap(fd, map_size, min(length, map_size))
+        _unmap(fd, map_size, start - start % mmap.PAGESIZE, min(length, map_size))
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:  # pragma: no cover - not POSIX (macOS has no fadvise)
         return
@@ -85,9 +85,9 @@ def read_ahead(fd: int, offsets: Sequence[int], length: int) -> None:
         pass
 
 
-def _unmap(fd: int, map_size: int, length: int) -> None:
-    """Empty the first ``length`` bytes of this process's map of the file ``fd`` (``map_size``
-    bytes from its start), looked up anew in ``/proc/self/maps`` each time (the library that made
+def _unmap(fd: int, map_size: int, first: int, end: int) -> None:
+    """Empty bytes ``first`` (a page boundary) up to ``end`` of this process's map of the file
+    ``fd`` (``map_size`` bytes from its start), looked up anew in ``/proc/self/maps`` each time (the library that made
     it does not say where it is): advice never goes to an address no longer the map's, which on
     private memory would zero it."""
     madvise = _libc("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
@@ -101,9 +101,10 @@ def _unmap(fd: int, map_size: int, length: int) -> None:
                 fields = line.split()
                 if len(fields) < 5 or int(fields[4]) != stat.st_ino or int(fields[2], 16) != 0:
                     continue
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if tuple(int(x, 16) for x in fields[3].split(":")) == device and end - start == map_size:
-                    madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_DONTNEED)
+                address, last = (int(x, 16) for x in fields[0].split("-"))
+                if tuple(int(x, 16) for x in fields[3].split(":")) == device and last - address == map_size:
+                    if end > first:
+                        madvise(ctypes.c_void_p(address + first), ctypes.c_size_t(end - first), mmap.MADV_DONTNEED)
                     return
     except (OSError, ValueError):  # no /proc here: the mapped pages are only kept
         pass
@@ -198,9 +199,9 @@ class WriteBehind:
     Only for files not read back while written (a WebDataset worker's finished shard, the
     shards the driver assembles, the samples a blob's or HDF5's workers place, :meth:`wrote_range`,
     of which only the few moved down after a skipped input are read back; LMDB's file, whose
-    writer reads back only B-tree pages its last commit wrote, in the step not dropped yet, or
-    rewritten in place, below the steps: ``map_size``, the writer's map of the file, is emptied
-    over what is dropped first, as at its checkpoints), never fragments the
+    writer reads back only the few B-tree pages of its last commits: those that fall in a step
+    dropped are read from the disk again; ``map_size``, the writer's map of the file, is emptied
+    over each step dropped first, as at its checkpoints), never fragments the
     driver copies from. Where ``sync_file_range`` is missing or refused (not Linux, a filesystem
     without it), it does nothing; a write error or a full disk it reports raises ``OSError`` (and
     must: once a wait has seen a writeback error, an ``fsync`` through a descriptor opened after
@@ -208,11 +209,12 @@ class WriteBehind:
     workers wrote).
     """
 
-    def __init__(self, fd: int, step: int | None = None, *, map_size: int = 0) -> None:
+    def __init__(self, fd: int, step: int | None = None, *, map_size: int = 0, start: int = 0) -> None:
         self.fd, self.step = fd, step or WRITE_BEHIND_STEP
         self.map_size = map_size  # this process maps the file over so many bytes (LMDB: :func:`release_cached`)
-        self.started = 0  # write-out started below this offset
-        self.released = 0  # on disk and out of the page cache below this offset
+        start -= start % mmap.PAGESIZE  # ``start``: the file's first bytes are from before (a resumed output): left alone
+        self.started = start  # write-out started below this offset
+        self.released = start  # on disk and out of the page cache below this offset
         self._run_end = -1  # :meth:`wrote_range`: where the run of contiguous ranges written last ends
         self._cut = 0  # the first byte of that run not handed on yet (a page boundary)
         self._pending: list[tuple[int, int]] = []  # whole pages handed on, write-out not started

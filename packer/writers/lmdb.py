@@ -19,8 +19,9 @@ row (a), has the writer's rate; the message of the commit that made this change 
 against the map). Between checkpoints the commits are also
 written behind (``files.WriteBehind``, as WebDataset's shards and the blob's and HDF5's placed
 samples are): every 8 MiB the file grows, the write-out of the new step starts and the step
-before it is waited for and dropped (out of the map first), so the next commits' pages reuse
-memory freed a few MB earlier. A checkpoint's pages come back only after its ``fsync``, by then
+before it is waited for and dropped (out of the map first; a B-tree page LMDB wrote there and
+reads again comes back from the disk), so the next commits' pages reuse memory freed a few MB
+earlier. A checkpoint's pages come back only after its ``fsync``, by then
 often memory the 2-core VM's hypervisor had taken back, where a fresh page costs several times
 a reused one (docs/SCALING.md); dropping a clean page costs no durability (the checkpoint's
 ``fdatasync`` still flushes the disk). Writing through a shared writable map
@@ -125,8 +126,9 @@ class LMDBWriter(Writer):
         )
         self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)  # to reserve blocks and drop durable pages
         self._reserve(self._map_size)  # before the first commit writes into the map's range
-        # through a descriptor opened before any write (it reports their errors); dropping pages takes them out of the map first
-        self._behind = WriteBehind(self._fd, map_size=self._map_size)
+        # through a descriptor opened before any write (it reports their errors); dropping pages takes them out of the map
+        # first; a resumed output's pages so far are left to the checkpoints
+        self._behind = WriteBehind(self._fd, map_size=self._map_size, start=self._used_bytes())
 
     def _write(self, index: int, sample: Encoded) -> None:
         channels, height, width = sample.shape
