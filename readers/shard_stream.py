@@ -78,7 +78,10 @@ def shard_name(url: str) -> str:
 
 
 def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | None]:
-    """Shard URLs and, when it can be found locally, the metadata record."""
+    """Shard URLs and, when it can be found locally, the metadata record. A ``Path`` is a shard
+    folder, unless it is a file or named as a tar (one shard)."""
+    if isinstance(source, Path) and (source.is_file() or source.name.endswith(TAR_SUFFIXES)):
+        source = str(source)
     if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):
         folder = Path(source)
         check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line

@@ -47,12 +47,13 @@ class ShardDataset(PackedDataset):
 class StreamingShards(IterableDataset):
     """Stream samples from WebDataset shards, split exactly across ranks and DataLoader workers.
 
-    ``urls_or_path``: a packer shard folder (its shards, in order, from the metadata), or what
-    the webdataset library accepts: a URL or path with brace patterns, several joined by
-    ``::``, or a list of URLs; ``pipe:`` commands and http(s) URLs are opened with the
-    webdataset library's ``gopen``. A local shard that is missing, a folder in a list, or a file
-    that is not a tar (another packer format's dataset is named, with the class that reads it)
-    is refused at construction, in one line (``readers/shard_stream.py``).
+    ``urls_or_path``: a packer shard folder (its shards, in order, from the metadata), a path
+    to one shard, or what the webdataset library accepts: a URL or path with brace patterns,
+    several joined by ``::``, or a list of URLs; ``pipe:`` commands and http(s) URLs are opened
+    with the webdataset library's ``gopen``, ``-`` is standard input. A local shard that is
+    missing, a folder in a list, or a regular file that is not a tar (another packer format's
+    dataset is named, with the class that reads it) is refused at construction, in one line
+    (``readers/shard_stream.py``).
 
     Samples are ``(image, label)``, or for a text dataset ``(token ids, -1)``: each document's
     ids as a 1-D uint16/uint32 tensor (lengths differ: ``DataLoader(batch_size=None)`` or a

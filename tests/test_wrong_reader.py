@@ -69,6 +69,10 @@ def test_streaming_shards_names_the_reader_of_another_format(packed_32, fmt):
 def test_streaming_shards_refuses_missing_shards_and_folders_among_them(packed_32, tmp_path):
     shards = [str(p) for p in sorted(Path(packed_32("webdataset")).glob("*.tar"))]
     assert shards and len(StreamingShards(shards[:1])) > 0
+    one = StreamingShards(Path(shards[0]))  # a Path to a shard is that shard (it was taken for a folder and refused)
+    assert one.urls == shards[:1] and len(list(one)) == len(list(StreamingShards(shards[:1])))
+    with pytest.raises(FileNotFoundError, match="gone.tar: no such shard"):
+        StreamingShards(tmp_path / "gone.tar")
     with pytest.raises(FileNotFoundError, match=r"^\S*gone.tar: no such shard \(StreamingShards reads"):
         StreamingShards([*shards, str(tmp_path / "gone.tar")])
     with pytest.raises(PackedFormatError, match="a shard folder among the shards; pass the folder alone"):
