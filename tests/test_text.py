@@ -24,6 +24,7 @@ from packer.options import TextOptions
 from readers import Loader, TokenDataset, WidenTokens
 from readers.tokenizer import TokenizerError
 from roundtrip_checks import check_tokens
+from corpora import write_texts
 
 #: The end-of-document token the BPE fixture is trained with.
 BPE_EOS = "<|endoftext|>"
@@ -52,10 +53,7 @@ def bpe(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    for i, text in enumerate(_docs()):
-        (root / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
-    return root
+    return write_texts(tmp_path_factory.mktemp("corpus"), {f"doc{i:03d}.txt": text for i, text in enumerate(_docs())})
 
 
 def _convert(src: Path, dst: Path, fmt: str, **text) -> packer.api.ConversionReport:

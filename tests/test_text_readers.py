@@ -23,6 +23,7 @@ from readers import HDF5Dataset, LMDBDataset, PackedFormatError, RAMDataset, Sha
 from readers.formats import open_store
 from readers.formats.tokens import TokenStore
 from readers.schema import FORMATS
+from corpora import write_texts
 
 EOS = 256
 #: Sorted by name, as the corpus is read; multi-byte UTF-8 and a document without a final newline.
@@ -45,10 +46,7 @@ STREAM = np.array([i for doc in DOCS for i in doc], np.int64)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    for name, text in TEXTS.items():
-        (root / name).write_text(text, encoding="utf-8")
-    return root
+    return write_texts(tmp_path_factory.mktemp("corpus"), TEXTS)
 
 
 @pytest.fixture(scope="module")

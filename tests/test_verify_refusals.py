@@ -22,6 +22,7 @@ from packer.verify_source import compare_source
 from readers.formats import open_store, store_class
 from readers.formats.webdataset import CHECKSUM_FILE
 from readers.schema import FORMATS, PackedFormatError
+from corpora import write_texts
 
 TARGET = {"lmdb": "t.lmdb", "hdf5": "t.h5", "blob": "t.blob", "webdataset": "t.shards"}
 TEXTS = {"a.txt": "hello world\n", "b.txt": "a second document, a little longer\n", "c.txt": "third and last"}
@@ -33,10 +34,7 @@ def run(*args: object):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    for name, text in TEXTS.items():
-        (root / name).write_text(text, encoding="utf-8")
-    return root
+    return write_texts(tmp_path_factory.mktemp("corpus"), TEXTS)
 
 
 def _damage_a_document(path: Path, fmt: str) -> None:
