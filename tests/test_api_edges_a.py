@@ -54,17 +54,52 @@ def test_module_level_loader_exits_quietly(fmt, packed_32, tmp_path):
 
 
 def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path):
-    """A spawned DataLoader worker maps the parent's in-memory blob (sent as a descriptor) and
-    exits through a normal interpreter shutdown: it prints nothing either."""
+    """A spawned worker is sent the dataset the way a spawned DataLoader worker is (a Process
+    argument, pickled by ForkingPickler): it maps the parent's in-memory blob through the sent
+    descriptor (the same memfd, not a copy of its own), reads a batch, and exits through a normal
+    interpreter shutdown printing nothing.
+
+    A Process and a Pipe, not a DataLoader: torch's worker shutdown has noise of its own on a
+    loaded machine (a worker aborting when its queue's feeder thread is still pickling a
+    prefetched batch at exit, "terminate called without an active exception"; a resource_tracker
+    "leaked semaphore" warning for the loader's queues), which failed this test in CI. DataLoader
+    workers under spawn are read through in tests/test_datasets.py::test_dataloader_workers."""
     proc = run_script(
         f"""
+        import multiprocessing, os
         import torch
         import readers
-        ds = readers.RAMDataset({str(packed_32("blob"))!r})
-        if __name__ == "__main__":
-            loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
-            images, labels = next(iter(loader))
-            assert images.shape == (4, 3, 32, 32), images.shape
+
+        def memfd_inodes():
+            inodes = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:  # the listing's own descriptor is gone by now
+                    if os.readlink(f"/proc/self/fd/{{fd}}").startswith("/memfd:packer-blob"):
+                        inodes.add(os.stat(f"/proc/self/fd/{{fd}}").st_ino)
+                except FileNotFoundError:
+                    pass
+            return inodes
+
+        def batch(ds):
+            return torch.stack([ds[i][0] for i in range(4)])
+
+        def worker(ds, conn):
+            images = batch(ds)
+            conn.send((tuple(images.shape), images.sum().item(), memfd_inodes()))
+
+        if __name__ == "__main__":  # a dataset made at module level would be made again in the child
+            ds = readers.RAMDataset({str(packed_32("blob"))!r})
+            ctx = multiprocessing.get_context("spawn")
+            mine, theirs = ctx.Pipe()
+            process = ctx.Process(target=worker, args=(ds, theirs))
+            process.start()
+            theirs.close()  # a worker that dies ends recv() with EOFError instead of a hang
+            shape, total, inodes = mine.recv()
+            process.join()
+            assert process.exitcode == 0, process.exitcode
+            assert shape == (4, 3, 32, 32), shape
+            assert total == batch(ds).sum().item()
+            assert inodes and inodes == memfd_inodes(), (inodes, memfd_inodes())  # the parent's copy, no other
         """,
         tmp_path,
     )
