@@ -9,13 +9,14 @@ and pickles as its opener only (a spawned worker opens its own).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Callable, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["PerProcess", "HandleCache", "file_key"]
+__all__ = ["PerProcess", "HandleCache", "file_key", "rerunning_parent_script"]
 
 
 class PerProcess(Generic[T]):
@@ -45,6 +46,19 @@ class PerProcess(Generic[T]):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["_opener"])  # type: ignore[misc]
+
+
+def rerunning_parent_script() -> bool:
+    """Whether the caller runs inside a spawned (or forkserver) child's re-run of its parent's
+    script: such a child first runs the script's module level again, as ``__mp_main__``, and only
+    then the work it was sent (a DataLoader worker: the dataset its parent pickled). A dataset
+    made at that module level is usually never read there."""
+    frame = sys._getframe(1)  # (``multiprocessing.parent_process()`` is still None at that point)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def file_key(path: str) -> tuple[int, ...]:

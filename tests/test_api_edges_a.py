@@ -53,11 +53,16 @@ def test_module_level_loader_exits_quietly(fmt, packed_32, tmp_path):
     assert proc.stderr == ""
 
 
-def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path, method):
     """A spawned worker is sent the dataset the way a spawned DataLoader worker is (a Process
     argument, pickled by ForkingPickler): it maps the parent's in-memory blob through the sent
-    descriptor (the same memfd, not a copy of its own), reads a batch, and exits through a normal
-    interpreter shutdown printing nothing.
+    descriptor, reads a batch, and exits through a normal interpreter shutdown printing nothing.
+
+    The dataset is made at the script's module level, which the child runs again: that one must
+    not load a copy of its own there (N workers, N copies of the file), so the child's only
+    memfd is its parent's (the same inode). A dataset the child makes in its own work (a DDP
+    rank started by ``mp.spawn``, say) still loads at once, before that child forks workers.
 
     A Process and a Pipe, not a DataLoader: torch's worker shutdown has noise of its own on a
     loaded machine (a worker aborting when its queue's feeder thread is still pickling a
@@ -85,21 +90,24 @@ def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path):
 
         def worker(ds, conn):
             images = batch(ds)
-            conn.send((tuple(images.shape), images.sum().item(), memfd_inodes()))
+            sent = memfd_inodes()
+            own = readers.RAMDataset(ds.path)  # made in the child's own work: loaded now
+            conn.send((tuple(images.shape), images.sum().item(), sent, memfd_inodes() - sent))
 
-        if __name__ == "__main__":  # a dataset made at module level would be made again in the child
-            ds = readers.RAMDataset({str(packed_32("blob"))!r})
-            ctx = multiprocessing.get_context("spawn")
+        ds = readers.RAMDataset({str(packed_32("blob"))!r})  # made again in the child
+        if __name__ == "__main__":
+            ctx = multiprocessing.get_context({method!r})
             mine, theirs = ctx.Pipe()
             process = ctx.Process(target=worker, args=(ds, theirs))
             process.start()
             theirs.close()  # a worker that dies ends recv() with EOFError instead of a hang
-            shape, total, inodes = mine.recv()
+            shape, total, sent, own = mine.recv()
             process.join()
             assert process.exitcode == 0, process.exitcode
             assert shape == (4, 3, 32, 32), shape
             assert total == batch(ds).sum().item()
-            assert inodes and inodes == memfd_inodes(), (inodes, memfd_inodes())  # the parent's copy, no other
+            assert sent and sent == memfd_inodes(), (sent, memfd_inodes())  # the parent's copy, no other
+            assert len(own) == 1 and not own & sent, own
         """,
         tmp_path,
     )

@@ -46,7 +46,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .._process import PerProcess
+from .._process import PerProcess, rerunning_parent_script
 from ..checksums import CHECKSUM_DTYPE
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from .base import Record, Store, magic_mismatch
@@ -142,7 +142,9 @@ class BlobStore(Store):
 
     ``in_memory=True`` loads the whole file into RAM now (in this process) and shares that copy
     with DataLoader workers (fork: inherited; spawn: its descriptor is sent). Stores over the
-    same unchanged file in one process share one copy. ``in_memory=False`` (the default here;
+    same unchanged file in one process share one copy. Made at the module level of a script that
+    a spawned or forkserver child runs again (as ``__mp_main__``), it loads on first use instead:
+    the child reads the copy its parent sent, and N workers would otherwise load N copies. ``in_memory=False`` (the default here;
     :class:`readers.RAMDataset` defaults to loading) maps the file lazily, once per process.
     """
 
@@ -155,7 +157,7 @@ class BlobStore(Store):
         super().__init__(path, verify=verify)
         source: Callable[[], np.ndarray] = shared_copy(str(self.path)) if in_memory else _MapFile(str(self.path))
         self._view = PerProcess(_Opener(str(self.path), self.header, self.meta, source))  # type: ignore[arg-type]
-        if in_memory:
+        if in_memory and not rerunning_parent_script():
             self._view.get()  # load here, before workers start, so they share this copy
 
     @classmethod
