@@ -164,8 +164,12 @@ class _Pool(Generic[T, R]):
         # larger than the pipe (64 KiB) made start() wait until that worker had imported what
         # unpickling it needs, so the workers started one after another. It is sent once every
         # worker has started, as sending it waits for the worker to begin reading it (after
-        # re-importing the caller's script, where the work unit needs that).
-        self.fn_message = encode(fn)
+        # re-importing the caller's script, where the work unit needs that). It is pickled for each
+        # worker, as a DataLoader pickles its dataset for each: what ForkingPickler makes of a torch
+        # tensor is a descriptor multiprocessing's resource sharer hands over once, so a second
+        # worker given the same bytes failed (a TensorDataset with 2 workers). Pickled here first,
+        # so an unpicklable work unit fails before any worker starts; that message briefs the first.
+        self.fn_message: bytes | None = encode(fn)
         self.transport = transport
         if transport == "shm":
             ResultSlots.sweep_orphans()
@@ -218,8 +222,9 @@ class _Pool(Generic[T, R]):
 
     def _brief(self, worker: _Worker) -> None:
         """Send ``worker`` its work unit (it unpickles it on its own time)."""
+        message, self.fn_message = self.fn_message or encode(self.fn), None
         try:
-            worker.tasks.send_bytes(self.fn_message)
+            worker.tasks.send_bytes(message)
         except OSError:
             return  # a worker dead at birth: seen as any dead worker is, when its first chunk is sent
         worker.briefed = True

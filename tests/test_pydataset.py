@@ -95,6 +95,23 @@ def test_a_dataset_gives_the_class_folder_samples(reference, tmp_path, kind):
     assert meta["classes"] == CLASSES and meta["source"] == "python:test_pydataset.ArrayDataset"
 
 
+def test_a_dataset_holding_tensors_converts_with_several_workers(tmp_path):
+    """A dataset that holds torch tensors (a TensorDataset): ForkingPickler sends a tensor as a
+    descriptor that can be received once, so each worker must be sent its own pickle of the work
+    unit (the second of 2 workers failed with EOFError in torch's rebuild_storage_fd)."""
+    images = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (12, 3, 16, 16), dtype=np.uint8))
+    labels = torch.arange(12) % 3
+    outputs = {}
+    for workers in (1, 2):
+        dst = tmp_path / f"out-{workers}.lmdb"
+        report = packer.convert(torch.utils.data.TensorDataset(images, labels), dst, image=ImageOptions(size=16), workers=workers)
+        assert report.written == 12 and report.skipped == [] and report.workers == workers
+        outputs[workers] = lmdb_samples(dst)[0]
+    assert outputs[2] == outputs[1]
+    values = list(outputs[1].values())  # each record holds its sample's raw CHW bytes (docs/FORMATS.md)
+    assert all(any(images[i].numpy().tobytes() in value for value in values) for i in range(12))
+
+
 def test_an_unpicklable_dataset_is_read_in_the_parent_and_bad_samples_skipped(reference, tmp_path):
     assert image_job(Unpicklable(), ImageOptions()).task.reader is None  # the parent reads it
     assert image_job(ArrayDataset("hwc"), ImageOptions()).task.reader is not None  # its workers read it
