@@ -29,6 +29,7 @@ from ._version import __version__
 from .errors import InputError, OutputExistsError
 from .executors import get_executor
 from .jobs import Job
+from .locking import busy_error, lock_holder, lock_path
 from .memory import available_memory
 from .options import RunOptions, StorageOptions
 from .parallel import default_workers, ordered_map
@@ -51,8 +52,12 @@ class Interrupted(KeyboardInterrupt):
 
 
 def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to start over silently when an interrupted conversion to ``dst`` can be resumed."""
+    """Refuse to start over silently when an interrupted conversion to ``dst`` can be resumed,
+    and name the process when the conversion that saved it is still running, not interrupted."""
     partial = partial_path(dst)
+    holder = lock_holder(lock_path(partial))
+    if holder is not None:
+        raise busy_error(str(dst), holder)
     saved = saved_inputs(partial)
     if saved is not None and not partial.exists():  # a run killed between its rename and this cleanup
         shutil.rmtree(journal_path(partial), ignore_errors=True)
@@ -61,7 +66,7 @@ def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
         return
     if saved is not None:
         raise OutputExistsError(
-            f"{dst}: an interrupted conversion saved {saved:,} inputs; run the same command with --resume to "
+            f"{dst}: an interrupted conversion saved {saved:,} input{'s' if saved != 1 else ''}; run the same command with --resume to "
             "finish it, or with --overwrite to discard it and start over"
         )
 

@@ -18,12 +18,36 @@ from pathlib import Path
 from .destination import write_error
 from .errors import OutputError
 
-__all__ = ["DestinationLock", "lock_path"]
+__all__ = ["DestinationLock", "lock_path", "lock_holder", "busy_error"]
 
 
 def lock_path(partial: Path) -> Path:
     """The lock file of the unfinished output ``partial`` (``DST.partial`` -> ``DST.partial-lock``)."""
     return partial.with_name(partial.name + "-lock")
+
+
+def busy_error(what: str, holder: str) -> OutputError:
+    """The one line for a destination another conversion (process ``holder``) is writing."""
+    return OutputError(f"{what}: another packer conversion (pid {holder}) is writing it now; wait for it to finish, or choose another DST")
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid (as it wrote it; ``"?"`` if unreadable) of the process holding the lock at
+    ``path``, or ``None`` when no process holds it. A probe for a clearer error only: the
+    conversion itself takes the lock with :meth:`DestinationLock.acquire`."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "?"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # (closing it lets go of a lock the probe got)
+    return None
 
 
 class DestinationLock:
@@ -45,10 +69,7 @@ class DestinationLock:
             except BlockingIOError:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise OutputError(
-                    f"{self.what}: another packer conversion (pid {holder}) is writing it now; wait for it to finish, "
-                    "or choose another DST"
-                ) from None
+                raise busy_error(self.what, holder) from None
             except OSError as exc:
                 os.close(fd)
                 raise write_error(self.what, exc) from None

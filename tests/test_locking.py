@@ -17,6 +17,7 @@ from packer.errors import OutputError
 from packer.locking import DestinationLock, lock_path
 from packer.remote import staging_folder
 from packer.writers.base import partial_path
+from packer.writers.journal import saved_inputs
 from packer.writers.lmdb import LMDBWriter
 from readers import open_dataset
 
@@ -56,6 +57,27 @@ def test_a_second_command_is_refused_and_the_first_finishes(image_folder, tmp_pa
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert len(open_dataset(dst)) == 18 and not lock.exists()
+
+
+def test_a_second_command_names_the_first_after_its_checkpoint(image_folder, tmp_path):
+    """Once the running conversion has saved a checkpoint, a second plain command must still name
+    it as running, not call its partial output an interrupted conversion to resume (which, with
+    --resume, would be refused only by the lock anyway)."""
+    dst = tmp_path / "out.lmdb"
+    args = ["convert", str(image_folder), str(dst), "-j", "1", "-q", "--size", "16"]
+    child = "import packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.0; " + SLOW_CHILD  # a checkpoint after every input
+    first = subprocess.Popen([sys.executable, "-c", child, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while saved_inputs(partial_path(dst)) is None:
+        assert first.poll() is None, first.communicate()
+        assert time.time() < deadline
+        time.sleep(0.01)
+    second = CliRunner().invoke(cli, args)
+    assert second.exit_code != 0
+    assert f"another packer conversion (pid {first.pid}) is writing it now" in second.output, second.output
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert len(open_dataset(dst)) == 18
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
