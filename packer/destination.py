@@ -75,12 +75,13 @@ def _is_empty_folder(path: Path) -> bool:
 
 
 def check_destination(dst: Path, *, overwrite: bool) -> None:
-    """Refuse an existing ``dst`` unless ``overwrite`` and it is a packer dataset (or an empty
-    folder); check that its folder exists and is writable."""
-    if dst.exists() or dst.is_symlink():
+    """Refuse an existing ``dst`` unless it is an empty folder (there is nothing to lose: the
+    folder a WebDataset user makes first) or ``overwrite`` and it is a packer dataset; check that
+    its folder exists and is writable."""
+    if (dst.exists() or dst.is_symlink()) and not _is_empty_folder(dst):
         if not overwrite:
             raise OutputExistsError(f"{dst}: already exists; pass --overwrite to replace it, or choose another DST")
-        if not (_is_empty_folder(dst) or is_packer_dataset(dst)):
+        if not is_packer_dataset(dst):
             raise OutputExistsError(
                 f"{dst}: is not a packer dataset ({describe_path(dst)}); --overwrite replaces only a packer dataset: "
                 "move it away or choose another DST"

@@ -109,11 +109,17 @@ def test_overwrite_replaces_a_packer_dataset(src, tmp_path, fmt, name):
     assert open_store(dst).meta.shape == (3, 12, 12)
 
 
-def test_overwrite_takes_an_empty_folder(src, tmp_path):
+@pytest.mark.parametrize("overwrite", [True, False])
+@pytest.mark.parametrize("fmt", ["webdataset", "blob"])
+def test_an_empty_folder_is_taken_with_or_without_overwrite(src, tmp_path, fmt, overwrite):
+    """An empty folder holds nothing to lose: a WebDataset user often makes the output folder
+    first. A single-file format replaces it with the file."""
     dst = tmp_path / "empty"
     dst.mkdir()
-    convert(src, dst, format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
-    assert open_store(dst).meta.count == 18
+    convert(src, dst, format=fmt, image=ImageOptions(size=8), workers=1, overwrite=overwrite)
+    assert open_store(dst).meta.count == 18 and dst.is_dir() == (fmt == "webdataset")
+    with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):  # now it is not empty
+        convert(src, dst, format=fmt, image=ImageOptions(size=8), workers=1)
 
 
 def test_overwrite_of_a_remote_dst_refuses_user_objects(s3, src):
