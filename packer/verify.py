@@ -174,8 +174,7 @@ def verify(
 
 # -- metadata and structure ------------------------------------------------------------------
 def _check_metadata(meta: Metadata, report: VerifyReport) -> None:
-    if meta.labeled and not meta.classes:
-        report.add("metadata", "labeled, but lists no classes")
+    """(Labeled with no classes is valid: integer labels given as such, docs/FORMATS.md.)"""
     paths = [s.path for s in meta.skipped]
     if len(set(paths)) != len(paths):
         report.add("metadata", "an input is listed as skipped more than once")
@@ -205,8 +204,10 @@ def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quic
     for i, (label, shape, payload) in zip(indices, records):
         where = store.where(i)
         report.checked += 1
-        if meta.labeled and not (0 <= label < max(len(meta.classes), 1)):
+        if meta.labeled and meta.classes and not 0 <= label < len(meta.classes):
             report.add(where, f"label {label} is not a class index (0..{len(meta.classes) - 1})")
+        elif meta.labeled and label < 0:  # integer labels without names: any index, never negative (-1 is unlabeled)
+            report.add(where, f"label {label} is negative in a labeled dataset")
         elif not meta.labeled and label != -1:
             report.add(where, f"label {label} in an unlabeled dataset (expected -1)")
         if meta.kind == "image" and ((meta.shape is not None and tuple(shape) != tuple(meta.shape)) or shape[0] != meta.channels):

@@ -98,6 +98,9 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     assert folder is not None
     if list(folder.classes) != list(meta.classes):
         report.add("source", f"{source} has classes {folder.classes[:5]}..., the dataset {list(meta.classes[:5])}...")
+    if meta.labeled and not folder.labeled:
+        report.add("source", f"{source} gives no labels (no class folders), the dataset has them: if they came from a "
+                             "labels file, pass the same --labels (and --split) to verify")
     recorded = {s.path for s in meta.skipped}
     items = [item for item in job.items if job.name(item) not in recorded]
     # a current label as the dataset numbers it (by class name; -2: a class the dataset lacks)

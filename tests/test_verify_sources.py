@@ -11,6 +11,7 @@ import io
 import shutil
 import tarfile
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
@@ -19,6 +20,7 @@ from packer.cli import cli
 from packer.errors import OptionError
 from packer.options import SourceOptions
 from packer.verify import verify
+from readers.formats.blob import LABEL_DTYPE, BlobStore
 from test_archives import make_archives, tar_bytes
 from test_labels import flat, run, write_labels  # noqa: F401 - flat: a fixture
 
@@ -42,6 +44,27 @@ def test_an_unchanged_archive_verifies_and_every_sample_is_compared(image_folder
     result = verify_cli(dst, "--source", archive)
     assert result.exit_code == 0, result.output
     assert "18 compared with the source" in result.output
+
+
+def test_integer_labels_verify_with_and_without_their_source(flat, tmp_path):
+    """Labels that are all integers are stored as class indices with no class names (classes []):
+    a valid dataset, which verify passed as faulty ('labeled, but lists no classes', every label
+    'not a class index (0..-1)'). A negative stored label is still a fault."""
+    root, pairs = flat
+    csv = write_labels(tmp_path / "ints.csv", [{"file": name, "label": 2 * int(cls[-1])} for name, cls in pairs])
+    dst = tmp_path / "ints.blob"
+    assert run(root, dst, "--labels", csv, "--path-column", "file").exit_code == 0
+    plain = CliRunner().invoke(cli, ["verify", str(dst)])
+    assert plain.exit_code == 0 and "OK" in plain.output, plain.output
+    against = verify_cli(dst, "--source", root, "--labels", csv, "--path-column", "file")
+    assert against.exit_code == 0 and f"{len(pairs)} compared with the source" in against.output, against.output
+    store = BlobStore(dst)  # one stored label made negative: the sample is a fault (its checksum too)
+    offset, _ = store.header.sections["labels"]
+    with open(dst, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(np.array([-3], dtype=LABEL_DTYPE).tobytes())
+    broken = CliRunner().invoke(cli, ["verify", str(dst)])
+    assert broken.exit_code == 1 and "label -3 is negative in a labeled dataset" in broken.output, broken.output
 
 
 def test_a_changed_and_a_removed_member_are_named(image_folder, tmp_path):
@@ -85,6 +108,7 @@ def test_a_label_file_source_verifies_with_its_options_and_names_a_changed_label
 
     without = verify_cli(dst, "--source", root)  # a flat folder: no class folders, so no classes
     assert without.exit_code == 1 and "has classes" in without.output
+    assert "gives no labels (no class folders), the dataset has them: if they came from a labels file, pass the same --labels" in without.output
 
     moved = pairs[0][0]
     rows = [{"file": name, "class": "class_02" if name == moved else cls} for name, cls in pairs]
