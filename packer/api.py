@@ -134,7 +134,7 @@ def convert(
     final = get_writer(fmt).destination(dst)
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)
-    check_destination(final, overwrite=overwrite)
+    check_destination(final, overwrite=overwrite, resume=resume)
     check_unfinished(final, resume=resume, overwrite=overwrite)
     return run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
 

@@ -17,7 +17,7 @@ import pytest
 
 from imagefiles import jpeg_bytes, write
 from packer import ImageOptions, StorageOptions, convert
-from packer.errors import OptionError
+from packer.errors import OptionError, OutputExistsError
 from packer.samples import natural_image
 from packer.verify import verify
 from packer.writers.journal import journal_path
@@ -125,6 +125,17 @@ def test_resume_without_an_interrupted_run_starts_over(tmp_path, image_folder):
     dst = tmp_path / "fresh.lmdb"
     report = convert(image_folder, dst, image=ImageOptions(size=8), workers=1, resume=True)
     assert report.written == 18 and not journal_path(dst.with_name("fresh.lmdb.partial")).exists()
+
+
+def test_resume_of_a_finished_conversion_says_it_is_complete(tmp_path, image_folder):
+    """A retry with --resume of a run that finished just before it was stopped (its Ctrl-C said
+    'interrupted after the output was complete'): one line saying so, the output untouched."""
+    dst = tmp_path / "done.lmdb"
+    convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    with pytest.raises(OutputExistsError, match="done.lmdb: already complete, nothing to resume; pass --overwrite instead of --resume"):
+        convert(image_folder, dst, image=ImageOptions(size=8), workers=1, resume=True)
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
 
 
 def test_the_journal_rows_stay_raw_little_endian_int64(tmp_path):
