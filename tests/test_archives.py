@@ -105,7 +105,7 @@ def test_unsafe_members_and_links_are_refused(image_folder, tmp_path):
     assert result.exit_code == 0, result.output
     _, meta = lmdb_samples(tmp_path / "links.lmdb")
     assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [("class_01/link.jpg", "a link inside the archive; not followed")]
-    assert meta["classes"] == ["class_00"]
+    assert meta["classes"] == ["class_00", "class_01"]  # a refused member is skipped; its folder keeps its class, as a folder's does
 
 
 def test_damaged_and_unreadable_archives_are_one_line_errors(tmp_path):

@@ -13,7 +13,12 @@ Its order and labels are known only at its end, so no worker can start before th
 
 Labels follow the folder rules (packer/sources/images.py): the archive's top-level folders are
 the classes (a single top folder that holds only folders, as ``tar cf train.tar train/`` makes,
-is looked through), images elsewhere are skipped as outside any class; a tar of tars: each inner
+is looked through), images elsewhere are skipped as outside any class. A folder is there if the
+archive records it (a directory entry: ``tar``, ``zip -r`` and most tools write one per folder)
+or holds any member below it, as in the folder it unpacks to: a class folder that is empty, or
+holds no image (only other files, hidden files or refused members), keeps its class and its
+place in the numbering; only an archive written without directory entries (``zipfile.writestr``
+of files alone) cannot hold an empty folder. A tar of tars: each inner
 archive is a class, named by its file name less ``.tar``; a flat archive is unlabeled unless
 ``--labels`` names each member's label (paths relative to the archive, or to its single top
 folder). Hidden names, ``__MACOSX/`` and non-images are ignored; a member whose path is absolute
@@ -110,7 +115,8 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
         raise SourceError(f"{src}: cannot read the archive ({getattr(exc, 'strerror', None) or exc})") from None
     skipped: list[Skipped] = []
-    kept = _safe(entries, skipped)
+    folders: set[str] = set()
+    kept = _safe(entries, skipped, folders=folders)
     inner = [entry for entry in kept if entry.name.lower().endswith(".tar")]
     if inner:
         if labels is not None:
@@ -119,12 +125,12 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
             raise SourceError(f"{src}: a compressed tar of tars cannot be read in place; decompress it once to a .tar")
         return _tar_of_tars(archive, inner, kept, skipped, workers)
     images = [entry for entry in kept if is_image_name(posixpath.basename(entry.name))]
-    root = _top_folder(images, looked_through=labels is None)
+    root = _top_folder(images, None if labels is not None else folders)
     relative = {entry.name[len(root):]: entry for entry in images}
     if labels is not None:
         matched = match_rows(labels, relative, lambda e, label: _member(archive, e, label), src)
         return _folder(archive, matched.items, labels.classes, labels.classes != [] or bool(matched.items), skipped + matched.skipped, [])
-    classes = sorted({name.split("/")[0] for name in relative if "/" in name})
+    classes = sorted({name[len(root):] for name in folders if name.startswith(root) and "/" not in name[len(root):]})
     if not classes:
         items = [_member(archive, e, -1) for name, e in sorted(relative.items(), key=lambda kv: image_order(kv[0].split("/")))]
         return _folder(archive, items, [], False, skipped, [])
@@ -136,8 +142,11 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
         else:
             top, rest = name.split("/", 1)
             keyed.append(((index[top], image_order(rest.split("/"))), _member(archive, entry, index[top])))
+    if not keyed:
+        raise SourceError(f"{src}: no images found in its class folders ({', '.join(classes[:3])}{', ...' if len(classes) > 3 else ''})")
     keyed.sort(key=lambda pair: pair[0])
-    return _folder(archive, [m for _, m in keyed], classes, True, skipped, [])
+    found = {member.label for _, member in keyed}
+    return _folder(archive, [m for _, m in keyed], classes, True, skipped, [c for i, c in enumerate(classes) if i not in found])
 
 
 def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
@@ -233,6 +242,7 @@ def _list_zip(path: str) -> list[Entry]:
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
             if info.is_dir():
+                entries.append(Entry(info.filename, info.header_offset, folder=True))
                 continue
             method = _ZIP_METHODS.get(info.compress_type, f"method {info.compress_type}")
             if info.flag_bits & 0x1:
@@ -264,17 +274,25 @@ def _tar_of_tars(archive: str, inner: list[Entry], kept: list[Entry], skipped: l
     return _folder(archive, items, classes, True, skipped, empty)
 
 
-def _safe(entries: Iterable[Entry], skipped: list[Skipped], prefix: str = "") -> list[Entry]:
-    """The entries to consider: hidden names and ``__MACOSX/`` ignored; unsafe paths, links and
-    unreadable zip members refused (recorded). Names become clean relative paths."""
+def _safe(entries: Iterable[Entry], skipped: list[Skipped], prefix: str = "", folders: set[str] | None = None) -> list[Entry]:
+    """The file entries to consider: hidden names and ``__MACOSX/`` ignored; unsafe paths, links
+    and unreadable zip members refused (recorded). Names become clean relative paths. ``folders``
+    collects the archive's folders (clean paths, up to the first hidden name): its directory
+    entries and the folders above each member, refused ones included (the folder they unpack to)."""
     kept = []
     for entry in entries:
         name = safe_relative(entry.name)
         if name is None:
-            skipped.append(Skipped(prefix + entry.name, "member path is absolute or leaves the archive ('..'); refused"))
+            if not (entry.folder and set(entry.name.replace("\\", "/").split("/")) <= {"", "."}):  # "./": the root itself
+                skipped.append(Skipped(prefix + entry.name, "member path is absolute or leaves the archive ('..'); refused"))
             continue
         parts = name.split("/")
-        if any(is_hidden(part) for part in parts) or parts[0] == "__MACOSX":
+        if folders is not None and parts[0] != "__MACOSX":
+            for depth in range(1, len(parts) + entry.folder):
+                if is_hidden(parts[depth - 1]):
+                    break
+                folders.add("/".join(parts[:depth]))
+        if entry.folder or any(is_hidden(part) for part in parts) or parts[0] == "__MACOSX":
             continue
         if entry.link or entry.method.startswith(("method", "encrypted")):
             if is_image_name(parts[-1]) or name.lower().endswith(".tar"):
@@ -301,14 +319,15 @@ def _samples(entries: list[Entry]) -> Iterable[tuple[str, list[Entry]]]:
         yield key, group
 
 
-def _top_folder(entries: list[Entry], *, looked_through: bool) -> str:
-    """``"TOP/"`` when every entry is under the one folder TOP (and, if ``looked_through``, every
-    one is in a sub-folder of it), else ``""``."""
+def _top_folder(entries: list[Entry], folders: set[str] | None) -> str:
+    """``"TOP/"`` when every entry is under the one folder TOP, else ``""``. With ``folders`` (the
+    archive's; TOP is looked through, its sub-folders the classes): only when TOP is the only
+    top-level folder and every entry is in a sub-folder of it."""
     tops = {e.name.split("/", 1)[0] for e in entries if "/" in e.name}
     if len(tops) != 1 or any("/" not in e.name for e in entries):
         return ""
     top = tops.pop() + "/"
-    if looked_through and any("/" not in e.name[len(top):] for e in entries):
+    if folders is not None and ({f for f in folders if "/" not in f} != {top[:-1]} or any("/" not in e.name[len(top):] for e in entries)):
         return ""
     return top
 

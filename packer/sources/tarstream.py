@@ -38,7 +38,8 @@ _MAGIC = {b"\x1f\x8b": "gzip", b"BZ": "bzip2", b"\xfd7": "xz"}
 @dataclass
 class Entry:
     """A member as listed: stored name, where its bytes lie (``offset`` in the uncompressed tar),
-    what it is; ``data``: its bytes, when kept from a stream."""
+    what it is (``link``; ``folder``: a directory entry, no bytes); ``data``: its bytes, when kept
+    from a stream."""
 
     name: str
     offset: int = 0
@@ -47,6 +48,7 @@ class Entry:
     crc: int = -1
     data: bytes | None = None
     link: bool = False
+    folder: bool = False
 
 
 class _Names:
@@ -67,7 +69,7 @@ class _Names:
 
     def entry(self, name: str, kind: bytes, offset: int, size: int, extension: Callable[[], bytes]) -> Entry | None:
         """The member this header describes (``None`` for an extension header, read through
-        ``extension()``, or a member that is neither a file nor a link)."""
+        ``extension()``, or a member that is neither a file, a folder nor a link)."""
         if kind == b"x":
             records = _pax(extension())
             self.name = records.get("path", self.name)
@@ -79,6 +81,8 @@ class _Names:
         if kind == b"g":
             return None
         name, self.name, self.size = self.name or name, None, None
+        if kind == b"5" or (kind in (b"0", b"\0") and name.endswith("/")):  # a folder (old tars: a file named "x/")
+            return Entry(name, offset, folder=True)
         if kind in (b"0", b"\0", b"7"):
             return Entry(name, offset, size)
         return Entry(name, link=True) if kind in (b"1", b"2") else None
@@ -142,7 +146,7 @@ def _stream_entries(stream: _Stream, keep: Callable[[str], bool], budget: Callab
         name, size, kind = names.header(block, at)
         padded = size + (-size % BLOCK)
         entry = names.entry(name, kind, stream.offset, size, lambda: stream.exactly(size, name))
-        if entry is not None and not entry.link and keep(entry.name):
+        if entry is not None and not entry.link and not entry.folder and keep(entry.name):
             entry.data = stream.exactly(size, name)
             held += size
             budget(held)
