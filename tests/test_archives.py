@@ -243,3 +243,31 @@ def test_a_compressed_tar_over_its_memory_share_is_refused_in_one_line(image_fol
     assert result.exit_code == 1 and result.output.startswith("Error: ") and "gunzip -k" in result.output, result.output
     assert not any(t.name == "packer-inflate" for t in threading.enumerate())
     assert not (tmp_path / "o.lmdb").exists()
+
+
+def without_utf8_flags(data: bytes) -> bytes:
+    """The zip ``data`` with bit 11 (names are UTF-8) cleared in every local and central header,
+    as Info-ZIP's ``zip`` and most Unix tools write UTF-8 names."""
+    out = bytearray(data)
+    for signature, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = out.find(signature)
+        while start >= 0:
+            flags = int.from_bytes(out[start + at : start + at + 2], "little") & ~0x800
+            out[start + at : start + at + 2] = flags.to_bytes(2, "little")
+            start = out.find(signature, start + 4)
+    return bytes(out)
+
+
+def test_a_zip_of_utf8_names_without_the_utf8_flag_keeps_its_names(image_folder, tmp_path):
+    """zipfile reads such names as CP437 ('├╝n├»code cl├Ñss'); packer reads them as the UTF-8
+    they are, so the classes and source names are the folder's."""
+    files = [(f"ünïcode clåss/{name.split('/', 1)[1]}" if name.startswith("class_00/") else name, data) for name, data in class_files(image_folder)]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files:
+            archive.writestr(name, data)
+    path = tmp_path / "names.zip"
+    path.write_bytes(without_utf8_flags(buffer.getvalue()))
+    assert any("├" in info.filename for info in zipfile.ZipFile(path).infolist())  # what zipfile itself reads
+    folder = image_job(path, ImageOptions(size=8)).folder
+    assert folder.classes == sorted({name.split("/")[0] for name, _ in files}) and "ünïcode clåss" in folder.classes

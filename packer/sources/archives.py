@@ -241,14 +241,29 @@ def _list_zip(path: str) -> list[Entry]:
     entries = []
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
+            name = _zip_name(info)
             if info.is_dir():
-                entries.append(Entry(info.filename, info.header_offset, folder=True))
+                entries.append(Entry(name, info.header_offset, folder=True))
                 continue
             method = _ZIP_METHODS.get(info.compress_type, f"method {info.compress_type}")
             if info.flag_bits & 0x1:
                 method = "encrypted"
-            entries.append(Entry(info.filename, info.header_offset, info.compress_size, method, info.CRC))
+            entries.append(Entry(name, info.header_offset, info.compress_size, method, info.CRC))
     return entries
+
+
+def _zip_name(info: zipfile.ZipInfo) -> str:
+    """A member's name as its folder had it. Without the UTF-8 flag (bit 11) the zip format says
+    CP437, which ``zipfile`` follows, but Info-ZIP's ``zip`` and most Unix tools store the
+    file system's UTF-8 bytes without setting it: ``ünïcode`` came out as ``├╝n├»code``. Such a
+    name is read as UTF-8 when its bytes are valid UTF-8 (CP437 text above ASCII almost never is),
+    as ``unzip`` and 7-Zip do."""
+    if info.flag_bits & 0x800 or info.filename.isascii():
+        return info.filename
+    try:
+        return info.filename.encode("cp437").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return info.filename
 
 
 def _tar_of_tars(archive: str, inner: list[Entry], kept: list[Entry], skipped: list[Skipped], workers: int | None) -> ImageFolder:
