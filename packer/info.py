@@ -39,9 +39,7 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         return _describe_text(path, meta, size)
     pre = meta.preprocessing
     shape = "x".join(map(str, meta.shape)) + " (C x H x W)" if meta.shape else "variable"
-    classes = f"{len(meta.classes)}: " + ", ".join(meta.classes[:MAX_LISTED]) if meta.classes else "none (unlabeled)"
-    if len(meta.classes) > MAX_LISTED:
-        classes += f", ... ({len(meta.classes) - MAX_LISTED} more)"
+    classes = _classes(meta)
     size_text = "x".join(map(str, pre.get("size") or [])) or "original"
     resize_text = f" after the shorter side to {pre['resize']}" if pre.get("resize") else ""
     rows = [
@@ -57,6 +55,20 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("skipped", f"{len(meta.skipped):,}"),
     ]
     return _render(path, rows, meta)
+
+
+def _classes(meta: Metadata) -> str:
+    """The ``classes`` row: the names, or what labels a dataset without names has. Integer labels
+    (``--labels`` of integers, a WebDataset source's ``.cls``, a Python dataset without
+    ``classes``) are their own class indices; the metadata does not record their range, and
+    finding it reads every sample's record (all the pixels, in LMDB and HDF5), so info does not."""
+    if meta.classes:
+        text = f"{len(meta.classes)}: " + ", ".join(meta.classes[:MAX_LISTED])
+        more = len(meta.classes) - MAX_LISTED
+        return text + (f", ... ({more} more)" if more > 0 else "")
+    if meta.labeled:
+        return "integer labels without names (each label is its own class index)"
+    return "none (unlabeled)"
 
 
 def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:

@@ -25,6 +25,8 @@ __all__ = [
     "Normalize",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "Metadata",
     "PackedDataset",
     "PackedFormatError",
@@ -52,6 +54,8 @@ _EXPORTS = {
     "Normalize": "readers.gpu",
     "RandomHorizontalFlip": "readers.gpu",
     "RandomResizedCrop": "readers.gpu",
+    "IMAGENET_MEAN": "readers.gpu",
+    "IMAGENET_STD": "readers.gpu",
     "PackedDataset": "readers.dataset",
     "Metadata": "readers.schema",
     "PackedFormatError": "readers.schema",
@@ -81,7 +85,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .dataset import PackedDataset
     from .diagnose_loop import diagnose
     from .diagnose_report import Diagnosis
-    from .gpu import Normalize, RandomHorizontalFlip, RandomResizedCrop
+    from .gpu import IMAGENET_MEAN, IMAGENET_STD, Normalize, RandomHorizontalFlip, RandomResizedCrop
     from .cuda import CUDAPrefetcher
     from .epoch import ResumeError
     from .loader import Loader

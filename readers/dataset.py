@@ -83,7 +83,7 @@ class PackedDataset(Dataset):
         shape = "x".join(map(str, meta.shape)) if meta.shape else "variable"
         return (
             f"{type(self).__name__}({str(self.path)!r}, count={meta.count}, shape={shape}, "
-            f"encoding={meta.encoding}, classes={len(meta.classes)})"
+            f"encoding={meta.encoding}, classes={len(meta.classes) if meta.classes or not meta.labeled else 'unnamed'})"
         )
 
     def _sample(self, image: torch.Tensor, label: int) -> tuple[Any, int]:

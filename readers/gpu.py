@@ -31,7 +31,10 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 class Normalize(nn.Module):
     """uint8 images ``(N, C, H, W)`` or ``(C, H, W)`` -> float ``(x / 255 - mean) / std``.
 
-    ``mean`` and ``std`` are in [0, 1] units, one value per channel (or one for all).
+    ``mean`` and ``std`` are in [0, 1] units, one value per channel (or one for all), as for
+    torchvision's ``Normalize`` (``IMAGENET_MEAN``, ``IMAGENET_STD``). A mean or std above 1 can
+    only be on the 0-255 pixel scale (FFCV's ``NormalizeImage`` and DALI's convention) and is
+    refused with one line giving the values divided by 255, never reinterpreted.
     ``dtype`` is the output dtype; the arithmetic is done in float32 (float64 if asked) and
     rounded once. Like torch's own modules, ``.to(dtype)``, ``.half()``, ``.bfloat16()``,
     ``.double()`` and ``.float()`` (on this module or a model holding it) set the output dtype,
@@ -63,6 +66,7 @@ class Normalize(nn.Module):
             raise ValueError(f"Normalize: mean has {mean_t.numel()} values but std has {std_t.numel()}")
         if bool((std_t <= 0).any()):
             raise ValueError(f"Normalize: std must be positive, got {std_t.tolist()}")
+        _check_scale(mean_t, std_t)
         _check_dtype(dtype)
         self.dtype = dtype
         self.channels_last = channels_last
@@ -109,6 +113,26 @@ class Normalize(nn.Module):
         std = [round(v, 4) for v in (1 / (self.scale * 255)).reshape(-1).tolist()]
         return f"mean={mean}, std={std}, dtype={self.dtype}, channels_last={self.channels_last}"
 
+
+
+def _check_scale(mean: torch.Tensor, std: torch.Tensor) -> None:
+    """Refuse, in one line with the corrected call, a mean or std on the 0-255 pixel scale (FFCV's
+    and DALI's convention for uint8 input): on Normalize's 0-1 scale a mean is at most 1 and a
+    std above 1 would squeeze the images below a unit range, so either can only be a 0-255 value."""
+    mean_off, std_off = bool((mean > 1).any()), bool((std > 1).any())
+    if not (mean_off or std_off):
+        return
+    # with a 0-255 mean, std 1 is 0-255 too (mean subtraction only, as Caffe-style configs have it)
+    std_off = std_off or bool((std >= 1).all())
+    name, values = ("mean", mean) if mean_off else ("std", std)
+    first = next(v for v in values.tolist() if v > 1)
+    fixed_mean = [float(f"{v / 255 if mean_off else v:.6g}") for v in mean.tolist()]
+    fixed_std = [float(f"{v / 255 if std_off else v:.6g}") for v in std.tolist()]
+    which = " and ".join(n for n, off in (("mean", mean_off), ("std", std_off)) if off)
+    raise ValueError(
+        f"Normalize: {name} {first:g} is on the 0-255 scale; Normalize takes 0-1 values, as torchvision's does "
+        f"((x/255 - mean) / std): divide {which} by 255: Normalize(mean={fixed_mean}, std={fixed_std})"
+    )
 
 
 def _generator(generator: torch.Generator | int | None) -> torch.Generator | None:
