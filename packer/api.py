@@ -145,7 +145,7 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
     the other kind's options."""
     if resolve_kind(src, kind) == "image":
         if text is not None:
-            named = ", ".join(changed_fields(text)) or "--kind text"
+            named = ", ".join(changed_fields(text)) or "text=TextOptions()"
             raise OptionError(f"{src}: text options ({named}) do not apply to an image folder; drop them, or pass --kind text")
         job = image_job(src, image if image is not None else ImageOptions(), source, workers=workers)
         if job.image.decode_device == "cpu":
@@ -157,8 +157,8 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
         raise OptionError(f"{changed_fields(source)[0]}: applies to images only, and {src} is a text corpus; drop it")
     from .text import text_job
 
-    if image is not None and image != ImageOptions():
-        raise OptionError(f"{changed_fields(image)[0]}: applies to images only, and {src} is a text corpus; drop it")
+    if image is not None:  # given, even at its defaults: used or refused, never dropped
+        raise OptionError(f"{(changed_fields(image) or ['image=ImageOptions()'])[0]}: applies to images only, and {src} is a text corpus; drop it")
     if is_source_url(str(src)):
         raise OptionError(f"{src}: text corpora are read from local folders only so far; copy it locally first")
     return text_job(src, text if text is not None else TextOptions())

@@ -7,6 +7,7 @@ single ``Error: ...`` line on stderr and exit non-zero, without a traceback.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -18,11 +19,11 @@ from . import api
 from ._version import __version__
 from .doctor_cli import doctor as doctor_command
 from .engine import Interrupted
-from .errors import PackerError
+from .errors import OptionError, PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
 from .interrupts import interruptible
-from .jobs import changed_fields
+from .jobs import changed_fields, check_kind_options
 from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
@@ -33,6 +34,11 @@ __all__ = ["cli", "main"]
 
 MAX_WARNINGS = 20
 EXIT_INTERRUPTED = 130
+
+#: ``convert``'s options that apply to one kind of source only (as click names them): typed on
+#: the command line for the other kind, at any value (the default too), they are refused.
+IMAGE_OPTIONS = ("size", "resize", "resize_mode", "grayscale", "encoding", "quality", "max_pixels", "decode_device")
+TEXT_OPTIONS = ("tokenizer", "lines", "text_field", "eos", "max_tokens")
 
 
 class _UserError(click.ClickException):
@@ -187,10 +193,13 @@ def convert(
       packer convert ILSVRC2012_img_train.tar train.lmdb --size 224
       packer convert images/ train.lmdb --labels train.csv --split-column fold --split train
     """
+    typed_image, typed_text = ([f"--{name.replace('_', '-')}" for name in names if _given(name)] for names in (IMAGE_OPTIONS, TEXT_OPTIONS))
+    check_kind_options(src, kind, image=typed_image, text=typed_text)  # here: the API cannot tell a typed default from none
     image = None  # no image option on the command line: a text corpus takes none, an image folder the defaults
-    if _given("size", "resize", "resize_mode", "grayscale", "encoding", "quality", "max_pixels", "decode_device"):
+    if typed_image:
         image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality,
                              max_pixels=max_pixels, decode_device=decode_device)
+    text = _text_options(tokenizer, lines, text_field, eos, max_tokens) if typed_text or kind == "text" else None
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
@@ -202,7 +211,7 @@ def convert(
         with interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
             report = api.convert(
                 src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error,
-                progress=not quiet, timeout=timeout, kind=kind, text=_text_options(kind, tokenizer, lines, text_field, eos, max_tokens),
+                progress=not quiet, timeout=timeout, kind=kind, text=text,
                 resume=resume, executor=executor, ray_address=ray_address,
                 source=SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split),
             )
@@ -225,15 +234,14 @@ def _given(*names: str) -> bool:
     return any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in names)
 
 
-def _text_options(kind: str | None, tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions | None:
-    """Text options when any text option is set or ``--kind text`` (else ``None``: the kind is guessed)."""
-    if kind != "text" and (tokenizer, lines, text_field, eos, max_tokens) == ("bytes", False, "text", None, None):
-        return None
+def _text_options(tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions:
+    """The text options, ``--eos`` parsed: an invalid value is an :class:`OptionError` (exit 2)."""
+    value: int | str | None = eos
     if eos is not None and eos != NO_EOS:
-        if not eos.isdigit():
-            raise _UserError(f"--eos: must be a token id or {NO_EOS!r}, got {eos!r}")
-        eos = int(eos)  # type: ignore[assignment]
-    return TextOptions(tokenizer=tokenizer, lines=lines, text_field=text_field, eos=eos, max_tokens=max_tokens)
+        if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", eos):
+            raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {eos!r}")
+        value = int(eos)  # a negative one: refused by TextOptions, as from Python
+    return TextOptions(tokenizer=tokenizer, lines=lines, text_field=text_field, eos=value, max_tokens=max_tokens)
 
 
 @cli.command()
@@ -273,15 +281,16 @@ def info(path: Path, as_json: bool) -> None:
 @click.option("--tile", type=click.IntRange(16, 1024), default=128, show_default=True, help="Cell size in pixels.")
 def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
     """Save a contact sheet of random samples, captioned with index and class (a text dataset:
-    print its first documents, decoded, as packer head does).
+    print its first documents, decoded, as packer head does; -o, --seed and --tile are refused).
 
     \b
     Example:
       packer preview train.lmdb -o grid.png --count 25
     """
-    from .preview import document_preview, preview as make_preview
+    from .preview import SHEET_OPTIONS, document_preview, preview as make_preview, refuse_sheet_options
 
     if read_metadata(path).kind == "text":  # no pictures to draw: the first documents, decoded
+        refuse_sheet_options(path, [name for name in SHEET_OPTIONS if _given(name)])  # -o, --seed, --tile: refused, not dropped
         click.echo(document_preview(path, count=count if _given("count") else 3))
         return
     click.echo(f"wrote {make_preview(path, output, count=count, seed=seed, tile=tile)}")

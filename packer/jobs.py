@@ -36,7 +36,7 @@ from .sources.remote import is_source_url, remote_chunksize
 from .writers.base import Writer
 from .writers.journal import conversion_fingerprint
 
-__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "changed_fields", "source_fields"]
+__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "check_kind_options", "changed_fields", "source_fields"]
 
 log = logging.getLogger("packer")
 
@@ -53,11 +53,6 @@ class Job:
     #: What one input is called in messages, and the progress bar's unit.
     noun: ClassVar[str] = "input"
     unit: ClassVar[str] = "it"
-    #: Whether ``--on-error fail`` stops at an input scanning skipped (text: an undecodable file
-    #: is an input error) or only at inputs the workers fail on (images: scanning skips only
-    #: files outside the labelling rules, which are never conversion errors).
-    scan_skips_fail: ClassVar[bool] = False
-
     #: The source as the metadata records it: an absolute path, or a URL.
     source: str
     #: The inputs, in output order.
@@ -72,6 +67,13 @@ class Job:
     #: What the driving process does to the work units' outcomes, in order, before the writer
     #: gets them (``--decode-device cuda``'s GPU stage: packer/gpu_stage.py); ``None``: nothing.
     stage: Callable[[Iterable[Any]], Iterable[Encoded | Failed]] | None = None
+
+    @property
+    def scan_skips_fail(self) -> bool:
+        """Whether ``--on-error fail`` stops at ``skipped[0]``, an input scanning skipped, before
+        any output is opened (the driver's check), or only at inputs the workers fail on. Text:
+        any (an undecodable file is an input error); images: see :meth:`ImageJob.scan_skips_fail`."""
+        return False
 
     def name(self, item: Any) -> str:
         """How a skipped ``item`` is recorded (relative to the source)."""
@@ -122,6 +124,14 @@ class ImageJob(Job):
     folder: ImageFolder | None = None
     #: What else ``--resume`` must find unchanged: a label file's digest and columns, a dataset's identity.
     identity: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def scan_skips_fail(self) -> bool:
+        """Only when scanning refused a symlink (or class folder) that would give a class folder
+        another class's images: an input error (README, *Bad input*), listed first in ``skipped``
+        (packer/sources/images.py). An image outside any class folder, a symlink loop, a label
+        file's unusable row are the labelling rules at work, recorded, never conversion errors."""
+        return self.folder is not None and bool(self.folder.refused)
 
     def name(self, item: Any) -> str:
         assert self.folder is not None
@@ -251,6 +261,19 @@ def resolve_kind(src: str | Path, kind: str | None) -> str:
             raise OptionError(f"--kind: must be one of {', '.join(KINDS)}, got {kind!r}")
         return kind
     return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
+
+
+def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (), text: Sequence[str] = ()) -> None:
+    """Refuse, in one line, options given for the other kind of source than ``src``'s (as
+    :func:`resolve_kind` finds it): ``image`` and ``text`` are the image and text options given,
+    as CLI names, whatever their values (a default typed out is refused too: never dropped)."""
+    if not image and not text:
+        return
+    if resolve_kind(src, kind) == "image":
+        if text:
+            raise OptionError(f"{src}: text options ({', '.join(text)}) do not apply to an image folder; drop them, or pass --kind text")
+    elif image:
+        raise OptionError(f"{image[0]}: applies to images only, and {src} is a text corpus; drop it")
 
 
 def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ The CLI parses strings into these; the Python API takes them directly. An invali
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -220,18 +221,25 @@ class TextOptions:
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, (str, os.PathLike)) or not str(self.tokenizer):
+            raise OptionError(f"--tokenizer: must be 'bytes' or a tokenizer file, got {self.tokenizer!r}")
         if not isinstance(self.lines, bool):
             raise OptionError(f"--lines: must be True or False, got {self.lines!r}")
-        if not self.text_field:
-            raise OptionError("--text-field: must not be empty")
-        if self.eos is not None and self.eos != NO_EOS and not (isinstance(self.eos, int) and self.eos >= 0):
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise OptionError(f"--text-field: must be a non-empty field name, got {self.text_field!r}")
+        if self.eos is not None and self.eos != NO_EOS and not (_is_int(self.eos) and self.eos >= 0):
             raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {self.eos!r}")
-        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens > 0):
+        if self.max_tokens is not None and not (_is_int(self.max_tokens) and self.max_tokens > 0):
             raise OptionError(f"--max-tokens: must be a positive integer, got {self.max_tokens!r}")
 
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
         return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens}
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, not a bool (``True`` is an ``int`` to Python, never a token id or a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,16 @@ looks right (orientation, colour, crop). Works for every format through the torc
 
 A text dataset has no pictures: :func:`preview` refuses it with one line naming ``packer head``,
 and :func:`document_preview` gives its first documents decoded with the recorded tokenizer
-(what ``packer head`` prints); it refuses an image dataset naming ``packer preview``.
+(what ``packer head`` prints); it refuses an image dataset naming ``packer preview``. For a
+text dataset ``packer preview`` prints those documents, and refuses the options that only draw
+a contact sheet (:data:`SHEET_OPTIONS`: :func:`refuse_sheet_options`), never drops them.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -21,11 +24,14 @@ from readers.tokenizer import TokenizerError
 
 from .errors import OptionError, OutputError, PackerError
 
-__all__ = ["contact_sheet", "preview", "document_preview"]
+__all__ = ["contact_sheet", "preview", "document_preview", "refuse_sheet_options", "SHEET_OPTIONS"]
 
 CAPTION_HEIGHT = 14
 PADDING = 4
 BACKGROUND = (32, 32, 32)
+
+#: ``packer preview``'s options that only draw a contact sheet: parameter name -> as the CLI spells it.
+SHEET_OPTIONS = {"output": "-o/--output", "seed": "--seed", "tile": "--tile"}
 
 
 def contact_sheet(path: str | Path, *, count: int = 16, seed: int = 0, tile: int = 128) -> Image.Image:
@@ -93,6 +99,15 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
     except TokenizerError as exc:
         raise PackerError(str(exc)) from None
     return "\n".join(parts)
+
+
+def refuse_sheet_options(path: str | Path, given: Iterable[str]) -> None:
+    """One line (:class:`OptionError`, exit 2) when ``given`` names any of :data:`SHEET_OPTIONS`
+    for the text dataset at ``path``: it has no images, so there is no sheet to write, seed or size."""
+    named = [SHEET_OPTIONS[name] for name in SHEET_OPTIONS if name in set(given)]
+    if named:
+        raise OptionError(f"{', '.join(named)}: {path} is a text dataset, with no images to draw; packer preview prints its "
+                          f"first documents instead (--count: how many), as packer head does: drop {'it' if len(named) == 1 else 'them'}")
 
 
 def _require_images(store: Store) -> None:

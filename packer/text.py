@@ -55,7 +55,6 @@ class TextJob(Job):
     kind: ClassVar[str] = "text"
     noun: ClassVar[str] = "document"
     unit: ClassVar[str] = "doc"
-    scan_skips_fail: ClassVar[bool] = True
 
     text: TextOptions = field(default_factory=TextOptions)
     tokenizer: Tokenizer | None = None
@@ -63,6 +62,11 @@ class TextJob(Job):
     dtype: str = "uint16"
     spec: str = "bytes"
     paths: list[str] = field(default_factory=list)
+
+    @property
+    def scan_skips_fail(self) -> bool:
+        """Any: a file scanning skipped (undecodable, binary, unreadable) is an input error."""
+        return True
 
     def name(self, item: Any) -> str:
         assert isinstance(item, TextDoc)

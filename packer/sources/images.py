@@ -46,13 +46,17 @@ class ImageFolder:
     classes: list[str]
     labeled: bool
     #: Inputs that will not be converted, found while scanning (unreadable folders, images
-    #: outside any class folder, symlink loops).
+    #: outside any class folder, symlink loops, and first the ``refused`` symlinks).
     skipped: list[Skipped] = field(default_factory=list)
     #: Class folders that contain no image.
     empty_classes: list[str] = field(default_factory=list)
     #: A remote folder's ``item path -> "size:version"`` from its listing, for the resume
     #: fingerprint (``None`` for a local folder: its files are stat-ed then).
     stamps: dict[str, str] | None = None
+    #: Those of ``skipped`` that are input errors, not the labelling rules at work: symlinks (and
+    #: class folders) that would give a class folder another class's images (:class:`_ClassLinks`).
+    #: They come first in ``skipped``; ``--on-error fail`` stops at them (packer/jobs.py).
+    refused: list[Skipped] = field(default_factory=list)
 
     @property
     def source(self) -> str:
@@ -147,7 +151,10 @@ def _scan(tree: FolderTree) -> ImageFolder:
             items.extend(ImageItem(path, label) for path in found)
         for name in top_images:
             skipped.append(Skipped(name, "outside any class folder (not labeled)"))
-        folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps())
+        refused = list(getattr(tree, "refused", ()))  # (a URL's listing has no symlinks)
+        first = set(refused)
+        skipped = refused + [entry for entry in skipped if entry not in first]
+        folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps(), refused=refused)
     if not folder.items:
         where = "in its class sub-folders" if class_dirs else "at its top level"
         raise SourceError(
@@ -177,6 +184,12 @@ class _LocalTree:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.name = str(root)
+        #: From :meth:`top`: each class folder's real path -> its class (a folder, before links to
+        #: it), and whether one lies in another (through symlinks). The entries refused because
+        #: they would give a class folder other images (:class:`_ClassLinks`).
+        self.classes: dict[str, str] = {}
+        self.nested = False
+        self.refused: list[Skipped] = []
 
     def kind(self) -> str | None:
         if not self.root.exists():
@@ -194,14 +207,23 @@ class _LocalTree:
 
     def top(self) -> list[tuple[str, str]]:
         entries = sorted(os.scandir(self.root), key=lambda e: e.name)
-        return [(e.name, "dir" if _is_dir(e) else "file" if _is_file(e) else "other") for e in entries]
+        listed = [(e.name, "dir" if _is_dir(e) else "file" if _is_file(e) else "other") for e in entries]
+        self.classes = {}
+        names = [name for name, what in listed if what == "dir" and not is_hidden(name)]
+        for name in sorted(names, key=lambda name: os.path.islink(self.path(name))):  # a folder before a link to it
+            self.classes.setdefault(os.path.realpath(self.path(name)), name)
+        self.nested = any(_owner(os.path.dirname(real), self.classes) is not None for real in self.classes)
+        return listed
 
     def images(self, folder: str, skipped: list[Skipped]) -> list[str]:
-        """Images below the class folder ``folder``; symlinks that would give it another class's
-        images (see :class:`_ClassLinks`) are recorded as skipped, not followed."""
+        """Images below the class folder ``folder``; symlinks (and folders) that would give it
+        another class's images (see :class:`_ClassLinks`) are recorded as refused, not followed."""
         top = os.path.join(self.root, folder)
         root = self.root
-        links = _ClassLinks(top, root)
+        links = _ClassLinks(folder, self.classes or {os.path.realpath(top): folder}, root, nested=self.nested)
+        if (same := self.classes.get(links.folder, folder)) != folder:  # another class folder is this very folder
+            self._refuse(skipped, folder, f"is the same folder as the class folder {same!r} (through a symlink); its images are under that label")
+            return []
         found: list[str] = []
         seen: set[tuple[int, int]] = set()
 
@@ -209,12 +231,12 @@ class _LocalTree:
             skipped.append(Skipped(os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})"))
 
         def kept(dirpath: str, names: list[str]) -> list[str]:
-            """``names`` less the symlinks not followed (recorded as skipped)."""
+            """``names`` less the symlinks not followed (recorded as refused)."""
             out = []
             for name in names:
                 path = os.path.join(dirpath, name)
                 if links.skips(path):
-                    skipped.append(Skipped(os.path.relpath(path, root), links.reason(path)))
+                    self._refuse(skipped, os.path.relpath(path, root), links.reason(path))
                 else:
                     out.append(name)
             return out
@@ -230,34 +252,61 @@ class _LocalTree:
                 dirnames[:] = []
                 continue
             seen.add((st.st_dev, st.st_ino))
+            if (other := links.inner_class(dirpath)) is not None:  # class folders nested through symlinks
+                self._refuse(skipped, os.path.relpath(dirpath, root), f"is the class folder {other!r} (through a symlink); "
+                                                                      "its images are under that label")
+                dirnames[:] = []
+                continue
             dirnames[:] = kept(dirpath, sorted(d for d in dirnames if not is_hidden(d)))
             found.extend(os.path.join(dirpath, name) for name in kept(dirpath, [n for n in filenames if is_image_name(n)]))
         found.sort(key=lambda p: image_order(os.path.relpath(p, top).split(os.sep)))
         return found
 
+    def _refuse(self, skipped: list[Skipped], path: str, reason: str) -> None:
+        entry = Skipped(path, reason)
+        skipped.append(entry)
+        self.refused.append(entry)
+
 
 class _ClassLinks:
-    """Which symlinks inside a class folder are followed.
+    """Which symlinks inside a class folder are followed: each image gets the label of the class
+    folder it really lies in, and no other.
 
-    A link to a folder is followed only if it stays inside the class folder: a link to ``..``
-    or to another class's folder would import those images under this folder's label. A link
-    to a file is followed unless it leads into SRC outside its class folder (another class's
-    image, under this label); a link to a file outside SRC is followed, as link farms are built
+    Class folders are taken at their real paths (a class folder that is itself a link is the
+    class folder). A link that leads into a class folder is followed only if that is its own:
+    a link to ``..``, to another class's folder or to one of its images would import them
+    under this folder's label. A link to anything else in SRC (outside every class folder) is
+    not followed either. Outside SRC, a link to a file is followed, as link farms are built
     (``packer bench``'s sample, git-annex, DVC and Hugging Face caches): where it sits is the
-    only label it has. A class folder that is itself a link is the class folder.
+    only label it has; a link to a folder outside its class folder is not (a whole tree from
+    elsewhere, or one holding SRC). Class folders nested through links give each image the
+    innermost one's label; two class folders that are one folder give it the one that is not a link.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], root: str | os.PathLike[str]) -> None:
-        self.folder = os.path.realpath(folder)
+    def __init__(self, name: str, classes: dict[str, str], root: str | os.PathLike[str], *, nested: bool = False) -> None:
+        """``classes``: each class folder's real path -> its class (one folder, one class);
+        ``nested``: whether one of them lies in another."""
+        self.name = name
+        self.classes = classes
+        self.folder = os.path.realpath(os.path.join(root, name))
         self.root = os.path.realpath(root)
+        self.nested = nested
+
+    def inner_class(self, dirpath: str) -> str | None:
+        """The other class whose folder ``dirpath``, met walking this one, really is (else ``None``)."""
+        if not self.nested:
+            return None
+        other = self.classes.get(os.path.realpath(dirpath))
+        return other if other is not None and other != self.name else None
 
     def skips(self, path: str) -> bool:
         """Whether ``path`` is a symlink that is not followed."""
         if not os.path.islink(path):
             return False
         target = os.path.realpath(path)
-        if _within(target, self.folder):
-            return False
+        owner = _owner(target, self.classes)
+        if owner is not None:
+            return owner != self.name
         return os.path.isdir(target) or _within(target, self.root)
 
     @staticmethod
@@ -267,6 +316,18 @@ class _ClassLinks:
         except OSError:  # pragma: no cover - raced with deletion
             target = "?"
         return f"symlink to {target!r} leads outside its class folder; not followed"
+
+
+def _owner(path: str, classes: dict[str, str]) -> str | None:
+    """The class whose folder (by real path, in ``classes``) the real path ``path`` lies in: the
+    innermost one; ``None`` if none."""
+    while True:
+        if (name := classes.get(path)) is not None:
+            return name
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def _within(path: str, folder: str) -> bool:

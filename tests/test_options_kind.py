@@ -1,0 +1,116 @@
+"""Options of one kind of source (image or text) typed for the other are refused in one line,
+whatever their value, the default too (never silently dropped); invalid text option values
+exit with 2, as invalid image option values do (README, *Bad input*)."""
+
+import pytest
+from click.testing import CliRunner
+
+from corpora import write_texts
+from imagefiles import gradient, jpeg_bytes, write
+from packer.cli import IMAGE_OPTIONS, TEXT_OPTIONS, cli, convert as convert_command
+from packer.errors import OptionError
+from packer.options import DEFAULT_MAX_PIXELS, TextOptions
+
+# Each kind's options, typed at their default (or, with no default, a value valid on its own).
+IMAGE_TYPED = {
+    "size": ["--size", "8"], "resize": ["--resize", "8"], "resize_mode": ["--resize-mode", "none"], "grayscale": ["--grayscale"],
+    "encoding": ["--encoding", "raw"], "quality": ["--quality", "90"], "max_pixels": ["--max-pixels", str(DEFAULT_MAX_PIXELS)],
+    "decode_device": ["--decode-device", "cpu"],
+}
+TEXT_TYPED = {"tokenizer": ["--tokenizer", "bytes"], "lines": ["--lines"], "text_field": ["--text-field", "text"],
+              "eos": ["--eos", "256"], "max_tokens": ["--max-tokens", "5"]}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kinds")
+    for i in range(2):
+        write(root / "images" / "cat" / f"{i}.jpg", jpeg_bytes(gradient(8, 8, seed=i)))
+    (root / "corpus").mkdir()
+    write_texts(root / "corpus", {"a.txt": "one document\n", "b.txt": "another\n"})
+    return root / "images", root / "corpus"
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(result, code=2):
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+def test_every_option_of_one_kind_is_listed():
+    """A new image or text option of convert joins its list (or it would go unchecked)."""
+    text = {p.name for p in convert_command.params if (p.help or "").startswith("Text:")}
+    assert set(TEXT_OPTIONS) == text == set(TEXT_TYPED)
+    assert set(IMAGE_OPTIONS) == set(IMAGE_TYPED)
+
+
+@pytest.mark.parametrize("name", IMAGE_OPTIONS)
+def test_an_image_option_typed_for_a_text_corpus_is_refused_at_any_value(tmp_path, sources, name):
+    _, corpus = sources
+    line = one_line_error(run("convert", corpus, tmp_path / "t.blob", *IMAGE_TYPED[name], "-q"))
+    assert line == f"Error: --{name.replace('_', '-')}: applies to images only, and {corpus} is a text corpus; drop it"
+    assert not (tmp_path / "t.blob").exists()
+
+
+@pytest.mark.parametrize("name", TEXT_OPTIONS)
+def test_a_text_option_typed_for_an_image_folder_is_refused_at_any_value(tmp_path, sources, name):
+    images, _ = sources
+    line = one_line_error(run("convert", images, tmp_path / "i.lmdb", *TEXT_TYPED[name], "-q"))
+    option = f"--{name.replace('_', '-')}"
+    assert line == f"Error: {images}: text options ({option}) do not apply to an image folder; drop them, or pass --kind text"
+    assert not (tmp_path / "i.lmdb").exists()
+
+
+def test_the_same_options_are_used_for_their_own_kind(tmp_path, sources):
+    images, corpus = sources
+    done = run("convert", images, tmp_path / "i.lmdb", "--encoding", "raw", "--resize-mode", "none", "--decode-device", "cpu", "-j", "1", "-q")
+    assert done.exit_code == 0, done.output
+    done = run("convert", corpus, tmp_path / "t.blob", "--tokenizer", "bytes", "--text-field", "text", "-j", "1", "-q")
+    assert done.exit_code == 0, done.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eos", "-1"], "--eos: must be a token id >= 0 or 'none', got -1"),
+    (["--eos", "abc"], "--eos: must be a token id >= 0 or 'none', got 'abc'"),
+    (["--eos", "²"], "--eos: must be a token id >= 0 or 'none', got '²'"),
+    (["--eos", "99999"], "--eos: id 99999 is outside the tokenizer's vocabulary of 257"),
+    (["--text-field", ""], "--text-field: must be a non-empty field name, got ''"),
+    (["--tokenizer", ""], "--tokenizer: must be 'bytes' or a tokenizer file, got ''"),
+])
+def test_invalid_text_option_values_exit_2(tmp_path, sources, args, message):
+    _, corpus = sources
+    assert one_line_error(run("convert", corpus, tmp_path / "t.blob", *args, "-q")) == f"Error: {message}"
+
+
+def test_click_range_errors_exit_2_too(tmp_path, sources):
+    _, corpus = sources
+    result = run("convert", corpus, tmp_path / "t.blob", "--max-tokens", "0", "-q")
+    assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("Error: Invalid value for '--max-tokens'")
+
+
+@pytest.mark.parametrize("fields, option", [
+    ({"eos": True}, "--eos"), ({"max_tokens": True}, "--max-tokens"), ({"text_field": 5}, "--text-field"),
+    ({"tokenizer": None}, "--tokenizer"), ({"tokenizer": ""}, "--tokenizer"),
+])
+def test_text_options_from_python_refuse_what_the_cli_refuses(fields, option):
+    with pytest.raises(OptionError, match=f"^{option}: must be"):
+        TextOptions(**fields)
+
+
+def test_python_options_of_the_other_kind_are_refused_at_their_defaults(sources, tmp_path):
+    """From Python as from the command line: ``image=ImageOptions()`` on a corpus and
+    ``text=TextOptions()`` on an image folder are given, so refused (they were dropped and
+    named '--kind text')."""
+    from packer import ImageOptions, convert
+
+    images, corpus = sources
+    with pytest.raises(OptionError, match=r"^image=ImageOptions\(\): applies to images only, and .* is a text corpus; drop it"):
+        convert(corpus, tmp_path / "t.blob", image=ImageOptions(), workers=1)
+    with pytest.raises(OptionError, match=r"text options \(text=TextOptions\(\)\) do not apply to an image folder"):
+        convert(images, tmp_path / "i.blob", text=TextOptions(), workers=1)
+    assert not list(tmp_path.iterdir())
