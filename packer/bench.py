@@ -7,6 +7,10 @@ reading the raw folder the usual way (PIL, ``Resize`` + ``CenterCrop`` of the sa
 ``--size 224 --resize 256`` the standard crop; :func:`~packer.bench_timing.folder_baseline`), and returns a :class:`BenchReport` with a
 table and a recommendation. Its temporary files are removed whatever happens (Ctrl-C included).
 
+An input the conversion cannot decode is skipped there, and left out of the raw-folder read too
+(:func:`undecodable`: the conversion's own verdict, never a second rule), so both sides read the
+same images; the report says how many each side skipped.
+
 This module samples, converts and drives the run; the timing helpers and the readers compared
 are in :mod:`packer.bench_timing` (shared with the ``benchmarks/`` suite), the table and the
 recommendation in :mod:`packer.bench_report`. The names of both stay importable from here.
@@ -20,6 +24,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
+
+from readers.schema import Skipped
 
 from .bench_report import RAW_FOLDER, SUFFIX, BenchReport, BenchRow
 from .bench_timing import (
@@ -37,14 +43,16 @@ from .bench_timing import (
     open_packed,
     timed_pass,
 )
-from .errors import OptionError
+from .errors import OptionError, SourceError
 from .options import ImageOptions
-from .parallel import default_workers
-from .sources.images import scan_image_folder
+from .parallel import default_workers, ordered_map
+from .preprocess.task import Failed, ImageTask
+from .sources.images import ImageItem, scan_image_folder
 
 __all__ = [
     "run_bench",
     "sample_folder",
+    "undecodable",
     "BenchReport",
     "BenchRow",
     "Rate",
@@ -93,6 +101,29 @@ def sample_folder(src: str | Path, dst: Path, sample: int) -> list[tuple[str, in
     return linked
 
 
+def undecodable(
+    items: Sequence[tuple[str, int]], sample_dir: Path, image: ImageOptions, workers: int, conversions: Sequence[Sequence[Skipped]]
+) -> list[Skipped]:
+    """The sampled ``items`` (in ``sample_dir``) the raw-folder baseline leaves out, named as the
+    conversion names them (relative to the sample), in sample order.
+
+    Packer's own verdict, never a second rule: the inputs ``conversions`` (each converted format's
+    ``ConversionReport.skipped``) skipped, any of them; when no format was converted, those the
+    conversion's work unit (:class:`~packer.preprocess.task.ImageTask`) fails on, run in the
+    conversion's worker pool (OpenCV stays out of this process, as the note in :func:`run_bench` needs).
+    """
+    names = [os.path.relpath(path, sample_dir) for path, _ in items]
+    if conversions:
+        found: dict[str, Skipped] = {}
+        for skipped in conversions:
+            for entry in skipped:
+                found.setdefault(entry.path, entry)
+        return [found[name] for name in names if name in found]
+    inputs = [ImageItem(path, label) for path, label in items]
+    with ordered_map(ImageTask(image), inputs, workers=max(1, workers), on_crash=lambda item, reason: Failed(item.path, reason)) as results:
+        return [Skipped(name, result.reason) for name, result in zip(names, results) if isinstance(result, Failed)]
+
+
 def run_bench(
     src: str | Path,
     *,
@@ -112,8 +143,9 @@ def run_bench(
     ``workers``: conversion processes and the largest ``num_workers`` tried (default: all
     cores); ``seconds``: the shortest timed pass; ``repeats``: timed passes per figure (after
     one warm-up). A format whose writer or reader cannot be imported yet is reported as
-    skipped. Temporary files go under ``tmp_dir`` (default: the system's) and are removed on
-    return, on error and on Ctrl-C.
+    skipped. Inputs the conversion skips as undecodable are left out of the raw-folder read too
+    (:func:`undecodable`) and counted per pipeline in ``BenchReport.skipped``. Temporary files
+    go under ``tmp_dir`` (default: the system's) and are removed on return, on error and on Ctrl-C.
     """
     from .writers import WRITERS, get_writer
 
@@ -138,6 +170,7 @@ def run_bench(
         # process, and a process pool forked after OpenCV's own thread pool has run can hang in
         # the child (seen here: cv2.setNumThreads blocking in pthread_cond_destroy).
         converted: dict[str, tuple[Path, float, int]] = {}
+        skips: dict[str, list[Skipped]] = {}
         pending: list[tuple[str, BenchRow | None]] = []
         for name in formats:
             label = f"{name} ({image.encoding})"
@@ -156,11 +189,21 @@ def run_bench(
                 pending.append((name, BenchRow(label, "", None, note=f"failed to convert ({type(exc).__name__}: {exc})")))
                 continue
             converted[name] = (dst, done.images_per_second, disk_bytes(dst))
+            skips[label] = list(done.skipped)
             pending.append((name, None))
+
+        # the raw folder reads what the conversions wrote: the same images on both sides
+        left_out = undecodable(items, tmp / "sample", image, cores, list(skips.values()))
+        if len(left_out) == len(items):
+            raise SourceError(f"{src}: none of the {len(items):,} sampled images can be decoded "
+                              f"(first: {left_out[0].path}: {left_out[0].reason})")
+        report.skipped = {RAW_FOLDER: left_out, **skips}
+        unreadable = {entry.path for entry in left_out}
+        readable = [(path, label) for path, label in items if os.path.relpath(path, tmp / "sample") not in unreadable]
 
         say(f"timing the raw folder (num_workers {', '.join(map(str, settings))})")
         raw_rates = loader_rates(  # worker processes first, then in this process (see above)
-            folder_baseline(items, image), settings=settings[::-1], batch_size=batch_size, seconds=seconds, repeats=repeats, with_loader=False
+            folder_baseline(readable, image), settings=settings[::-1], batch_size=batch_size, seconds=seconds, repeats=repeats, with_loader=False
         )
         report.rows += [BenchRow(RAW_FOLDER, reader, raw_rates[reader]) for reader in sorted(raw_rates)]
         for name, skipped in pending:

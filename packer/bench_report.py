@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from readers.schema import Skipped
+
 from .bench_timing import Rate
 from .options import ImageOptions
 
@@ -40,6 +42,9 @@ class BenchReport:
     cores: int
     batch_size: int
     rows: list[BenchRow] = field(default_factory=list)
+    #: Pipeline (``RAW_FOLDER`` or a converted format's row name) -> the sampled inputs it skipped
+    #: as undecodable; the raw folder leaves out what the conversions skipped (the same images on both sides).
+    skipped: dict[str, list[Skipped]] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[BenchRow]:
@@ -50,13 +55,28 @@ class BenchReport:
         rows = [row for row in self.measured if row.pipeline == RAW_FOLDER]
         return max(rows, key=lambda row: row.rate.median) if rows else None
 
+    def read(self, pipeline: str) -> int:
+        """The sampled images ``pipeline`` holds (or reads): the sample less what it skipped."""
+        return self.images - len(self.skipped.get(pipeline, ()))
+
+    def skip_note(self) -> str:
+        """One line: how many sampled inputs each pipeline skipped as undecodable, and the first
+        one with why (``""`` when none was)."""
+        if not any(self.skipped.values()):
+            return ""
+        counts = ", ".join(f"{pipeline} {len(entries):,}" for pipeline, entries in self.skipped.items())
+        first = next(entry for entries in self.skipped.values() for entry in entries)
+        return (f"Skipped as undecodable, as packer convert skips them (the raw folder too, so both sides read the same images), "
+                f"of the {self.images:,} sampled: {counts}; first: {first.path}: {first.reason}")
+
     def best(self) -> BenchRow | None:
         """The fastest packed format and reader."""
         rows = [row for row in self.measured if row.pipeline != RAW_FOLDER]
         return max(rows, key=lambda row: row.rate.median) if rows else None
 
     def table(self) -> str:
-        """A markdown table: images/s median (min-max), ratio to the raw folder at its best, size, conversion speed."""
+        """A markdown table: images/s median (min-max), ratio to the raw folder at its best, size, conversion speed;
+        under it, :meth:`skip_note` when inputs were skipped."""
         base = self.baseline()
         header = ["pipeline", "reader", "images/s median (min-max)", "vs raw folder", "on disk", "convert img/s"]
         rows = []
@@ -66,7 +86,8 @@ class BenchReport:
                 continue
             ratio = f"{row.rate.median / base.rate.median:.1f}x" if base else ""
             rows.append([row.pipeline, row.reader, str(row.rate), ratio, _size(row.bytes_on_disk), _num(row.convert_rate)])
-        return markdown_table(header, rows)
+        note = self.skip_note()
+        return markdown_table(header, rows) + (f"\n\n{note}" if note else "")
 
     def recommendation(self) -> str:
         """The fastest format and settings here, its size on disk, and the command that makes it."""
@@ -75,11 +96,12 @@ class BenchReport:
             return "No packed format could be measured here (see the notes in the table)."
         fmt = best.pipeline.split(" ", 1)[0]
         options = _cli_options(self.image)
-        per_image = f", {best.bytes_on_disk / self.images / 1e3:,.0f} KB per image" if best.bytes_on_disk else ""
+        images = self.read(best.pipeline)
+        per_image = f", {best.bytes_on_disk / images / 1e3:,.0f} KB per image" if best.bytes_on_disk and images else ""
         speed = f"{best.rate.median:,.0f} images/s"
         if base is not None:
             speed += f", {best.rate.median / base.rate.median:.1f}x the raw folder at its best ({base.rate.median:,.0f} with {base.reader})"
-        size = f"{_size(best.bytes_on_disk)} for {self.images:,} images{per_image}"
+        size = f"{_size(best.bytes_on_disk)} for {images:,} images{per_image}"
         return (
             f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
             f"  packer convert {self.src} DST{SUFFIX[fmt]} --format {fmt}{options}"
@@ -94,6 +116,7 @@ class BenchReport:
             "cores": self.cores,
             "batch_size": self.batch_size,
             "rows": [asdict(row) for row in self.rows],
+            "skipped": {pipeline: [entry.to_dict() for entry in entries] for pipeline, entries in self.skipped.items()},
         }
 
 

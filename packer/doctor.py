@@ -6,7 +6,9 @@ takes the user's ``step(images, labels)`` (``--step module:function``) or a buil
 step of a given cost (:class:`CostStep`), and runs :func:`readers.diagnose` on them.
 For a folder it also converts an evenly spaced sample to a temporary blob and times
 ``readers.Loader`` over it in the same rounds, so "convert it" comes with a figure measured on
-this machine. The chart (``--plot``) is :func:`plot`.
+this machine. An image that conversion skips as undecodable is left out of the folder's loader
+too (said in the report), so a damaged file found in the sample does not stop the diagnosis.
+The chart (``--plot``) is :func:`plot`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from readers.diagnose_loop import DiagnoseError, Diagnosis, diagnose
-from readers.schema import PackedFormatError
+from readers.schema import PackedFormatError, Skipped
 
 from .bench import sample_folder
 from .bench_timing import UsualFolder, collate
@@ -98,13 +100,21 @@ class DoctorReport:
     kind: str  # "folder" or the packed format
     sample: int = 0
     convert_images_per_s: float | None = None
+    #: Sampled images the conversion skipped as undecodable, left out of the folder's loader too.
+    skipped: list[Skipped] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "kind": self.kind, "sample": self.sample,
-                "convert_images_per_s": self.convert_images_per_s, "diagnosis": self.diagnosis.to_dict()}
+                "convert_images_per_s": self.convert_images_per_s, "skipped": [entry.to_dict() for entry in self.skipped],
+                "diagnosis": self.diagnosis.to_dict()}
 
     def __str__(self) -> str:
-        return str(self.diagnosis)
+        if not self.skipped:
+            return str(self.diagnosis)
+        first = self.skipped[0]
+        return (f"{self.diagnosis}\nSkipped {len(self.skipped):,} undecodable image(s) of the {self.sample:,} sampled, as packer convert "
+                f"skips them, and left them out of the folder's loader too (a plain DataLoader stops at them); "
+                f"first: {first.path}: {first.reason}")
 
 
 def _is_packed(src: Path) -> str | None:
@@ -177,13 +187,15 @@ def run_doctor(
             how = (f"packer convert {src} train.blob --size {size} (converting ran at {done.images_per_second:,.0f} img/s here: "
                    f"~{_duration(len(items) / max(done.images_per_second, 1e-9))} for the {len(items):,} images), "
                    f"then readers.Loader(readers.RAMDataset('train.blob'), {batch_size})")
-            alternatives = {f"packed blob ({len(picked)} images)": (packed, how)}
+            alternatives = {f"packed blob ({done.written} images)": (packed, how)}  # the sample, less what it skipped
+            unreadable = {entry.path for entry in done.skipped}  # named relative to SRC: the sample keeps its paths
+            items = [(item.path, item.label) for item in folder.items if folder.relative(item.path) not in unreadable]
             loader = _folder_loader(items, size, batch_size, cores)
             if cores < default_workers():  # more workers: measured too, in the same rounds
                 more = default_workers()
                 alternatives[f"num_workers={more}"] = (_folder_loader(items, size, batch_size, more),
                                                        f"--workers {more} (DataLoader(num_workers={more}))")
-            report = DoctorReport(None, str(src), "folder", len(picked), done.images_per_second)  # type: ignore[arg-type]
+            report = DoctorReport(None, str(src), "folder", len(picked), done.images_per_second, list(done.skipped))  # type: ignore[arg-type]
         say(f"diagnosing: {batches} batches of {batch_size} per measurement, {rounds} rounds")
         try:
             report.diagnosis = diagnose(loader, user_step, batches=batches, rounds=rounds, device=device, trace=trace,
