@@ -17,8 +17,8 @@ class RAMDataset(PackedDataset):
     ``in_memory=True`` (default) reads the whole file into RAM now, once, into anonymous shared
     memory: forked DataLoader workers inherit it and spawned ones are sent its file descriptor,
     so N workers do not make N copies (one made at the module level of a script that spawned
-    workers run again loads there only on first use). Datasets over the same file in one process share one
-    copy. ``in_memory=False`` maps the file instead (lazily, once per process): the OS page
+    workers run again loads there only on first use, or before that worker forks). Datasets over
+    the same file in one process share one copy. ``in_memory=False`` maps the file instead (lazily, once per process): the OS page
     cache holds the pages, shared by every process, and evicts them under memory pressure.
 
     A plain ``pickle.dumps`` of the dataset carries only the path and options; the unpickled

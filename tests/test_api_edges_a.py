@@ -62,7 +62,8 @@ def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path, meth
     The dataset is made at the script's module level, which the child runs again: that one must
     not load a copy of its own there (N workers, N copies of the file), so the child's only
     memfd is its parent's (the same inode). A dataset the child makes in its own work (a DDP
-    rank started by ``mp.spawn``, say) still loads at once, before that child forks workers.
+    rank started by ``mp.spawn``, say) still loads at once; and the module-level one loads just
+    before the child forks, so its forked workers share that copy instead of loading one each.
 
     A Process and a Pipe, not a DataLoader: torch's worker shutdown has noise of its own on a
     loaded machine (a worker aborting when its queue's feeder thread is still pickling a
@@ -71,7 +72,7 @@ def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path, meth
     workers under spawn are read through in tests/test_datasets.py::test_dataloader_workers."""
     proc = run_script(
         f"""
-        import multiprocessing, os
+        import multiprocessing, os, shutil
         import torch
         import readers
 
@@ -88,11 +89,28 @@ def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path, meth
         def batch(ds):
             return torch.stack([ds[i][0] for i in range(4)])
 
-        def worker(ds, conn):
-            images = batch(ds)
+        def grandchild(conn):
+            ds[0]  # the module-level dataset, loaded by its parent just before the fork
+            conn.send(memfd_inodes())
+
+        def worker(sent_ds, conn):
+            images = batch(sent_ds)
             sent = memfd_inodes()
-            own = readers.RAMDataset(ds.path)  # made in the child's own work: loaded now
-            conn.send((tuple(images.shape), images.sum().item(), sent, memfd_inodes() - sent))
+            fork = multiprocessing.get_context("fork")  # a rank's DataLoader forking its workers
+            mine, theirs = fork.Pipe()
+            process = fork.Process(target=grandchild, args=(theirs,))
+            process.start()
+            theirs.close()
+            inherited = mine.recv()
+            process.join()
+            after = memfd_inodes()
+            own = readers.RAMDataset(sent_ds.path)  # made in the child's own work: the same file, that copy
+            made = memfd_inodes() - sent
+            other = shutil.copy(sent_ds.path, str(sent_ds.path) + ".copy.blob")
+            before = memfd_inodes()
+            kept = readers.RAMDataset(other)  # another file, made in the child's own work: loaded at once, before any read
+            loaded = memfd_inodes() - before
+            conn.send((tuple(images.shape), images.sum().item(), sent, made, after - sent, inherited == after, len(loaded)))
 
         ds = readers.RAMDataset({str(packed_32("blob"))!r})  # made again in the child
         if __name__ == "__main__":
@@ -101,13 +119,15 @@ def test_spawned_worker_with_shared_blob_exits_quietly(packed_32, tmp_path, meth
             process = ctx.Process(target=worker, args=(ds, theirs))
             process.start()
             theirs.close()  # a worker that dies ends recv() with EOFError instead of a hang
-            shape, total, sent, own = mine.recv()
+            shape, total, sent, own, at_fork, shared, loaded = mine.recv()
             process.join()
             assert process.exitcode == 0, process.exitcode
             assert shape == (4, 3, 32, 32), shape
             assert total == batch(ds).sum().item()
             assert sent and sent == memfd_inodes(), (sent, memfd_inodes())  # the parent's copy, no other
-            assert len(own) == 1 and not own & sent, own
+            assert len(at_fork) == 1 and shared, (at_fork, shared)  # loaded once, before the fork: one copy for its workers
+            assert own == at_fork, (own, at_fork)  # a dataset made in the child's own work shares it
+            assert loaded == 1, loaded
         """,
         tmp_path,
     )

@@ -143,8 +143,9 @@ class BlobStore(Store):
     ``in_memory=True`` loads the whole file into RAM now (in this process) and shares that copy
     with DataLoader workers (fork: inherited; spawn: its descriptor is sent). Stores over the
     same unchanged file in one process share one copy. Made at the module level of a script that
-    a spawned or forkserver child runs again (as ``__mp_main__``), it loads on first use instead:
-    the child reads the copy its parent sent, and N workers would otherwise load N copies. ``in_memory=False`` (the default here;
+    a spawned or forkserver child runs again (as ``__mp_main__``), it loads on first use, or just
+    before that child forks, instead: the child reads the copy its parent sent, and N workers
+    would otherwise load N copies. ``in_memory=False`` (the default here;
     :class:`readers.RAMDataset` defaults to loading) maps the file lazily, once per process.
     """
 
@@ -157,7 +158,9 @@ class BlobStore(Store):
         super().__init__(path, verify=verify)
         source: Callable[[], np.ndarray] = shared_copy(str(self.path)) if in_memory else _MapFile(str(self.path))
         self._view = PerProcess(_Opener(str(self.path), self.header, self.meta, source))  # type: ignore[arg-type]
-        if in_memory and not rerunning_parent_script():
+        if in_memory and rerunning_parent_script():
+            _load_before_fork(self)  # not now: a spawned worker reads the copy its parent sent
+        elif in_memory:
             self._view.get()  # load here, before workers start, so they share this copy
 
     @classmethod
@@ -298,6 +301,21 @@ class _Opener:
             images = data.reshape(self.meta.count, *self.meta.shape)  # type: ignore[misc]
             flat = data.reshape(self.meta.count, -1)
         return _View(flat, images, data, labels, offsets, shapes)  # type: ignore[arg-type]
+
+
+def _load_before_fork(store: BlobStore) -> None:
+    """Load ``store``'s in-memory copy just before this process forks, if it is still alive and
+    unloaded: made at the module level of a re-run script (a ``torch.multiprocessing.spawn``
+    rank, say), it is not loaded at once, and that rank's forked DataLoader workers must still
+    inherit one copy instead of loading one each."""
+    ref = weakref.ref(store)
+
+    def before() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._view.get()
+
+    os.register_at_fork(before=before)
 
 
 class _MapFile:
