@@ -134,8 +134,8 @@ def convert(
     final = get_writer(fmt).destination(dst)
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)
+    check_unfinished(final, resume=resume, overwrite=overwrite)  # first: a running or interrupted conversion is the news
     check_destination(final, overwrite=overwrite, resume=resume)
-    check_unfinished(final, resume=resume, overwrite=overwrite)
     return run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
 
 

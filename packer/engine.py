@@ -26,6 +26,7 @@ from typing import Any, Iterator, NoReturn, Sequence
 from readers.schema import Metadata, Skipped
 
 from ._version import __version__
+from .destination import is_packer_dataset
 from .errors import InputError, OutputExistsError
 from .executors import get_executor
 from .jobs import Job
@@ -62,11 +63,15 @@ def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
     if saved is not None and not partial.exists():  # a run killed between its rename and this cleanup
         shutil.rmtree(journal_path(partial), ignore_errors=True)
         return
+    inputs = f"{saved:,} input{'s' if saved != 1 else ''}" if saved is not None else ""
+    if saved is not None and not overwrite and is_packer_dataset(dst):  # an --overwrite run over a finished one was interrupted
+        raise OutputExistsError(f"{dst}: an interrupted conversion replacing it saved {inputs}; run with --resume --overwrite to "
+                                "finish replacing it, or with --overwrite alone to discard it and start over")
     if resume or overwrite:
         return
     if saved is not None:
         raise OutputExistsError(
-            f"{dst}: an interrupted conversion saved {saved:,} input{'s' if saved != 1 else ''}; run the same command with --resume to "
+            f"{dst}: an interrupted conversion saved {inputs}; run the same command with --resume to "
             "finish it, or with --overwrite to discard it and start over"
         )
 

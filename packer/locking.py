@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from .destination import write_error
@@ -50,6 +51,20 @@ def lock_holder(path: Path) -> str | None:
     return None
 
 
+def _lock_soon(fd: int, tries: int = 5, pause: float = 0.02) -> None:
+    """``flock`` ``fd`` exclusively, retrying for a moment: another process's :func:`lock_holder`
+    probe holds a shared lock for microseconds, and a conversion meeting it must not take it for
+    a running one. A real holder keeps it far longer: ``BlockingIOError`` then."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(pause)
+
+
 class DestinationLock:
     """An exclusive, non-blocking lock on ``path``; ``what`` names the destination in the error."""
 
@@ -65,7 +80,7 @@ class DestinationLock:
             except OSError as exc:
                 raise write_error(self.what, exc) from None
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock_soon(fd)
             except BlockingIOError:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
                 os.close(fd)

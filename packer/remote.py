@@ -275,10 +275,14 @@ def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: 
     root = root.rstrip("/")
     if not fs.exists(root):
         return
+    if fmt == "webdataset" and fs.isdir(root) and not fs.ls(root, detail=False):
+        return  # an empty folder: nothing to lose (a local DST's rule too)
     unfinished = REMOTE[fmt].unfinished(fs, root)
     if resume and unfinished:
         return
     if not overwrite:
+        if resume and REMOTE[fmt].is_ours(fs, root, staged=False):
+            raise OutputError(f"{dst}: already complete, nothing to resume; pass --overwrite instead of --resume to convert again")
         hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
         raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
     if not REMOTE[fmt].is_ours(fs, root, staged=staging_folder(url).exists()):

@@ -161,3 +161,20 @@ def test_tar_listings_give_tarfiles_directory_entries(source, tmp_path):
         assert any(folder for _, folder in expected)
         assert [(entry.name.rstrip("/"), entry.folder) for entry in listing] == expected, path.name
         assert all(entry.size == 0 and entry.data is None for entry in listing if entry.folder)
+
+
+def test_unsafe_folder_entries_are_not_recorded_as_inputs(tmp_path):
+    """A directory entry holds nothing: one with an absolute or '..' path is passed over, not
+    recorded as a refused input (its members, if any, are refused one by one)."""
+    image = tmp_path / "1.jpg"
+    write(image, jpeg_bytes(gradient(8, 8, seed=1)))
+    path = tmp_path / "odd.tar"
+    with tarfile.open(path, "w") as archive:
+        for name in ("/abs/", "/abs/x/", "../up/"):
+            info = tarfile.TarInfo(name.rstrip("/"))
+            info.type = tarfile.DIRTYPE
+            archive.addfile(info)
+        archive.add(image, "cat/1.jpg")
+        archive.add(image, "dog/2.jpg")
+    folder = scan_archive(path, None, 1)
+    assert folder.classes == ["cat", "dog"] and folder.skipped == []

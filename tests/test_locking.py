@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from packer import ImageOptions, convert
 from packer.cli import cli
 from packer.errors import OutputError
-from packer.locking import DestinationLock, lock_path
+from packer.locking import DestinationLock, lock_holder, lock_path
 from packer.remote import staging_folder
 from packer.writers.base import partial_path
 from packer.writers.journal import saved_inputs
@@ -78,6 +78,22 @@ def test_a_second_command_names_the_first_after_its_checkpoint(image_folder, tmp
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert len(open_dataset(dst)) == 18
+
+
+def test_a_probe_of_the_lock_is_not_taken_for_a_running_conversion(tmp_path):
+    """lock_holder takes a shared lock for a moment; a conversion starting in that moment waits it
+    out instead of naming the (stale) pid in the file as a running conversion."""
+    import fcntl
+    import threading
+
+    path = tmp_path / "x.partial-lock"
+    path.write_text("4242\n")  # a killed run's pid
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe, caught in its moment
+    threading.Timer(0.03, lambda: os.close(fd)).start()
+    lock = DestinationLock(path, "x").acquire()
+    assert path.read_text() == f"{os.getpid()}\n" and lock_holder(path) == str(os.getpid())
+    lock.release()
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):

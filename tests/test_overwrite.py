@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from packer import ImageOptions, convert
 from packer.cli import cli
-from packer.errors import OptionError, OutputExistsError
+from packer.errors import OptionError, OutputError, OutputExistsError
 from readers.formats import open_store
 
 
@@ -179,3 +179,16 @@ def test_a_sigkilled_conversions_lock_file_never_blocks_or_confuses_a_later_run(
     assert again.exit_code == 0, again.output
     assert open_store(dst).meta.count == 18 and not lock.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.lmdb"]
+
+
+def test_a_file_url_dst_follows_the_local_rules(src, tmp_path):
+    """As for a local DST: an empty folder is taken (a WebDataset DST), and --resume of a
+    finished one says it is complete."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    report = convert(src, f"file://{empty}", format="webdataset", image=ImageOptions(size=8), workers=1)
+    assert report.written == 18 and open_store(empty).meta.count == 18
+    blob = tmp_path / "done.blob"
+    convert(src, f"file://{blob}", image=ImageOptions(size=8), workers=1)
+    with pytest.raises(OutputError, match="done.blob: already complete, nothing to resume; pass --overwrite instead of --resume"):
+        convert(src, f"file://{blob}", image=ImageOptions(size=8), workers=1, resume=True)

@@ -138,6 +138,35 @@ def test_resume_of_a_finished_conversion_says_it_is_complete(tmp_path, image_fol
     assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
 
 
+def test_an_interrupted_overwrite_of_a_finished_dst_is_resumed_with_both_flags(tmp_path, image_folder, monkeypatch):
+    """A finished DST, then an --overwrite run over it interrupted after a checkpoint: --resume
+    alone must not say 'already complete, nothing to resume' (and advise --overwrite, which
+    discards the checkpoint), nor a plain run 'already exists'; both name --resume --overwrite."""
+    from packer.writers import journal
+    from packer.writers.lmdb import LMDBWriter
+
+    dst = tmp_path / "r.lmdb"
+    convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint after every input
+    real_add, calls = LMDBWriter.add, {"n": 0}
+
+    def add(self, sample):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real_add(self, sample)
+
+    monkeypatch.setattr(LMDBWriter, "add", add)
+    with pytest.raises(KeyboardInterrupt, match="inputs are saved"):
+        convert(image_folder, dst, image=ImageOptions(size=12), workers=1, overwrite=True)
+    monkeypatch.setattr(LMDBWriter, "add", real_add)
+    for resume in (True, False):
+        with pytest.raises(OutputExistsError, match=r"r.lmdb: an interrupted conversion replacing it saved \d+ inputs?; run with --resume --overwrite"):
+            convert(image_folder, dst, image=ImageOptions(size=12), workers=1, resume=resume)
+    report = convert(image_folder, dst, image=ImageOptions(size=12), workers=1, resume=True, overwrite=True)
+    assert report.resumed > 0 and report.shape == (3, 12, 12)
+
+
 def test_the_journal_rows_stay_raw_little_endian_int64(tmp_path):
     """samples.i64 holds 8 little-endian int64 per sample (shard, offset, nbytes, label, C, H, W,
     crc32), as before the rows got names; a checkpoint reads them back by name."""

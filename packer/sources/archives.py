@@ -298,7 +298,7 @@ def _safe(entries: Iterable[Entry], skipped: list[Skipped], prefix: str = "", fo
     for entry in entries:
         name = safe_relative(entry.name)
         if name is None:
-            if not (entry.folder and set(entry.name.replace("\\", "/").split("/")) <= {"", "."}):  # "./": the root itself
+            if not entry.folder:  # (a folder entry holds nothing: its unsafe members are refused one by one)
                 skipped.append(Skipped(prefix + entry.name, "member path is absolute or leaves the archive ('..'); refused"))
             continue
         parts = name.split("/")
