@@ -128,7 +128,8 @@ class ImageJob(Job):
     @property
     def scan_skips_fail(self) -> bool:
         """Only when scanning refused a symlink (or class folder) that would give a class folder
-        another class's images: an input error (README, *Bad input*), listed first in ``skipped``
+        another class's images, or could not list a folder (its images cannot be read, as an
+        unreadable file's cannot): input errors (README, *Bad input*), listed first in ``skipped``
         (packer/sources/images.py). An image outside any class folder, a symlink loop, a label
         file's unusable row are the labelling rules at work, recorded, never conversion errors."""
         return self.folder is not None and bool(self.folder.refused)

@@ -297,6 +297,7 @@ def test_an_unlistable_folder_is_skipped_and_recorded():
         folder = run_unprivileged(scan_image_folder, root)
     assert [os.path.basename(i.path) for i in folder.items] == ["a.jpg"]
     assert [(s.path, s.reason) for s in folder.skipped] == [("cat/locked", "cannot list folder (Permission denied)")]
+    assert folder.refused == folder.skipped  # an input error: --on-error fail stops at it, as at an unreadable file
 
 
 # -- crashes and hangs at the conversion level -------------------------------------------------

@@ -54,7 +54,8 @@ class ImageFolder:
     #: fingerprint (``None`` for a local folder: its files are stat-ed then).
     stamps: dict[str, str] | None = None
     #: Those of ``skipped`` that are input errors, not the labelling rules at work: symlinks (and
-    #: class folders) that would give a class folder another class's images (:class:`_ClassLinks`).
+    #: class folders) that would give a class folder another class's images (:class:`_ClassLinks`),
+    #: and folders that cannot be listed.
     #: They come first in ``skipped``; ``--on-error fail`` stops at them (packer/jobs.py).
     refused: list[Skipped] = field(default_factory=list)
 
@@ -227,8 +228,8 @@ class _LocalTree:
         found: list[str] = []
         seen: set[tuple[int, int]] = set()
 
-        def on_error(exc: OSError) -> None:
-            skipped.append(Skipped(os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})"))
+        def on_error(exc: OSError) -> None:  # its images cannot be read: an input error, as an unreadable file is
+            self._refuse(skipped, os.path.relpath(exc.filename or top, root), f"cannot list folder ({exc.strerror})")
 
         def kept(dirpath: str, names: list[str]) -> list[str]:
             """``names`` less the symlinks not followed (recorded as refused)."""
