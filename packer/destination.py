@@ -22,7 +22,7 @@ from readers.schema import PackedFormatError
 
 from .errors import OptionError, OutputError, OutputExistsError
 
-__all__ = ["check_destination", "check_apart", "describe_path", "is_packer_dataset", "kernel_filesystem", "write_error"]
+__all__ = ["check_destination", "check_apart", "describe_path", "is_packer_dataset", "kernel_filesystem", "nothing_to_resume", "write_error"]
 
 
 def _resolved(path: str | os.PathLike[str]) -> Path:
@@ -74,14 +74,18 @@ def _is_empty_folder(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and not any(os.scandir(path))
 
 
+def nothing_to_resume(dst: str) -> str:
+    """The line for ``--resume`` of a finished dataset (a local or a URL DST)."""
+    return f"{dst}: already complete, nothing to resume; pass --overwrite instead of --resume to convert again, or choose another DST"
+
+
 def check_destination(dst: Path, *, overwrite: bool, resume: bool = False) -> None:
     """Refuse an existing ``dst`` unless it is an empty folder (there is nothing to lose: the
     folder a WebDataset user makes first) or ``overwrite`` and it is a packer dataset; check that
     its folder exists and is writable."""
     if (dst.exists() or dst.is_symlink()) and not _is_empty_folder(dst):
         if not overwrite and resume and is_packer_dataset(dst):  # a retry of a run that finished before it was stopped
-            raise OutputExistsError(f"{dst}: already complete, nothing to resume; pass --overwrite instead of --resume to "
-                                    "convert again, or choose another DST")
+            raise OutputExistsError(nothing_to_resume(str(dst)))
         if not overwrite:
             raise OutputExistsError(f"{dst}: already exists; pass --overwrite to replace it, or choose another DST")
         if not is_packer_dataset(dst):

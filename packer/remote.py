@@ -48,6 +48,7 @@ from readers.formats.blob import MAGIC as BLOB_MAGIC
 from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE
 from readers.remote import is_url
 
+from .destination import nothing_to_resume
 from .errors import OptionError, OutputError
 from .locking import DestinationLock, lock_path
 from .multipart import MultipartUpload, supports_multipart
@@ -282,7 +283,7 @@ def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: 
         return
     if not overwrite:
         if resume and REMOTE[fmt].is_ours(fs, root, staged=False):
-            raise OutputError(f"{dst}: already complete, nothing to resume; pass --overwrite instead of --resume to convert again")
+            raise OutputError(nothing_to_resume(dst))
         hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
         raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
     if not REMOTE[fmt].is_ours(fs, root, staged=staging_folder(url).exists()):

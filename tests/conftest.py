@@ -56,19 +56,24 @@ def lmdb_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": ".shards", "blob": ".blob"}
 
 
-@pytest.fixture(scope="session")
-def packed_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A function ``fmt -> path``: ``image_folder`` converted to ``fmt`` at 32x32 raw (cached)."""
+def cached_conversions(src, tmp_path_factory: pytest.TempPathFactory, stem: str, size: int):
+    """A function ``fmt -> path``: ``src`` converted to ``fmt`` at ``size`` raw, once per format."""
     made: dict[str, Path] = {}
 
     def get(fmt: str) -> Path:
         if fmt not in made:
-            dst = tmp_path_factory.mktemp(fmt) / f"data{SUFFIX[fmt]}"
-            convert(image_folder, dst, format=fmt, image=ImageOptions(size=32), workers=1)
+            dst = tmp_path_factory.mktemp(fmt) / f"{stem}{SUFFIX[fmt]}"
+            convert(src, dst, format=fmt, image=ImageOptions(size=size), workers=1)
             made[fmt] = dst
         return made[fmt]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def packed_32(image_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A function ``fmt -> path``: ``image_folder`` converted to ``fmt`` at 32x32 raw (cached)."""
+    return cached_conversions(image_folder, tmp_path_factory, "data", 32)
 
 
 @pytest.fixture(scope="session")

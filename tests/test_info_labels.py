@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from packer import ImageOptions, convert
 from packer.cli import cli
 from packer.info import describe
 from readers import open_dataset
 from readers.schema import Metadata
 
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "webdataset": ".shards", "blob": ".blob"}
+from conftest import SUFFIX, cached_conversions
+
 LABELS = [0, 2, 4, 2, 0, 4]  # the largest is 4: five classes, two of them without samples
 
 
@@ -43,16 +43,7 @@ def integer_packed(tmp_path_factory: pytest.TempPathFactory):
     """``fmt -> path``: six 8x8 images labelled LABELS (a Python dataset: integers, no names)."""
     rng = np.random.default_rng(0)
     samples = [(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), label) for label in LABELS]
-    made: dict[str, Path] = {}
-
-    def get(fmt: str) -> Path:
-        if fmt not in made:
-            dst = tmp_path_factory.mktemp(fmt) / f"ints{SUFFIX[fmt]}"
-            convert(samples, dst, format=fmt, image=ImageOptions(size=8), workers=1)
-            made[fmt] = dst
-        return made[fmt]
-
-    return get
+    return cached_conversions(samples, tmp_path_factory, "ints", 8)
 
 
 @pytest.mark.parametrize("fmt", sorted(SUFFIX))
