@@ -119,7 +119,8 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
             if writer.count == 0:
                 first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
                 because = f" (first: {first.path}: {first.reason})" if first else ""
-                raise InputError(f"{job.source}: none of the {len(job.items):,} {job.noun}s could be converted{because}")
+                inputs = len(job.items) + len(job.skipped)  # those the scan already refused too
+                raise InputError(f"{job.source}: none of the {inputs:,} {job.noun}s could be converted{because}")
             writer.finish(Metadata(
                 format=fmt, count=writer.count, source=job.source, skipped=tuple(skipped), tool_version=__version__,
                 created=datetime.now(timezone.utc).isoformat(timespec="seconds"), extra=writer.extra(), **job.metadata_fields(writer),
@@ -135,9 +136,15 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     return job.report(
         dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
         payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started, resumed_written=resumed_at[0], resumed_bytes=resumed_at[1],
-        workers=workers if workers is not None else getattr(run_map, "workers", None) or 1, shape=writer.shape,
+        workers=_used_workers(workers, run_map, len(job.items)), shape=writer.shape,
         resumed=writer.resumed_inputs,
     )
+
+
+def _used_workers(workers: int | None, run_map: Any, inputs: int) -> int:
+    """How many worker processes the report names: as many as ran, no more than there were inputs."""
+    started = workers if workers is not None else getattr(run_map, "workers", None) or 1
+    return max(1, min(started, inputs))
 
 
 def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Any, *,

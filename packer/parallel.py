@@ -107,13 +107,13 @@ def ordered_map(
     the caller failed, broke off or was interrupted. An item that kills its worker (a signal)
     or runs longer than ``item_timeout`` seconds gives ``on_crash(item, reason)`` in its place,
     with ``reason`` like ``"crashed the decoder (SIGSEGV)"`` or ``"timed out after 120 s"``.
-    A single item runs in this process (no isolation: there is nothing to run beside it).
+    A single item runs in a worker too: its timeout and crash isolation hold.
     A worker runs a chunk's items through ``fn.map(items)`` when ``fn`` has one (it must yield
     ``fn(item)`` for each, in order: :func:`packer.pool_worker.run_items`). ``transport``: how results come back
     (:data:`TRANSPORTS`; "shm" falls back to "pipe" where no shared memory can be reserved).
     """
-    if len(items) <= 1:
-        yield map(fn, items)
+    if not items:
+        yield iter(())
         return
     if item_timeout <= 0:
         raise ValueError(f"item_timeout must be positive, got {item_timeout!r}")

@@ -58,7 +58,7 @@ class ConversionReport:
         """One line for a person."""
         shape = "x".join(map(str, self.shape)) if self.shape else "variable shapes"
         return (
-            f"wrote {self.written:,} images ({shape}, {self.encoding}) to {self.dst}: "
+            f"wrote {_count(self.written, 'image')} ({shape}, {self.encoding}) to {self.dst}: "
             f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.images_per_second:,.0f} img/s {self._tail()}"
         )
 
@@ -79,6 +79,11 @@ class TextConversionReport(ConversionReport):
 
     def summary(self) -> str:
         return (
-            f"wrote {self.written:,} documents, {self.tokens:,} tokens ({self.tokenizer}) to {self.dst}: "
+            f"wrote {_count(self.written, 'document')}, {_count(self.tokens, 'token')} ({self.tokenizer}) to {self.dst}: "
             f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.tokens_per_second:,.0f} tokens/s {self._tail()}"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` with ``noun`` in the singular or plural: "1 image", "1,000 images"."""
+    return f"{n:,} {noun}{'s' if n != 1 else ''}"

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 from multiprocessing.reduction import ForkingPickler  # multiprocessing's own message encoding: between our processes only, never in a file
+from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -83,6 +84,8 @@ class ResultSlots:
             self.slots = []
             try:
                 self.block.unlink()
+            except FileNotFoundError:  # unlinked by someone else (systemd's RemoveIPC, a cleanup script): gone anyway,
+                resource_tracker.unregister(self.block._name, "shared_memory")  # and not the tracker's to unlink at exit
             finally:
                 _unmap(self.block)
 

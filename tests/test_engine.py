@@ -23,7 +23,7 @@ from faulty import FaultyTokenize
 from packer import ImageOptions, StorageOptions, TextOptions, convert
 from packer.cli import cli
 from packer.engine import run
-from packer.errors import OptionError, OutputExistsError
+from packer.errors import InputError, OptionError, OutputExistsError
 from packer.options import RunOptions
 from packer.text import text_job
 from packer.writers.journal import journal_path
@@ -84,6 +84,23 @@ def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):
     assert "crashed" in reasons["d1.txt"] and "SIGSEGV" in reasons["d1.txt"]
     assert reasons["d3.txt"].startswith("timed out")
     assert stored_documents(tmp_path / "out.lmdb") == [[*t.encode(), 256] for t in texts if "CRASH" not in t and "HANG" not in t]
+
+
+def test_a_single_input_gets_its_timeout_and_names_its_one_worker(tmp_path):
+    """One input ran in packer's own process: --timeout was dropped (and a crashing decoder would
+    take packer down), while the report said "with 2 workers"."""
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "d0.txt").write_text("this one will HANG")
+    (src / "empty.txt").write_text("")
+    job = text_job(src, TextOptions())
+    job = dataclasses.replace(job, task=FaultyTokenize(job.task))
+    with pytest.raises(InputError, match=r"none of the 2 documents could be converted \(first: d0.txt: timed out after 2 s\)"):
+        run(job, "lmdb", tmp_path / "out.lmdb", storage=None, options=RunOptions(workers=2, timeout=2))
+    (src / "d0.txt").write_text("fine")
+    report = convert(src, tmp_path / "ok.blob", workers=2, timeout=2, on_error="skip")
+    assert report.written == 1 and report.workers == 1 and report.summary().startswith("wrote 1 document, 5 tokens")
+    assert " with 1 worker;" in report.summary()
 
 
 def interrupt_after_checkpoint(args: list[str], journal: Path, signum: int) -> tuple[int, str]:

@@ -311,9 +311,46 @@ def test_a_ctrl_c_while_briefing_the_workers_leaves_nothing_behind(monkeypatch):
     assert set(os.listdir("/dev/shm")) <= before
 
 
-def test_a_single_item_runs_in_this_process():
-    with ordered_map(lambda _x: os.getpid(), [0], workers=4) as results:
-        assert list(results) == [os.getpid()]
+def test_a_single_item_runs_in_a_worker_with_its_timeout_and_isolation():
+    """One input gets what many do: a hang times out and a crash costs only itself (it ran in
+    this process, so --timeout was dropped and a crashing decoder took packer down with it)."""
+    with ordered_map(_pid, [0], workers=4) as results:
+        assert list(results) != [os.getpid()]
+    with ordered_map(hang_on_5, [5], workers=2, on_crash=crashed, item_timeout=1) as results:
+        assert list(results) == [("crashed", 5, "timed out after 1 s")]
+    with ordered_map(crash_on_13, [13], workers=2, on_crash=crashed) as results:
+        assert list(results) == [("crashed", 13, "crashed the decoder (SIGSEGV)")]
+    with ordered_map(square, [], workers=2) as results:
+        assert list(results) == []
+    assert multiprocessing.active_children() == []
+
+
+def _pid(_x: int) -> int:
+    return os.getpid()
+
+
+@needs_dev_shm
+def test_blocks_unlinked_by_someone_else_do_not_fail_the_map(tmp_path):
+    """systemd's RemoveIPC or a cleanup script can unlink a running pool's blocks: the results
+    already came, so the map ends normally, and nothing is printed at exit either."""
+    script = (
+        "import os\n"
+        "from packer.parallel import ordered_map\n"
+        "def remove_parents_blocks(item):\n"
+        "    parent, x = item\n"
+        "    if x == 0:\n"
+        "        for name in os.listdir('/dev/shm'):\n"
+        "            if name.startswith('packer-') and f'-{parent}-' in name:\n"
+        "                os.unlink('/dev/shm/' + name)\n"
+        "    return bytes(100_000)\n"
+        "if __name__ == '__main__':\n"
+        "    items = [(os.getpid(), x) for x in range(8)]\n"
+        "    with ordered_map(remove_parents_blocks, items, workers=2, chunksize=1) as results:\n"
+        "        print(sum(len(r) for r in results))\n"
+    )
+    (tmp_path / "remove_blocks.py").write_text(script)
+    done = subprocess.run([sys.executable, "remove_blocks.py"], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "800000\n", "")
 
 
 def test_a_segfault_costs_only_its_item():
