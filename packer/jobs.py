@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
@@ -198,6 +199,7 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
         folder = scan_image_folder(src)
         task = ImageTask(image)
         _warn_if_one_class_of_class_folders(folder, src)
+        _warn_of_text_beside_images(folder, src)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
     return ImageJob(folder.source, folder.items, task, list(folder.skipped), image, folder=folder, identity=identity)
@@ -214,6 +216,20 @@ def _warn_if_one_class_of_class_folders(folder: ImageFolder, src: Any) -> None:
             log.warning("every image is in one class folder, %r, so every sample gets label 0; its images are in %d sub-folders "
                         "(%s): if those are the classes, convert %s instead", name, len(subfolders),
                         ", ".join(subfolders[:3]) + (", ..." if len(subfolders) > 3 else ""), f"{str(src).rstrip('/')}/{name}")
+
+
+def _warn_of_text_beside_images(folder: ImageFolder, src: Any) -> None:
+    """A flat folder of images and text files converts its images: the text files it leaves out
+    are said, with how to convert them instead (class folders' text files are their own notes)."""
+    from .sources.text import TEXT_EXTENSIONS
+
+    if folder.labeled or isinstance(folder.root, str):
+        return
+    with os.scandir(folder.root) as entries:
+        texts = sum(1 for e in entries if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in TEXT_EXTENSIONS)
+    if texts:
+        log.warning("%s: %s left out: it holds images, which are converted; to convert the text instead, pass --kind text",
+                    src, f"{texts:,} text files ({', '.join(TEXT_EXTENSIONS)}) are" if texts != 1 else "1 text file is")
 
 
 def _labeled_folder(src: Any, table: Any) -> ImageFolder:

@@ -10,6 +10,7 @@ fits, else uint32 (docs/FORMATS.md, "Text").
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
@@ -24,6 +25,8 @@ from .preprocess.tokenize import TokenizeTask
 from .report import ConversionReport, TextConversionReport
 from .sources.text import TextDoc, scan_text
 from .writers.base import Writer
+
+log = logging.getLogger("packer")
 
 __all__ = ["TextJob", "text_job", "resolve_eos", "BATCH_DOCS"]
 
@@ -116,6 +119,9 @@ def text_job(src: str | Path, text: TextOptions) -> TextJob:
     dtype = token_dtype(tokenizer.vocab_size)
     spec = "bytes" if tokenizer.kind == "bytes" else str(Path(tokenizer.path).resolve())
     corpus = scan_text(src, lines=text.lines, text_field=text.text_field)
+    if corpus.images:
+        log.warning("%s: %s left out: a text corpus converts its .txt, .jsonl and .parquet files only", src,
+                    f"{corpus.images:,} images are" if corpus.images != 1 else "1 image is")
     return TextJob(
         str(Path(src).resolve()), corpus.docs, TokenizeTask(spec, dtype, eos, text.max_tokens), list(corpus.skipped),
         text=text, tokenizer=tokenizer, eos=eos, dtype=dtype, spec=spec, paths=corpus.paths,

@@ -229,6 +229,68 @@ def test_parquet_text_column(tmp_path: Path) -> None:
     ds = TokenDataset(tmp_path / "p.blob")
     assert [ds.decode(ds[i]) for i in range(len(ds))] == ["first row\n", "third\n"]
     reasons = {entry.path: entry.reason for entry in ds.meta.skipped}
-    assert "no string field 'body'" in reasons["a.parquet:1"]
-    assert "cannot read Parquet column 'body'" in reasons["b.parquet"]
+    assert "no string field 'body'" in reasons["a.parquet:2"]  # the second row: counted from 1, as lines are
+    assert reasons["b.parquet"] == "no Parquet column 'body' (its columns: other); pass --text-field"
     assert report.written == 2 and len(report.skipped) == 2
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    pq.write_table(pa.table({"body": ["x"]}), bad / "c.parquet")
+    (bad / "c.parquet").write_bytes((bad / "c.parquet").read_bytes()[:-40] + bytes(32) + b"PAR1")  # a broken footer
+    result = CliRunner().invoke(cli, ["convert", str(bad), str(tmp_path / "q.blob"), "--text-field", "body", "-q"])
+    assert result.exit_code == 1 and "c.parquet: cannot read Parquet column 'body' (" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_lines_split_at_newlines_only(tmp_path: Path) -> None:
+    """A JSON Lines record may hold U+2028 or a form feed unescaped (json.dumps(ensure_ascii=False)
+    writes them so), and prose may too: lines end at \\n (or \\r\\n) only, as wc -l and JSON Lines
+    count them. str.splitlines also split at those, losing every such record."""
+    src = tmp_path / "c"
+    src.mkdir()
+    records = ["one\u2028line", "page\x0cbreak", "plain"]
+    (src / "r.jsonl").write_text("".join(json.dumps({"text": r}, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    (src / "t.txt").write_text("line one\u2028still one\r\nline two\x0cstill two\n\nthree", encoding="utf-8")
+    packer.convert(src, tmp_path / "l.blob", text=TextOptions(lines=True), workers=1)
+    ds = TokenDataset(tmp_path / "l.blob")
+    assert [ds.decode(ds[i]) for i in range(len(ds))] == [r + "\n" for r in records] + [
+        "line one\u2028still one\n", "line two\x0cstill two\n", "three\n"]
+    assert ds.meta.skipped == ()
+
+
+def test_text_options_no_file_uses_are_refused(tmp_path: Path) -> None:
+    """--lines on a corpus without .txt files, --text-field on one without .jsonl or Parquet: each
+    was dropped, and recorded in the metadata as if used."""
+    jsonl, txt = tmp_path / "jsonl", tmp_path / "txt"
+    jsonl.mkdir(), txt.mkdir()
+    (jsonl / "r.jsonl").write_text('{"text": "a"}\n')
+    (txt / "a.txt").write_text("a")
+    for src, option, message in ((jsonl, ["--lines"], "--lines: applies to .txt files, and"),
+                                 (txt, ["--text-field", "body"], "--text-field: applies to .jsonl and .parquet files, and")):
+        result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "x.blob"), *option])
+        assert result.exit_code == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "x.blob").exists()
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "a.txt").write_text("a\nb")
+    (both / "r.jsonl").write_text('{"body": "c"}\n')
+    report = packer.convert(both, tmp_path / "y.blob", text=TextOptions(lines=True, text_field="body"), workers=1)
+    assert report.written == 3
+
+
+def test_a_mixed_folder_says_what_it_leaves_out(tmp_path: Path, caplog) -> None:
+    """Images and text files side by side: the kind converted is said, and the files left out."""
+    from PIL import Image
+
+    src = tmp_path / "mixed"
+    src.mkdir()
+    Image.new("RGB", (20, 10)).save(src / "a.jpg")
+    (src / "b.txt").write_text("some text")
+    (src / "c.jsonl").write_text('{"text": "c"}\n')
+    assert packer.convert(src, tmp_path / "i.blob", image=packer.ImageOptions(size=8), workers=1).written == 1
+    assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
+        f"{src}: 2 text files (.txt, .jsonl, .parquet) are left out: it holds images, which are converted; "
+        "to convert the text instead, pass --kind text"]
+    caplog.clear()
+    assert packer.convert(src, tmp_path / "t.blob", kind="text", workers=1).written == 2
+    assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
+        f"{src}: 1 image is left out: a text corpus converts its .txt, .jsonl and .parquet files only"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from readers.schema import Skipped
 
-from ..errors import SourceError
+from ..errors import OptionError, SourceError
 from .rules import IMAGE_EXTENSIONS
 
 __all__ = ["TextDoc", "TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS"]
@@ -51,18 +51,30 @@ class TextCorpus:
     files: int = 0
     #: Every text file read, in order (the resume fingerprint stats them).
     paths: list[str] = field(default_factory=list)
+    #: Images found beside the text files (not converted: a corpus is text only).
+    images: int = 0
 
 
-def _text_files(root: Path) -> list[Path]:
+def _text_files(root: Path) -> tuple[list[Path], int]:
+    """The text files of ``root`` in order, and how many images lie beside them."""
     if root.is_file():
-        return [root]
-    found = []
+        return [root], 0
+    found, images = [], 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
-            if not name.startswith(".") and os.path.splitext(name)[1].lower() in TEXT_EXTENSIONS:
+            ext = os.path.splitext(name)[1].lower()
+            if not name.startswith(".") and ext in TEXT_EXTENSIONS:
                 found.append(Path(dirpath) / name)
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+            images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of a file's text, split at ``\\n`` only (``\\r\\n`` too) as ``wc -l`` and JSON
+    Lines count them: not at the other line breaks :meth:`str.splitlines` knows (U+2028, form
+    feed...), which JSON strings and prose may hold."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
 def is_text_corpus(root: str | os.PathLike[str]) -> bool:
@@ -82,14 +94,21 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
 
 
 def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
-    """Read every document of ``root``; raises :class:`SourceError` if there are no text files."""
+    """Read every document of ``root``; raises :class:`SourceError` if there are no text files,
+    :class:`OptionError` (before reading any) for ``lines`` without ``.txt`` files or a
+    ``text_field`` other than "text" without ``.jsonl`` or Parquet files."""
     root = Path(root)
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder")
-    files = _text_files(root)
+    files, images = _text_files(root)
     if not files:
         raise SourceError(f"{root}: no .txt, .jsonl or .parquet files found")
-    corpus = TextCorpus(root, [], files=len(files), paths=[str(p) for p in files])
+    kinds = {path.suffix.lower() for path in files}  # an option no file uses would be dropped (and recorded as used)
+    if lines and ".txt" not in kinds:
+        raise OptionError(f"--lines: applies to .txt files, and {root} has none; drop it")
+    if text_field != "text" and not kinds & {".jsonl", ".parquet"}:
+        raise OptionError(f"--text-field: applies to .jsonl and .parquet files, and {root} has none; drop it")
+    corpus = TextCorpus(root, [], files=len(files), paths=[str(p) for p in files], images=images)
     base = root if root.is_dir() else root.parent
     for path in files:
         name = path.relative_to(base).as_posix()
@@ -113,7 +132,7 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
         if ext == ".jsonl":
             _read_jsonl(text, name, text_field, corpus)
         elif lines:
-            for number, line in enumerate(text.splitlines(), 1):
+            for number, line in enumerate(lines_of(text), 1):
                 if line.strip():
                     corpus.docs.append(TextDoc(f"{name}:{number}", line))
         else:
@@ -129,7 +148,7 @@ def _add(corpus: TextCorpus, source: str, text: str) -> None:
 
 
 def _read_jsonl(text: str, name: str, text_field: str, corpus: TextCorpus) -> None:
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines_of(text), 1):
         if not line.strip():
             continue
         where = f"{name}:{number}"
@@ -151,11 +170,17 @@ def _read_parquet(path: Path, name: str, text_field: str, corpus: TextCorpus) ->
     except ImportError:
         raise SourceError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
     try:
+        columns = pq.read_schema(path).names
+        if text_field not in columns:
+            shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
+            corpus.skipped.append(Skipped(name, f"no Parquet column {text_field!r} (its columns: {shown or 'none'}); pass --text-field"))
+            return
         column = pq.read_table(path, columns=[text_field]).column(text_field).to_pylist()
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files; recorded
-        corpus.skipped.append(Skipped(name, f"cannot read Parquet column {text_field!r} ({exc})"))
+        reason = " ".join(str(exc).split())  # pyarrow's messages run over lines: one line
+        corpus.skipped.append(Skipped(name, f"cannot read Parquet column {text_field!r} ({reason})"))
         return
-    for row, value in enumerate(column):
+    for row, value in enumerate(column, 1):  # rows counted from 1, as JSON Lines' lines are
         where = f"{name}:{row}"
         if not isinstance(value, str):
             corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
