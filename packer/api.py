@@ -7,6 +7,7 @@ kind of source (:mod:`packer.engine`) over a job per kind (:mod:`packer.jobs`, :
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,14 @@ def convert(
         if value is not None and not isinstance(value, expected):
             raise TypeError(f"convert: {name}= takes a packer.{expected.__name__}, got {type(value).__name__} "
                             f"(for example {name}=packer.{expected.__name__}(...))")
+    from .sources.datasets import is_python_dataset
+
+    if not isinstance(overwrite, bool):  # "no" is true: an output replaced that was to be kept
+        raise OptionError(f"--overwrite: must be True or False, got {overwrite!r}")
+    for name, value in (("dst", dst), ("src", src)):
+        if not isinstance(value, (str, os.PathLike)) and (name == "dst" or not is_python_dataset(value)):
+            what = "a path or URL" if name == "dst" else "a folder, file or URL path, or a map-style dataset (dataset[i] and len())"
+            raise TypeError(f"convert: {name} must be {what}, got {type(value).__name__}")
     options = RunOptions(on_error=on_error, workers=workers, timeout=timeout, executor=executor, ray_address=ray_address,
                          resume=resume, progress=progress)
     fmt = resolve_format(dst, format)
@@ -112,8 +121,6 @@ def convert(
     if unused:
         raise OptionError(f"{unused[0]}: does not apply to {fmt} output; drop it")
     source = source if source is not None else SourceOptions()
-    from .sources.datasets import is_python_dataset
-
     pyobject = is_python_dataset(src)
     check_source_options(src, source)
     if image is not None and image.decode_device != "cpu":

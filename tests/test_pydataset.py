@@ -220,3 +220,19 @@ def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
 def test_options_of_the_wrong_type_are_a_clear_error(tmp_path):
     with pytest.raises(TypeError, match=r"convert: image= takes a packer.ImageOptions, got dict \(for example image=packer.ImageOptions"):
         packer.convert([(np.zeros((8, 8, 3), np.uint8), 0)], tmp_path / "x.blob", image={"size": 32})
+
+
+def test_arguments_of_the_wrong_type_are_a_clear_error_and_touch_nothing(tmp_path, image_folder):
+    """A string is true: overwrite="no" replaced a finished dataset, resume="no" resumed; a None or
+    a number for SRC was a raw TypeError from os.path."""
+    dst = tmp_path / "kept.blob"
+    packer.convert(image_folder, dst, image=packer.ImageOptions(size=8), workers=1)
+    before = dst.read_bytes()
+    for name in ("overwrite", "resume", "progress"):
+        with pytest.raises(OptionError, match=rf"^--{name}: must be True or False, got 'no'$"):
+            packer.convert(image_folder, dst, image=packer.ImageOptions(size=8), **{name: "no"})
+    assert dst.read_bytes() == before
+    for src, dst_arg, message in ((None, "a.blob", "src must be a folder, file or URL path, or a map-style dataset"),
+                                  (123, "a.blob", "src must be .*, got int"), (image_folder, None, "dst must be a path or URL, got NoneType")):
+        with pytest.raises(TypeError, match=rf"^convert: {message}"):
+            packer.convert(src, dst_arg)
