@@ -193,6 +193,9 @@ def test_a_refused_resume_names_every_option_that_changed():
     assert fingerprint_difference(old, new) == ("--grayscale was off in the interrupted run, now on; --resize-mode was center-crop in "
                                                 "the interrupted run, now shorter; --size was 224x224 in the interrupted run, now 128x128")
     assert fingerprint_difference(old, dict(old)) is None
+    tokenizer = {"kind": "huggingface", "vocab_size": 300, "sha256": "ab12"}  # a dict was shown whole, as Python writes it
+    assert fingerprint_difference({"--tokenizer": tokenizer}, {"--tokenizer": {**tokenizer, "vocab_size": 500, "sha256": "cd34"}}) == (
+        "--tokenizer sha256 was ab12 in the interrupted run, now cd34; --tokenizer vocab_size was 300 in the interrupted run, now 500")
 
 
 def test_flags_take_booleans_only():

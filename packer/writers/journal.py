@@ -111,6 +111,9 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
         if old.get(key) != new.get(key):
             if key == "listing":
                 changes.append("the source folder changed since the interrupted run (files added, removed or modified)")
+            elif isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping):  # (a tokenizer): its fields that differ
+                changes.extend(f"{key} {field} was {_shown(old[key].get(field))} in the interrupted run, now {_shown(new[key].get(field))}"
+                               for field in sorted(set(old[key]) | set(new[key])) if old[key].get(field) != new[key].get(field))
             else:
                 changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
     return "; ".join(changes) or None
