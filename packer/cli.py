@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from readers.formats.base import local_path
 from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
@@ -228,6 +229,11 @@ def convert(
     click.echo(report.summary())
 
 
+def _dataset_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:
+    """A dataset PATH: a ``file://`` URL (as ``packer convert`` takes for DST) is its local path."""
+    return Path(local_path(value))
+
+
 def _given(*names: str) -> bool:
     """Whether any of the current command's options ``names`` was set on the command line."""
     ctx = click.get_current_context()
@@ -245,7 +251,7 @@ def _text_options(tokenizer: str, lines: bool, text_field: str, eos: str | None,
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(), callback=_dataset_arg)
 @click.option("-n", "count", type=click.IntRange(1), default=3, show_default=True, help="Documents to print.")
 @click.option("--tokenizer", help="Tokenizer file, if not where it was at conversion.")
 def head(path: Path, count: int, tokenizer: str | None) -> None:
@@ -261,7 +267,7 @@ def head(path: Path, count: int, tokenizer: str | None) -> None:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(), callback=_dataset_arg)
 @click.option("--json", "as_json", is_flag=True, help="Print the metadata as JSON.")
 def info(path: Path, as_json: bool) -> None:
     """Show what a packed dataset holds and how it was made.
@@ -274,7 +280,7 @@ def info(path: Path, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(), callback=_dataset_arg)
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("preview.png"), show_default=True, help="Image file to write (.png, .jpg, or another type Pillow writes).")
 @click.option("--count", "-n", type=click.IntRange(1, 1024), default=16, show_default=True, help="Number of random samples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random samples.")
@@ -335,7 +341,7 @@ def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_m
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(), callback=_dataset_arg)
 @click.option("--source", metavar="SRC", help="Also redo the recorded preprocessing on this source (what convert took as SRC: a folder, URL, archive or WebDataset shards) and compare every sample (image datasets only).")
 @label_file_options
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")

@@ -3,9 +3,10 @@
 Without it, a second ``packer convert`` to the same DST (the same command in two terminals,
 or a training script that converts on every DDP rank) would delete the first one's partial
 output as a stale leftover, or carry on its resume journal, and one of them could publish a
-mix of both. The lock is ``flock`` on ``DST.partial-lock``: the kernel releases it when its
-process ends, however it ends, so a killed conversion never leaves a stale lock behind (the
-empty file may stay; the next conversion takes it over). Local filesystems only: ``flock`` on
+mix of both. The lock is ``flock`` on ``DST.partial-lock`` (its name and the probe that readers
+use too: readers/formats/inprogress.py): the kernel releases it when its process ends, however
+it ends, so a killed conversion never leaves a stale lock behind (the empty file may stay; the
+next conversion takes it over). Local filesystems only: ``flock`` on
 NFS is emulated or unsupported, and two machines converting to one URL are not detected.
 """
 
@@ -16,39 +17,17 @@ import os
 import time
 from pathlib import Path
 
+from readers.formats.inprogress import lock_holder, lock_path
+
 from .destination import write_error
 from .errors import OutputError
 
 __all__ = ["DestinationLock", "lock_path", "lock_holder", "busy_error"]
 
 
-def lock_path(partial: Path) -> Path:
-    """The lock file of the unfinished output ``partial`` (``DST.partial`` -> ``DST.partial-lock``)."""
-    return partial.with_name(partial.name + "-lock")
-
-
 def busy_error(what: str, holder: str) -> OutputError:
     """The one line for a destination another conversion (process ``holder``) is writing."""
     return OutputError(f"{what}: another packer conversion (pid {holder}) is writing it now; wait for it to finish, or choose another DST")
-
-
-def lock_holder(path: Path) -> str | None:
-    """The pid (as it wrote it; ``"?"`` if unreadable) of the process holding the lock at
-    ``path``, or ``None`` when no process holds it. A probe for a clearer error only: the
-    conversion itself takes the lock with :meth:`DestinationLock.acquire`."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.read(fd, 32).decode(errors="replace").strip() or "?"
-    except OSError:
-        return None
-    finally:
-        os.close(fd)  # (closing it lets go of a lock the probe got)
-    return None
 
 
 def _lock_soon(fd: int, tries: int = 5, pause: float = 0.02) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from .codecs import decode_image
 from .formats import check_format
+from .formats.base import local_path
 from .formats.webdataset import META_FILE, ShardStore, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -80,6 +81,10 @@ def shard_name(url: str) -> str:
 def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | None]:
     """Shard URLs and, when it can be found locally, the metadata record. A ``Path`` is a shard
     folder, unless it is a file or named as a tar (one shard)."""
+    if isinstance(source, str):  # file:// URLs (packer convert writes to them) are local paths
+        source = local_path(source)
+    elif not isinstance(source, Path):
+        source = [str(local_path(url)) for url in source]
     if isinstance(source, Path) and (source.is_file() or source.name.endswith(TAR_SUFFIXES)):
         source = str(source)
     if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):

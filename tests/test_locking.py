@@ -20,6 +20,7 @@ from packer.writers.base import partial_path
 from packer.writers.journal import saved_inputs
 from packer.writers.lmdb import LMDBWriter
 from readers import open_dataset
+from readers.schema import IncompleteDatasetError
 
 #: A child running ``packer ARGS`` that takes 50 ms per sample, so a second command meets it.
 SLOW_CHILD = (
@@ -54,6 +55,12 @@ def test_a_second_command_is_refused_and_the_first_finishes(image_folder, tmp_pa
     assert second.exit_code != 0
     assert f"another packer conversion (pid {first.pid}) is writing it now" in second.output
     assert "Traceback" not in second.output
+    busy = f"out.lmdb: does not exist yet; a packer conversion (pid {first.pid}) is writing it now (out.lmdb.partial): wait for it to finish"
+    with pytest.raises(IncompleteDatasetError) as raised:  # being written, not interrupted: no advice to resume it
+        open_dataset(dst)
+    assert str(raised.value) == f"{dst.parent}/{busy}"
+    info = CliRunner().invoke(cli, ["info", str(dst)])
+    assert info.exit_code == 1 and info.stderr == f"Error: {dst.parent}/{busy}\n"
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert len(open_dataset(dst)) == 18 and not lock.exists()

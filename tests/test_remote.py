@@ -8,6 +8,7 @@ import functools
 import http.server
 import json
 import shutil
+import tarfile
 import threading
 from pathlib import Path
 
@@ -213,6 +214,21 @@ def test_file_url_src(local_source, tmp_path):
     same_conversion(report.dst, local.dst)
     assert open_store(report.dst).meta.source == f"file://{local_source}"
     assert report.skipped == local.skipped
+
+
+def test_a_file_url_dst_is_read_back_by_the_same_url(local_source, tmp_path):
+    """packer convert writes to file:// URLs; every reader, packer info and verify read them there
+    too (info said "file:/...: no such packed dataset", StreamingShards raised IsADirectoryError)."""
+    url = f"file://{tmp_path}/sh"
+    report = convert(local_source, url, format="webdataset", image=ImageOptions(size=8), workers=1)
+    names = sorted(n for n in tarfile.open(tmp_path / "sh" / "shard-000000.tar").getnames() if n.endswith(".npy"))
+    for source in (url, url + "/", f"{url}/shard-{{000000..000000}}.tar", [f"{url}/shard-000000.tar"], f"file://localhost{tmp_path}/sh"):
+        stream = StreamingShards(source)
+        assert len(stream) == report.written == len(list(stream)) == len(names), source
+    assert len(ShardDataset(url)) == report.written
+    for command in (["info", url], ["verify", url]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code == 0 and f"{tmp_path}/sh" in result.output, result.output
 
 
 def test_http_src(local_source, tmp_path):

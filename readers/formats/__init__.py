@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..schema import FORMATS, IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Store, dataset_path
+from .inprogress import lock_holder, lock_path
 
 __all__ = ["detect_format", "check_format", "open_store", "store_class", "reader_hint", "STORES", "DATASETS", "PARTIAL_SUFFIX"]
 
@@ -97,6 +98,10 @@ def _existing(path: str | Path) -> Path:
     if not p.exists():
         partial = p.with_name(p.name + PARTIAL_SUFFIX)
         if partial.exists() and not p.name.endswith(PARTIAL_SUFFIX):
+            holder = lock_holder(lock_path(partial))
+            if holder is not None:  # not interrupted: still being written
+                raise IncompleteDatasetError(f"{p}: does not exist yet; a packer conversion (pid {holder}) is writing it now "
+                                             f"({partial.name}): wait for it to finish")
             raise IncompleteDatasetError(f"{p}: does not exist; {partial.name} is an unfinished conversion: {_FINISH}")
         raise FileNotFoundError(f"{p}: no such packed dataset")
     if p.name.endswith(PARTIAL_SUFFIX):

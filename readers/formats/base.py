@@ -39,6 +39,7 @@ import operator
 import re
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -46,7 +47,7 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault", "dataset_path", "magic_mismatch", "SHARD_NAME"]
+__all__ = ["Store", "Record", "Fault", "dataset_path", "local_path", "magic_mismatch", "SHARD_NAME"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
@@ -61,9 +62,19 @@ SHARD_NAME = re.compile(r"[^%/\\]*%0?\d*d[^%/\\]*\.tar")
 
 def dataset_path(path: str | Path) -> Path:
     """The dataset at ``path``: a WebDataset destination given as its shard pattern, as
-    ``packer convert`` takes it (``out/train-%06d.tar``), is its folder (``out``)."""
-    p = Path(path)
+    ``packer convert`` takes it (``out/train-%06d.tar``), is its folder (``out``); a ``file://``
+    URL, as ``packer convert`` writes to, is its local path."""
+    p = Path(local_path(path))
     return p.parent if SHARD_NAME.fullmatch(p.name) and not p.exists() else p
+
+
+def local_path(value: str | Path) -> str | Path:
+    """The local path of a ``file:///path`` (or ``file://localhost/path``) URL; anything else as it is."""
+    if isinstance(value, str) and value[:7].lower() == "file://":
+        parsed = urlparse(value)
+        if parsed.netloc in ("", "localhost"):
+            return unquote(parsed.path)
+    return value
 
 
 def magic_mismatch(path: Path, magic: bytes, readable: str, expected: str) -> str | None:
