@@ -9,7 +9,7 @@ stream), or with ``random_windows=True`` start anywhere, drawn from ``(seed, i)`
 ``block_size``, item ``i`` is document ``i``.
 
 :meth:`TokenDataset.read_batch` fills ``(N, block_size + 1)`` windows (inputs ``w[:, :-1]``,
-targets ``w[:, 1:]``) for :class:`readers.Loader`; its labels are each window's start token.
+targets ``w[:, 1:]``) for :class:`readers.Loader`; its labels are each window's start position in the stream.
 """
 
 from __future__ import annotations
