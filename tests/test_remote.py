@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from packer import ImageOptions, StorageOptions, convert
 from packer.cli import cli
-from packer.errors import OptionError, OutputError
+from packer.errors import OptionError, OutputError, SourceError
 from readers import ShardDataset
 from readers.formats import open_store
 from readers.webdataset import StreamingShards
@@ -214,6 +214,15 @@ def test_file_url_src(local_source, tmp_path):
     same_conversion(report.dst, local.dst)
     assert open_store(report.dst).meta.source == f"file://{local_source}"
     assert report.skipped == local.skipped
+
+
+def test_a_url_src_of_text_files_says_text_is_read_locally_only(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text")
+    with pytest.raises(SourceError, match=r"no images found at its top level .*; it holds text files, and text corpora are read "
+                                          r"from local folders only so far: copy it locally first$"):
+        convert(f"file://{corpus}", tmp_path / "t.blob")
 
 
 def test_a_file_url_dst_is_read_back_by_the_same_url(local_source, tmp_path):

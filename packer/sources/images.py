@@ -157,10 +157,14 @@ def _scan(tree: FolderTree) -> ImageFolder:
         skipped = refused + [entry for entry in skipped if entry not in first]
         folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps(), refused=refused)
     if not folder.items:
+        from .text import TEXT_EXTENSIONS
+
         where = "in its class sub-folders" if class_dirs else "at its top level"
+        texts = isinstance(tree.root, str) and any(what == "file" and name.lower().endswith(TEXT_EXTENSIONS) for name, what in entries)
         raise SourceError(
             f"{tree.name}: no images found {where} "
             f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))}, any case)"
+            + ("; it holds text files, and text corpora are read from local folders only so far: copy it locally first" if texts else "")
         )
     return folder
 
