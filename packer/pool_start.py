@@ -27,22 +27,27 @@ def pool_context() -> multiprocessing.context.BaseContext:
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the fork server (if it is not running yet) with SIGINT ignored: a Python started
-    ignoring SIGINT keeps ignoring it, and the server's children (our workers) restore the
-    server's own setting, so a Ctrl-C to the terminal's process group never reaches a worker, not
-    even while it is still importing (where it printed a KeyboardInterrupt traceback before
-    the worker's own set-up could ignore SIGINT, ``packer.pool_worker``). The parent stops the workers itself.
-    Only while one starts: a SIGINT that comes while ignored is lost (seen at a pool's start)."""
+    """Start the fork server (if it is not running yet) with SIGINT blocked: it and its children
+    (our workers) inherit the blocked mask, so a Ctrl-C to the terminal's process group never
+    reaches a worker, not even while it is still importing (where it printed a KeyboardInterrupt
+    traceback before the worker's own set-up could ignore SIGINT, ``packer.pool_worker``); the
+    server ignores SIGINT once it runs (multiprocessing's own rule), which drops one that came
+    while it started. The parent stops the workers itself. Blocked, not ignored, in this process:
+    a SIGINT that comes meanwhile waits and is raised as the mask is restored (ignoring it
+    here lost it: a Ctrl-C at a pool's start ran the conversion to its end, 19 of 60 tries)."""
     from multiprocessing import forkserver
 
     if threading.current_thread() is not threading.main_thread() or server_running(forkserver):
         forkserver.ensure_running()
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # first: its start unblocks SIGINT when it is done (CPython's own blocking)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def server_running(forkserver: Any) -> bool:
