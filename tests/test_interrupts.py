@@ -178,3 +178,47 @@ def test_an_import_that_hangs_is_interrupted_all_the_same(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (130, "interrupted"), (done.returncode, done.stdout, done.stderr)
     assert time.monotonic() - start < 15  # not the import's 30 s
+
+
+# The command's first line holds Ctrl-C while the command is imported (packer/launch.py): a
+# Ctrl-C then printed a traceback, or an import swallowed it and the conversion ran to its end.
+LAUNCH = textwrap.dedent("""
+    import importlib.abc, os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job starts ignoring it)
+
+    class CtrlCDuringImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "packer.cli":
+                for _ in range({presses}):
+                    {press}
+            return None
+
+    def press():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+    def press_swallowed():  # as a library's import with a bare except: does
+        try:
+            press()
+        except BaseException:
+            pass
+
+    sys.meta_path.insert(0, CtrlCDuringImport())
+    sys.argv = ["packer", *sys.argv[1:]]
+    from packer.launch import main
+    main()
+""")
+
+
+@pytest.mark.parametrize("presses, press", [(1, "press()"), (1, "press_swallowed()"), (3, "press_swallowed()")])
+def test_a_ctrl_c_while_the_command_starts_stops_it_in_one_line(tmp_path, image_folder, presses, press) -> None:
+    """Once, swallowed by an import (it ran the conversion), and pressed again (raised at once)."""
+    code = LAUNCH.format(presses=presses, press=press)
+    dst = tmp_path / "out.blob"
+    done = subprocess.run([sys.executable, "-c", code, "convert", str(image_folder), str(dst), "--size", "8"],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (130, "Error: interrupted while starting; nothing was done\n"), done.stderr
+    assert not dst.exists() and not list(tmp_path.iterdir())
+    done = subprocess.run([sys.executable, "-m", "packer", "convert", str(image_folder), str(dst), "--size", "8", "-q"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and dst.exists(), done.stderr

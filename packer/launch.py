@@ -1,0 +1,40 @@
+"""The ``packer`` command's entry point (``packer`` and ``python -m packer``).
+
+Importing the command takes a few tenths of a second (numpy, OpenCV, the formats' libraries).
+A Ctrl-C then used to print a traceback, or worse, was swallowed by a library's import (a bare
+``except:``) and the command ran on: a conversion the user had stopped, ``--overwrite`` and all.
+So SIGINT is held from the first line until the command is imported, then it stops the command
+with one line, before anything is done.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+__all__ = ["main"]
+
+
+def main() -> None:
+    """Import the command with Ctrl-C held, then run it (or stop, if one came)."""
+    came: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        came.append(signum)
+        if len(came) > 1:  # a second Ctrl-C: an import that hangs (a network mount) must not make the command deaf
+            raise KeyboardInterrupt
+
+    held = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (a background job started ignoring it: left so)
+    if held:
+        signal.signal(signal.SIGINT, hold)
+    try:
+        from .cli import main as command
+    except KeyboardInterrupt:
+        came.append(signal.SIGINT)
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if came:
+        print("Error: interrupted while starting; nothing was done", file=sys.stderr)
+        sys.exit(130)
+    command()
