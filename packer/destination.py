@@ -93,6 +93,11 @@ def check_destination(dst: Path, *, overwrite: bool, resume: bool = False) -> No
                 f"{dst}: is not a packer dataset ({describe_path(dst)}); --overwrite replaces only a packer dataset: "
                 "move it away or choose another DST"
             )
+        foreign = open_store(dst).foreign_files()
+        if foreign:  # replacing the folder would delete them with it
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
+            raise OutputExistsError(f"{dst}: a packer dataset that also holds files packer did not write ({shown}); "
+                                    "--overwrite would delete them with it: move them out, or choose another DST")
     parent = dst.parent if str(dst.parent) else Path(".")
     if not parent.is_dir():
         if parent.exists() or parent.is_symlink():

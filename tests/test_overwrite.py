@@ -109,6 +109,25 @@ def test_overwrite_replaces_a_packer_dataset(src, tmp_path, fmt, name):
     assert open_store(dst).meta.shape == (3, 12, 12)
 
 
+@pytest.mark.parametrize("fmt, name", [("lmdb", "d.lmdb"), ("webdataset", "d")])
+@pytest.mark.parametrize("resume", [False, True])
+def test_overwrite_refuses_a_dataset_folder_holding_user_files(src, tmp_path, fmt, name, resume):
+    """A folder dataset with the user's own file put in it (notes beside the shards) read as a
+    packer dataset, and --overwrite deleted the file with the folder (a fault sweep, 2 of 2)."""
+    dst = tmp_path / name
+    convert(src, dst, format=fmt, image=ImageOptions(size=8), workers=1)
+    (dst / "NOTES.md").write_text("mine")
+    before = tree(dst)
+    result = CliRunner().invoke(cli, ["convert", str(src), str(dst), "--format", fmt, "--size", "12", "--overwrite",
+                                      *(["--resume"] if resume else [])])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{dst}: a packer dataset that also holds files packer did not write (NOTES.md); --overwrite would delete" in result.stderr
+    assert tree(dst) == before
+    (dst / "NOTES.md").unlink()  # what the format wrote only: replaced
+    convert(src, dst, format=fmt, image=ImageOptions(size=12), workers=1, overwrite=True)
+    assert open_store(dst).meta.shape == (3, 12, 12) and open_store(dst).foreign_files() == []
+
+
 @pytest.mark.parametrize("overwrite", [True, False])
 @pytest.mark.parametrize("fmt", ["webdataset", "blob"])
 def test_an_empty_folder_is_taken_with_or_without_overwrite(src, tmp_path, fmt, overwrite):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
@@ -196,6 +197,20 @@ class Store:
         """Problems with the format's own structure that opening the store does not check, as
         ``(where, what)`` pairs (``packer verify`` reports them). Here: none to check."""
         return iter(())
+
+    #: The names a folder dataset of this format always holds (a format stored as one file: none).
+    own_names: ClassVar[frozenset[str]] = frozenset()
+
+    def foreign_files(self) -> list[str]:
+        """Names in the dataset's folder that its format did not write (a user's notes put there),
+        sorted; none for a dataset stored as one file. What ``--overwrite`` must not delete."""
+        if not self.path.is_dir():
+            return []
+        return sorted(set(os.listdir(self.path)) - self.own_names - set(self._written_names()))
+
+    def _written_names(self) -> list[str]:
+        """Names beside :attr:`own_names` that this dataset's conversion wrote (its shards)."""
+        return []
 
     def where(self, index: int) -> str:
         """Where sample ``index`` is, for messages: ``"sample 12"`` (formats with several files add which)."""

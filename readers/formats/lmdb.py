@@ -54,6 +54,7 @@ class LMDBStore(Store):
     """
 
     format_name = "lmdb"
+    own_names = frozenset({"data.mdb", "lock.mdb"})  # LMDB's own two files: packer writes nothing else there
     label = "LMDB"
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:

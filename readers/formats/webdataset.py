@@ -244,6 +244,10 @@ class ShardStore(Store):
 
     format_name = "webdataset"
     label = "WebDataset"
+    own_names = frozenset({META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE})
+
+    def _written_names(self) -> list[str]:
+        return list(self.meta.extra["shards"])
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         super().__init__(path, verify=verify)
