@@ -177,3 +177,22 @@ def test_an_interrupted_publication_stops_the_conversion(image_folder, tmp_path,
     with pytest.raises(KeyboardInterrupt, match="output was complete"):
         convert(image_folder, tmp_path / "out.lmdb", image=ImageOptions(size=16), workers=1)
     assert armed and len(open_dataset(tmp_path / "out.lmdb")) > 0
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "blob", "webdataset"])
+def test_a_ctrl_c_as_a_fresh_output_opens_leaves_nothing(tmp_path, monkeypatch, fmt):
+    """The run said "nothing was written" and left DST.partial (an LMDB's 64 MB map), its journal
+    and its lock (a fault sweep, 14 of 24 Ctrl-Cs just as DST.partial appeared)."""
+    from packer.writers import get_writer
+
+    writer_class = get_writer(fmt)
+    real_open = writer_class._open
+
+    def interrupted(self):
+        real_open(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer_class, "_open", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        writer_class(tmp_path / "out", fingerprint={"format": fmt})
+    assert list(tmp_path.iterdir()) == []

@@ -116,9 +116,12 @@ class Writer:
                 self._open()
             else:
                 self._restore(checkpoint)
-        except OSError as exc:
-            self.abort()
-            raise self.output_error(exc) from None
+        except BaseException as exc:  # an error, or a fresh output interrupted as it opened (an LMDB's map): none of it kept
+            if checkpoint is None or isinstance(exc, OSError):
+                self.abort()
+            if isinstance(exc, OSError):
+                raise self.output_error(exc) from None
+            raise
 
     # -- what a format supplies ---------------------------------------------------------
     def _open(self) -> None:
@@ -332,7 +335,7 @@ class Writer:
         try:
             self._settle(raise_error=False)
             self._close()
-        except OSError:
+        except Exception:  # noqa: BLE001 - (OSError; or a writer interrupted as it opened, half set up)
             pass
         finally:
             remove_path(self.tmp)
