@@ -30,7 +30,7 @@ from .destination import is_packer_dataset
 from .errors import InputError, OutputExistsError
 from .executors import get_executor
 from .jobs import Job
-from .locking import busy_error, lock_holder, lock_path
+from .locking import DestinationLock, busy_error, lock_holder, lock_path
 from .memory import available_memory
 from .options import RunOptions, StorageOptions
 from .parallel import default_workers, ordered_map
@@ -56,13 +56,15 @@ def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to start over silently when an interrupted conversion to ``dst`` can be resumed,
     and name the process when the conversion that saved it is still running, not interrupted."""
     partial = partial_path(dst)
-    holder = lock_holder(lock_path(partial))
+    lock = lock_path(partial)
+    holder = lock_holder(lock)
     if holder is not None:
         raise busy_error(str(dst), holder)
-    saved = saved_inputs(partial)
-    if saved is not None and not partial.exists():  # a run killed between its rename and this cleanup
-        shutil.rmtree(journal_path(partial), ignore_errors=True)
+    if not partial.exists() and (lock.exists() or journal_path(partial).exists()):  # a run killed between its rename and its cleanup
+        with DestinationLock(lock, str(dst)):  # (removed while held: a conversion starting meanwhile keeps a lock of its own)
+            shutil.rmtree(journal_path(partial), ignore_errors=True)
         return
+    saved = saved_inputs(partial)
     inputs = f"{saved:,} input{'s' if saved != 1 else ''}" if saved is not None else ""
     if saved is not None and not overwrite and is_packer_dataset(dst):  # an --overwrite run over a finished one was interrupted
         raise OutputExistsError(f"{dst}: an interrupted conversion replacing it saved {inputs}; run with --resume --overwrite to "

@@ -156,6 +156,22 @@ def test_overwrite_of_a_remote_dst_refuses_user_objects(s3, src):
 SLOW_ADD = "import time, packer.writers.base as b; add = b.Writer.add; b.Writer.add = lambda s, x: (time.sleep(0.05), add(s, x))[1]"
 
 
+@pytest.mark.parametrize("extra", [[], ["--resume"], ["--overwrite"]])
+def test_leftovers_of_a_run_killed_after_it_published_are_removed_by_the_next_command(src, tmp_path, extra):
+    """A kill between the rename to DST and the cleanup left the lock file (its pid) and an empty
+    journal beside the finished DST for good: a rerun, --resume and --overwrite all passed them
+    by (a fault sweep, 18 of 37 such kills)."""
+    dst = tmp_path / "d.lmdb"
+    convert(src, dst, image=ImageOptions(size=8), workers=1)
+    (tmp_path / "d.lmdb.partial-lock").write_text("999999\n")  # as the killed run left them
+    (tmp_path / "d.lmdb.partial-journal").mkdir()
+    for name in ("names.jsonl", "samples.i64"):
+        (tmp_path / "d.lmdb.partial-journal" / name).write_bytes(b"")
+    result = CliRunner().invoke(cli, ["convert", str(src), str(dst), "--size", "8", "-q", *extra])
+    assert result.exit_code == (0 if extra == ["--overwrite"] else 1), result.output
+    assert sorted(p.name for p in tmp_path.iterdir() if p != src) == ["d.lmdb"] and open_store(dst).meta.count == 18
+
+
 @pytest.mark.parametrize("checkpointed", [True, False])
 def test_a_sigkilled_conversions_lock_file_never_blocks_or_confuses_a_later_run(image_folder, tmp_path, checkpointed):
     """SIGKILL leaves the empty ``DST.partial-lock`` (the flock goes with the process): readers
