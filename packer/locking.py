@@ -55,8 +55,10 @@ class DestinationLock:
         """Take the lock, or raise :class:`OutputError` naming the process that holds it."""
         while True:
             try:  # the first file a conversion creates: /proc, /sys, a read-only or full disk fail here
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             except OSError as exc:
+                if self.path.is_symlink():  # never followed: the pid written into the file it points to
+                    raise OutputError(f"{self.what}: {self.path} is a symbolic link, not packer's lock file; remove it") from None
                 raise write_error(self.what, exc) from None
             try:
                 _lock_soon(fd)

@@ -196,3 +196,14 @@ def test_a_ctrl_c_as_a_fresh_output_opens_leaves_nothing(tmp_path, monkeypatch, 
     with pytest.raises(KeyboardInterrupt):
         writer_class(tmp_path / "out", fingerprint={"format": fmt})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_symlink_where_the_lock_file_goes_is_refused_and_its_target_kept(image_folder, tmp_path):
+    """The pid was written into whatever file the link pointed to."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes")
+    dst = tmp_path / "out.lmdb"
+    lock_path(partial_path(dst)).symlink_to(mine)
+    with pytest.raises(OutputError, match=r"out.lmdb: .*out.lmdb.partial-lock is a symbolic link, not packer's lock file; remove it$"):
+        convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    assert mine.read_text() == "my notes" and not dst.exists()
