@@ -216,6 +216,7 @@ def convert(
                 resume=resume, executor=executor, ray_address=ray_address,
                 source=SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split),
             )
+        click.echo(report.summary())  # (a Ctrl-C as it prints: the output is complete, as below says)
     except Interrupted as exc:
         raise _UserError(str(exc), EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
@@ -226,7 +227,6 @@ def convert(
         logger.removeHandler(printer)
         logger.propagate = True
         printer.close()
-    click.echo(report.summary())
 
 
 def _dataset_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:

@@ -222,3 +222,29 @@ def test_a_ctrl_c_while_the_command_starts_stops_it_in_one_line(tmp_path, image_
     done = subprocess.run([sys.executable, "-m", "packer", "convert", str(image_folder), str(dst), "--size", "8", "-q"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and dst.exists(), done.stderr
+
+
+AT_SHUTDOWN = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = ["packer", *sys.argv[1:]]
+    from packer.launch import main
+    import multiprocessing.util
+
+    def ctrl_c():  # as Python shuts down (where multiprocessing stops its fork server)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+
+    multiprocessing.util.Finalize(None, ctrl_c, exitpriority=100)
+    main()
+""")
+
+
+def test_a_ctrl_c_after_the_command_ended_keeps_its_outcome(tmp_path, image_folder) -> None:
+    """A finished conversion's summary was printed, then a Ctrl-C in Python's shutdown ended it
+    by SIGINT (exit -2): a ``packer convert ... && train`` did not train."""
+    dst = tmp_path / "out.blob"
+    done = subprocess.run([sys.executable, "-c", AT_SHUTDOWN, "convert", str(image_folder), str(dst), "--size", "8", "-q"],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, ""), (done.returncode, done.stderr)
+    assert done.stdout.startswith("wrote 18 images") and dst.exists()
