@@ -207,3 +207,28 @@ def test_a_symlink_where_the_lock_file_goes_is_refused_and_its_target_kept(image
     with pytest.raises(OutputError, match=r"out.lmdb: .*out.lmdb.partial-lock is a symbolic link, not packer's lock file; remove it$"):
         convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
     assert mine.read_text() == "my notes" and not dst.exists()
+
+
+def test_a_second_ctrl_c_during_the_cleanup_waits_for_it(tmp_path, monkeypatch):
+    """Ctrl-C twice: the second landed in the cleanup of the first and cut it short, leaving the
+    journal and lock file behind a run that said nothing was written (a fault sweep, 2 of 32)."""
+    import signal
+
+    import packer.writers.base as base
+
+    real_remove = base.remove_path
+
+    def remove_path(path):  # the second Ctrl-C, as the partial output goes
+        os.kill(os.getpid(), signal.SIGINT)
+        real_remove(path)
+
+    writer = LMDBWriter(tmp_path / "out.lmdb", fingerprint={"format": "lmdb"})
+    monkeypatch.setattr(base, "remove_path", remove_path)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with writer:
+                raise KeyboardInterrupt  # the first, before any checkpoint
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []

@@ -366,16 +366,16 @@ class Writer:
         if exc_type is None:
             return
         self._settle(raise_error=False)  # the journal a whole commit left is the one to go by
-        if self.finished:  # interrupted after the rename: only the journal is left to drop
-            if self._journal is not None:
-                self._journal.remove()
-            self._lock.release()
-            return
-        keep = issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0
-        if keep and self._journal is not None and _journal.saved_inputs(self.tmp) is not None:
-            self.suspend()
-        else:
-            self.abort()
+        with signals_deferred():  # a second Ctrl-C waits for the cleanup (cut short, it left the journal and lock behind)
+            if self.finished:  # interrupted after the rename: only the journal is left to drop
+                if self._journal is not None:
+                    self._journal.remove()
+                self._lock.release()
+            elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0) and self._journal is not None \
+                    and _journal.saved_inputs(self.tmp) is not None:
+                self.suspend()
+            else:
+                self.abort()
 
 
 @dataclass(frozen=True)
