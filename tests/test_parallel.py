@@ -498,8 +498,11 @@ _MASK_AT_IMPORT_MAIN = """
 import signal
 from packer.parallel import ordered_map
 
-with open("/proc/self/status") as status:  # this process's ignored signals, as it imports this module
-    MASK_AT_IMPORT = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+with open("/proc/self/status") as status:  # this process's ignored or blocked signals, as it imports this module
+    MASK_AT_IMPORT = 0
+    for line in status:
+        if line.startswith(("SigIgn:", "SigBlk:")):
+            MASK_AT_IMPORT |= int(line.split()[1], 16)
 
 
 def mask_at_import(_x):
@@ -516,8 +519,8 @@ if __name__ == "__main__":
 def test_workers_ignore_ctrl_c_even_while_importing(tmp_path):
     """A Ctrl-C to the terminal's process group while workers were still importing (here: the
     script whose function they run, which multiprocessing imports before the pool's own set-up)
-    printed a KeyboardInterrupt traceback per worker: they ignore SIGINT from the start now, as
-    the fork server they are forked from was started ignoring it."""
+    printed a KeyboardInterrupt traceback per worker: SIGINT cannot reach them from the start
+    now, blocked in the fork server they are forked from (then ignored, in both)."""
     script = tmp_path / "train.py"
     script.write_text(_MASK_AT_IMPORT_MAIN)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=SCRIPT_ENV)
