@@ -338,10 +338,11 @@ class Writer:
         except Exception:  # noqa: BLE001 - (OSError; or a writer interrupted as it opened, half set up)
             pass
         finally:
-            remove_path(self.tmp)
-            if getattr(self, "_journal", None) is not None:
-                self._journal.remove()
-            self._lock.release()
+            with signals_deferred():  # a second Ctrl-C waits for these (cut short, they left the journal and lock behind)
+                remove_path(self.tmp)
+                if getattr(self, "_journal", None) is not None:
+                    self._journal.remove()
+                self._lock.release()
 
     def output_error(self, exc: OSError) -> OutputError:
         """The one-line error for ``exc``, met writing this output (packer/destination.py)."""
@@ -366,16 +367,15 @@ class Writer:
         if exc_type is None:
             return
         self._settle(raise_error=False)  # the journal a whole commit left is the one to go by
-        with signals_deferred():  # a second Ctrl-C waits for the cleanup (cut short, it left the journal and lock behind)
-            if self.finished:  # interrupted after the rename: only the journal is left to drop
-                if self._journal is not None:
-                    self._journal.remove()
-                self._lock.release()
-            elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0) and self._journal is not None \
-                    and _journal.saved_inputs(self.tmp) is not None:
-                self.suspend()
-            else:
-                self.abort()
+        if self.finished:  # interrupted after the rename: only the journal is left to drop
+            if self._journal is not None:
+                self._journal.remove()
+            self._lock.release()
+        elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0) and self._journal is not None \
+                and _journal.saved_inputs(self.tmp) is not None:
+            self.suspend()
+        else:
+            self.abort()
 
 
 @dataclass(frozen=True)
