@@ -232,3 +232,36 @@ def test_a_second_ctrl_c_during_the_cleanup_waits_for_it(tmp_path, monkeypatch):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_ctrl_c_still_stops_a_close_that_hangs(tmp_path, monkeypatch):
+    """Only the removals wait for a second Ctrl-C: a close or an upload that hangs (a hung mount,
+    S3) must stay interruptible, or only SIGKILL stops packer."""
+    import signal
+    import time
+
+    writer = LMDBWriter(tmp_path / "out.lmdb", fingerprint={"format": "lmdb"})
+    real_close = LMDBWriter._close
+
+    def hangs(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the close hangs
+        time.sleep(30)
+        real_close(self)
+
+    monkeypatch.setattr(LMDBWriter, "_close", hangs)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with writer:
+                raise KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - start < 10 and list(tmp_path.iterdir()) == []
+
+
+def test_readers_import_where_there_is_no_flock():
+    """The probe of a running conversion needs fcntl (POSIX); readers import without it."""
+    code = "import sys; sys.modules['fcntl'] = None; from readers import open_dataset; from readers.formats.inprogress import lock_holder; print(lock_holder('x'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "None\n"), done.stderr

@@ -8,9 +8,13 @@ so a held lock means a running conversion, never a killed one.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX (Windows): no probe, readers still import
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["lock_path", "lock_holder"]
 
@@ -23,7 +27,10 @@ def lock_path(partial: Path) -> Path:
 def lock_holder(path: Path) -> str | None:
     """The pid (as it wrote it; ``"?"`` if unreadable) of the process holding the lock at
     ``path``, or ``None`` when no process holds it. A probe for a clearer message only: a
-    conversion itself takes the lock (``packer.locking.DestinationLock``)."""
+    conversion itself takes the lock (``packer.locking.DestinationLock``); ``None`` where there is
+    no ``flock`` to probe with."""
+    if fcntl is None:  # pragma: no cover - not POSIX
+        return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
