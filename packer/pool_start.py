@@ -8,7 +8,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -20,24 +19,24 @@ def pool_context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["packer.preprocess.task"])
+        context.set_forkserver_preload(["packer.pool_server", "packer.preprocess.task"])  # pool_server first: its docstring
         _start_forkserver_deaf_to_ctrl_c()
         return context
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the fork server (if it is not running yet) with SIGINT blocked: it and its children
-    (our workers) inherit the blocked mask, so a Ctrl-C to the terminal's process group never
-    reaches a worker, not even while it is still importing (where it printed a KeyboardInterrupt
-    traceback before the worker's own set-up could ignore SIGINT, ``packer.pool_worker``); the
-    server ignores SIGINT once it runs (multiprocessing's own rule), which drops one that came
-    while it started. The parent stops the workers itself. Blocked, not ignored, in this process:
-    a SIGINT that comes meanwhile waits and is raised as the mask is restored (ignoring it
-    here lost it: a Ctrl-C at a pool's start ran the conversion to its end, 19 of 60 tries)."""
+    """Start the fork server (if it is not running yet) with SIGINT blocked in this thread, which
+    the server inherits: it cannot see a Ctrl-C while it starts, and its first preload,
+    :mod:`packer.pool_server`, then ignores SIGINT and unblocks it, so its children (our workers)
+    start ignoring it: a Ctrl-C to the terminal's process group never reaches a worker, not even
+    while it imports (where it printed a KeyboardInterrupt traceback per worker). The parent stops
+    the workers itself. Blocked, not ignored, here: a SIGINT that comes meanwhile is not lost
+    (ignoring it lost it: a Ctrl-C at a pool's start ran the conversion to its end, 19 of 60
+    tries). It is raised as the mask is restored, or at once where another thread takes it."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread() or server_running(forkserver):
+    if server_running(forkserver):
         forkserver.ensure_running()
         return
     from multiprocessing import resource_tracker

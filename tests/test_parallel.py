@@ -700,3 +700,40 @@ def test_a_ctrl_c_while_the_fork_server_starts_is_not_lost(tmp_path):
         pytest.skip("no fork server here")
     done = subprocess.run([sys.executable, "-c", FORKSERVER_START], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path, timeout=120)
     assert (done.stdout, done.stderr) == ("interrupted\n", ""), done.stderr
+
+
+USER_FORKSERVER = """
+import multiprocessing, os, signal
+from packer.parallel import ordered_map
+
+def sigint_state(_x=None):
+    with open(f"/proc/{os.getpid()}/status") as status:
+        fields = dict(line.split(":", 1) for line in status)
+    bit = 1 << (signal.SIGINT - 1)
+    return bool(int(fields["SigBlk"], 16) & bit), bool(int(fields["SigIgn"], 16) & bit)
+
+def report(queue):
+    queue.put(sigint_state())
+
+if __name__ == "__main__":
+    with ordered_map(sigint_state, [0, 1], workers=2) as results:
+        print("workers", set(results))
+    context = multiprocessing.get_context("forkserver")  # the same server, the user's own process
+    queue = context.Queue()
+    process = context.Process(target=report, args=(queue,))
+    process.start()
+    print("user", queue.get(timeout=60))
+    process.join()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_the_fork_servers_children_start_ignoring_sigint_not_blocking_it(tmp_path):
+    """The fork server is started with SIGINT blocked; its first preload ignores and unblocks it,
+    or every later child of the shared server (a user's own forkserver DataLoader workers too)
+    would have it blocked for good, unable to handle it, and so would what they run."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server here")
+    (tmp_path / "user.py").write_text(USER_FORKSERVER)
+    done = subprocess.run([sys.executable, "user.py"], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path, timeout=120)
+    assert (done.stdout, done.stderr) == ("workers {(False, True)}\nuser (False, True)\n", ""), done.stderr
