@@ -231,13 +231,18 @@ def test_a_file_url_dst_is_read_back_by_the_same_url(local_source, tmp_path):
     url = f"file://{tmp_path}/sh"
     report = convert(local_source, url, format="webdataset", image=ImageOptions(size=8), workers=1)
     names = sorted(n for n in tarfile.open(tmp_path / "sh" / "shard-000000.tar").getnames() if n.endswith(".npy"))
-    for source in (url, url + "/", f"{url}/shard-{{000000..000000}}.tar", [f"{url}/shard-000000.tar"], f"file://localhost{tmp_path}/sh"):
+    for source in (url, url + "/", f"{url}/shard-{{000000..000000}}.tar", [f"{url}/shard-000000.tar"]):
         stream = StreamingShards(source)
         assert len(stream) == report.written == len(list(stream)) == len(names), source
     assert len(ShardDataset(url)) == report.written
     for command in (["info", url], ["verify", url]):
         result = CliRunner().invoke(cli, command)
         assert result.exit_code == 0 and f"{tmp_path}/sh" in result.output, result.output
+    pattern = f"file://{tmp_path}/pat/train-%06d.tar"  # a pattern DST: read back by the same URL, %06d and all
+    convert(local_source, pattern, image=ImageOptions(size=8), workers=1)
+    assert len(StreamingShards(f"file://{tmp_path}/pat")) == report.written
+    result = CliRunner().invoke(cli, ["info", pattern])
+    assert result.exit_code == 0 and f"{tmp_path}/pat" in result.output, result.output
 
 
 def test_http_src(local_source, tmp_path):

@@ -40,7 +40,6 @@ import os
 import re
 from pathlib import Path
 from typing import ClassVar, Iterator, Sequence
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -70,11 +69,11 @@ def dataset_path(path: str | Path) -> Path:
 
 
 def local_path(value: str | Path) -> str | Path:
-    """The local path of a ``file:///path`` (or ``file://localhost/path``) URL; anything else as it is."""
+    """The local path of a ``file://`` URL, read as fsspec (which ``packer convert`` writes
+    through) reads it: the rest of the URL, as it is (``%06d`` is a shard pattern, not an
+    escape); anything else as it is."""
     if isinstance(value, str) and value[:7].lower() == "file://":
-        parsed = urlparse(value)
-        if parsed.netloc in ("", "localhost"):
-            return unquote(parsed.path)
+        return value[7:]
     return value
 
 
@@ -206,7 +205,8 @@ class Store:
         sorted; none for a dataset stored as one file. What ``--overwrite`` must not delete."""
         if not self.path.is_dir():
             return []
-        return sorted(set(os.listdir(self.path)) - self.own_names - set(self._written_names()))
+        names = set(os.listdir(self.path)) - self.own_names - set(self._written_names())
+        return sorted(name for name in names if name != ".DS_Store" and not name.startswith(".nfs"))  # (Finder's, NFS's own)
 
     def _written_names(self) -> list[str]:
         """Names beside :attr:`own_names` that this dataset's conversion wrote (its shards)."""
