@@ -5,12 +5,14 @@ A Ctrl-C then used to print a traceback, or worse, was swallowed by a library's 
 ``except:``) and the command ran on: a conversion the user had stopped, ``--overwrite`` and all.
 So SIGINT is held from the first line until the command is imported, then it stops the command
 with one line, before anything is done. Once the command has ended, its outcome said (a summary
-printed, or an error), a Ctrl-C while Python shuts down is ignored: it ended a finished
-conversion by SIGINT after its summary (a fault sweep, 13 of 40 Ctrl-Cs as DST appeared).
+printed, or an error), a Ctrl-C while Python shuts down is ignored, a second one ending it at
+once: it ended a finished conversion by SIGINT after its summary (a fault sweep, 13 of 40
+Ctrl-Cs as DST appeared). Only where the command is the process, not a call from a program.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -42,5 +44,21 @@ def main() -> None:
     try:
         command()
     finally:  # its outcome is decided and said: a Ctrl-C in Python's shutdown (the fork server's) must not end it by SIGINT
-        if held:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if held and _entry_point():
+            signal.signal(signal.SIGINT, _exit_at_the_second)
+
+
+def _entry_point() -> bool:
+    """Whether the ``packer`` command is this process (the console script, ``python -m packer``),
+    not a call from a program that goes on after it (``runpy``, IPython's ``%run``)."""
+    entry = sys.modules.get("__main__")
+    spec = getattr(entry, "__spec__", None)
+    return getattr(entry, "main", None) is main or getattr(spec, "name", None) == "packer.__main__"
+
+
+def _exit_at_the_second(signum: int, _frame: object, came: list[int] = []) -> None:  # noqa: B006 - the presses so far
+    """A Ctrl-C once the command has ended: the first is ignored; a second ends a shutdown that
+    hangs (a network read it waits for) at once, exit 130."""
+    came.append(signum)
+    if len(came) > 1:
+        os._exit(130)

@@ -248,3 +248,19 @@ def test_a_ctrl_c_after_the_command_ended_keeps_its_outcome(tmp_path, image_fold
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (0, ""), (done.returncode, done.stderr)
     assert done.stdout.startswith("wrote 18 images") and dst.exists()
+
+
+def test_a_program_that_runs_the_command_keeps_its_ctrl_c(tmp_path) -> None:
+    """Run from a program that goes on (runpy, IPython's %run -m packer), the command leaves the
+    program's SIGINT handler as it was (it was left ignored: the program deaf to Ctrl-C for good)."""
+    code = textwrap.dedent(f"""
+        import runpy, signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.argv = ["packer", "info", {str(tmp_path / "missing.lmdb")!r}]
+        try:
+            runpy.run_module("packer", run_name="__main__")
+        except SystemExit as exc:
+            print(exc.code, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "1 True\n", (done.stdout, done.stderr)
