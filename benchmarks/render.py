@@ -96,7 +96,7 @@ def readme_block(figures: Figures | None = None) -> str:
         lines += [
             f"Conversion to raw 224x224 with {cores} workers runs at {fig(_span(packer, 0, ''), src)} images/s across the formats, against",
             f"{fig(f'{naive:,.0f}', src)} images/s for a plain PIL loop writing LMDB in the same run"
-            + (", on the machine shared with other work" if conv.get("note") else ", nothing else running"),
+            + (", on the machine shared with other work" if conv.get("note") else ""),
             f"(`benchmarks/results/convert_rates.json`, `python -m benchmarks.convert_rates`, {conv['date']}).",
         ]
     runs = [load("gpu"), load("gpu-run1")]

@@ -23,17 +23,13 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .errors import PackerError
     from .options import ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 
-__all__ = [
-    "__version__", "convert", "ConversionReport", "TextConversionReport", "ImageOptions", "TextOptions", "StorageOptions",
-    "RunOptions", "SourceOptions", "PackerError",
-]
-
 #: Public name -> the module that defines it.
 _HOMES = {
-    "convert": ".api", "ConversionReport": ".api", "TextConversionReport": ".api", "PackerError": ".errors",
-    "ImageOptions": ".options", "RunOptions": ".options", "SourceOptions": ".options", "StorageOptions": ".options",
-    "TextOptions": ".options",
+    "convert": ".api", "ConversionReport": ".api", "TextConversionReport": ".api", "ImageOptions": ".options",
+    "TextOptions": ".options", "StorageOptions": ".options", "RunOptions": ".options", "SourceOptions": ".options",
+    "PackerError": ".errors",
 }
+__all__ = ["__version__", *_HOMES]
 
 
 def __getattr__(name: str) -> Any:

@@ -305,6 +305,6 @@ class RunOptions:
             raise OptionError(f"--executor: must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise OptionError("--ray-address: only with --executor ray")
-        for name in ("resume", "progress"):
-            if not isinstance(getattr(self, name), bool):  # "no" is true: never taken as asked
-                raise OptionError(f"--{name}: must be True or False, got {getattr(self, name)!r}")
+        for name in ("--resume", "progress"):  # (progress has no CLI flag: -q turns it off)
+            if not isinstance(value := getattr(self, name.lstrip("-")), bool):  # "no" is true: never taken as asked
+                raise OptionError(f"{name}: must be True or False, got {value!r}")

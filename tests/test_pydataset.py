@@ -227,8 +227,8 @@ def test_arguments_of_the_wrong_type_are_a_clear_error_and_touch_nothing(tmp_pat
     dst = tmp_path / "kept.blob"
     packer.convert(image_folder, dst, image=packer.ImageOptions(size=8), workers=1)
     before = dst.read_bytes()
-    for name in ("overwrite", "resume", "progress"):
-        with pytest.raises(OptionError, match=rf"^--{name}: must be True or False, got 'no'$"):
+    for name, shown in (("overwrite", "--overwrite"), ("resume", "--resume"), ("progress", "progress")):
+        with pytest.raises(OptionError, match=rf"^{shown}: must be True or False, got 'no'$"):
             packer.convert(image_folder, dst, image=packer.ImageOptions(size=8), **{name: "no"})
     assert dst.read_bytes() == before
     for src, dst_arg, message in ((None, "a.blob", "src must be a folder, file or URL path, or a map-style dataset"),
