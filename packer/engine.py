@@ -39,7 +39,8 @@ from .preprocess.task import Encoded, Failed
 from .progress import progress_bar
 from .report import ConversionReport, human_bytes
 from .writers import get_writer
-from .writers.base import PieceWriter, Writer, Written, partial_path
+from .writers.base import Writer, partial_path
+from .writers.piece_writer import PieceWriter, Written
 from .writers.journal import journal_path, saved_inputs
 
 __all__ = ["run", "Interrupted", "check_unfinished"]

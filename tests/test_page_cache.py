@@ -21,7 +21,7 @@ import packer.writers.journal as journal
 from packer import ImageOptions, StorageOptions, convert
 from packer.preprocess.task import Encoded
 from packer.sources.images import scan_image_folder
-from packer.writers.base import Piece
+from packer.writers.piece_writer import Piece
 from packer.writers.files import WriteBehind
 from packer.writers.webdataset.pieces import PieceTask, fragments
 from packer.writers.webdataset.tar import Assembly, renumber

@@ -351,7 +351,7 @@ def test_the_index_is_a_plain_int64_array_locating_every_member(tmp_path, with_b
 def test_the_pieces_protocol_is_declared():
     """ShardWriter is a PieceWriter (what the driver checks); a piece writer that leaves out a
     method of the protocol cannot be made."""
-    from packer.writers.base import PieceWriter
+    from packer.writers.piece_writer import PieceWriter
 
     assert issubclass(ShardWriter, PieceWriter)
 

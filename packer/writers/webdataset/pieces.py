@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ...options import ImageOptions
 from ...pool_worker import run_items
 from ...preprocess.task import Encoded, Failed, ImageTask
-from ..base import Piece
+from ..piece_writer import Piece
 from .tar import TMP_PREFIX, ShardFile, ShardPart, is_full
 
 __all__ = ["Piece", "PieceResult", "PieceTask", "fragments", "MIN_FRAGMENT"]

@@ -32,7 +32,8 @@ from readers.schema import Metadata, PackedFormatError
 from ...errors import OptionError
 from ...options import ImageOptions, StorageOptions
 from ...preprocess.task import Encoded, Failed
-from ..base import Piece, PieceWriter, Written, remove_path
+from ..base import remove_path
+from ..piece_writer import Piece, PieceWriter, Written
 from ..files import fsync_path
 from ..journal import ROW_DTYPE, Checkpoint
 from .pieces import PieceResult, PieceTask, fragments
@@ -107,7 +108,7 @@ def _tail_fragmented(pieces: list[Piece], workers: int) -> list[Piece]:
 class ShardWriter(PieceWriter):
     """Writes a folder of WebDataset shards, the shards themselves in worker processes.
 
-    ``convert()`` drives it as a :class:`~packer.writers.base.PieceWriter`: :meth:`pieces`,
+    ``convert()`` drives it as a :class:`~packer.writers.piece_writer.PieceWriter`: :meth:`pieces`,
     :meth:`piece_task` and :meth:`add_piece`, not :meth:`add`.
     """
 
