@@ -23,13 +23,18 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .errors import PackerError
     from .options import ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 
-#: Public name -> the module that defines it.
+__all__ = [
+    "__version__", "convert", "ConversionReport", "TextConversionReport", "ImageOptions", "TextOptions", "StorageOptions",
+    "RunOptions", "SourceOptions", "PackerError",
+]
+
+#: Public name -> the module that defines it (the names of ``__all__``, checked below).
 _HOMES = {
     "convert": ".api", "ConversionReport": ".api", "TextConversionReport": ".api", "ImageOptions": ".options",
     "TextOptions": ".options", "StorageOptions": ".options", "RunOptions": ".options", "SourceOptions": ".options",
     "PackerError": ".errors",
 }
-__all__ = ["__version__", *_HOMES]
+assert set(_HOMES) == set(__all__) - {"__version__"}, "packer.__all__ and _HOMES name the same names"
 
 
 def __getattr__(name: str) -> Any:
