@@ -115,10 +115,11 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     started = time.perf_counter()
     writer = writer_class(dst, storage, fingerprint=fingerprint, resume=options.resume, **extra)
     resumed_at = (0, 0)  # samples and payload bytes a resumed run found written (not in this run's rate)
+    units: list[int] = []  # how many work units (inputs, or a piece writer's pieces) this run mapped
     try:
         with writer:
             resumed_at = (writer.count, writer.payload_bytes)
-            _drive(job, writer, skipped, options, workers, run_map, in_memory=sink is not None and options.executor != "local")
+            _drive(job, writer, skipped, options, workers, run_map, units, in_memory=sink is not None and options.executor != "local")
             if writer.count == 0:
                 first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
                 because = f" (first: {first.path}: {first.reason})" if first else ""
@@ -139,26 +140,28 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     return job.report(
         dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
         payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started, resumed_written=resumed_at[0], resumed_bytes=resumed_at[1],
-        workers=_used_workers(workers, run_map, len(job.items)), shape=writer.shape,
+        workers=_used_workers(workers, run_map, units[0] if units else len(job.items)), shape=writer.shape,
         resumed=writer.resumed_inputs,
     )
 
 
-def _used_workers(workers: int | None, run_map: Any, inputs: int) -> int:
-    """How many worker processes the report names: as many as ran, no more than there were inputs."""
+def _used_workers(workers: int | None, run_map: Any, units: int) -> int:
+    """How many worker processes the report names: as many as ran, no more than there were work units."""
     started = workers if workers is not None else getattr(run_map, "workers", None) or 1
-    return max(1, min(started, inputs))
+    return max(1, min(started, units))
 
 
-def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Any, *,
-           in_memory: bool) -> None:
-    """Every remaining input's outcome into the writer, in order; skips recorded, checkpoints taken."""
+def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Any,
+           units: list[int], *, in_memory: bool) -> None:
+    """Every remaining input's outcome into the writer, in order; skips recorded, checkpoints taken;
+    ``units`` gets how many work units were mapped."""
     done = writer.resumed_inputs
     skipped += writer.resumed_skipped[len(job.skipped) :]
     items = job.items[done:]
+    units.append(len(items))  # (a piece writer's pieces replace it: _outcomes)
     placement = _placement(writer, job, options, done, len(items))
     with (
-        _outcomes(writer, job, items, workers, options.timeout, run_map, in_memory=in_memory, placement=placement) as results,
+        _outcomes(writer, job, items, workers, options.timeout, run_map, in_memory=in_memory, placement=placement, units=units) as results,
         progress_bar(len(items), enabled=options.progress, unit=job.unit) as bar,  # after the pool: see packer/parallel.py
     ):
         for done, (item, result) in enumerate(zip(items, results), done + 1):
@@ -200,7 +203,8 @@ def _placement(writer: Writer, job: Job, options: RunOptions, first: int, inputs
 
 @contextmanager
 def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | None, timeout: float, run_map: Any = ordered_map, *,
-              in_memory: bool = False, placement: Placement | None = None) -> Iterator[Iterator[Encoded | Placed | Failed | Written | None]]:
+              in_memory: bool = False, placement: Placement | None = None,
+              units: list[int] | None = None) -> Iterator[Iterator[Encoded | Placed | Failed | Written | None]]:
     """Each input's outcome, in input order, computed by ``workers`` processes.
 
     Most writers get an :class:`Encoded` sample per input to :meth:`~Writer.add` here; with a
@@ -231,6 +235,8 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
     try:  # Ray joined by planned_workers() is left by the map, or here if there is none
         pieces = writer.pieces(items, job.image, workers=planned)  # few pieces: fragments
+        if units is not None:
+            units[:] = [len(pieces)]  # (fewer than the inputs: what the workers get)
         per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
         task = writer.piece_task(job.image, job.task, in_memory=in_memory)
     except BaseException:
