@@ -305,6 +305,6 @@ class RunOptions:
             raise OptionError(f"--executor: must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":
             raise OptionError("--ray-address: only with --executor ray")
-        for name in ("--resume", "progress"):  # (progress has no CLI flag: -q turns it off)
-            if not isinstance(value := getattr(self, name.lstrip("-")), bool):  # "no" is true: never taken as asked
-                raise OptionError(f"{name}: must be True or False, got {value!r}")
+        for shown, value in (("--resume", self.resume), ("progress", self.progress)):  # (no --progress flag: -q turns it off)
+            if not isinstance(value, bool):  # "no" is true: never taken as asked
+                raise OptionError(f"{shown}: must be True or False, got {value!r}")
