@@ -10,22 +10,49 @@ Three kinds, chosen by :func:`load_tokenizer`'s spec:
 :meth:`Tokenizer.identity` is what the metadata records (kind, vocab_size, eos_id, sha256 of the
 file, name), so a reader can refuse a tokenizer other than the one the data was made with. Used by
 both sides (``packer`` encodes, ``readers`` decodes); torch-free.
+
+A long text (over :data:`LONG_TEXT` characters: a whole book, a corpus saved as one ``.txt``) is
+tokenised in pieces by :meth:`Tokenizer.encode_long`: a Hugging Face encoding keeps offsets and
+token strings beside every id, so a whole large document at once could take more memory than the
+machine has (the message of the commit that made this change has the measurement). The text is cut only where the tokenizer gives the same ids
+either way: at a candidate cut (after a newline, else before a space, each followed by a
+character that is not whitespace), the ids of the :data:`CUT_CONTEXT` characters before it and
+of those after it, put end to end, must equal the ids of the two together (checked, for every
+cut). A tokenizer that prefixes every text it starts (SentencePiece's dummy prefix on a text that
+starts mid-line, a Metaspace pre-tokenizer) fails that check at such cuts and is cut elsewhere,
+or not at all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["Tokenizer", "load_tokenizer", "file_sha256", "token_dtype", "TokenizerError", "BYTES_EOS", "BYTES_VOCAB", "EOS_NAMES"]
+import numpy as np
+
+__all__ = ["Tokenizer", "load_tokenizer", "file_sha256", "token_dtype", "TokenizerError", "BYTES_EOS", "BYTES_VOCAB", "EOS_NAMES",
+           "LONG_TEXT", "PIECE_CHARS", "CUT_CONTEXT"]
 
 #: ``bytes`` tokenizer: ids 0..255 are the UTF-8 bytes, 256 ends a document.
 BYTES_EOS = 256
 BYTES_VOCAB = 257
 #: Special tokens taken as a file tokenizer's own end of document, first found wins.
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[EOS]", "<|end_of_text|>", "[SEP]")
+#: A text longer than this many characters is tokenised in pieces (module docstring).
+LONG_TEXT = 1 << 18
+#: About how many characters each piece of a long text holds.
+PIECE_CHARS = 1 << 16
+#: Characters on each side of a cut that are tokenised to check it (module docstring).
+CUT_CONTEXT = 1024
+#: Candidate cuts, best first: after a newline, else before a space; not before whitespace.
+_CUTS = (re.compile(r"\n(?=\S)"), re.compile(r"(?<=\S)(?= \S)"))
+#: Candidates of each kind tried past a piece's end before the next kind is tried.
+_TRIES = 8
+#: Pieces' worth of text searched for a cut before the rest is tokenised whole.
+_WINDOWS = 4
 
 
 class TokenizerError(ValueError):
@@ -70,6 +97,44 @@ class Tokenizer:
         if self.kind == "huggingface":
             return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=False)]
         return [self.encode(t) for t in texts]
+
+    def encode_long(self, text: str, limit: int | None = None) -> np.ndarray:
+        """:meth:`encode` of ``text`` as int64 ids, the first ``limit`` when given (only the pieces
+        needed are tokenised); a text of over :data:`LONG_TEXT` characters in pieces, cut where
+        it gives the same ids (module docstring)."""
+        if self.kind == "bytes":
+            data = text.encode("utf-8")
+            return np.frombuffer(data[:limit] if limit is not None else data, np.uint8).astype(np.int64)
+        if len(text) <= LONG_TEXT:
+            return np.asarray(self.encode(text)[:limit], dtype=np.int64)
+        parts, count, start = [], 0, 0
+        while start < len(text) and (limit is None or count < limit):
+            end = self._cut(text, start + PIECE_CHARS)
+            ids = np.asarray(self.encode(text[start:end]), dtype=np.int64)
+            parts.append(ids)
+            count, start = count + len(ids), end
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return ids[:limit]
+
+    def _cut(self, text: str, at: int) -> int:
+        """The first cut at or after ``at`` that tokenises the same either way; ``len(text)`` (the
+        rest in one piece) when under a piece is left, or when :data:`_WINDOWS` pieces' worth of
+        text past ``at`` has no such cut (a tokenizer that cannot be cut: not tried further)."""
+        for _ in range(_WINDOWS):
+            if len(text) - at < PIECE_CHARS:
+                break
+            for pattern in _CUTS:
+                for tries, match in enumerate(pattern.finditer(text, at, at + PIECE_CHARS), 1):
+                    if self._same_either_way(text, match.end()):
+                        return match.end()
+                    if tries == _TRIES:
+                        break
+            at += PIECE_CHARS
+        return len(text)
+
+    def _same_either_way(self, text: str, cut: int) -> bool:
+        left, right = text[max(0, cut - CUT_CONTEXT) : cut], text[cut : cut + CUT_CONTEXT]
+        return self.encode(left) + self.encode(right) == self.encode(left + right)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; the ``bytes`` tokenizer shows EOS as a newline and invalid UTF-8 as U+FFFD."""

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from readers.tokenizer import Tokenizer, load_tokenizer
+from readers.tokenizer import LONG_TEXT, Tokenizer, load_tokenizer
 
 from ..sources.text import TextDoc
 from .task import Encoded, Failed
@@ -44,27 +44,28 @@ class TokenizeTask:
 
     def __call__(self, doc: TextDoc) -> Encoded | Failed:
         try:
-            ids = worker_tokenizer(self.tokenizer).encode(doc.text)
+            ids = worker_tokenizer(self.tokenizer).encode_long(doc.text, self.max_tokens)
         except Exception as exc:  # noqa: BLE001 - a tokenizer failure is one document's problem
             return Failed(doc.source, f"cannot tokenise ({type(exc).__name__}: {exc})")
         return self.encoded(doc, ids)
 
     def map(self, docs: Sequence[TextDoc]) -> list[Encoded | Failed]:
-        """``self(doc)`` for each document, encoded in one batch (the Hugging Face backend batches
-        natively); if the batch fails, document by document, so only the bad one fails."""
+        """``self(doc)`` for each document, the short ones encoded in one batch (the Hugging Face
+        backend batches natively; a long one is tokenised in pieces: ``readers/tokenizer.py``); if
+        the batch fails, document by document, so only the bad one fails."""
+        short = [i for i, d in enumerate(docs) if len(d.text) <= LONG_TEXT]
         try:
-            all_ids = worker_tokenizer(self.tokenizer).encode_batch([d.text for d in docs])
+            batch = dict(zip(short, worker_tokenizer(self.tokenizer).encode_batch([docs[i].text for i in short])))
         except Exception:  # noqa: BLE001 - find the failing document one by one
-            return [self(d) for d in docs]
-        return [self.encoded(d, ids) for d, ids in zip(docs, all_ids)]
+            batch = {}
+        return [self.encoded(d, batch[i]) if i in batch else self(d) for i, d in enumerate(docs)]
 
-    def encoded(self, doc: TextDoc, ids: list[int]) -> Encoded | Failed:
+    def encoded(self, doc: TextDoc, ids: Sequence[int] | np.ndarray) -> Encoded | Failed:
         """The stored sample of ``doc`` given its token ids."""
-        if not ids:
+        if not len(ids):
             return Failed(doc.source, "empty document (no tokens)")
-        if self.max_tokens is not None:
-            ids = ids[: self.max_tokens]
+        ids = np.asarray(ids[: self.max_tokens], dtype=np.int64)
         if self.eos_id is not None:
-            ids = [*ids, self.eos_id]
-        payload = np.asarray(ids, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
+            ids = np.append(ids, self.eos_id)
+        payload = ids.astype(np.dtype(self.dtype).newbyteorder("<")).tobytes()
         return Encoded(TEXT_LABEL, (1, 1, len(ids)), payload, self.dtype)

@@ -1,0 +1,187 @@
+"""Long documents are tokenised in pieces, cut only where the ids come out the same.
+
+Every expectation is the tokenizer library's own encoding of the whole text (``tokenizers``,
+``sentencepiece``), never packer's wrapper. The piece sizes are made small here
+(:func:`small_pieces`) so that a test text of ~100 KB is cut many times.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import packer
+import readers.tokenizer as tokenizer_module
+from packer.options import TextOptions
+from readers.tokenizer import LONG_TEXT, load_tokenizer
+from roundtrip_checks import check_tokens
+from corpora import write_texts
+
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda omicron sigma omega ünï naïve".split()
+SPACES = [" "] * 30 + ["  ", "\t", "\n", "\n\n", " \n", "\n ", "\r\n"]
+
+
+def long_text(chars: int, seed: int = 0) -> str:
+    """Words and every kind of whitespace run, lines of any length: cuts of every sort are tried."""
+    rng = random.Random(seed)
+    parts, size = [], 0
+    while size < chars:
+        part = rng.choice(WORDS) + rng.choice(SPACES) + rng.choice(".,;:!?-'\"") * (rng.random() < 0.1)
+        parts.append(part)
+        size += len(part)
+    return "".join(parts)
+
+
+def _train_hf(kind: str, path: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    sample = [long_text(20_000, seed) for seed in range(3)]
+    if kind == "bytelevel":  # GPT-2 style: spaces belong to the next word
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"])
+    elif kind == "metaspace":  # SentencePiece style in tokenizers: "▁" before the text's first word
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]"])
+    else:  # BERT style: lowercased, split on whitespace and punctuation
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[UNK]"])
+    tok.train_from_iterator(sample, trainer)
+    out = path / f"{kind}.json"
+    tok.save(str(out))
+    return out
+
+
+def _train_sentencepiece(path: Path) -> Path:
+    import sentencepiece as spm
+
+    prefix = path / "sp"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(long_text(20_000, 1).splitlines()), model_prefix=str(prefix), vocab_size=80,
+        model_type="bpe", character_coverage=1.0, minloglevel=2,
+    )
+    return Path(f"{prefix}.model")
+
+
+KINDS = ["bytelevel", "metaspace", "wordpiece", "sentencepiece"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers_made(tmp_path_factory) -> dict[str, Path]:
+    where = tmp_path_factory.mktemp("tokenizers")
+    made = {kind: _train_hf(kind, where) for kind in KINDS if kind != "sentencepiece"}
+    made["sentencepiece"] = _train_sentencepiece(where)
+    return made
+
+
+def library_ids(path: Path, text: str) -> list[int]:
+    """The library's own ids of the whole ``text`` (no special tokens), not through packer."""
+    if path.suffix == ".model":
+        import sentencepiece as spm
+
+        return spm.SentencePieceProcessor(model_file=str(path)).encode(text)
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path)).encode(text, add_special_tokens=False).ids
+
+
+@pytest.fixture
+def small_pieces(monkeypatch) -> None:
+    monkeypatch.setattr(tokenizer_module, "LONG_TEXT", 4096)
+    monkeypatch.setattr(tokenizer_module, "PIECE_CHARS", 2048)
+    monkeypatch.setattr(tokenizer_module, "CUT_CONTEXT", 200)
+
+
+def _spy_encode(tok, monkeypatch) -> list[int]:
+    """The lengths of the texts ``tok`` encodes, checks of cuts left out (recorded as they come)."""
+    lengths: list[int] = []
+    plain = tok.encode
+    monkeypatch.setattr(tok, "encode", lambda text: (lengths.append(len(text)), plain(text))[1])
+    monkeypatch.setattr(tok, "_same_either_way", lambda text, cut: type(tok)._same_either_way(_Plain(tok, plain), text, cut))
+    return lengths
+
+
+class _Plain:
+    """``tok`` seen by the cut check: its encode not recorded."""
+
+    def __init__(self, tok, encode) -> None:
+        self.encode = encode
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pieces_give_the_whole_texts_ids(kind: str, tokenizers_made, small_pieces, monkeypatch) -> None:
+    path = tokenizers_made[kind]
+    tok = load_tokenizer(path)
+    text = long_text(60_000, seed=7)
+    lengths = _spy_encode(tok, monkeypatch)
+    ids = tok.encode_long(text)
+    assert ids.dtype == np.int64 and ids.tolist() == library_ids(path, text)
+    assert len(lengths) >= 60_000 // (2 * 2048) and max(lengths) < 3 * 2048, lengths  # cut near the piece size
+
+
+def test_a_tokenizer_that_cannot_be_cut_there_is_not(tokenizers_made, small_pieces, monkeypatch) -> None:
+    """Metaspace ("▁" before a text's first word) gives other ids for a text started at a line's
+    start than for the same words mid-text: no newline cut passes the check; a cut before a
+    space does (the space becomes the "▁"), and the ids are the whole text's."""
+    path = tokenizers_made["metaspace"]
+    tok = load_tokenizer(path)
+    text = long_text(60_000, seed=3)
+    newline = text.index("\nb", 1000) + 1
+    left, right = text[newline - 200 : newline], text[newline : newline + 200]
+    assert library_ids(path, left) + library_ids(path, right) != library_ids(path, left + right)  # a naive cut is wrong
+    lengths = _spy_encode(tok, monkeypatch)
+    assert tok.encode_long(text).tolist() == library_ids(path, text)
+    assert len(lengths) >= 60_000 // (2 * 2048) and max(lengths) < 3 * 2048, lengths  # cut before spaces
+
+
+def test_no_cut_found_tokenises_the_rest_whole(tokenizers_made, small_pieces, monkeypatch) -> None:
+    """A text without whitespace (nothing to cut at) is tokenised in one piece, ids unchanged."""
+    path = tokenizers_made["bytelevel"]
+    tok = load_tokenizer(path)
+    text = "".join(random.Random(1).choice("abcdefgh") for _ in range(20_000))
+    lengths = _spy_encode(tok, monkeypatch)
+    assert tok.encode_long(text).tolist() == library_ids(path, text)
+    assert lengths == [20_000]  # four pieces' worth searched, no cut: the rest in one piece
+
+
+def test_limit_tokenises_only_the_pieces_needed(tokenizers_made, small_pieces, monkeypatch) -> None:
+    path = tokenizers_made["bytelevel"]
+    tok = load_tokenizer(path)
+    text = long_text(100_000, seed=5)
+    lengths = _spy_encode(tok, monkeypatch)
+    ids = tok.encode_long(text, limit=500)
+    assert ids.tolist() == library_ids(path, text)[:500]
+    assert sum(lengths) < 20_000, sum(lengths)
+
+
+def test_bytes_tokenizer_long_text() -> None:
+    text = long_text(50_000) + "€"
+    tok = load_tokenizer("bytes")
+    assert tok.encode_long(text).tolist() == list(text.encode("utf-8"))
+    assert tok.encode_long(text, limit=7).tolist() == list(text.encode("utf-8"))[:7]
+
+
+def test_conversion_of_a_long_document(tokenizers_made, tmp_path: Path) -> None:
+    """End to end at the real sizes: a document over LONG_TEXT characters beside short ones, in the
+    worker processes; with ``max_tokens`` too."""
+    path = tokenizers_made["bytelevel"]
+    docs = {"a.txt": "short one", "b.txt": long_text(LONG_TEXT + 50_000, seed=9), "c.txt": "another short"}
+    (tmp_path / "corpus").mkdir()
+    src = write_texts(tmp_path / "corpus", docs)
+    from tokenizers import Tokenizer
+
+    eos = Tokenizer.from_file(str(path)).token_to_id("<|endoftext|>")
+    want = [library_ids(path, text) for text in docs.values()]
+    dst = tmp_path / "long.blob"
+    packer.convert(src, dst, text=TextOptions(tokenizer=str(path)), workers=2)
+    check_tokens(dst, [ids + [eos] for ids in want], expect_tokenizer=path)
+    cut = tmp_path / "cut.lmdb"
+    packer.convert(src, cut, text=TextOptions(tokenizer=str(path), max_tokens=1000), workers=2)
+    check_tokens(cut, [ids[:1000] + [eos] for ids in want], expect_tokenizer=path)
