@@ -89,13 +89,17 @@ def train(
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])  # any batch size or number of ranks may continue it
-        step, first_epoch = saved["step"], saved["loader"]["epoch"]
+        step, first_epoch, loss_value = saved["step"], saved["loader"]["epoch"], saved.get("loss", loss_value)
         print(f"resumed from {checkpoint}: step {step}, epoch {first_epoch}, {saved['loader']['samples_consumed']} samples of it consumed")
-    if epochs is None:
-        epochs = 1 if steps is None else first_epoch + 1 + -(-(steps - step) // max(len(loader), 1))  # the rest of one, then whole ones
-    for epoch in range(first_epoch, epochs):
+    if steps is not None and step >= steps:
+        print(f"already at step {step} (--steps {steps}): nothing to train")
+        return loss_value
+    last = epochs if epochs is not None else (None if steps is not None else 1)  # None: until --steps
+    epoch = first_epoch
+    while last is None or epoch < last:
         loader.set_epoch(epoch)  # the same epoch keeps a loaded position: the rest of it
         model.train()
+        batches = 0
         for images, labels in loader:  # uint8 (N, C, H, W) and int64 (N,), already on `device`
             x = normalize(augment(images))
             autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
@@ -105,21 +109,22 @@ def train(
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-            step += 1
-            seen += len(images)
+            step, batches, seen = step + 1, batches + 1, seen + len(images)
+            loss_value = loss.item()
             if checkpoint is not None:  # the loader's state next to the model's, written atomically
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "loader": loader.state_dict()}
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "loss": loss_value,
+                         "loader": loader.state_dict()}
                 torch.save(state, f"{checkpoint}.tmp")
                 os.replace(f"{checkpoint}.tmp", checkpoint)
             if step % 10 == 0 or step == 1:
-                loss_value = loss.item()
                 print(f"epoch {epoch} step {step}: loss {loss_value:.3f}, {seen / (time.perf_counter() - start):,.0f} img/s")
             if steps is not None and step >= steps:
-                loss_value = loss.item()
                 print(f"stopped after {step} steps: loss {loss_value:.3f}")
                 return loss_value
+        if not batches and epoch > first_epoch:  # a whole epoch without one batch: --steps would never be reached
+            raise SystemExit(f"{data}: an epoch gives no batch of {batch_size} (drop_last): pass a smaller --batch-size")
         print(f"end of epoch {epoch} at step {step}")
-    loss_value = loss.item() if step else loss_value
+        epoch += 1
     print(f"done: {step} steps, last loss {loss_value:.3f}")
     return loss_value
 

@@ -39,6 +39,9 @@ def test_train_classifier_checkpoints_and_resumes_its_loader(tmp_path):
     assert "resumed from ckpt.pt: step 3, epoch 0, 48 samples of it consumed" in second
     assert "end of epoch 0 at step 6" in second  # the rest, 24 samples, is 3 steps of 8 (not 9)
     assert "stopped after 7 steps" in second
+    third = run("--steps", "7")  # already there: it trained one step more, or failed on an unset loss
+    assert "already at step 7 (--steps 7): nothing to train" in third and "stopped after" not in third
+    assert "stopped after 8 steps" in run("--steps", "8")  # one step on, not two
 
 
 def test_mnist_from_python_packs_a_dataset_and_trains_five_epochs(tmp_path):
