@@ -88,9 +88,11 @@ class Loader:
     a path is refused: open it with ``readers.open_dataset(path)``); a plain torch Dataset
     works too, slowly, through ``__getitems__``/``__getitem__``.
 
-    * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle`` (call
-      :meth:`set_epoch` before each epoch, like ``DistributedSampler``: same seed and epoch,
-      same order), else index order.
+    * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle`` (same seed and epoch,
+      same order), else index order. An iteration that runs out moves the loader on to the
+      next epoch (as a ``DataLoader`` reshuffles every pass); one abandoned (``break``) does
+      not; :meth:`set_epoch` chooses the epoch, before an iteration or during one (then the
+      next iteration follows it), like ``DistributedSampler``'s.
     * Distributed: ``rank`` and ``world_size`` (default: from ``torch.distributed`` when it is
       initialised, else one process, with a warning when the environment says ``WORLD_SIZE >
       1``: create the Loader after ``init_process_group``, or pass both) give each rank every
@@ -213,7 +215,8 @@ class Loader:
         return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration follows (shuffled per ``seed`` and epoch).
+        """Choose the epoch whose order the next iteration follows (shuffled per ``seed`` and epoch;
+        without it, each iteration that runs out moves on to the next epoch).
 
         A resume position loaded for another epoch is dropped: the next iteration is whole."""
         self._cursor.set_epoch(epoch)
@@ -222,9 +225,10 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the job is in the epoch: ``{epoch, samples_consumed, seed, shuffle, dataset}``
         (``samples_consumed``: positions of the epoch's global order read by all ranks together;
-        ``dataset``: the fingerprint :meth:`load_state_dict` checks). Plain values: JSON-safe."""
+        ``dataset``: the fingerprint :meth:`load_state_dict` checks; after an iteration that ran
+        out: the next epoch, nothing of it consumed). Plain values: JSON-safe."""
         epoch, consumed = self._progress.epoch, self.plan.position(self._progress.start, self._progress.batches)
-        if epoch != self.epoch:  # set_epoch was called after the last iteration: nothing of it consumed yet
+        if epoch != self.epoch:  # moved on (set_epoch, or the last iteration ran out): nothing of it consumed yet
             epoch, consumed = self.epoch, self._cursor.position or 0
         return position_state(self.plan, epoch, consumed, self._fingerprint)
 
@@ -262,7 +266,7 @@ class Loader:
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
-        self._progress = progress = _Pass(self.epoch, start)
+        self._progress = progress = _Pass(self.epoch, start, self._cursor)
         batches = self.batch_indices(start=start)
         if self._gather is not None:
             return _UntilEnded(self._gather.iterate(batches, progress), progress)
@@ -343,7 +347,7 @@ class _ProfiledIterator(FillingIterator):
             try:
                 return super().__next__()
             except StopIteration:
-                self._pass.ended = True
+                self._pass.end()
                 raise
 
 
@@ -351,11 +355,18 @@ class _Pass(Progress):
     """The latest iteration: its epoch, the position it started from, the batches it handed
     out, and whether it has ended (its iterator ran out; not on a ``break``): what ``len`` reports."""
 
-    __slots__ = ("start", "ended")
+    __slots__ = ("start", "ended", "_cursor")
 
-    def __init__(self, epoch: int, start: int) -> None:
+    def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None) -> None:
         super().__init__(epoch, 0)
-        self.start, self.ended = start, False
+        self.start, self.ended, self._cursor = start, False, cursor
+
+    def end(self) -> None:
+        """The iteration ran out: the next one follows the next epoch, unless the loader was
+        moved to another epoch, or given a position, since this one began."""
+        if not self.ended and self._cursor is not None and self._cursor.epoch == self.epoch and self._cursor.position is None:
+            self._cursor.epoch = self.epoch + 1
+        self.ended = True
 
 
 class _UntilEnded:
@@ -372,7 +383,7 @@ class _UntilEnded:
         try:
             return next(self._batches)
         except StopIteration:
-            self._pass.ended = True
+            self._pass.end()
             raise
 
     def __len__(self) -> int:

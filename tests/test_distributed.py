@@ -36,8 +36,8 @@ def test_loader_nodes_x_gpus_cover_the_epoch_once(ds, drop_last):
             for gpu in range(GPUS):
                 loader = Loader(ds, 2, seed=7, rank=node * GPUS + gpu, world_size=NODES * GPUS, drop_last=drop_last, threads=1)
                 loader.set_epoch(epoch)
-                assert len(loader) == len(list(loader))
                 union += indices(loader)
+                assert len(loader) == len(list(loader))
         if drop_last:  # 18 = 4 x 4 + 2 dropped
             assert len(union) == len(set(union)) == 16
         else:  # padded to 20: every sample, 2 repeated
@@ -71,17 +71,16 @@ def test_resume_mid_epoch_yields_exactly_the_rest(ds, k):
     resumed.load_state_dict(state)
     tail = pixels(resumed)
     assert head + tail == whole
-    assert resumed.state_dict()["samples_consumed"] == 18
-    # across set_epoch: the next epoch is whole and identical to an uninterrupted run's
-    resumed.set_epoch(3)
-    ref.set_epoch(3)
+    assert resumed.state_dict()["epoch"] == 3 and resumed.state_dict()["samples_consumed"] == 0  # moved on, whole
+    # the next epoch is whole and identical to an uninterrupted run's
+    assert resumed.epoch == ref.epoch == 3
     assert pixels(resumed) == pixels(ref)
 
 
 def test_state_after_set_epoch_and_mismatches(ds):
     loader = Loader(ds, 4, seed=1)
-    list(loader)
-    assert loader.state_dict()["samples_consumed"] == 18
+    list(loader)  # a whole pass: the next one follows epoch 1, from its start
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["samples_consumed"] == 0
     loader.set_epoch(1)
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["samples_consumed"] == 0
     Loader(ds, 4, seed=1, rank=0, world_size=2).load_state_dict(loader.state_dict())  # any world size

@@ -45,6 +45,31 @@ def seen(loader: Loader, epoch: int | None = None) -> list[int]:
 
 
 # -- contents and order ----------------------------------------------------------------------
+def test_each_whole_pass_follows_the_next_epoch(ds):
+    """As a DataLoader with ``shuffle=True`` reshuffles every pass (and FFCV's, Streaming's and
+    LitData's loaders): a pass that runs out moves the loader on to the next epoch; one cut short
+    does not; ``set_epoch`` still chooses, before a pass or during one."""
+    index = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    assert len(index) == len(ds)
+    loader = Loader(ds, 4, seed=3, threads=2)
+
+    def order() -> list[int]:
+        return [index[image.numpy().tobytes()] for images, _labels in loader for image in images]
+
+    first, second = order(), order()
+    assert first == seen(loader, 0) and second == seen(loader, 1) and first != second and loader.epoch == 2
+    for _batch in loader:
+        break
+    assert loader.epoch == 2 and order() == seen(loader, 2)
+    loader.set_epoch(0)  # an epoch again: its order again
+    assert order() == first and loader.epoch == 1
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(5)  # during a pass: the pass is epoch 1's, the next one epoch 5's
+    list(it)
+    assert loader.epoch == 5
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_sample_once_with_its_pixels(packed_32, fmt):
     ds = packed_dataset(packed_32, fmt)
@@ -92,6 +117,7 @@ def test_two_ranks_split_the_epoch(ds, drop_last):
     # 18 samples: 2 ranks x 3 batches of 3 cover it exactly; 4 ranks must pad or drop 2 samples
     ranks = [Loader(ds, 3, seed=3, rank=r, world_size=2, drop_last=drop_last) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == sum(1 for _ in ranks[0])
+    ranks[0].set_epoch(0)  # (that whole pass moved it on to epoch 1)
     parts = [seen(r) for r in ranks]
     assert not set(parts[0]) & set(parts[1])
     assert sorted(parts[0] + parts[1]) == list(range(18))
