@@ -102,7 +102,9 @@ class Normalize(nn.Module):
         _check_images(images, "Normalize")
         channels = images.shape[-3]
         if self.channels not in (1, channels):
-            raise ValueError(f"Normalize has {self.channels} channel values but the images have {channels} channels")
+            raise ValueError(f"Normalize has {self.channels} channel values but the images have {channels} channel{'s' if channels != 1 else ''}: "
+                             f"pass {channels} mean and {channels} std value{'s' if channels != 1 else ''} (one per channel), "
+                             "or one of each for every channel: Normalize(mean=[m], std=[s])")
         out = torch.addcmul(self.shift, images.to(self.scale.dtype), self.scale)
         if self.channels_last and out.dim() == 4:
             return out.to(dtype=self.dtype, memory_format=torch.channels_last)

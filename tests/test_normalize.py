@@ -136,3 +136,13 @@ def test_compiles_with_inductor(batch):
     out = compiled(batch)
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert (out.double() - reference(batch, IMAGENET_MEAN, IMAGENET_STD)).abs().max().item() < 1e-6
+
+
+def test_grayscale_images_with_imagenet_defaults_say_what_to_pass():
+    """``--grayscale`` data through the default (3-channel ImageNet) values: one line saying what
+    to pass; one value of each then applies to the one channel."""
+    gray = torch.randint(0, 256, (2, 1, 4, 4), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"3 channel values but the images have 1 channel: pass 1 mean and 1 std value .*Normalize\(mean=\[m\], std=\[s\]\)"):
+        Normalize()(gray)
+    out = Normalize(mean=[0.5], std=[0.25])(gray)
+    assert torch.allclose(out.double(), (gray.double() / 255 - 0.5) / 0.25, atol=1e-5)
