@@ -23,8 +23,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .dataset import PackedDataset
-from .epoch import (EpochCursor, ResumeError, ShardPlan, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint,
-                    rank_shares, resolve_rank, whole_number)
+from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, resolve_rank,
+                    whole_number)
+from .shard_plan import ShardPlan, rank_shares
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, ShardStore, iter_tar
 from .schema import PackedFormatError
 from .shard_stream import decode_member, resolve_shards, shard_name, shuffled
@@ -59,7 +60,7 @@ class StreamingShards(IterableDataset):
     ids as a 1-D uint16/uint32 tensor (lengths differ: ``DataLoader(batch_size=None)`` or a
     collate function that pads).
 
-    Every epoch each process computes the same shard order (:class:`~readers.epoch.ShardPlan`:
+    Every epoch each process computes the same shard order (:class:`~readers.shard_plan.ShardPlan`:
     shuffled with ``seed`` and the epoch when ``shuffle``), takes every ``world_size``-th shard
     from ``rank``, then every ``num_workers``-th of those from its DataLoader worker id: each
     sample is read once per epoch over all ranks and workers (plus the padding below). With
@@ -76,7 +77,7 @@ class StreamingShards(IterableDataset):
 
     Equal steps on every rank (so that DDP never waits on a rank with a batch fewer): ranks read
     whole shards, so their sample counts differ; from the metadata's per-shard counts every rank
-    computes every rank's and worker's share (:func:`~readers.epoch.rank_shares`). Pass the
+    computes every rank's and worker's share (:func:`~readers.shard_plan.rank_shares`). Pass the
     DataLoader's ``batch_size`` and ``num_workers`` (``batch_size=None``: batches of one sample, any
     ``num_workers``). By default each worker's samples are padded to whole batches by repeating its
     own samples from its first shard on, then ranks with fewer batches get whole batches of such

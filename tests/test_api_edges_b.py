@@ -32,7 +32,8 @@ import packer
 from loopback import LOOPBACK, free_port
 from packer import StorageOptions
 from readers import Loader, ResumableSampler, ResumeError, StreamingShards
-from readers.epoch import EpochPlan, ShardPlan, rank_shares
+from readers.epoch import EpochPlan
+from readers.shard_plan import ShardPlan, rank_shares
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,9 +171,11 @@ def test_a_dataset_without_samples_is_refused():
 def test_a_resume_that_leaves_nothing_of_its_epoch_is_not_refused():
     """Only settings whose whole epoch is empty are refused: the end of a resumed epoch is not."""
     done = Loader(tensors(10), 4, seed=1)
-    list(done)
+    for _batch in done:
+        state = done.state_dict()  # saved in the loop at the last batch: samples_consumed=10 of epoch 0
+    assert state["epoch"] == 0 and state["samples_consumed"] == 10
     loader = Loader(tensors(10), 4, seed=1)
-    loader.load_state_dict(done.state_dict())  # samples_consumed=10: the epoch is complete
+    loader.load_state_dict(state)  # the epoch is complete
     assert len(loader) == 0 and list(loader) == []
     loader.set_epoch(1)
     assert len(loader) == 3 and len(list(loader)) == 3

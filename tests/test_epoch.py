@@ -10,12 +10,12 @@ from __future__ import annotations
 import collections
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from readers import Loader
-from readers.epoch import EpochCursor, EpochPlan, ResumeError, ShardPlan, check_settings, position_state, read_position_state, resolve_rank
+from readers.epoch import EpochCursor, EpochPlan, ResumeError, check_settings, position_state, read_position_state, resolve_rank
+from readers.shard_plan import ShardPlan
 
 
 def rank_indices(plan: EpochPlan, epoch: int = 0) -> list[int]:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 import readers.webdataset as webdataset_module
 from packer import ImageOptions, StorageOptions, convert
 from readers import ShardDataset, StreamingShards
-from readers.epoch import equal_batches
+from readers.shard_plan import equal_batches
 
 SIZES = (2, 5, 7)
 
@@ -223,7 +223,7 @@ def small_shards_without_meta(folders, tmp_path) -> list[str]:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_the_split_of_every_rank_is_what_each_rank_reads(shuffle):
     """``ShardPlan.split`` (every rank's shares at once, one shuffle) agrees with each rank's ``shards``."""
-    from readers.epoch import ShardPlan
+    from readers.shard_plan import ShardPlan
 
     items = [f"shard-{i}" for i in range(11)]
     for world_size, num_workers, epoch in [(1, 1, 0), (2, 3, 1), (3, 2, 2), (4, 1, 5)]:

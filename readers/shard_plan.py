@@ -1,0 +1,138 @@
+"""The streaming plan of :class:`~readers.webdataset.StreamingShards`: which shards each rank and
+DataLoader worker reads in each epoch, and how many samples each yields.
+
+* :class:`ShardPlan`: the shard order drawn from ``(seed, epoch)``, every ``world_size``-th
+  shard from ``rank``, then every ``num_workers``-th of those per DataLoader worker, and the
+  seed of each worker's sample shuffle buffer.
+* :func:`equal_batches`: how many samples each DataLoader worker of each rank yields so that
+  every rank yields the same number of batches (padded or truncated); :func:`rank_shares`
+  refuses an epoch with no batch on a rank.
+
+The map-style plan and the checks both use are :mod:`readers.epoch`. Every plan is a pure
+function of its settings and the epoch: the same on every process.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence, TypeVar
+
+from .epoch import check_batch_size, mix_seed, resolve_rank, whole_number
+
+__all__ = ["ShardPlan", "equal_batches", "rank_shares"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which shards rank ``rank`` of ``world_size`` and each of its DataLoader workers read in an epoch.
+
+    The shard order is drawn from ``(seed, epoch)`` when ``shuffle``; rank ``r`` takes every
+    ``world_size``-th shard from ``r``, worker ``w`` every ``num_workers``-th of those from
+    ``w``: each shard is read exactly once per epoch over all ranks and workers."""
+
+    shuffle: bool = False
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", whole_number(self.seed, "seed"))  # a plain int: states are JSON
+        resolve_rank(self.rank, self.world_size)
+
+    def shards(self, items: Sequence[T], epoch: int, worker: int = 0, num_workers: int = 1) -> list[T]:
+        """The part of ``items`` (shards, in their stored order) that ``worker`` reads in ``epoch``."""
+        return self._order(items, epoch)[self.rank :: self.world_size][worker::num_workers]
+
+    def split(self, items: Sequence[T], epoch: int, num_workers: int = 1) -> list[list[list[T]]]:
+        """Every rank's parts of ``items`` in ``epoch``, per worker: ``split(...)[r][w]`` is what
+        :meth:`shards` gives worker ``w`` of rank ``r`` (one shuffle for all)."""
+        order = self._order(items, epoch)
+        return [[order[r :: self.world_size][w::num_workers] for w in range(num_workers)] for r in range(self.world_size)]
+
+    def _order(self, items: Sequence[T], epoch: int) -> list[T]:
+        order = list(items)
+        if self.shuffle:
+            random.Random(mix_seed(self.seed, epoch)).shuffle(order)
+        return order
+
+    def sample_rng(self, epoch: int, worker: int) -> random.Random:
+        """The generator of ``worker``'s sample shuffle buffer in ``epoch`` (seeded by seed, epoch, rank, worker)."""
+        return random.Random(mix_seed(self.seed, epoch, self.rank, worker))
+
+
+def equal_batches(counts: Sequence[Sequence[int]], batch_size: int, drop_last: bool = False) -> list[list[int]]:
+    """How many samples worker ``w`` of rank ``r`` yields, ``out[r][w]``, so that every rank yields
+    the same number of whole batches of ``batch_size``, given ``counts[r][w]``: the samples of the
+    shards that worker reads. Every ``out[r][w]`` is a multiple of ``batch_size``.
+
+    * Pad (``drop_last=False``): each worker's samples are padded up to whole batches, then a
+      rank with fewer batches than the longest gets whole batches more, spread over its workers
+      that have samples (evenly, the lowest worker ids first for the remainder). What pads is a
+      repeat of the worker's own samples (the caller's part); only padding is read twice.
+    * Drop (``drop_last=True``): each rank keeps the first ``N`` whole batches of the DataLoader's
+      round robin over its workers (an exhausted worker skipped), ``N`` the shortest rank's
+      number of whole batches: each worker's tail past that is not read, nothing is read twice.
+
+    The result depends only on ``counts``: every process computes every rank's share alike.
+    Raises ``ValueError`` when padding is needed on a rank without samples."""
+    check_batch_size(batch_size)
+    if drop_last:
+        whole = [[int(c) // batch_size for c in rank] for rank in counts]
+        steps = min((sum(rank) for rank in whole), default=0)
+        return [[batch_size * n for n in _round_robin_first(rank, steps)] for rank in whole]
+    batches = [[-(-int(c) // batch_size) for c in rank] for rank in counts]
+    steps = max((sum(rank) for rank in batches), default=0)
+    out = []
+    for r, (rank, natural) in enumerate(zip(counts, batches)):
+        extra, owners = steps - sum(natural), [w for w, c in enumerate(rank) if c > 0]
+        if extra and not owners:
+            raise ValueError(
+                f"rank {r} of {len(counts)} reads no samples (fewer shards than ranks, or empty ones), so it cannot repeat any "
+                f"up to the other ranks' {steps} batches: give every rank a shard (fewer ranks or more shards); drop_last=True "
+                "would not help, every rank would stop at this rank's 0 batches"
+            )
+        share, rest = divmod(extra, max(1, len(owners)))
+        more = {w: share + (i < rest) for i, w in enumerate(owners)}
+        out.append([batch_size * (n + more.get(w, 0)) for w, n in enumerate(natural)])
+    return out
+
+
+def rank_shares(counts: Sequence[Sequence[int]], batch_size: int, drop_last: bool = False) -> list[list[int]]:
+    """:func:`equal_batches`, refusing shares that give every rank no batch (no samples, or
+    ``drop_last`` at a rank without a whole batch): a ``ValueError`` says why and what would work."""
+    shares = equal_batches(counts, batch_size, drop_last)
+    if any(sum(rank) for rank in shares):
+        return shares
+    if not any(sum(rank) for rank in counts):
+        raise ValueError("StreamingShards: the shards hold no samples (their metadata counts 0), so every epoch would yield no batch")
+    r = min(range(len(counts)), key=lambda k: sum(int(c) // batch_size for c in counts[k]))
+    if not sum(counts[r]):
+        raise ValueError(
+            f"StreamingShards: rank {r} of {len(counts)} reads no samples (fewer shards than ranks, or empty ones), so with "
+            "drop_last=True every rank would stop at its 0 batches: give every rank a shard (fewer ranks or more shards)"
+        )
+    raise ValueError(
+        f"StreamingShards: drop_last=True stops every rank at the shortest rank's whole batches, and rank {r} of {len(counts)} "
+        f"has none: its DataLoader workers read {[int(c) for c in counts[r]]} samples this epoch, each fewer than "
+        f"batch_size={batch_size}, so every rank would get no batch; use a smaller batch_size or fewer DataLoader workers, "
+        "or drop_last=False (shorter ranks are then padded)"
+    )
+
+
+def _round_robin_first(batches: Sequence[int], steps: int) -> list[int]:
+    """How many of the first ``steps`` batches of an in-order round robin over workers holding
+    ``batches[w]`` batches (an exhausted worker skipped) come from each worker."""
+    low, high = 0, max(batches, default=0)  # the largest full round `level` with sum(min(b, level)) <= steps
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if sum(min(b, mid) for b in batches) <= steps else (low, mid - 1)
+    taken = [min(b, low) for b in batches]
+    left = steps - sum(taken)
+    for w, b in enumerate(batches):
+        if left and b > low:
+            taken[w] += 1
+            left -= 1
+    return taken
