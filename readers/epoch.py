@@ -27,6 +27,7 @@ Every plan is a pure function of its settings and the epoch: the same on every p
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import os
 import warnings
@@ -45,6 +46,7 @@ __all__ = [
     "check_settings",
     "check_fingerprint",
     "dataset_fingerprint",
+    "subset_of",
     "position_state",
     "read_position_state",
     "check_batch_size",
@@ -142,11 +144,36 @@ def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
     return fingerprint
 
 
+def subset_of(indices: Any, length: int, owner: str) -> tuple[np.ndarray, str]:
+    """``indices`` (dataset indices in any order, repeats allowed: a split, an oversampling) checked
+    against a dataset of ``length`` samples, as int64, and their digest, the fingerprint's
+    ``subset`` (a state saved over other indices is refused); ``ValueError`` in one line otherwise."""
+    array = np.asarray(indices)
+    if array.dtype == np.bool_:
+        raise ValueError(f"{owner}: indices is a boolean mask: pass the indices it selects, numpy.flatnonzero(mask)")
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"{owner}: indices must be a 1-D sequence of integer dataset indices, got {array.dtype} of shape {array.shape}")
+    if not array.size:
+        raise ValueError(f"{owner}: indices is empty, so every epoch would yield no batch")
+    bad = np.flatnonzero((array < 0) | (array >= length))
+    if bad.size:
+        raise ValueError(f"{owner}: indices[{bad[0]}] = {array[bad[0]]} is outside the dataset's 0..{length - 1}"
+                         + (f" ({bad.size} such indices)" if bad.size > 1 else ""))
+    array = array.astype(np.int64)
+    return array, hashlib.sha256(array.astype("<i8").tobytes()).hexdigest()[:16]
+
+
 def check_fingerprint(saved: Any, mine: Mapping[str, Any], owner: str) -> None:
     """Refuse a state saved over another dataset: a :class:`ResumeError` names the first field of
-    the fingerprint that differs (fields only one side has are not compared)."""
+    the fingerprint that differs (fields only one side has are not compared, but ``subset``: a
+    state of a subset and one of the whole dataset never continue each other)."""
     if not isinstance(saved, Mapping):
         raise ResumeError(f"load_state_dict: the state's dataset fingerprint is {saved!r}, expected a mapping")
+    if saved.get("subset") != mine.get("subset"):
+        def what(fingerprint: Mapping[str, Any]) -> str:
+            return f"the indices {fingerprint['subset']}" if "subset" in fingerprint else "the whole dataset"
+
+        raise ResumeError(f"load_state_dict: the state is of other samples: it was saved over {what(saved)}, this {owner} reads {what(mine)}")
     for key, value in mine.items():
         if key in saved and saved[key] != value:
             raise ResumeError(

@@ -46,7 +46,7 @@ from torch.profiler import record_function
 
 from .cuda import CudaTransfer, resolve_device
 from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
-from .epoch import EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, read_position_state, resolve_rank
+from .epoch import EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, read_position_state, resolve_rank, subset_of
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator, Progress
 
 __all__ = ["Loader", "BUFFER_MODES", "GATHER_MODES", "default_threads"]
@@ -102,6 +102,10 @@ class Loader:
       that does not divide evenly is dropped, and so is a shorter last batch. Settings whose
       epoch has no batch (no samples, or ``drop_last`` dropping them all) are refused.
     * ``seed`` and :meth:`set_epoch`'s epoch are integers >= 0 (others raise naming them).
+    * ``indices`` (as FFCV's): read only these dataset indices (any order, repeats allowed; a
+      split of one file): every epoch's plan (order, ranks, resume) is over them, batches come
+      through the same fast path (a ``Subset`` goes sample by sample), and a saved state is tied
+      to them (a state of other indices, or of the whole dataset, is refused).
     * Background: ``threads`` threads (default :func:`default_threads`) fill whole batches at
       most ``prefetch`` batches ahead (default: ``2 * threads``) into reused buffers; the
       ``buffers`` contract (``"checked"``, ``"recycle"``, ``"fresh"``) is in the module docstring.
@@ -153,6 +157,7 @@ class Loader:
         buffers: BufferMode = "checked",
         gather: GatherMode = "auto",
         decode: DecodeMode = "cpu",
+        indices: Any = None,
     ) -> None:
         check_batch_size(batch_size)
         _check_dataset(dataset)
@@ -180,9 +185,11 @@ class Loader:
         self.prefetch = 2 * self.threads if prefetch is None else int(prefetch)
         if self.prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-        self.plan = EpochPlan(self.source.length, batch_size, shuffle, seed, drop_last, rank, world_size)
+        self.indices, subset = subset_of(indices, self.source.length, "Loader") if indices is not None else (None, "")
+        length = self.source.length if self.indices is None else len(self.indices)
+        self.plan = EpochPlan(length, batch_size, shuffle, seed, drop_last, rank, world_size)
         self.plan.refuse_empty("Loader")
-        self._fingerprint = dataset_fingerprint(dataset, self.source.length)
+        self._fingerprint = dataset_fingerprint(dataset, length) | ({"subset": subset} if subset else {})
         self.device = resolve_device(device)
         self.buffers = buffers
         # the epoch of the next iteration, and the position it starts from (a resume; None: whole)
@@ -211,7 +218,9 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch whose order the next iteration follows."""
+        """The epoch whose order the next iteration follows (after a pass stopped at its last
+        batch without its iterator running out, as ``zip(range(len(loader)), loader)`` does, the
+        next iteration first moves on from this one)."""
         return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -220,6 +229,7 @@ class Loader:
 
         A resume position loaded for another epoch is dropped: the next iteration is whole."""
         self._cursor.set_epoch(epoch)
+        self._progress.moved_on = True  # chosen: the last pass does not move it on
 
     # -- resuming ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -261,13 +271,15 @@ class Loader:
     def batch_indices(self, epoch: int | None = None, start: int = 0) -> list[np.ndarray]:
         """The dataset indices of each batch this rank yields in ``epoch`` (default: the current
         one) from position ``start`` (default: the whole epoch)."""
-        return self.plan.batches(self.epoch if epoch is None else epoch, start)
+        batches = self.plan.batches(self.epoch if epoch is None else epoch, start)
+        return batches if self.indices is None else [self.indices[batch] for batch in batches]
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._progress.move_on()  # the last pass handed out every batch, its iterator not run out (_Pass)
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
-        self._progress = progress = _Pass(self.epoch, start, self._cursor)
         batches = self.batch_indices(start=start)
+        self._progress = progress = _Pass(self.epoch, start, self._cursor, len(batches))
         if self._gather is not None:
             return _UntilEnded(self._gather.iterate(batches, progress), progress)
         if self._decode is not None:
@@ -313,7 +325,7 @@ class Loader:
             f"Loader({type(self.dataset).__name__}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"seed={self.seed}, drop_last={self.drop_last}, device={self.device}, rank={self.rank}, "
             f"world_size={self.world_size}, prefetch={self.prefetch}, threads={self.threads}, buffers={self.buffers!r}, "
-            f"gather={self.gather!r})"
+            f"gather={self.gather!r}{'' if self.indices is None else f', indices=<{len(self.indices)}>'})"
         )
 
 
@@ -353,20 +365,32 @@ class _ProfiledIterator(FillingIterator):
 
 class _Pass(Progress):
     """The latest iteration: its epoch, the position it started from, the batches it handed
-    out, and whether it has ended (its iterator ran out; not on a ``break``): what ``len`` reports."""
+    out, and whether it has ended (its iterator ran out; not on a ``break``): what ``len`` reports.
+    Once it has handed out all ``total`` batches, :meth:`move_on` moves the loader on to the
+    next epoch: when its iterator runs out, else when the next iteration begins (a loop that
+    stops at the count, ``zip(range(len(loader)), loader)``)."""
 
-    __slots__ = ("start", "ended", "_cursor")
+    __slots__ = ("start", "ended", "total", "moved_on", "_cursor")
 
-    def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None) -> None:
+    def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None, total: int = -1) -> None:
         super().__init__(epoch, 0)
-        self.start, self.ended, self._cursor = start, False, cursor
+        self.start, self.ended, self.total, self.moved_on, self._cursor = start, False, total, False, cursor
+
+    def move_on(self) -> None:
+        """The next iteration follows the next epoch, once, if this pass handed out every batch
+        (not one closed early, failed or abandoned), unless the loader was moved to another
+        epoch (or this one again: ``set_epoch`` sets :attr:`moved_on`) or given a position since."""
+        cursor = self._cursor
+        if self.moved_on or cursor is None or self.batches != self.total:
+            return
+        self.moved_on = True
+        if cursor.epoch == self.epoch and cursor.position is None:
+            cursor.epoch = self.epoch + 1
 
     def end(self) -> None:
-        """The iteration ran out: the next one follows the next epoch, unless the loader was
-        moved to another epoch, or given a position, since this one began."""
-        if not self.ended and self._cursor is not None and self._cursor.epoch == self.epoch and self._cursor.position is None:
-            self._cursor.epoch = self.epoch + 1
+        """Its iterator ran out."""
         self.ended = True
+        self.move_on()
 
 
 class _UntilEnded:

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from readers import CUDAPrefetcher, LMDBDataset, Loader
+from readers.epoch import ResumeError
 from readers.open import open_dataset
 from readers.schema import FORMATS, PackedFormatError
 
@@ -42,6 +43,37 @@ def ds(lmdb_32):
 
 def seen(loader: Loader, epoch: int | None = None) -> list[int]:
     return [int(i) for batch in loader.batch_indices(epoch) for i in batch]
+
+
+def test_a_pass_closed_or_failed_early_does_not_move_on_and_one_stopped_at_its_count_does(ds):
+    """Only a pass that handed out every batch moves on: ``close()`` mid-pass (a graceful stop,
+    then a checkpoint) and a failed batch keep the epoch and the position (a resume must read the
+    rest); a loop that stops at ``len(loader)`` without asking past it moves on at the next pass."""
+    loader = Loader(ds, 4, seed=1, threads=2)
+    for step, _batch in enumerate(loader):
+        if step == 1:
+            loader.close()
+    assert step == 1 and loader.epoch == 0 and loader.state_dict()["samples_consumed"] == 8
+
+    class Failing(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 20
+
+        def __getitem__(self, i: int):
+            if i == 9:
+                raise OSError("disk gone")
+            return torch.zeros(1, 1, 1, dtype=torch.uint8), i
+
+    failing = Loader(Failing(), 4, shuffle=False, threads=1)
+    it = iter(failing)
+    next(it), next(it)
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    assert list(it) == [] and failing.epoch == 0 and failing.state_dict()["samples_consumed"] == 8
+
+    counted = Loader(ds, 4, seed=1, threads=2)
+    orders = [[int(i) for _, (_images, labels) in zip(range(len(counted)), counted) for i in labels] for _ in range(3)]
+    assert orders[0] != orders[1] != orders[2] and counted.epoch == 2  # (the third moves on at the next pass)
 
 
 # -- contents and order ----------------------------------------------------------------------
@@ -361,3 +393,55 @@ def test_device_gather_of_a_verified_blob_names_verify(packed_32):
         host_arrays(RAMDataset(packed_32("blob"), verify=True), in_memory_only=False)
     images, labels = host_arrays(RAMDataset(packed_32("blob"), verify=False), in_memory_only=False)
     assert images.shape == (18, 3, 32, 32) and labels.shape == (18,)
+
+
+# -- indices (a subset of one file) --------------------------------------------------------------
+def test_indices_read_exactly_that_subset_every_way(ds):
+    """``indices=`` (FFCV's): each epoch is a permutation of the subset (repeats kept), split
+    between ranks, through the batch path; pixels and labels are the dataset's own."""
+    subset = [17, 3, 3, 8, 0, 11, 5]
+    loader = Loader(ds, 3, seed=2, indices=subset, threads=2)
+    assert len(loader) == 3 and "indices=<7>" in repr(loader)
+    got = []
+    for images, labels in loader:
+        for image, label in zip(images, labels):
+            got.append(next(i for i in set(subset) if torch.equal(ds[i][0], image) and ds[i][1] == int(label)))
+    assert sorted(got) == sorted(subset) and got != subset  # shuffled, 3 twice
+    assert sorted(seen(loader, 1)) == sorted(subset) and seen(loader, 1) != seen(loader, 0)
+    unshuffled = Loader(ds, 3, shuffle=False, indices=np.array(subset))
+    assert seen(unshuffled) == subset
+    ranks = [Loader(ds, 2, seed=2, indices=subset, rank=r, world_size=2, drop_last=True) for r in range(2)]
+    parts = [seen(r) for r in ranks]
+    assert len(parts[0]) == len(parts[1]) == 2 and all(i in subset for part in parts for i in part)
+
+
+def test_indices_resume_only_over_the_same_indices(ds):
+    subset = list(range(0, 18, 2))
+    first = Loader(ds, 2, seed=4, indices=subset)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    first.close()
+    resumed = Loader(ds, 2, seed=4, indices=subset)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 3  # the rest: 5 of 9, in batches of 2
+    other = Loader(ds, 2, seed=4, indices=list(range(1, 18, 2)))  # as many samples, others
+    with pytest.raises(ResumeError, match=r"saved over the indices [0-9a-f]{16}, this loader reads the indices [0-9a-f]{16}"):
+        other.load_state_dict(state)
+    with pytest.raises(ResumeError, match="saved over the indices .*, this loader reads the whole dataset"):
+        Loader(ds, 2, seed=4).load_state_dict(state)
+    with pytest.raises(ResumeError, match="saved over the whole dataset, this loader reads the indices"):
+        Loader(ds, 2, seed=4, indices=subset).load_state_dict(Loader(ds, 2, seed=4).state_dict())
+
+
+@pytest.mark.parametrize("indices, message", [
+    ([0, 18], r"indices\[1\] = 18 is outside the dataset's 0\.\.17$"),
+    ([-1, 2, 99], r"indices\[0\] = -1 is outside the dataset's 0\.\.17 \(2 such indices\)$"),
+    ([], "indices is empty, so every epoch would yield no batch"),
+    ([0.5, 1.0], "indices must be a 1-D sequence of integer dataset indices, got float64"),
+    ([[0, 1]], r"indices must be a 1-D sequence of integer dataset indices, got int64 of shape \(1, 2\)"),
+    ([True] * 18, r"indices is a boolean mask: pass the indices it selects, numpy\.flatnonzero\(mask\)"),
+])
+def test_bad_indices_are_one_line(ds, indices, message):
+    with pytest.raises(ValueError, match="^Loader: " + message):
+        Loader(ds, 4, indices=indices)
