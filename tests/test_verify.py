@@ -184,6 +184,30 @@ def test_a_truncated_dataset_is_a_fault_not_a_crash(packed):
     assert not report.ok and report.faults[0].where == "dataset" and "truncated" in report.faults[0].message
 
 
+def test_a_truncated_lmdb_is_one_line_not_sigbus(packed):
+    """An LMDB copy cut short: its map reaches past the file's end, and reading there killed the
+    process with SIGBUS (in a subprocess here, so that a regression cannot take pytest down)."""
+    import subprocess
+    import sys
+
+    data = packed("lmdb") / "data.mdb"
+    with open(data, "r+b") as handle:
+        handle.truncate(data.stat().st_size // 2)
+    script = (
+        "import sys\n"
+        "from readers import open_dataset\n"
+        "from readers.schema import IncompleteDatasetError\n"
+        "from packer.verify import verify\n"
+        "try:\n    open_dataset(sys.argv[1])\nexcept IncompleteDatasetError as exc:\n    print('refused:', exc)\n"
+        "print('fault:', verify(sys.argv[1]).faults[0].message)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(data.parent)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    refused, fault = result.stdout.splitlines()
+    assert refused.startswith("refused: ") and "truncated: data.mdb has" in refused and "convert it again" in refused
+    assert fault.startswith("fault: ") and "truncated" in fault
+
+
 def _edit_source(image_folder: Path, source: Path) -> tuple[list[Path], Path, Path, Path]:
     """A copy of the source with one input removed, one changed and one added."""
     shutil.copytree(image_folder, source)

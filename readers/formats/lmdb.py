@@ -173,6 +173,22 @@ class _SharedEnv:
 _handles: HandleCache[_SharedEnv] = HandleCache()
 
 
+def _refuse_truncated(env: lmdb.Environment, path: str) -> None:
+    """Close ``env`` and raise :class:`IncompleteDatasetError` when its file is shorter than the
+    pages its meta page says are in use (a copy cut short): reading past the file's end through
+    the map would kill the process with SIGBUS. The meta pages, at the start, are read safely."""
+    try:
+        used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = os.path.getsize(os.path.join(path, DATA_FILE))
+    except (lmdb.Error, OSError) as exc:
+        env.close()
+        raise PackedFormatError(f"{path}: cannot open as LMDB ({exc})") from None
+    if size < used:
+        env.close()
+        raise IncompleteDatasetError(f"{path}: truncated: {DATA_FILE} has {size:,} bytes but its pages in use end at {used:,}; "
+                                     "the copy or conversion did not finish: copy or convert it again")
+
+
 def open_shared_env(path: str) -> _SharedEnv:
     """The read-only environment of ``path`` for this process, opened once.
 
@@ -192,6 +208,7 @@ def open_shared_env(path: str) -> _SharedEnv:
         except lmdb.Error as exc:
             hint = "; py-lmdb opens a path once per process: close the other lmdb environment on it first" if "already open" in str(exc) else ""
             raise PackedFormatError(f"{path}: cannot open as LMDB ({exc}){hint}") from None
+        _refuse_truncated(env, path)
         return _SharedEnv(env)
 
     return _handles.get(key, open_env)
