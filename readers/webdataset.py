@@ -274,8 +274,13 @@ class StreamingShards(IterableDataset):
         return self.plan.shards(self.urls, self.epoch, worker, num_workers)
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch, padding included (the same on every rank)."""
-        return sum(self._shares(self.num_workers)[1])
+        """Samples this rank yields per epoch, padding included (the same on every rank); after
+        :meth:`load_state_dict`, the rest of that epoch, which every iteration of it yields (the
+        DataLoader's workers cannot clear the position: :meth:`set_epoch` to another epoch does)."""
+        shares = self._shares(self.num_workers)[1]
+        if self._cursor.position is None or len(self._cursor.position[0]) != len(shares):  # (another worker count: refused when iterating)
+            return sum(shares)
+        return sum(max(0, share - skip) for share, skip in zip(shares, self._cursor.position[0]))
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()

@@ -139,7 +139,10 @@ def test_a_resumed_epoch_yields_the_rest_of_the_padded_epoch_exactly(folders, ta
     state = json.loads(json.dumps(make().state_dict(k)))
     resumed = make()
     resumed.load_state_dict(state)
-    assert whole[:k] + run(resumed, table, batch_size, num_workers) == whole
+    rest = run(resumed, table, batch_size, num_workers)
+    assert whole[:k] + rest == whole
+    assert len(resumed) == sum(len(batch) for batch in rest)  # the rest, as len(DataLoader) needs (it said the whole epoch)
+    assert run(resumed, table, batch_size, num_workers) == rest  # every iteration of the epoch: the workers cannot clear it
     resumed.set_epoch(2)  # the next epoch is whole again
     again = make()
     again.set_epoch(2)
