@@ -303,7 +303,9 @@ class RandomResizedCrop(nn.Module):
             return self.forward(images.unsqueeze(0)).squeeze(0)
         if images.dtype != torch.uint8 and not images.is_floating_point():
             raise TypeError(f"RandomResizedCrop expects uint8 or float images, got {images.dtype}")
-        n, _c, height, width = images.shape
+        n, channels, height, width = images.shape
+        if n == 0:  # (affine_grid refuses an empty batch)
+            return images.new_empty((0, channels, *self.size))
         return self.crop(images, self.sample(n, height, width, images.device))
 
     def extra_repr(self) -> str:

@@ -411,7 +411,8 @@ class _UntilEnded:
             raise
 
     def __len__(self) -> int:
-        return len(self._batches)  # type: ignore[arg-type]
+        """Batches left to hand out (as a filling iteration's ``len``; the device paths' are generators)."""
+        return max(0, self._pass.total - self._pass.batches)
 
     def close(self) -> None:
         self._batches.close()  # type: ignore[attr-defined]

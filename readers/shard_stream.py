@@ -18,7 +18,7 @@ import torch
 
 from .codecs import decode_image
 from .formats import check_format
-from .formats.base import local_path
+from .formats.base import dataset_path, local_path
 from .formats.webdataset import META_FILE, ShardStore, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -83,6 +83,8 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
     folder, unless it is a file or named as a tar (one shard)."""
     if isinstance(source, str):  # file:// URLs (packer convert writes to them) are local paths
         source = local_path(source)
+        if not urlparse(source).scheme and dataset_path(source) != Path(source):  # a DST pattern, out/shard-%06d.tar: its folder
+            source = dataset_path(source)
     elif not isinstance(source, Path):
         source = [str(local_path(url)) for url in source]
     if isinstance(source, Path) and (source.is_file() or source.name.endswith(TAR_SUFFIXES)):

@@ -314,3 +314,11 @@ def test_every_format_reads_an_empty_batch_alike(packed_32, jpeg_32, encoding):
         assert ds.__getitems__([]) == []
     expected = (torch.Tensor, torch.uint8, (0, 3, 32, 32), torch.Tensor, torch.int64, (0,))
     assert results == dict.fromkeys(FORMATS, expected)
+
+
+def test_batch_modules_take_an_empty_batch():
+    """An empty batch (a last partial batch filtered to nothing) goes through every module, shaped."""
+    empty = torch.zeros(0, 3, 8, 8, dtype=torch.uint8)
+    assert RandomResizedCrop(4, generator=0)(empty).shape == (0, 3, 4, 4)
+    assert RandomResizedCrop(4, generator=0)(empty.float()).dtype == torch.float32
+    assert Normalize()(empty).shape == (0, 3, 8, 8) and RandomHorizontalFlip(generator=0)(empty).shape == (0, 3, 8, 8)

@@ -224,7 +224,7 @@ def test_a_shuffled_epoch_with_no_batch_is_refused_at_set_epoch(tmp_path):
     stream.load_state_dict(stream.state_dict(1))  # a resume position in epoch 0: the refusal keeps it
     with pytest.raises(ValueError, match=r"rank 1 of 2 has none: its DataLoader workers read \[1\] samples"):
         stream.set_epoch(bad)
-    assert stream.epoch == 0 and len(stream) == len(whole)
+    assert stream.epoch == 0 and len(stream) == len(whole) - 2  # the rest after the loaded batch
     assert [label for _, label in stream] == [label for _, label in whole[2:]]
     stream.set_epoch(good)
     assert len(stream) > 0
@@ -311,7 +311,9 @@ def test_len_during_a_device_path_iteration(monkeypatch):
     assert [len(loader) for _ in loader] == [8] * 8
     assert len(loader) == 13
     it = iter(loader)  # a whole pass, closed early (as diagnose does): close() is the iteration's own
+    assert len(it) == 13  # the batches left, as a filling iteration's (len() of the device path's generator raised)
     next(it)
+    assert len(it) == 12
     it.close()
     assert list(it) == [] and len(loader) == 13
 

@@ -445,3 +445,14 @@ def test_indices_resume_only_over_the_same_indices(ds):
 def test_bad_indices_are_one_line(ds, indices, message):
     with pytest.raises(ValueError, match="^Loader: " + message):
         Loader(ds, 4, indices=indices)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_read_batch_refuses_indices_that_are_not_integers(packed_32, fmt):
+    """``read_batch([1.7])`` read sample 1 and a boolean mask samples 0 and 1, where ``ds[1.7]`` raises."""
+    ds = packed_dataset(packed_32, fmt)
+    with pytest.raises(TypeError, match=r"^indices must be integers, got float64 \(1\.7 first\)$"):
+        ds.read_batch([1.7])
+    with pytest.raises(TypeError, match=r"^indices must be integers, got bool \(True first\)$"):
+        ds.read_batch(np.array([True, False]))
+    assert torch.equal(ds.read_batch(np.array([2], np.uint8))[0][0], ds[2][0])

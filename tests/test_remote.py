@@ -241,6 +241,8 @@ def test_a_file_url_dst_is_read_back_by_the_same_url(local_source, tmp_path):
     pattern = f"file://{tmp_path}/pat/train-%06d.tar"  # a pattern DST: read back by the same URL, %06d and all
     convert(local_source, pattern, image=ImageOptions(size=8), workers=1)
     assert len(StreamingShards(f"file://{tmp_path}/pat")) == report.written
+    for same in (pattern, f"{tmp_path}/pat/train-%06d.tar"):  # the DST as given, as ShardDataset and open_dataset take it
+        assert len(StreamingShards(same)) == len(ShardDataset(same)) == report.written
     result = CliRunner().invoke(cli, ["info", pattern])
     assert result.exit_code == 0 and f"{tmp_path}/pat" in result.output, result.output
 

@@ -374,7 +374,10 @@ class Store:
         return i
 
     def check_indices(self, indices: Sequence[int]) -> np.ndarray:
-        idx = np.array(indices, dtype=np.int64).reshape(-1)
+        given = np.asarray(indices)
+        if given.size and not np.issubdtype(given.dtype, np.integer):  # 1.7 read sample 1; a boolean mask, samples 0 and 1
+            raise TypeError(f"indices must be integers, got {given.dtype} ({given.reshape(-1)[0].item()!r} first)")
+        idx = np.array(given, dtype=np.int64).reshape(-1)
         n = len(self)
         idx[idx < 0] += n
         if idx.size and (idx.min() < 0 or idx.max() >= n):
