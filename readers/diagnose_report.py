@@ -133,9 +133,35 @@ def verdict(d: Diagnosis) -> str:
     )
 
 
+#: Rounds of one measurement this far apart (max over min), or a loop over 10% faster than its
+#: step alone, are noise, not a finding: said first. (A busy machine spreads the rounds and the
+#: verdict can still hold: the step alone of ``benchmarks/results/doctor_folder.json``; a run of
+#: a few batches spreads them far more.)
+UNSTEADY = 3.0
+
+
+def unsteady(d: Diagnosis) -> str | None:
+    """Why these figures are too noisy to act on (measured for too short a time, or on a busy
+    machine), or ``None``: the widest spread of rounds, or a loop faster than its step alone."""
+    measured = [("the loader alone", d.loader), ("the step alone", d.step), ("the loop", d.together)]
+    measured += [(f"alternative {a.label}", a.measured) for a in d.alternatives]
+    spreads = [(m.max / m.min, what) for what, m in measured if m.min > 0]
+    widest = max(spreads, default=(1.0, ""))
+    if widest[0] >= UNSTEADY:
+        why = f"the rounds of {widest[1]} differ x{widest[0]:.1f}"
+    elif d.step.images_per_s > 0 and d.together.images_per_s > 1.1 * d.step.images_per_s:
+        why = f"the loop ran at {d.together.images_per_s / d.step.images_per_s:.0%} of its step alone, which it cannot do"
+    else:
+        return None
+    return (f"these figures are noise, not a finding: {why}; measure for longer (more --batches or --rounds; "
+            "diagnose(batches=..., rounds=...)) on a machine doing nothing else, before changing anything")
+
+
 def advise(d: Diagnosis) -> list[str]:
-    """The changes worth making, each with the gain measured here."""
-    advice: list[str] = []
+    """The changes worth making, each with the gain measured here; first, when the figures are
+    too noisy to act on (:func:`unsteady`), that."""
+    caution = unsteady(d)
+    advice: list[str] = [caution] if caution else []
     if d.bound != "compute-bound" or d.step_slowdown >= CONTENDED:
         faster = sorted(
             (a for a in d.alternatives if a.measured.images_per_s > _FASTER * d.loader.images_per_s),
@@ -166,7 +192,7 @@ def advise(d: Diagnosis) -> list[str]:
             f"(the loader delivers a batch every {per_batch:.1f} ms), and the copy carries 4x the bytes; send uint8 and "
             "normalise on the device (readers.Normalize)"
         )
-    if not advice:
+    if advice == ([caution] if caution else []):
         advice.append("nothing to change on the data side" if d.bound == "compute-bound" else
                       "no alternative loader was measured (diagnose(..., alternatives=...); packer doctor on an image folder times a packed copy)")
     return advice

@@ -4,6 +4,7 @@ the profiler trace (read back as Chrome-trace JSON) holds the stages' ranges. Sm
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -240,3 +241,22 @@ def test_the_expected_conversion_time_is_said_in_units_a_person_uses():
     from packer.doctor import _duration
 
     assert [_duration(s) for s in (0.2, 40, 89, 600, 5399, 12_600)] == ["1 s", "40 s", "89 s", "10 min", "90 min", "3.5 h"]
+
+
+def test_figures_too_noisy_to_act_on_are_said_first():
+    """Short runs gave 'the loop runs at 160% of the step alone' and an alternative of 388,794 img/s
+    (11,408-766,180), stated as findings (the FFCV-persona walkthrough): now the advice says first
+    that they are noise, and why."""
+    from readers.diagnose_report import Alternative, Measured, advise
+
+    def rate(median, low=None, high=None):
+        return Measured(median, low or median, high or median, median / 8, 1.0, 0.5)
+
+    steady = readers.Diagnosis("L", "cpu", 8, [3, 4, 4], "uint8", 3, 3, rate(40), rate(100), rate(38), 0.6, 0.0, 1.0, 0.5, 2, 1, 1)
+    assert not any("noise" in line for line in advise(steady))
+    fast_loop = dataclasses.replace(steady, step=rate(797), together=rate(1272), data_bound=0.0)
+    assert advise(fast_loop)[0].startswith("these figures are noise, not a finding: the loop ran at 160% of its step alone")
+    wide = dataclasses.replace(steady, alternatives=[Alternative("blob", "convert", rate(388_794, 11_408, 766_180))])
+    first = advise(wide)[0]
+    assert first.startswith("these figures are noise, not a finding: the rounds of alternative blob differ x67.2;")
+    assert "more --batches or --rounds" in first
