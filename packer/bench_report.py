@@ -10,6 +10,7 @@ from readers.schema import Skipped
 
 from .bench_timing import Rate
 from .options import ImageOptions
+from .writers import format_for_path
 
 __all__ = ["BenchReport", "BenchRow", "markdown_table", "RAW_FOLDER", "SUFFIX"]
 
@@ -104,7 +105,7 @@ class BenchReport:
         size = f"{_size(best.bytes_on_disk)} for {images:,} images{per_image}"
         return (
             f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
-            f"  packer convert {self.src} DST{SUFFIX[fmt]} --format {fmt}{options}"
+            f"  packer convert {self.src} DST{SUFFIX[fmt]}{'' if format_for_path(SUFFIX[fmt]) == fmt else f' --format {fmt}'}{options}"
         )
 
     def to_dict(self) -> dict[str, Any]:
