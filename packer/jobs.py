@@ -200,6 +200,8 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
         task = ImageTask(image)
         _warn_if_one_class_of_class_folders(folder, src)
         _warn_of_text_beside_images(folder, src)
+    if not is_source_url(str(src)) and not isinstance(folder.root, str):  # local files: their headers are cheap to read
+        _warn_of_enlargement(folder.items, image)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
     return ImageJob(folder.source, folder.items, task, list(folder.skipped), image, folder=folder, identity=identity)
@@ -230,6 +232,39 @@ def _warn_of_text_beside_images(folder: ImageFolder, src: Any) -> None:
     if texts:
         log.warning("%s: %s left out: it holds images, which are converted; to convert the text instead, pass --kind text",
                     src, f"{texts:,} text files ({', '.join(TEXT_EXTENSIONS)}) are" if texts != 1 else "1 text file is")
+
+
+#: Inputs whose headers are read to tell whether the output size enlarges them.
+ENLARGEMENT_SAMPLE = 100
+
+
+def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
+    """Say when the output size enlarges inputs (``--size 512`` on 160x120 images wrote 512x512
+    without a word: upsampling adds bytes, not detail), from the headers of up to
+    :data:`ENLARGEMENT_SAMPLE` inputs spread over the list (a few ms)."""
+    if image.size is None or not items:
+        return
+    from PIL import Image
+
+    from .preprocess.geometry import plan_for
+
+    sample = items[:: max(1, len(items) // ENLARGEMENT_SAMPLE)][:ENLARGEMENT_SAMPLE]
+    read, enlarged = 0, []
+    for item in sample:
+        try:
+            with Image.open(item.path) as opened:
+                width, height = opened.size
+        except Exception:  # noqa: BLE001 - an unreadable input is the conversion's to report
+            continue
+        read += 1
+        plan = plan_for(image.resize_mode, height, width, image.size, image.resize)
+        if plan.resize[0] > plan.crop[2] or plan.resize[1] > plan.crop[3]:
+            enlarged.append((item.path, width, height))
+    if enlarged:
+        path, width, height = enlarged[0]
+        log.warning("%d of %d inputs sampled are smaller than the output (%dx%d, width x height) needs and will be enlarged (e.g. %s, %dx%d): "
+                    "upsampling adds bytes, not detail; a smaller --size keeps them as they are", len(enlarged), read,
+                    image.size[1], image.size[0], path, width, height)
 
 
 def _labeled_folder(src: Any, table: Any) -> ImageFolder:

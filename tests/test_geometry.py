@@ -74,3 +74,29 @@ def test_size_parsing():
     assert ImageOptions(size=64).size == (64, 64)
     assert ImageOptions(size=64).resize_mode == "center-crop"
     assert ImageOptions().resize_mode == "none"
+
+
+def test_an_output_that_enlarges_inputs_is_said(tmp_path, caplog):
+    """``--size 64`` on 48x40 images wrote 64x64 without a word (the FFCV-persona walkthrough):
+    the conversion now says how many sampled inputs it enlarges; none at a size they cover. The stored size is checked with Pillow's own reading."""
+    import logging
+
+    from PIL import Image
+
+    import packer
+    from packer.samples import make_image_folder
+    from readers import open_dataset
+
+    src = make_image_folder(tmp_path / "small", classes=2, per_class=3, size=(40, 48))
+    assert Image.open(next(src.rglob("*.jpg"))).size == (48, 40)
+    with caplog.at_level(logging.WARNING, logger="packer"):
+        packer.convert(src, tmp_path / "big.blob", image=ImageOptions(size=64), workers=1)
+    [said] = [r.getMessage() for r in caplog.records if "enlarged" in r.getMessage()]
+    assert said.startswith("6 of 6 inputs sampled are smaller than the output (64x64, width x height) needs and will be enlarged (e.g. ")
+    assert said.endswith(", 48x40): upsampling adds bytes, not detail; a smaller --size keeps them as they are")
+    assert open_dataset(tmp_path / "big.blob")[0][0].shape == (3, 64, 64)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="packer"):
+        packer.convert(src, tmp_path / "fit.blob", image=ImageOptions(size=32), workers=1)
+        packer.convert(src, tmp_path / "wide.blob", image=ImageOptions(size=(40, 48)), workers=1)
+    assert not [r for r in caplog.records if "enlarged" in r.getMessage()]
