@@ -95,7 +95,7 @@ def train(
         print(f"already at step {step} (--steps {steps}): nothing to train")
         return loss_value
     last = epochs if epochs is not None else (None if steps is not None else 1)  # None: until --steps
-    epoch = first_epoch
+    epoch, final = first_epoch, None
     while last is None or epoch < last:
         loader.set_epoch(epoch)  # the same epoch keeps a loaded position: the rest of it
         model.train()
@@ -109,8 +109,10 @@ def train(
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-            step, batches, seen = step + 1, batches + 1, seen + len(images)
-            loss_value = loss.item()
+            step, batches, seen, final = step + 1, batches + 1, seen + len(images), loss.detach()
+            stop = steps is not None and step >= steps
+            if checkpoint is not None or stop or step % 10 == 0 or step == 1:
+                loss_value = final.item()  # (a wait for the GPU: only when the value is used)
             if checkpoint is not None:  # the loader's state next to the model's, written atomically
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "loss": loss_value,
                          "loader": loader.state_dict()}
@@ -118,13 +120,15 @@ def train(
                 os.replace(f"{checkpoint}.tmp", checkpoint)
             if step % 10 == 0 or step == 1:
                 print(f"epoch {epoch} step {step}: loss {loss_value:.3f}, {seen / (time.perf_counter() - start):,.0f} img/s")
-            if steps is not None and step >= steps:
+            if stop:
                 print(f"stopped after {step} steps: loss {loss_value:.3f}")
                 return loss_value
         if not batches and epoch > first_epoch:  # a whole epoch without one batch: --steps would never be reached
             raise SystemExit(f"{data}: an epoch gives no batch of {batch_size} (drop_last): pass a smaller --batch-size")
         print(f"end of epoch {epoch} at step {step}")
         epoch += 1
+    if final is not None:  # the last step's loss (a resumed run that trained nothing keeps the checkpoint's)
+        loss_value = final.item()
     print(f"done: {step} steps, last loss {loss_value:.3f}")
     return loss_value
 

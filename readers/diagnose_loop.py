@@ -98,8 +98,12 @@ class _Cycle:
     many; :meth:`drain` takes them, untimed, so that each measurement sees the steady rate."""
 
     def __init__(self, loader: Iterable[Any], name: str) -> None:
+        from .loader import Loader
+
         self.loader, self.name = loader, name
         self._it: Iterator[Any] | None = None
+        # a packer Loader moves on an epoch at each pass: its epoch and position are put back at close()
+        self._saved = loader.state_dict() if isinstance(loader, Loader) else None
         workers = getattr(loader, "num_workers", 0) or 0
         if workers > 0:
             self.backlog = workers * (getattr(loader, "prefetch_factor", None) or 2)
@@ -131,6 +135,8 @@ class _Cycle:
         self._it = None
         if close is not None:
             close()
+        if self._saved is not None:
+            self.loader.load_state_dict(self._saved)  # type: ignore[attr-defined]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -310,7 +316,8 @@ def diagnose(
 ) -> Diagnosis:
     """Time ``loader`` alone, ``step`` alone and both together, interleaved; say what bounds the loop.
 
-    ``loader``: any iterable of ``(images, labels)`` batches (re-iterated when an epoch ends);
+    ``loader``: any iterable of ``(images, labels)`` batches (re-iterated when an epoch ends; a
+    packer ``Loader``'s epoch and position, which its passes move on, are put back afterwards);
     ``step(images, labels)``: one training step (its result is ignored). ``batches``: batches per
     measurement in all (split over ``rounds`` rounds, after ``warmup`` untimed batches; before each
     timed run of the loader, the batches it prepared ahead while idle are taken untimed).

@@ -146,8 +146,9 @@ def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
 
 def subset_of(indices: Any, length: int, owner: str) -> tuple[np.ndarray, str]:
     """``indices`` (dataset indices in any order, repeats allowed: a split, an oversampling) checked
-    against a dataset of ``length`` samples, as int64, and their digest, the fingerprint's
-    ``subset`` (a state saved over other indices is refused); ``ValueError`` in one line otherwise."""
+    against a dataset of ``length`` samples, as int64, and their digest with ``length``, the
+    fingerprint's ``subset`` (a state saved over other indices, or the same indices of a dataset of
+    another length, is refused); ``ValueError`` in one line otherwise."""
     array = np.asarray(indices)
     if array.dtype == np.bool_:
         raise ValueError(f"{owner}: indices is a boolean mask: pass the indices it selects, numpy.flatnonzero(mask)")
@@ -159,8 +160,8 @@ def subset_of(indices: Any, length: int, owner: str) -> tuple[np.ndarray, str]:
     if bad.size:
         raise ValueError(f"{owner}: indices[{bad[0]}] = {array[bad[0]]} is outside the dataset's 0..{length - 1}"
                          + (f" ({bad.size} such indices)" if bad.size > 1 else ""))
-    array = array.astype(np.int64)
-    return array, hashlib.sha256(array.astype("<i8").tobytes()).hexdigest()[:16]
+    array = array.astype(np.int64)  # the digest covers the dataset's length too: the subset's count alone would not tell datasets apart
+    return array, hashlib.sha256(np.append(np.int64(length), array).astype("<i8").tobytes()).hexdigest()[:16]
 
 
 def check_fingerprint(saved: Any, mine: Mapping[str, Any], owner: str) -> None:

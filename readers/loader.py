@@ -90,7 +90,8 @@ class Loader:
 
     * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle`` (same seed and epoch,
       same order), else index order. An iteration that runs out moves the loader on to the
-      next epoch (as a ``DataLoader`` reshuffles every pass); one abandoned (``break``) does
+      next epoch (as a ``DataLoader`` reshuffles every pass), as does one stopped at its last
+      batch (a counted loop) when the next begins; one abandoned before its last batch does
       not; :meth:`set_epoch` chooses the epoch, before an iteration or during one (then the
       next iteration follows it), like ``DistributedSampler``'s.
     * Distributed: ``rank`` and ``world_size`` (default: from ``torch.distributed`` when it is
@@ -254,17 +255,20 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches of this epoch's pass on this rank (the same on every rank): what the next
-        iteration yields, and while an iteration is under way (until it has ended) what it yields.
+        iteration yields, and while an iteration is under way (until it has handed out its last
+        batch) what it yields; from its last batch on, what the next iteration yields (the
+        next epoch's, whole: a counted loop, ``zip(range(len(loader)), loader)``, never sees the
+        iterator run out).
 
         The whole epoch's batches, except after :meth:`load_state_dict` mid-epoch: then the rest
         of that epoch (``ceil(rest / (batch_size * world_size))``, ``floor`` with ``drop_last``),
-        before and during the resumed iteration, until it ends or :meth:`set_epoch` moves to
-        another epoch. ``len(ResumableSampler)`` is the same before an iteration (in samples); it
+        before and during the resumed iteration, until its last batch or :meth:`set_epoch` moves
+        to another epoch. ``len(ResumableSampler)`` is the same before an iteration (in samples); it
         cannot see the end of a DataLoader's loop, so it reports the next, whole pass during it."""
         if self._cursor.position is not None:  # a loaded position, not iterated yet
             return self.plan.steps(self._cursor.position)
         latest = self._progress
-        if latest.epoch == self.epoch and not latest.ended:  # a (resumed) iteration under way
+        if latest.epoch == self.epoch and not latest.ended and latest.batches != latest.total:  # a (resumed) iteration short of its last batch
             return self.plan.steps(latest.start)
         return len(self.plan)
 

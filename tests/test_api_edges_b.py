@@ -260,8 +260,8 @@ def test_len_after_a_resume_is_the_rest_until_that_epoch_is_done():
     loader, state = resumed(ds)
     assert state["samples_consumed"] == 20 and len(Loader(ds, 4)) == 13
     assert len(loader) == 8  # what the next iteration yields
-    lens = [len(loader) for _batch in loader]  # during the resumed iteration, its last batch included
-    assert lens == [8] * 8
+    lens = [len(loader) for _batch in loader]  # during the resumed iteration; from its last batch on, the next one's
+    assert lens == [8] * 7 + [13]  # (a counted loop, zip(range(len(loader)), loader), stops there and asks len() again)
     assert len(loader) == 13 == len(list(loader))  # that epoch is done: the next iteration is whole
     loader.set_epoch(1)
     assert len(loader) == 13 == len(list(loader))
@@ -308,7 +308,7 @@ def test_len_during_a_device_path_iteration(monkeypatch):
             pass
 
     monkeypatch.setattr(loader, "_gather", StandIn())
-    assert [len(loader) for _ in loader] == [8] * 8
+    assert [len(loader) for _ in loader] == [8] * 7 + [13]  # from the last batch on: the next iteration's, the whole next epoch
     assert len(loader) == 13
     it = iter(loader)  # a whole pass, closed early (as diagnose does): close() is the iteration's own
     assert len(it) == 13  # the batches left, as a filling iteration's (len() of the device path's generator raised)

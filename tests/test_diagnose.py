@@ -63,6 +63,21 @@ def test_fast_loader_with_slow_step_is_compute_bound():
     assert d.together.images_per_s == pytest.approx(d.step.images_per_s, rel=0.3)
 
 
+def test_a_packer_loader_keeps_its_epoch_and_position(lmdb_32):
+    """diagnose re-iterates the loader, and each whole pass of a packer Loader moves it on an
+    epoch: a training loop started after it began at epoch 18 (a rank that diagnosed alone read
+    another order than the others). Its epoch and position are put back."""
+    from readers import LMDBDataset, Loader
+
+    loader = Loader(LMDBDataset(lmdb_32), 4, seed=3, threads=1)
+    it = iter(loader)
+    next(it)
+    before = loader.state_dict()
+    assert before["samples_consumed"] == 4
+    diagnose(loader, fast_step, batches=12, device="cpu")
+    assert loader.state_dict() == before and loader.epoch == 0 and len(loader) == 4  # the rest: 14 samples in 4s
+
+
 def test_float_batches_get_measured_normalisation_advice():
     d = diagnose(Batches(SLEEP, dtype=torch.float32), fast_step, batches=6, device="cpu")
     assert d.host_normalise_ms is not None and d.host_normalise_ms > 0

@@ -456,3 +456,32 @@ def test_read_batch_refuses_indices_that_are_not_integers(packed_32, fmt):
     with pytest.raises(TypeError, match=r"^indices must be integers, got bool \(True first\)$"):
         ds.read_batch(np.array([True, False]))
     assert torch.equal(ds.read_batch(np.array([2], np.uint8))[0][0], ds[2][0])
+
+
+def test_a_counted_loop_after_a_resume_reads_whole_epochs_after_the_rest(ds):
+    """``for epoch ...: for batch in zip(range(len(loader)), loader)`` after a resume: the rest
+    of the resumed epoch, then whole epochs (len() kept the rest's count after its last batch, so
+    the next epoch was cut short, then read again)."""
+    first = Loader(ds, 4, seed=2, threads=1)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    first.close()
+    loader = Loader(ds, 4, seed=2, threads=1)
+    loader.load_state_dict(state)
+    counts = []
+    for _epoch in range(3):
+        counts.append(len([batch for _, batch in zip(range(len(loader)), loader)]))
+    assert counts == [3, 5, 5] and loader.epoch == 2  # 10 of 18 left: 3 batches; then 5 a whole epoch
+
+
+def test_indices_of_a_dataset_of_another_length_do_not_resume():
+    """With ``indices=`` the count in the fingerprint is the subset's: a plain dataset of 30 and one
+    of 100 (no metadata to tell them apart) read through range(10) are told apart by the digest."""
+    def tensors(n):
+        return torch.utils.data.TensorDataset(torch.zeros(n, 1, 1, 1, dtype=torch.uint8), torch.arange(n))
+
+    state = Loader(tensors(30), 2, indices=range(10)).state_dict()
+    Loader(tensors(30), 2, indices=range(10)).load_state_dict(state)
+    with pytest.raises(ResumeError, match="saved over the indices"):
+        Loader(tensors(100), 2, indices=range(10)).load_state_dict(state)
