@@ -14,13 +14,16 @@ both sides (``packer`` encodes, ``readers`` decodes); torch-free.
 A long text (over :data:`LONG_TEXT` characters: a whole book, a corpus saved as one ``.txt``) is
 tokenised in pieces by :meth:`Tokenizer.encode_long`: a Hugging Face encoding keeps offsets and
 token strings beside every id, so a whole large document at once could take more memory than the
-machine has (the message of the commit that made this change has the measurement). The text is cut only where the tokenizer gives the same ids
-either way: at a candidate cut (after a newline, else before a space, each followed by a
-character that is not whitespace), the ids of the :data:`CUT_CONTEXT` characters before it and
-of those after it, put end to end, must equal the ids of the two together (checked, for every
-cut). A tokenizer that prefixes every text it starts (SentencePiece's dummy prefix on a text that
-starts mid-line, a Metaspace pre-tokenizer) fails that check at such cuts and is cut elsewhere,
-or not at all.
+machine has (the message of the commit that made this change has the measurement). Only a
+Hugging Face BPE, WordPiece or WordLevel model with a pre-tokenizer is cut (:data:`CUTTABLE_MODELS`:
+its ids are made within each pre-token, and its pre-tokens end at a newline or before a space);
+others (Unigram, no pre-tokenizer, SentencePiece) are tokenised whole, as before. The text is
+cut only where the ids are the same either way: at a candidate cut (after a newline, else before
+a space, each followed by a character that is not whitespace), the ids of the
+:data:`CUT_CONTEXT` characters before it and of those after it, put end to end, must equal the
+ids of the two together (checked at every cut). A pre-tokenizer that prefixes every text it
+starts (Metaspace) fails that check at newlines and is cut before spaces; a text with no cut
+that passes (no spaces at all) is tokenised whole.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ PIECE_CHARS = 1 << 16
 CUT_CONTEXT = 1024
 #: Candidate cuts, best first: after a newline, else before a space; not before whitespace.
 _CUTS = (re.compile(r"\n(?=\S)"), re.compile(r"(?<=\S)(?= \S)"))
+#: Hugging Face models whose ids are made within each pre-token (with a pre-tokenizer): the only
+#: ones cut. A Unigram model's best path runs over the whole text (its float sums make ties and
+#: near-ties depend on all that came before), and without a pre-tokenizer any merge may span
+#: a cut: those, and SentencePiece models (either kind), are tokenised whole (module docstring).
+CUTTABLE_MODELS = frozenset({"BPE", "WordPiece", "WordLevel"})
 #: Candidates of each kind tried past a piece's end before the next kind is tried.
 _TRIES = 8
 #: Pieces' worth of text searched for a cut before the rest is tokenised whole.
@@ -83,6 +91,9 @@ class Tokenizer:
         self.eos_id = eos_id
         self._backend = backend
         self.sha256 = file_sha256(path) if path else ""
+        #: Whether a long text may be cut into pieces (:meth:`encode_long`; a Hugging Face model
+        #: of :data:`CUTTABLE_MODELS` with a pre-tokenizer).
+        self.cuttable = False
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
@@ -105,7 +116,7 @@ class Tokenizer:
         if self.kind == "bytes":
             data = text.encode("utf-8")
             return np.frombuffer(data[:limit] if limit is not None else data, np.uint8).astype(np.int64)
-        if len(text) <= LONG_TEXT:
+        if len(text) <= LONG_TEXT or not self.cuttable:
             return np.asarray(self.encode(text)[:limit], dtype=np.int64)
         parts, count, start = [], 0, 0
         while start < len(text) and (limit is None or count < limit):
@@ -180,10 +191,14 @@ def _load_huggingface(path: Path) -> Tokenizer:
         backend = HFTokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - the library raises plain Exception for bad files
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({exc})") from None
+    backend.no_truncation()  # saved settings of a model's inputs: a document is tokenised whole, never cut or padded
+    backend.no_padding()
     vocab = backend.get_vocab(with_added_tokens=True)
     vocab_size = max(vocab.values(), default=-1) + 1  # ids may have gaps: the largest id bounds the dtype
     eos = next((vocab[name] for name in EOS_NAMES if name in vocab), None)
-    return Tokenizer("huggingface", str(path), vocab_size, eos, backend)
+    tokenizer = Tokenizer("huggingface", str(path), vocab_size, eos, backend)
+    tokenizer.cuttable = type(backend.model).__name__ in CUTTABLE_MODELS and backend.pre_tokenizer is not None
+    return tokenizer
 
 
 def _load_sentencepiece(path: Path) -> Tokenizer:
