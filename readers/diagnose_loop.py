@@ -102,8 +102,9 @@ class _Cycle:
 
         self.loader, self.name = loader, name
         self._it: Iterator[Any] | None = None
-        # a packer Loader moves on an epoch at each pass: its epoch and position are put back at close()
-        self._saved = loader.state_dict() if isinstance(loader, Loader) else None
+        # a packer Loader moves on an epoch at each pass: left as it was found, at close()
+        self._unchanged = loader.unchanged() if isinstance(loader, Loader) else contextlib.nullcontext()
+        self._unchanged.__enter__()
         workers = getattr(loader, "num_workers", 0) or 0
         if workers > 0:
             self.backlog = workers * (getattr(loader, "prefetch_factor", None) or 2)
@@ -135,8 +136,8 @@ class _Cycle:
         self._it = None
         if close is not None:
             close()
-        if self._saved is not None:
-            self.loader.load_state_dict(self._saved)  # type: ignore[attr-defined]
+        self._unchanged.__exit__(None, None, None)
+        self._unchanged = contextlib.nullcontext()  # (once)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -317,7 +318,7 @@ def diagnose(
     """Time ``loader`` alone, ``step`` alone and both together, interleaved; say what bounds the loop.
 
     ``loader``: any iterable of ``(images, labels)`` batches (re-iterated when an epoch ends; a
-    packer ``Loader``'s epoch and position, which its passes move on, are put back afterwards);
+    packer ``Loader``, whose passes move its epoch on, is left as it was: ``Loader.unchanged``);
     ``step(images, labels)``: one training step (its result is ignored). ``batches``: batches per
     measurement in all (split over ``rounds`` rounds, after ``warmup`` untimed batches; before each
     timed run of the loader, the batches it prepared ahead while idle are taken untimed).

@@ -236,12 +236,27 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the job is in the epoch: ``{epoch, samples_consumed, seed, shuffle, dataset}``
         (``samples_consumed``: positions of the epoch's global order read by all ranks together;
-        ``dataset``: the fingerprint :meth:`load_state_dict` checks; after an iteration that ran
-        out: the next epoch, nothing of it consumed). Plain values: JSON-safe."""
-        epoch, consumed = self._progress.epoch, self.plan.position(self._progress.start, self._progress.batches)
+        ``dataset``: the fingerprint :meth:`load_state_dict` checks; from an iteration's last
+        batch on: the next epoch, nothing of it consumed, as :meth:`__len__` counts it, so a
+        checkpoint saved at an epoch's last step resumes with the next one). Plain values: JSON-safe."""
+        latest = self._progress
+        epoch, consumed = latest.epoch, self.plan.position(latest.start, latest.batches)
+        if epoch == self.epoch and latest.batches == latest.total and not latest.moved_on and self._cursor.position is None:
+            return position_state(self.plan, epoch + 1, 0, self._fingerprint)  # its last batch handed out: moving on
         if epoch != self.epoch:  # moved on (set_epoch, or the last iteration ran out): nothing of it consumed yet
             epoch, consumed = self.epoch, self._cursor.position or 0
         return position_state(self.plan, epoch, consumed, self._fingerprint)
+
+    @contextlib.contextmanager
+    def unchanged(self) -> Iterator[None]:
+        """Iterations inside leave the loader as they found it: its epoch, resume position and
+        latest pass (an iteration of the user's still open goes on as if nothing had run).
+        ``readers.diagnose`` times a Loader this way."""
+        saved = (self._cursor.epoch, self._cursor.position, self._progress)
+        try:
+            yield
+        finally:
+            self._cursor.epoch, self._cursor.position, self._progress = saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, saved with any world size, batch size

@@ -75,7 +75,15 @@ def test_a_packer_loader_keeps_its_epoch_and_position(lmdb_32):
     before = loader.state_dict()
     assert before["samples_consumed"] == 4
     diagnose(loader, fast_step, batches=12, device="cpu")
-    assert loader.state_dict() == before and loader.epoch == 0 and len(loader) == 4  # the rest: 14 samples in 4s
+    assert loader.state_dict() == before and loader.epoch == 0
+    rest = list(it)  # the user's open pass goes on (4 batches of its 5), then the next epoch follows, whole
+    assert len(rest) == 4 and loader.epoch == 1 and len(list(loader)) == 5
+
+    counted = Loader(LMDBDataset(lmdb_32), 4, seed=3, threads=1)
+    for _ in zip(range(len(counted)), counted):  # a counted epoch: stopped at its last batch
+        pass
+    diagnose(counted, fast_step, batches=6, device="cpu")
+    assert [len(list(counted)) for _ in range(3)] == [5, 5, 5]  # (an empty pass first: the state diagnose put back said so)
 
 
 def test_float_batches_get_measured_normalisation_advice():

@@ -485,3 +485,15 @@ def test_indices_of_a_dataset_of_another_length_do_not_resume():
     Loader(tensors(30), 2, indices=range(10)).load_state_dict(state)
     with pytest.raises(ResumeError, match="saved over the indices"):
         Loader(tensors(100), 2, indices=range(10)).load_state_dict(state)
+
+
+def test_a_state_saved_at_an_epochs_last_step_resumes_with_the_next_epoch(ds):
+    """A checkpoint every step: the one after an epoch's last batch said {epoch e, all consumed},
+    so a resumed plain loop ran an empty epoch first (and disagreed with len()). It says the next
+    epoch now, as len() does."""
+    loader = Loader(ds, 4, seed=6, threads=1)
+    states = [loader.state_dict() for _batch in loader]
+    assert [s["samples_consumed"] for s in states] == [4, 8, 12, 16, 0] and states[-1]["epoch"] == 1
+    resumed = Loader(ds, 4, seed=6, threads=1)
+    resumed.load_state_dict(states[-1])
+    assert len(resumed) == 5 and resumed.batch_indices()[0].tolist() == loader.batch_indices(1)[0].tolist()
