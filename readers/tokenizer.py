@@ -15,9 +15,10 @@ A long text (over :data:`LONG_TEXT` characters: a whole book, a corpus saved as 
 tokenised in pieces by :meth:`Tokenizer.encode_long`: a Hugging Face encoding keeps offsets and
 token strings beside every id, so a whole large document at once could take more memory than the
 machine has (the message of the commit that made this change has the measurement). Only a
-Hugging Face BPE, WordPiece or WordLevel model with a pre-tokenizer is cut (:data:`CUTTABLE_MODELS`:
-its ids are made within each pre-token, and its pre-tokens end at a newline or before a space);
-others (Unigram, no pre-tokenizer, SentencePiece) are tokenised whole, as before. The text is
+Hugging Face BPE, WordPiece or WordLevel model whose pre-tokenizer ends its pre-tokens at
+whitespace is cut (:data:`CUTTABLE_MODELS`: its ids are made within each pre-token; the
+pre-tokenizer is probed, :func:`cuts_of`); others (Unigram, SentencePiece, no
+pre-tokenizer or one that runs across spaces) are tokenised whole, as before. The text is
 cut only where the ids are the same either way: at a candidate cut (after a newline, else before
 a space, each followed by a character that is not whitespace), the ids of the
 :data:`CUT_CONTEXT` characters before it and of those after it, put end to end, must equal the
@@ -51,11 +52,12 @@ PIECE_CHARS = 1 << 16
 #: Characters on each side of a cut that are tokenised to check it (module docstring).
 CUT_CONTEXT = 1024
 #: Candidate cuts, best first: after a newline, else before a space; not before whitespace.
-_CUTS = (re.compile(r"\n(?=\S)"), re.compile(r"(?<=\S)(?= \S)"))
-#: Hugging Face models whose ids are made within each pre-token (with a pre-tokenizer): the only
-#: ones cut. A Unigram model's best path runs over the whole text (its float sums make ties and
-#: near-ties depend on all that came before), and without a pre-tokenizer any merge may span
-#: a cut: those, and SentencePiece models (either kind), are tokenised whole (module docstring).
+CUTS = (re.compile(r"\n(?=\S)"), re.compile(r"(?<=\S)(?= \S)"))
+#: Hugging Face models whose ids are made within each pre-token: the only ones cut, and only with
+#: a pre-tokenizer that ends its pre-tokens at newlines or spaces (:func:`cuts_of`). A
+#: Unigram model's best path runs over the whole text (its float sums make ties and near-ties
+#: depend on all that came before), and pre-tokens that run across spaces let a merge span a cut:
+#: those, and SentencePiece models (either kind), are tokenised whole (module docstring).
 CUTTABLE_MODELS = frozenset({"BPE", "WordPiece", "WordLevel"})
 #: Candidates of each kind tried past a piece's end before the next kind is tried.
 _TRIES = 8
@@ -91,9 +93,15 @@ class Tokenizer:
         self.eos_id = eos_id
         self._backend = backend
         self.sha256 = file_sha256(path) if path else ""
-        #: Whether a long text may be cut into pieces (:meth:`encode_long`; a Hugging Face model
-        #: of :data:`CUTTABLE_MODELS` with a pre-tokenizer).
-        self.cuttable = False
+        #: Where a long text may be cut into pieces (:meth:`encode_long`): the kinds of
+        #: :data:`CUTS` at which a Hugging Face model of :data:`CUTTABLE_MODELS` has its
+        #: pre-tokenizer end pre-tokens (:func:`cuts_of`); none for any other tokenizer.
+        self.cuts: tuple[re.Pattern[str], ...] = ()
+
+    @property
+    def cuttable(self) -> bool:
+        """Whether a long text is cut into pieces at all."""
+        return bool(self.cuts)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
@@ -134,7 +142,7 @@ class Tokenizer:
         for _ in range(_WINDOWS):
             if len(text) - at < PIECE_CHARS:
                 break
-            for pattern in _CUTS:
+            for pattern in self.cuts:
                 for tries, match in enumerate(pattern.finditer(text, at, at + PIECE_CHARS), 1):
                     if self._same_either_way(text, match.end()):
                         return match.end()
@@ -197,8 +205,29 @@ def _load_huggingface(path: Path) -> Tokenizer:
     vocab_size = max(vocab.values(), default=-1) + 1  # ids may have gaps: the largest id bounds the dtype
     eos = next((vocab[name] for name in EOS_NAMES if name in vocab), None)
     tokenizer = Tokenizer("huggingface", str(path), vocab_size, eos, backend)
-    tokenizer.cuttable = type(backend.model).__name__ in CUTTABLE_MODELS and backend.pre_tokenizer is not None
+    if type(backend.model).__name__ in CUTTABLE_MODELS:
+        tokenizer.cuts = cuts_of(backend.pre_tokenizer)
     return tokenizer
+
+
+#: What :func:`cuts_of` pre-tokenizes: words, digits and punctuation between spaces, a double
+#: space, a tab and newlines.
+_PROBE = "ab cd\nef  gh\tij. kl,mn 12 34\n\nop-qr"
+
+
+def cuts_of(pre_tokenizer: Any) -> tuple[re.Pattern[str], ...]:
+    """The kinds of :data:`CUTS` at which ``pre_tokenizer`` ends its pre-tokens: a newline (or a
+    space) is a place to cut when none of the pre-tokens of :data:`_PROBE` holds one after a
+    character that is not whitespace (GPT-2's byte-level regex puts a space at the start of the
+    next word; Metaspace splits at spaces, not newlines; ``ByteLevel(use_regex=False)``,
+    ``Metaspace(split=False)`` and ``Digits`` alone end none there: a merge could cross the cut)."""
+    if pre_tokenizer is None:
+        return ()
+    try:
+        pieces = [_PROBE[start:end].lstrip() for _piece, (start, end) in pre_tokenizer.pre_tokenize_str(_PROBE)]
+    except Exception:  # noqa: BLE001 - a pre-tokenizer that cannot be probed is not cut
+        return ()
+    return tuple(pattern for char, pattern in zip("\n ", CUTS) if not any(char in piece for piece in pieces))
 
 
 def _load_sentencepiece(path: Path) -> Tokenizer:

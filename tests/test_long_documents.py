@@ -133,8 +133,9 @@ def test_models_whose_ids_span_the_text_are_never_cut(tmp_path, small_pieces) ->
     """Found by review, each giving other ids when cut although the check around the cut passed:
     a Unigram model on long rule lines (its best path sums floats over the whole text) and a BPE
     with no pre-tokenizer whose merge crosses a space after a 3,001-character run (odd or even
-    decides the pairing; the check sees 200). Both are tokenised whole now."""
-    from tokenizers import Tokenizer, models, trainers
+    decides the pairing; the check sees 200), and the same BPE behind pre-tokenizers that do not
+    end pre-tokens at spaces. All are tokenised whole now."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE(vocab={"a": 0, " ": 1, "b": 2, "aa": 3, "a ": 4}, merges=[("a", "a"), ("a", " ")]))
     bpe_path = tmp_path / "bpe.json"
@@ -142,6 +143,15 @@ def test_models_whose_ids_span_the_text_are_never_cut(tmp_path, small_pieces) ->
     text = "b " * 3_200 + "a" * 3_001 + " b" * 15_000
     assert not load_tokenizer(bpe_path).cuttable
     assert load_tokenizer(bpe_path).encode_long(text).tolist() == library_ids(bpe_path, text)
+    for pre in (pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # (second review: still cut, other ids)
+                pre_tokenizers.Sequence([pre_tokenizers.Metaspace(prepend_scheme="never", split=False)]), pre_tokenizers.Digits()):
+        bpe.pre_tokenizer = pre
+        bpe.save(str(bpe_path))
+        assert not load_tokenizer(bpe_path).cuttable, pre
+        assert load_tokenizer(bpe_path).encode_long(text).tolist() == library_ids(bpe_path, text)
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()  # splits at spaces, not at newlines: cut before spaces only
+    bpe.save(str(bpe_path))
+    assert [p.pattern for p in load_tokenizer(bpe_path).cuts] == [r"(?<=\S)(?= \S)"]
     unigram = Tokenizer(models.Unigram())
     unigram.train_from_iterator([long_text(20_000, 4) + "\n-----\n=====" * 50], trainers.UnigramTrainer(vocab_size=120))
     unigram_path = tmp_path / "unigram.json"
