@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
@@ -236,6 +237,8 @@ def _warn_of_text_beside_images(folder: ImageFolder, src: Any) -> None:
 
 #: Inputs whose headers are read to tell whether the output size enlarges them.
 ENLARGEMENT_SAMPLE = 100
+#: The EXIF tag of a picture's orientation (5-8: turned a quarter).
+_ORIENTATION = 0x0112
 
 
 def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
@@ -252,8 +255,11 @@ def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
     read, enlarged = 0, []
     for item in sample:
         try:
-            with Image.open(item.path) as opened:
+            with warnings.catch_warnings(), Image.open(item.path) as opened:
+                warnings.simplefilter("ignore")  # (Pillow's DecompressionBombWarning: the conversion has its own --max-pixels)
                 width, height = opened.size
+                if opened.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8):  # shown turned a quarter: as the conversion sees it
+                    width, height = height, width
         except Exception:  # noqa: BLE001 - an unreadable input is the conversion's to report
             continue
         read += 1
@@ -262,9 +268,11 @@ def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
             enlarged.append((item.path, width, height))
     if enlarged:
         path, width, height = enlarged[0]
-        log.warning("%d of %d inputs sampled are smaller than the output (%dx%d, width x height) needs and will be enlarged (e.g. %s, %dx%d): "
-                    "upsampling adds bytes, not detail; a smaller --size keeps them as they are", len(enlarged), read,
-                    image.size[1], image.size[0], path, width, height)
+        options = f"--size {image.size[0]}x{image.size[1]}" + (f" --resize {image.resize}" if image.resize else "")
+        if image.resize_mode != "center-crop":
+            options += f" --resize-mode {image.resize_mode}"
+        log.warning("%d of %d inputs sampled are smaller than %s needs and will be enlarged (e.g. %s, %dx%d, width x height): "
+                    "upsampling adds bytes, not detail; smaller sizes keep them as they are", len(enlarged), read, options, path, width, height)
 
 
 def _labeled_folder(src: Any, table: Any) -> ImageFolder:

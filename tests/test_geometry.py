@@ -92,11 +92,41 @@ def test_an_output_that_enlarges_inputs_is_said(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="packer"):
         packer.convert(src, tmp_path / "big.blob", image=ImageOptions(size=64), workers=1)
     [said] = [r.getMessage() for r in caplog.records if "enlarged" in r.getMessage()]
-    assert said.startswith("6 of 6 inputs sampled are smaller than the output (64x64, width x height) needs and will be enlarged (e.g. ")
-    assert said.endswith(", 48x40): upsampling adds bytes, not detail; a smaller --size keeps them as they are")
+    assert said.startswith("6 of 6 inputs sampled are smaller than --size 64x64 needs and will be enlarged (e.g. ")
+    assert said.endswith(", 48x40, width x height): upsampling adds bytes, not detail; smaller sizes keep them as they are")
     assert open_dataset(tmp_path / "big.blob")[0][0].shape == (3, 64, 64)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="packer"):
         packer.convert(src, tmp_path / "fit.blob", image=ImageOptions(size=32), workers=1)
         packer.convert(src, tmp_path / "wide.blob", image=ImageOptions(size=(40, 48)), workers=1)
     assert not [r for r in caplog.records if "enlarged" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="packer"):  # the enlargement of --resize, named
+        packer.convert(src, tmp_path / "resized.blob", image=ImageOptions(size=32, resize=44), workers=1)
+    assert [r.getMessage() for r in caplog.records if "smaller than --size 32x32 --resize 44 needs" in r.getMessage()]
+
+
+def test_the_enlargement_warning_sees_pictures_as_exif_turns_them(tmp_path, caplog):
+    """Stored 48 wide x 24 high with EXIF orientation 6 (shown 24 x 48): --size 48x24 (height x
+    width) covers them as shown, and nothing is said; --size 24x48 enlarges them, and is said."""
+    import logging
+
+    import numpy as np
+    from PIL import Image
+
+    import packer
+
+    src = tmp_path / "turned"
+    src.mkdir()
+    for i in range(3):
+        picture = Image.fromarray(np.random.default_rng(i).integers(0, 255, (24, 48, 3), dtype=np.uint8))
+        exif = picture.getexif()
+        exif[0x0112] = 6
+        picture.save(src / f"{i}.jpg", exif=exif)
+    with caplog.at_level(logging.WARNING, logger="packer"):
+        report = packer.convert(src, tmp_path / "fits.blob", image=ImageOptions(size=(48, 24), resize_mode="stretch"), workers=1)
+    assert report.written == 3 and not [r for r in caplog.records if "enlarged" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="packer"):
+        packer.convert(src, tmp_path / "wide.blob", image=ImageOptions(size=(24, 48), resize_mode="stretch"), workers=1)
+    [said] = [r.getMessage() for r in caplog.records if "enlarged" in r.getMessage()]
+    assert "3 of 3 inputs" in said and ", 24x48, width x height)" in said
