@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,6 +256,8 @@ def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
     read, enlarged = 0, []
     for item in sample:
         try:
+            if not stat.S_ISREG(os.stat(item.path).st_mode):  # a FIFO named .jpg would block the open: the conversion skips it
+                continue
             with warnings.catch_warnings(), Image.open(item.path) as opened:
                 warnings.simplefilter("ignore")  # (Pillow's DecompressionBombWarning: the conversion has its own --max-pixels)
                 width, height = opened.size
