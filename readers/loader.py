@@ -219,10 +219,9 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch whose order the next iteration follows (after a pass stopped at its last
-        batch without its iterator running out, as ``zip(range(len(loader)), loader)`` does, the
-        next iteration first moves on from this one)."""
-        return self._cursor.epoch
+        """The epoch whose order the next iteration follows (from a pass's last batch on, the
+        next epoch: as :meth:`state_dict` and ``len()`` say)."""
+        return self._cursor.epoch + 1 if self._progress.moving_on() else self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration follows (shuffled per ``seed`` and epoch;
@@ -241,9 +240,7 @@ class Loader:
         checkpoint saved at an epoch's last step resumes with the next one). Plain values: JSON-safe."""
         latest = self._progress
         epoch, consumed = latest.epoch, self.plan.position(latest.start, latest.batches)
-        if epoch == self.epoch and latest.batches == latest.total and not latest.moved_on and self._cursor.position is None:
-            return position_state(self.plan, epoch + 1, 0, self._fingerprint)  # its last batch handed out: moving on
-        if epoch != self.epoch:  # moved on (set_epoch, or the last iteration ran out): nothing of it consumed yet
+        if epoch != self.epoch:  # moved on (set_epoch, the last iteration ran out or handed out its last batch): nothing of it consumed yet
             epoch, consumed = self.epoch, self._cursor.position or 0
         return position_state(self.plan, epoch, consumed, self._fingerprint)
 
@@ -252,11 +249,11 @@ class Loader:
         """Iterations inside leave the loader as they found it: its epoch, resume position and
         latest pass (an iteration of the user's still open goes on as if nothing had run).
         ``readers.diagnose`` times a Loader this way."""
-        saved = (self._cursor.epoch, self._cursor.position, self._progress)
+        saved = (self._cursor.epoch, self._cursor.position, self._progress, self._progress.moved_on)
         try:
             yield
         finally:
-            self._cursor.epoch, self._cursor.position, self._progress = saved
+            self._cursor.epoch, self._cursor.position, self._progress, self._progress.moved_on = saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, saved with any world size, batch size
@@ -395,16 +392,20 @@ class _Pass(Progress):
         super().__init__(epoch, 0)
         self.start, self.ended, self.total, self.moved_on, self._cursor = start, False, total, False, cursor
 
+    def moving_on(self) -> bool:
+        """Whether :meth:`move_on` would move the loader on now."""
+        cursor = self._cursor
+        return (not self.moved_on and cursor is not None and self.batches == self.total
+                and cursor.epoch == self.epoch and cursor.position is None)
+
     def move_on(self) -> None:
         """The next iteration follows the next epoch, once, if this pass handed out every batch
         (not one closed early, failed or abandoned), unless the loader was moved to another
         epoch (or this one again: ``set_epoch`` sets :attr:`moved_on`) or given a position since."""
-        cursor = self._cursor
-        if self.moved_on or cursor is None or self.batches != self.total:
-            return
-        self.moved_on = True
-        if cursor.epoch == self.epoch and cursor.position is None:
-            cursor.epoch = self.epoch + 1
+        if self.moving_on():
+            self._cursor.epoch = self.epoch + 1  # type: ignore[union-attr]
+        if self.batches == self.total:
+            self.moved_on = True
 
     def end(self) -> None:
         """Its iterator ran out."""

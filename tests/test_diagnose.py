@@ -82,8 +82,10 @@ def test_a_packer_loader_keeps_its_epoch_and_position(lmdb_32):
     counted = Loader(LMDBDataset(lmdb_32), 4, seed=3, threads=1)
     for _ in zip(range(len(counted)), counted):  # a counted epoch: stopped at its last batch
         pass
+    assert counted.epoch == 1
     diagnose(counted, fast_step, batches=6, device="cpu")
-    assert [len(list(counted)) for _ in range(3)] == [5, 5, 5]  # (an empty pass first: the state diagnose put back said so)
+    assert counted.epoch == 1 and [len(list(counted)) for _ in range(3)] == [5, 5, 5]  # (an empty pass first, or epoch 0 again)
+    assert counted.epoch == 4
 
 
 def test_float_batches_get_measured_normalisation_advice():

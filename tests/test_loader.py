@@ -73,7 +73,7 @@ def test_a_pass_closed_or_failed_early_does_not_move_on_and_one_stopped_at_its_c
 
     counted = Loader(ds, 4, seed=1, threads=2)
     orders = [[int(i) for _, (_images, labels) in zip(range(len(counted)), counted) for i in labels] for _ in range(3)]
-    assert orders[0] != orders[1] != orders[2] and counted.epoch == 2  # (the third moves on at the next pass)
+    assert orders[0] != orders[1] != orders[2] and counted.epoch == 3  # (the third's last batch handed out: the next is epoch 3)
 
 
 # -- contents and order ----------------------------------------------------------------------
@@ -472,7 +472,7 @@ def test_a_counted_loop_after_a_resume_reads_whole_epochs_after_the_rest(ds):
     counts = []
     for _epoch in range(3):
         counts.append(len([batch for _, batch in zip(range(len(loader)), loader)]))
-    assert counts == [3, 5, 5] and loader.epoch == 2  # 10 of 18 left: 3 batches; then 5 a whole epoch
+    assert counts == [3, 5, 5] and loader.epoch == 3  # 10 of 18 left: 3 batches; then 5 a whole epoch
 
 
 def test_indices_of_a_dataset_of_another_length_do_not_resume():
