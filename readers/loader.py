@@ -47,7 +47,8 @@ from torch.profiler import record_function
 from .cuda import CudaTransfer, resolve_device
 from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
 from .epoch import EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, read_position_state, resolve_rank, subset_of
-from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator, Progress
+from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator
+from .passes import Pass, UntilEnded
 
 __all__ = ["Loader", "BUFFER_MODES", "GATHER_MODES", "default_threads"]
 
@@ -195,7 +196,7 @@ class Loader:
         self.buffers = buffers
         # the epoch of the next iteration, and the position it starts from (a resume; None: whole)
         self._cursor = EpochCursor()
-        self._progress = _Pass(0, 0)  # the latest iteration: its epoch, start, batches handed out, whether it ended
+        self._progress = Pass(0, 0)  # the latest iteration: its epoch, start, batches handed out, whether it ended
         cuda = self.device is not None and self.device.type == "cuda"
         self._transfer = _ProfiledTransfer(self.device) if cuda else None  # type: ignore[arg-type]
         self._gather = _device_gather(dataset, self.device, gather) if cuda and decode == "cpu" else None
@@ -263,7 +264,7 @@ class Loader:
         format before the global plan (``batches`` per rank) is converted exactly."""
         epoch, consumed = read_position_state(state, self.plan, self._fingerprint, "loader")
         self._cursor.resume(epoch, consumed)
-        self._progress = _Pass(epoch, consumed)
+        self._progress = Pass(epoch, consumed)
 
     def __len__(self) -> int:
         """Batches of this epoch's pass on this rank (the same on every rank): what the next
@@ -292,14 +293,14 @@ class Loader:
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._progress.move_on()  # the last pass handed out every batch, its iterator not run out (_Pass)
+        self._progress.move_on()  # the last pass handed out every batch, its iterator not run out (Pass)
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
         batches = self.batch_indices(start=start)
-        self._progress = progress = _Pass(self.epoch, start, self._cursor, len(batches))
+        self._progress = progress = Pass(self.epoch, start, self._cursor, len(batches))
         if self._gather is not None:
-            return _UntilEnded(self._gather.iterate(batches, progress), progress)
+            return UntilEnded(self._gather.iterate(batches, progress), progress)
         if self._decode is not None:
-            return _UntilEnded(self._decode.iterate(batches, progress), progress)
+            return UntilEnded(self._decode.iterate(batches, progress), progress)
         it = _ProfiledIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, progress=progress)
         self._iterators.add(it)
         return it
@@ -366,7 +367,7 @@ class _ProfiledTransfer(CudaTransfer):
 
 
 class _ProfiledIterator(FillingIterator):
-    def __init__(self, *args: Any, progress: _Pass) -> None:
+    def __init__(self, *args: Any, progress: Pass) -> None:
         super().__init__(*args, progress=progress)
         self._pass = progress
 
@@ -377,65 +378,6 @@ class _ProfiledIterator(FillingIterator):
             except StopIteration:
                 self._pass.end()
                 raise
-
-
-class _Pass(Progress):
-    """The latest iteration: its epoch, the position it started from, the batches it handed
-    out, and whether it has ended (its iterator ran out; not on a ``break``): what ``len`` reports.
-    Once it has handed out all ``total`` batches, :meth:`move_on` moves the loader on to the
-    next epoch: when its iterator runs out, else when the next iteration begins (a loop that
-    stops at the count, ``zip(range(len(loader)), loader)``)."""
-
-    __slots__ = ("start", "ended", "total", "moved_on", "_cursor")
-
-    def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None, total: int = -1) -> None:
-        super().__init__(epoch, 0)
-        self.start, self.ended, self.total, self.moved_on, self._cursor = start, False, total, False, cursor
-
-    def moving_on(self) -> bool:
-        """Whether :meth:`move_on` would move the loader on now."""
-        cursor = self._cursor
-        return (not self.moved_on and cursor is not None and self.batches == self.total
-                and cursor.epoch == self.epoch and cursor.position is None)
-
-    def move_on(self) -> None:
-        """The next iteration follows the next epoch, once, if this pass handed out every batch
-        (not one closed early, failed or abandoned), unless the loader was moved to another
-        epoch (or this one again: ``set_epoch`` sets :attr:`moved_on`) or given a position since."""
-        if self.moving_on():
-            self._cursor.epoch = self.epoch + 1  # type: ignore[union-attr]
-        if self.batches == self.total:
-            self.moved_on = True
-
-    def end(self) -> None:
-        """Its iterator ran out."""
-        self.ended = True
-        self.move_on()
-
-
-class _UntilEnded:
-    """A device path's iteration (GPU gather, GPU decode), marking its pass ended when it runs
-    out; ``close()`` and ``len()`` are the iteration's own."""
-
-    def __init__(self, batches: Iterator[Any], progress: _Pass) -> None:
-        self._batches, self._pass = batches, progress
-
-    def __iter__(self) -> "_UntilEnded":
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._batches)
-        except StopIteration:
-            self._pass.end()
-            raise
-
-    def __len__(self) -> int:
-        """Batches left to hand out (as a filling iteration's ``len``; the device paths' are generators)."""
-        return max(0, self._pass.total - self._pass.batches)
-
-    def close(self) -> None:
-        self._batches.close()  # type: ignore[attr-defined]
 
 
 def _check_dataset(dataset: Any) -> None:
