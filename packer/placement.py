@@ -8,12 +8,10 @@ itself (``os.pwrite``, from the worker's own descriptor of ``DST.partial``) and 
 :class:`Placed` record (label, shape, size, checksum); the driving process books it without
 touching its bytes. The driver still takes the checkpoints (an ``fsync`` makes the workers'
 writes durable as well as its own: they are one file) and writes everything but the samples.
-Each worker writes a chunk's samples past the page cache (``O_DIRECT``, in pieces of a few MB on
-a thread while it converts the next: :class:`~packer.direct_writes.DirectRuns`) and answers
-only once they are written; nothing reads them while the conversion runs but the few moved
-down after a skipped input (below; read back from the disk, once per conversion). Where the
-file refuses ``O_DIRECT``, it writes through the page cache and drops them from it as it goes
-(``files.WriteBehind.wrote_range``, the step chosen by the driver).
+Each worker writes its samples to disk as it goes and drops them from the page cache
+(``files.WriteBehind.wrote_range``, the step chosen by the driver): nothing reads them while the
+conversion runs but the few moved down after a skipped input (below; read back from the disk,
+once per conversion), and the next samples reuse the memory just freed.
 
 The first skipped input ends it: from then on the driver asks the workers for the samples
 (:meth:`Placement.stop`; chunks are handed out in input order, so every chunk handed out later
@@ -44,7 +42,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
-from .direct_writes import DirectRuns, open_direct, pwrite_all
 from .errors import OutputError
 from .preprocess.task import Encoded, Failed
 
@@ -163,18 +160,15 @@ class PlaceTask:
         self.needs_main = bool(getattr(task, "needs_main", False))
         self._fd = -1
         self._behind: WriteBehind | None = None
-        self._runs: DirectRuns | None = None
         self._driver = os.getpid()  # run here (a single input), the descriptor is not kept open
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": -1, "_behind": None, "_runs": None}  # each process opens the file for itself
+        return {**self.__dict__, "_fd": -1, "_behind": None}  # each process opens the file for itself
 
     def __call__(self, entry: tuple[int, Any, int | None]) -> Encoded | Failed | Placed:
         index, item, offset = entry
         if offset is not None:
             self._hold()
-        if self._runs is not None:
-            return next(iter(self.map([entry])))
         return self._place(index, self.task(item), offset)
 
     def map(self, entries: Sequence[tuple[int, Any, int | None]]) -> Iterator[Encoded | Failed | Placed]:
@@ -184,18 +178,8 @@ class PlaceTask:
 
         if any(entry[2] is not None for entry in entries):
             self._hold()
-        if self._runs is None:
-            for (index, _item, offset), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
-                yield self._place(index, result, offset)
-            return
-        records = [self._place(index, result, offset)
-                   for (index, _item, offset), result in zip(entries, run_items(self.task, [entry[1] for entry in entries]))]
-        try:
-            self._runs.finish()  # the chunk's records go back once its samples are written
-        except OSError as exc:
-            error = (exc.errno or errno.EIO, exc.strerror or str(exc))
-            records = [dataclasses.replace(record, error=error) if isinstance(record, Placed) else record for record in records]
-        yield from records
+        for (index, _item, offset), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
+            yield self._place(index, result, offset)
 
     def _hold(self) -> None:
         """Open the file and take the shared lock before converting anything this process may
@@ -220,11 +204,7 @@ class PlaceTask:
         if os.getpid() != self._driver:
             from .writers.files import WriteBehind  # (here, not above: the writers import this module)
 
-            direct = open_direct(self.path)
-            if direct >= 0:
-                self._runs = DirectRuns(fd, direct)
-            else:
-                self._behind = WriteBehind(fd, self.behind_step)  # (the output is not read while it is written)
+            self._behind = WriteBehind(fd, self.behind_step)  # (the output is not read while it is written)
 
     def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:
         """Write ``result`` at ``offset`` (input ``index``'s place) and return its record; a
@@ -237,9 +217,6 @@ class PlaceTask:
         try:
             if self._fd < 0:
                 self._open_locked()
-            if self._runs is not None:
-                self._runs.write(result.payload, offset)
-                return placed
             pwrite_all(self._fd, result.payload, offset)
             if self._behind is not None:
                 self._behind.wrote_range(offset, offset + self.stride)
@@ -272,3 +249,11 @@ def wait_for_writers(fd: int, what: str) -> None:
             continue
         fcntl.flock(fd, fcntl.LOCK_UN)
         return
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``os.pwrite`` may write less)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

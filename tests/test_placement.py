@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 import packer.engine
-import packer.placement as placement
 import packer.writers.files as files
 import packer.writers.journal as journal
 from imagefiles import gradient, jpeg_bytes, write
@@ -317,10 +316,8 @@ def test_a_killed_runs_worker_is_waited_for_before_its_first_write(tmp_path):
 def test_a_write_error_the_write_behind_sees_comes_back_with_the_sample(tmp_path, monkeypatch):
     """A worker's ``sync_file_range`` that reports EIO (a sample written earlier did not reach
     the disk) makes the record an error, as a failed ``pwrite`` does: the driver then stops with
-    its one line (test above), where the checkpoint's ``fsync`` might never have been told.
-    (Workers write through the page cache where the file refuses ``O_DIRECT``, as here.)"""
+    its one line (test above), where the checkpoint's ``fsync`` might never have been told."""
     calls = []
-    monkeypatch.setattr(placement, "open_direct", lambda path: -1)
 
     def failing(fd, start, length, flags):
         calls.append(flags)

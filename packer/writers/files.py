@@ -56,9 +56,8 @@ def release_cached(fd: int, length: int = 0, *, map_size: int = 0, start: int = 
     output is not read while it is written, so its pages would only crowd out the user's own
     cached files, and the pages written next reuse the memory just freed instead of ever more
     of it (on the 2-core VM, whose hypervisor takes back free memory, touching fresh memory is
-    what made LMDB's writes slow; docs/SCALING.md). The blob's and HDF5's workers write the samples
-    they place past the page cache instead (packer/direct_writes.py; where the file refuses
-    that, they drop them as they write them, :meth:`WriteBehind.wrote_range`); what their driver
+    what made LMDB's writes slow; docs/SCALING.md). The blob's and HDF5's workers drop the samples
+    they place as they write them instead (:meth:`WriteBehind.wrote_range`); what their driver
     writes (other shapes, compression, samples after a skip) stays cached until the end.
     """
     if map_size and length:
@@ -198,8 +197,7 @@ class WriteBehind:
     in the kernel's throttling.
 
     Only for files not read back while written (a WebDataset worker's finished shard, the
-    shards the driver assembles, the samples a blob's or HDF5's workers place where the file
-    refuses ``O_DIRECT``, :meth:`wrote_range`,
+    shards the driver assembles, the samples a blob's or HDF5's workers place, :meth:`wrote_range`,
     of which only the few moved down after a skipped input are read back; LMDB's file, whose
     writer reads back only the few B-tree pages of its last commits: those that fall in a step
     dropped are read from the disk again; ``map_size``, the writer's map of the file, is emptied

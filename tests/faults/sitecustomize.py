@@ -29,7 +29,6 @@ if _CODE:
 _PLACE_CODE = os.environ.get("PACKER_TEST_PLACE_ERRNO")
 
 if _PLACE_CODE:  # tests/test_placement.py: a worker's write of a sample into the output fails
-    import packer.direct_writes
     import packer.placement
 
     _place_calls = {"n": 0}
@@ -41,5 +40,4 @@ if _PLACE_CODE:  # tests/test_placement.py: a worker's write of a sample into th
             raise OSError(int(_PLACE_CODE), os.strerror(int(_PLACE_CODE)))
         return _original_pwrite(fd, data, offset)
 
-    packer.placement.pwrite_all = _failing_pwrite  # written through the page cache
-    packer.direct_writes.pwrite_all = _failing_pwrite  # or past it (and the part-pages of runs)
+    packer.placement.pwrite_all = _failing_pwrite
