@@ -402,6 +402,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "before_after": _before_after(),
     "before_after-convert-recheck": _before_after("convert-recheck"),
     "before_after-elastic": _before_after("elastic"),
+    "before_after-direct-jpeg": _before_after("direct-jpeg"),
+    "before_after-direct-presized": _before_after("direct-presized"),
     "verify_cost": _verify_cost,
     "faults": _faults,
     "faults_table": _faults_table,
