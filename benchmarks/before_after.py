@@ -13,7 +13,10 @@ both sides use the same Python, libraries and data:
   images/s of the whole ``convert`` call;
 * ``Loader``: the same datasets (the on-disk formats are shared by both revisions, written
   once by this tree), batches of 256 with 2 threads, images/s over at least ``--seconds``
-  after a warm-up pass, pages warm in the OS cache.
+  after a warm-up pass, pages warm in the OS cache;
+* ``cold`` (``--jobs cold``, root only: it drops the whole machine's page cache): the same
+  ``Loader``'s first epoch (shuffled) right after the page cache was dropped, the dataset read
+  from the disk.
 Each figure is median (min-max) over ``--rounds`` runs per side; the ratio is after / before.
 Results go to ``benchmarks/out/before_after.json`` (``--update-results``: benchmarks/results/).
 """
@@ -60,6 +63,20 @@ while time.perf_counter() - start < seconds:
 print(json.dumps({"rate": images / (time.perf_counter() - start)}))
 """
 
+_COLD = """
+import json, os, sys, time
+from readers import Loader, open_dataset
+path = sys.argv[1]
+os.sync()
+with open("/proc/sys/vm/drop_caches", "w") as caches:
+    caches.write("3")
+loader = Loader(open_dataset(path), batch_size=256, shuffle=True, threads=2)
+images, start = 0, time.perf_counter()
+for batch, _labels in loader:
+    images += len(batch)
+print(json.dumps({"rate": images / (time.perf_counter() - start)}))
+"""
+
 
 def child(tree: Path, code: str, *args: str) -> float:
     """Run ``code`` with ``tree``'s packer and readers first on the path; its reported rate."""
@@ -79,12 +96,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
     parser.add_argument("--seconds", type=float, default=3.0, help="shortest timed Loader pass")
     parser.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
-    parser.add_argument("--jobs", nargs="+", choices=["convert", "loader"], default=["convert", "loader"])
+    parser.add_argument("--jobs", nargs="+", choices=["convert", "loader", "cold"], default=["convert", "loader"],
+                        help="cold: the Loader's first epoch after dropping the page cache (root only)")
     parser.add_argument("--source", choices=["jpeg", "presized"], default="jpeg",
                         help="jpeg: ImageNet-like 500x375 JPEGs; presized: the same at 224x224 as BMP (nothing to decode or resize)")
     parser.add_argument("--tag", default="", help="suffix of the result file's name (before_after-TAG.json)")
     parser.add_argument("--update-results", action="store_true", help="write benchmarks/results/ instead of benchmarks/out/")
     args = parser.parse_args()
+    if "cold" in args.jobs and (not hasattr(os, "geteuid") or os.geteuid() != 0 or not Path("/proc/sys/vm/drop_caches").exists()):
+        parser.error("--jobs cold drops the machine's page cache: run it as root on Linux")
 
     src = imagenet_like(args.images) if args.source == "jpeg" else presized(args.images)
     workers = str(cpu_count())
@@ -93,7 +113,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), args.base], check=True, capture_output=True)
         try:
             sides = {"before": base_tree, "after": REPO}
-            results: dict = {"convert": {}, "loader": {}}
+            results: dict = {"convert": {}, "loader": {}, "cold": {}}
             formats = {fmt: FORMATS[fmt] for fmt in args.formats}
             for fmt, suffix in formats.items():  # conversions (they also make the datasets the Loader reads)
                 rates: dict[str, list[float]] = {"before": [], "after": []}
@@ -108,19 +128,20 @@ def main() -> None:
                 if "convert" in args.jobs:
                     results["convert"][fmt] = {side: summary(r) for side, r in rates.items()}
                     print(f"convert {fmt}: {_line(results['convert'][fmt])}", flush=True)
-            for fmt, suffix in formats.items() if "loader" in args.jobs else ():
-                dataset = Path(tmp) / f"after{suffix}"  # written by this tree above; both read it
-                rates = {"before": [], "after": []}
-                for _ in range(args.rounds):
-                    for side, tree in sides.items():
-                        rates[side].append(child(tree, _LOAD, str(dataset), str(args.seconds)))
-                results["loader"][fmt] = {side: summary(r) for side, r in rates.items()}
-                print(f"Loader {fmt}: {_line(results['loader'][fmt])}", flush=True)
+            for job, code, extra in (("loader", _LOAD, [str(args.seconds)]), ("cold", _COLD, [])):
+                for fmt, suffix in formats.items() if job in args.jobs else ():
+                    dataset = Path(tmp) / f"after{suffix}"  # written by this tree above; both read it
+                    rates = {"before": [], "after": []}
+                    for _ in range(args.rounds):
+                        for side, tree in sides.items():
+                            rates[side].append(child(tree, code, str(dataset), *extra))
+                    results[job][fmt] = {side: summary(r) for side, r in rates.items()}
+                    print(f"{job} {fmt}: {_line(results[job][fmt])}", flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False, capture_output=True)
     rows = [
         [job, fmt, _fig(r["before"]), _fig(r["after"]), f"{r['after']['median'] / r['before']['median']:.2f}"]
-        for job in ("convert", "loader") for fmt, r in results[job].items()
+        for job in ("convert", "loader", "cold") for fmt, r in results[job].items()
     ]
     print(markdown_table(["job", "format", f"before ({args.base}) img/s", "after img/s", "after/before"], rows))
     payload = {

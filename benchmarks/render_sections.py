@@ -266,7 +266,7 @@ def _before_after(tag: str = "") -> Callable[[], str]:
     def section() -> str:
         d = load(name)
         rows = [[job, fmt, rate(side["before"]), rate(side["after"]), f"{side['after']['median'] / side['before']['median']:.2f}"]
-                for job in ("convert", "loader") for fmt, side in d[job].items()]
+                for job in ("convert", "loader", "cold") for fmt, side in d.get(job, {}).items()]
         return "\n\n".join([source_line(name), f"{d['base']} (before) against {d['head']} (after), alternating, {d['rounds']} rounds; images/s, median (min-max):",
                             markdown_table(["job", "format", "before", "after", "after/before (medians)"], rows)])
 
