@@ -13,7 +13,7 @@ from typing import Any
 
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
-from .errors import OptionError
+from .errors import OptionError, OutputExistsError
 from .jobs import Job, changed_fields, check_source_options, image_job, resolve_kind
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
@@ -142,6 +142,9 @@ def convert(
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)
     check_unfinished(final, resume=resume, overwrite=overwrite)  # first: a running or interrupted conversion is the news
+    refusal = get_writer(fmt).refuse_replacing(dst)
+    if refusal is not None:
+        raise OutputExistsError(refusal)
     check_destination(final, overwrite=overwrite, resume=resume)
     return run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
 

@@ -227,3 +227,22 @@ def test_a_file_url_dst_follows_the_local_rules(src, tmp_path):
     convert(src, f"file://{blob}", image=ImageOptions(size=8), workers=1)
     with pytest.raises(OutputError, match="done.blob: already complete, nothing to resume; pass --overwrite instead of --resume"):
         convert(src, f"file://{blob}", image=ImageOptions(size=8), workers=1, resume=True)
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_shards_of_another_name_in_the_folder_are_never_replaced(src, tmp_path, overwrite):
+    """``out/val-%04d.tar`` into the folder of ``out/train-%04d.tar``: the folder is one dataset,
+    and --overwrite deleted every train shard with it (a Streaming user's walkthrough). Refused
+    with one line; the same pattern is still replaced."""
+    convert(src, tmp_path / "out" / "train-%04d.tar", image=ImageOptions(size=8), workers=1)
+    before = tree(tmp_path / "out")
+    result = run("convert", src, tmp_path / "out" / "val-%04d.tar", "--size", "8", *(["--overwrite"] if overwrite else []))
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert (f"{tmp_path / 'out'}: holds a WebDataset of shards named train-%04d.tar, not val-%04d.tar; a folder holds one dataset"
+            in result.stderr)
+    assert f"for example {tmp_path / 'val' / 'val-%04d.tar'}" in result.stderr
+    assert tree(tmp_path / "out") == before
+    convert(src, tmp_path / "out" / "train-%04d.tar", image=ImageOptions(size=12), workers=1, overwrite=True)
+    assert open_store(tmp_path / "out").meta.shape == (3, 12, 12)
+    convert(src, tmp_path / "val" / "val-%04d.tar", image=ImageOptions(size=8), workers=1)  # as the line says
+    assert open_store(tmp_path / "val").meta.count == open_store(tmp_path / "out").meta.count

@@ -56,6 +56,13 @@ class Writer:
         """The path the finished output will have, for a DST as given (the same, for most formats)."""
         return Path(dst)
 
+    @classmethod
+    def refuse_replacing(cls, dst: Path) -> str | None:
+        """Why this conversion must not replace what is at :meth:`destination` even with
+        ``--overwrite`` (the line to show), beyond the rules every format shares
+        (``packer/destination.py``); ``None``: nothing more."""
+        return None
+
     def __init__(
         self, dst: Path, storage: StorageOptions | None = None, *, fingerprint: Mapping[str, Any] | None = None, resume: bool = False
     ) -> None:

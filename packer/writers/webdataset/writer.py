@@ -27,6 +27,7 @@ from readers.formats.webdataset import (
     index_array,
     npy_header,
 )
+from readers.formats import open_store
 from readers.schema import Metadata, PackedFormatError
 
 from ...errors import OptionError
@@ -127,6 +128,23 @@ class ShardWriter(PieceWriter):
     def destination(cls, dst: Path) -> Path:
         """The folder a DST names (a shard name pattern lives inside it)."""
         return split_destination(Path(dst))[0]
+
+    @classmethod
+    def refuse_replacing(cls, dst: Path) -> str | None:
+        """A folder holding a WebDataset of other shard names (``train-%06d.tar`` beside a new
+        ``val-%06d.tar``): the folder is one dataset, and replacing it would delete those shards."""
+        folder, pattern = split_destination(Path(dst))
+        try:
+            meta = open_store(folder).meta
+        except (PackedFormatError, OSError, ValueError):
+            return None
+        old = meta.extra.get("shard_pattern") if meta.format == "webdataset" else None
+        if not isinstance(old, str) or old == pattern:
+            return None
+        stem = pattern.split("%", 1)[0].rstrip("-_.") or "shards"
+        beside = folder.parent / stem if (folder.parent / stem) != folder else folder.parent / f"{folder.name}-{stem}"
+        return (f"{folder}: holds a WebDataset of shards named {old}, not {pattern}; a folder holds one dataset, so writing "
+                f"{pattern} there would delete those shards: write it to a folder of its own, for example {beside / pattern}")
 
     # -- the parallel path -----------------------------------------------------------------
     def piece_inputs(self, image: ImageOptions) -> int:
