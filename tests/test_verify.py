@@ -21,6 +21,8 @@ from readers.formats.blob import BlobHeader, HEADER, SOURCES_HEADER
 from readers.formats.hdf5 import SOURCES
 from readers.formats.lmdb import SOURCES_KEY
 from readers.formats.webdataset import INDEX_FILE, SOURCES_FILE
+from readers import StreamingShards
+from readers.schema import PackedFormatError
 
 FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
@@ -155,6 +157,20 @@ def test_a_damaged_tar_header_is_found(packed):
     _flip(shard, 3)  # inside the first member's name
     report = verify(path)
     assert any("shard-000000.tar" in f.where and "tar header" in f.message for f in report.faults), report.faults
+
+
+def test_garbage_in_a_members_npy_header_is_a_fault_not_a_traceback(packed):
+    """Bytes that are not text in a raw sample's .npy header made numpy's header parser raise
+    tokenize's TokenError through verify and StreamingShards (a Streaming user's walkthrough)."""
+    path = packed("webdataset")
+    shard = path / "shard-000000.tar"
+    with open(shard, "r+b") as handle:
+        handle.seek(512 + 60)  # the first member's .npy header text, after the tar header and the magic
+        handle.write(b"\xff" * 20)
+    report = verify(path)
+    assert [f.where for f in report.faults] == ["sample 0 (shard-000000.tar)"] and "bad .npy header" in report.faults[0].message
+    with pytest.raises(PackedFormatError, match=r"shard-000000.tar: member 0000000000.npy: bad .npy header"):
+        list(StreamingShards(str(path)))
 
 
 def test_cli_success_prints_one_summary_line(packed):

@@ -24,6 +24,7 @@ import os
 import tarfile
 from functools import lru_cache
 from pathlib import Path
+from tokenize import TokenError
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -198,7 +199,7 @@ def parse_npy(data: bytes | memoryview | np.ndarray) -> tuple[tuple[int, ...], n
     size = int.from_bytes(view[8:10], "little") + 10 if major == 1 else int.from_bytes(view[8:12], "little") + 12
     try:
         return _parse_npy_header(bytes(view[:size]))
-    except (ValueError, SyntaxError) as exc:
+    except (ValueError, SyntaxError, TypeError, TokenError, RecursionError) as exc:  # (numpy tokenises the header's text)
         raise PackedFormatError(f"bad .npy header ({exc})") from None
 
 
