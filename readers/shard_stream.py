@@ -93,7 +93,9 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
         folder = Path(source)
         check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line
         meta = read_metadata(folder)
-        return [str(folder / name) for name in meta.extra["shards"]], meta
+        urls = [str(folder / name) for name in meta.extra["shards"]]
+        _check_local(iter(urls))  # a shard the metadata lists but the folder lacks: one line now, not mid-epoch
+        return urls, meta
     from .remote import is_url, read_url
 
     if isinstance(source, str) and is_url(source) and not source.endswith(".tar") and "{" not in source:

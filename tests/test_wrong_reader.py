@@ -10,6 +10,7 @@ classes are written out here, not taken from the readers' own tables.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -221,3 +222,16 @@ def test_open_dataset_names_an_option_the_format_does_not_take(lmdb_32):
     option, the class and what it takes (it was Python's 'unexpected keyword argument')."""
     with pytest.raises(TypeError, match=r"^open_dataset: in_memory= does not apply to .*, read by readers.LMDBDataset, which takes transform, verify$"):
         open_dataset(lmdb_32, in_memory=False)
+
+
+def test_streaming_shards_refuses_a_folder_whose_listed_shard_is_gone(packed_32, tmp_path):
+    """The folder's metadata lists a shard the folder no longer has: one line at construction,
+    where it was a FileNotFoundError partway through the epoch (a Streaming user's walkthrough:
+    one rank dies mid-epoch, the others wait forever)."""
+    copy = tmp_path / "shards"
+    shutil.copytree(packed_32("webdataset"), copy)
+    [first, *_] = sorted(copy.glob("*.tar"))
+    first.unlink()
+    for given in (copy, str(copy)):
+        with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(first))}: no such shard"):
+            StreamingShards(given)
