@@ -404,6 +404,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "before_after-elastic": _before_after("elastic"),
     "before_after-direct-jpeg": _before_after("direct-jpeg"),
     "before_after-direct-presized": _before_after("direct-presized"),
+    "before_after-lmdb-cold": _before_after("lmdb-cold"),
     "verify_cost": _verify_cost,
     "faults": _faults,
     "faults_table": _faults_table,
