@@ -206,3 +206,28 @@ def test_flags_take_booleans_only():
         ImageOptions(grayscale="no")
     with pytest.raises(OptionError, match="--lines: must be True or False, got 1"):
         TextOptions(lines=1)
+
+
+@pytest.mark.parametrize("fmt", ["blob", "webdataset"])
+def test_resume_with_src_and_dst_spelled_another_way(tmp_path, source, fmt, monkeypatch):
+    """Killed when run as ``packer convert src out`` from the folder above, resumed with absolute
+    paths: the same conversion. Both were refused before, the source as "changed since the
+    interrupted run" and the DST as "dst was ..., now ..." (a Streaming user's walkthrough)."""
+    args, kwargs = _options(fmt)
+    monkeypatch.chdir(tmp_path)
+    os.symlink(source, tmp_path / "src")
+    dst = tmp_path / f"out{SUFFIX[fmt]}"
+    journal = journal_path(dst.with_name(dst.name + ".partial")) / "journal.json"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, "convert", "src", dst.name, "-j", "2", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 60
+    while not journal.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.005)
+    _kill(proc)
+    committed = json.loads(journal.read_text())["inputs"]
+    assert 0 < committed < 240
+    report = convert(tmp_path / "src", dst, workers=2, resume=True, **kwargs)
+    assert report.resumed == committed
+    assert _samples(dst) == _samples(convert(source, tmp_path / f"ref{SUFFIX[fmt]}", workers=2, **kwargs).dst)

@@ -76,7 +76,9 @@ def journal_path(tmp: Path) -> Path:
 
 def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None) -> str:
     """SHA-256 over ``(path, label)`` plus each file's size and modification time: from
-    ``stamps`` (a remote SRC's listing: ``path -> "size:version"``), else from ``os.stat``."""
+    ``stamps`` (a remote SRC's listing: ``path -> "size:version"``), else from ``os.stat``. A
+    local path counts as its absolute spelling: ``--resume`` from another folder, or with SRC
+    spelled the other way (``data/`` and ``/home/me/data/``), is the same listing."""
     digest = hashlib.sha256()
     for path, label in entries:
         if stamps is not None:
@@ -87,6 +89,7 @@ def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str]
                 stamp = f"{st.st_size}:{st.st_mtime_ns}"
             except OSError:
                 stamp = "missing"
+            path = os.path.abspath(path)
         digest.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
@@ -98,7 +101,7 @@ def conversion_fingerprint(
     """Everything that decides an image conversion's output: options by their CLI names, the
     source (an absolute path or a URL) and its listing (``stamps``: see :func:`listing_digest`)."""
     options = {f"--{k.replace('_', '-')}": v for k, v in {**dict(image), **dict(storage)}.items()}
-    return {"format": format, "source": source, "dst": str(dst), "--on-error": on_error,
+    return {"format": format, "source": source, "dst": os.path.abspath(dst), "--on-error": on_error,
             "listing": listing_digest(items, stamps), **options}
 
 
