@@ -201,6 +201,7 @@ def _load_huggingface(path: Path) -> Tokenizer:
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({exc})") from None
     backend.no_truncation()  # saved settings of a model's inputs: a document is tokenised whole, never cut or padded
     backend.no_padding()
+    backend.encode_special_tokens = True  # "<|endoftext|>" written in a document is text, not the EOS id mid-document
     vocab = backend.get_vocab(with_added_tokens=True)
     vocab_size = max(vocab.values(), default=-1) + 1  # ids may have gaps: the largest id bounds the dtype
     eos = next((vocab[name] for name in EOS_NAMES if name in vocab), None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -294,3 +295,33 @@ def test_a_mixed_folder_says_what_it_leaves_out(tmp_path: Path, caplog) -> None:
     assert packer.convert(src, tmp_path / "t.blob", kind="text", workers=1).written == 2
     assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
         f"{src}: 1 image is left out: a text corpus converts its .txt, .jsonl and .parquet files only"]
+
+
+def test_a_named_pipe_named_like_a_text_file_is_skipped_not_read(tmp_path: Path) -> None:
+    """A FIFO called pipe.txt blocked the scan (in the driver, outside any worker's --timeout)
+    forever (an LLM user's walkthrough): it is recorded as skipped, never opened."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.txt").write_text("hello world", encoding="utf-8")
+    os.mkfifo(src / "pipe.txt")
+    report = packer.convert(src, tmp_path / "o.blob", workers=1)
+    assert report.written == 1
+    assert [(s.path, s.reason) for s in report.skipped] == [("pipe.txt", "not a regular file (a named pipe, socket or device): not read")]
+
+
+def test_special_token_text_in_a_document_is_text_not_the_eos_id(bpe: Path, tmp_path: Path) -> None:
+    """``<|endoftext|>`` written in a document (code, web pages) was stored as the EOS id in the
+    middle of the document, splitting it for every reader (an LLM user's walkthrough)."""
+    from tokenizers import Tokenizer
+
+    text = 'print("<|endoftext|>") alpha beta'
+    (tmp_path / "src").mkdir()
+    src = write_texts(tmp_path / "src", {"a.txt": text})
+    packer.convert(src, tmp_path / "o.blob", text=TextOptions(tokenizer=str(bpe)), workers=1)
+    ds = TokenDataset(tmp_path / "o.blob")
+    reference = Tokenizer.from_file(str(bpe))
+    eos = reference.token_to_id(BPE_EOS)
+    [doc] = [list(map(int, ds[i])) for i in range(len(ds))]
+    assert doc.count(eos) == 1 and doc[-1] == eos  # the EOS packer appends, only
+    reference.encode_special_tokens = True  # the library's own switch: special tokens' text as text
+    assert doc[:-1] == reference.encode(text, add_special_tokens=False).ids

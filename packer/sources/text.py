@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,14 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     for path in files:
         name = path.relative_to(base).as_posix()
         ext = path.suffix.lower()
+        try:
+            regular = stat.S_ISREG(path.stat().st_mode)
+        except OSError as exc:
+            corpus.skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
+            continue
+        if not regular:  # a named pipe would block the scan forever, outside any worker's --timeout
+            corpus.skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
+            continue
         if ext == ".parquet":
             _read_parquet(path, name, text_field, corpus)
             continue
