@@ -217,6 +217,20 @@ class StreamingShards(IterableDataset):
                 f"state_dict: batch_size={batch_size}, num_workers={num_workers}, but this StreamingShards equalises batches "
                 f"of batch_size={self.batch_size} over num_workers={self.num_workers}: pass the DataLoader's, as the constructor has them"
             )
+        skip, following = self._position(batches, batch_size, num_workers)
+        return {
+            "epoch": self.epoch,
+            **self._settings(),
+            "num_workers": num_workers,
+            "dataset": self._fingerprint(),
+            "batches": int(batches),
+            "skip": skip,
+            "first": following,
+        }
+
+    def _position(self, batches: int, batch_size: int | None, num_workers: int) -> tuple[list[int], int]:
+        """Where this rank's ``num_workers`` workers are in the current epoch after ``batches``
+        batches: the samples each has handed out, and the worker whose batch comes next."""
         size = 1 if batch_size is None else batch_size
         counts = self._shares(num_workers)[1]
         per_worker = [-(-n // size) for n in counts]  # batches each worker yields (the last may be short)
@@ -230,14 +244,7 @@ class StreamingShards(IterableDataset):
                     following = (w + 1) % len(counts)
         if left:
             raise ValueError(f"state_dict: batches={batches} is more than this rank's {sum(per_worker)} batches per epoch")
-        return {
-            "epoch": self.epoch,
-            **self._settings(),
-            "num_workers": num_workers,
-            "dataset": self._fingerprint(),
-            "skip": [min(n, t * size) for n, t in zip(counts, taken)],
-            "first": following,
-        }
+        return [min(n, t * size) for n, t in zip(counts, taken)], following
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
@@ -251,10 +258,30 @@ class StreamingShards(IterableDataset):
                 "same split continues exactly; resume with the same world_size, or read the shards map-style "
                 "(Loader(ShardDataset(...)) or readers.ResumableSampler) to resume with any"
             )
-        check_settings(state, self._settings(), "dataset")
+        other_rank = state.get("rank", self.rank) != self.rank
+        if other_rank and (self.batch_size is None or "batches" not in state):
+            raise ResumeError(
+                f"load_state_dict: the state was saved by rank {state['rank']}, this StreamingShards is rank {self.rank}; "
+                "without batch_size, ranks are not in step, so each resumes from its own state: save every rank's "
+                "(or construct with the DataLoader's batch_size, and any rank's state resumes them all)"
+            )
+        check_settings({**state, "rank": self.rank}, self._settings(), "dataset")
         if self.meta is not None:
             check_fingerprint(state.get("dataset", {}), self._fingerprint(), "dataset")
-        self._cursor.resume(state["epoch"], ([int(n) for n in state["skip"]], int(state.get("first", 0))))
+        if not other_rank:
+            self._cursor.resume(state["epoch"], ([int(n) for n in state["skip"]], int(state.get("first", 0))))
+            return
+        # Equal batches keep the ranks in step: after the same number of batches, this rank's
+        # workers are where this rank's own state would put them.
+        before = (self._cursor.epoch, self._cursor.position)
+        self._cursor.resume(state["epoch"], None)
+        try:
+            skip, following = self._position(int(state["batches"]), self.batch_size, int(state.get("num_workers", self.num_workers)))
+        except ValueError:
+            self._cursor.resume(*before)
+            raise ResumeError(f"load_state_dict: batches={state['batches']} is more than rank {self.rank}'s batches in epoch "
+                              f"{state['epoch']}: not a state of these shards and settings") from None
+        self._cursor.resume(state["epoch"], (skip, following))
 
     def _fingerprint(self) -> dict[str, Any]:
         """The metadata's identity of these shards (sample count, source, creation), as states record it."""
