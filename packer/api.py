@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from readers.formats.base import local_path
+
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
 from .errors import OptionError, OutputExistsError
@@ -129,8 +131,10 @@ def convert(
         check_gpu_conversion(fmt, executor, pyobject)
     if executor != "local" and not pyobject and not is_source_url(str(src)):
         src = Path(src).resolve()  # tasks elsewhere see absolute paths
-    from .remote import is_dst_url, remote_destination
+    from .remote import REMOTE_FORMATS, is_dst_url, remote_destination
 
+    if str(dst)[:7].lower() == "file://" and fmt not in REMOTE_FORMATS:  # a local path all the same: written in place
+        dst = local_path(str(dst))
     if is_dst_url(str(dst)):
         with remote_destination(str(dst), fmt, overwrite=overwrite, resume=resume) as staging:
             local = staging.local_dst

@@ -12,6 +12,7 @@ import tarfile
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -245,6 +246,23 @@ def test_a_file_url_dst_is_read_back_by_the_same_url(local_source, tmp_path):
         assert len(StreamingShards(same)) == len(ShardDataset(same)) == report.written
     result = CliRunner().invoke(cli, ["info", pattern])
     assert result.exit_code == 0 and f"{tmp_path}/pat" in result.output, result.output
+
+
+@pytest.mark.parametrize("fmt, name", [("lmdb", "d.lmdb"), ("hdf5", "d.h5"), ("blob", "d.blob")])
+def test_every_reader_takes_a_file_url(local_source, tmp_path, fmt, name):
+    """LMDBDataset, HDF5Dataset and open_dataset said "no such ... dataset" for the file:// URL
+    packer convert wrote to, which ShardDataset and RAMDataset read (a Streaming user's
+    walkthrough); ``file://localhost/`` is the same path (RFC 8089)."""
+    from readers import open_dataset
+
+    report = convert(local_source, f"file://{tmp_path}/{name}", format=fmt, image=ImageOptions(size=8), workers=1)
+    plain = open_dataset(tmp_path / name)
+    expected = plain.read_batch(np.arange(len(plain)))[0]
+    del plain
+    for url in (f"file://{tmp_path}/{name}", f"file://localhost{tmp_path}/{name}"):
+        ds = open_dataset(url)
+        assert len(ds) == report.written and np.array_equal(np.asarray(ds.read_batch(np.arange(len(ds)))[0]), np.asarray(expected)), url
+        del ds
 
 
 def test_http_src(local_source, tmp_path):

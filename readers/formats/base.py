@@ -73,7 +73,8 @@ def local_path(value: str | Path) -> str | Path:
     through) reads it: the rest of the URL, as it is (``%06d`` is a shard pattern, not an
     escape); anything else as it is."""
     if isinstance(value, str) and value[:7].lower() == "file://":
-        return value[7:]
+        rest = value[7:]
+        return rest[len("localhost"):] if rest[:10].lower() == "localhost/" else rest  # file://localhost/x is /x (RFC 8089)
     return value
 
 

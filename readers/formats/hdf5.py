@@ -34,7 +34,7 @@ import numpy as np
 
 from .._process import HandleCache, PerProcess, file_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Record, Store, magic_mismatch
+from .base import Record, Store, dataset_path, magic_mismatch
 from .names import decode_source_names
 
 __all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "chunk_starts", "open_shared_file"]
@@ -90,7 +90,7 @@ class HDF5Store(Store):
     label = "HDF5"
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
-        self._file = PerProcess(_FileOpener(str(path)))
+        self._file = PerProcess(_FileOpener(str(dataset_path(path))))  # (a file:// URL: its local path)
         super().__init__(path, verify=verify)
 
     @classmethod

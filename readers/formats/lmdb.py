@@ -24,7 +24,7 @@ from .._process import HandleCache, PerProcess, file_key
 from ..checksums import CHECKSUM_DTYPE
 from .names import decode_source_names
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Fault, Record, Store
+from .base import Fault, Record, Store, dataset_path
 
 __all__ = ["LMDBStore", "META_KEY", "CHECKSUMS_KEY", "SOURCES_KEY", "SAMPLE_HEADER", "DATA_FILE", "LOCK_FILE", "sample_key", "open_shared_env"]
 
@@ -70,7 +70,7 @@ class LMDBStore(Store):
     label = "LMDB"
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
-        self._env = PerProcess(_EnvOpener(str(path)))
+        self._env = PerProcess(_EnvOpener(str(dataset_path(path))))  # (a file:// URL: its local path)
         super().__init__(path, verify=verify)
 
     @classmethod
