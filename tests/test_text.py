@@ -258,6 +258,21 @@ def test_lines_split_at_newlines_only(tmp_path: Path) -> None:
     assert ds.meta.skipped == ()
 
 
+def test_a_line_that_is_not_utf8_is_skipped_alone(tmp_path: Path) -> None:
+    """One bad byte dropped the whole file, every good line with it (an LLM user's walkthrough);
+    a document a line, the line alone is skipped and recorded, as a line that is not JSON is.
+    (Those files are read a line at a time, never whole.)"""
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "r.jsonl").write_bytes(b'{"text": "one"}\n{"text": "bad \xff"}\n{"text": "two"}\n')
+    (src / "t.txt").write_bytes(b"good\nbad \xff\r\nalso good\r\n")
+    packer.convert(src, tmp_path / "l.blob", text=TextOptions(lines=True), workers=1)
+    ds = TokenDataset(tmp_path / "l.blob")
+    assert [ds.decode(ds[i]) for i in range(len(ds))] == ["one\n", "two\n", "good\n", "also good\n"]
+    assert [(s.path, s.reason) for s in ds.meta.skipped] == [("r.jsonl:2", "invalid UTF-8 at byte 14 of the line"),
+                                                              ("t.txt:2", "invalid UTF-8 at byte 4 of the line")]
+
+
 def test_text_options_no_file_uses_are_refused(tmp_path: Path) -> None:
     """--lines on a corpus without .txt files, --text-field on one without .jsonl or Parquet: each
     was dropped, and recorded in the metadata as if used."""

@@ -71,13 +71,6 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
 
 
-def lines_of(text: str) -> list[str]:
-    """The lines of a file's text, split at ``\\n`` only (``\\r\\n`` too) as ``wc -l`` and JSON
-    Lines count them: not at the other line breaks :meth:`str.splitlines` knows (U+2028, form
-    feed...), which JSON strings and prose may hold."""
-    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
-
-
 def is_text_corpus(root: str | os.PathLike[str]) -> bool:
     """Whether ``root`` holds text files and no images (how ``packer convert`` tells a corpus)."""
     root = Path(root)
@@ -126,6 +119,9 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
             _read_parquet(path, name, text_field, corpus)
             continue
         try:
+            if ext == ".jsonl" or lines:  # a document a line: read a line at a time, never the whole file at once
+                _read_lines(path, name, text_field if ext == ".jsonl" else None, corpus)
+                continue
             data = path.read_bytes()
         except OSError as exc:
             corpus.skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
@@ -138,15 +134,32 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
         except UnicodeDecodeError as exc:
             corpus.skipped.append(Skipped(name, f"invalid UTF-8 at byte {exc.start}"))
             continue
-        if ext == ".jsonl":
-            _read_jsonl(text, name, text_field, corpus)
-        elif lines:
-            for number, line in enumerate(lines_of(text), 1):
-                if line.strip():
-                    corpus.docs.append(TextDoc(f"{name}:{number}", line))
-        else:
-            _add(corpus, name, text)
+        _add(corpus, name, text)
     return corpus
+
+
+def _read_lines(path: Path, name: str, text_field: str | None, corpus: TextCorpus) -> None:
+    """A document a line (``text_field``: JSON Lines, that field of each record; ``None``:
+    ``--lines``), read a line at a time: a line that is not UTF-8 is skipped alone, as a line
+    that is not JSON is (the file whole when its start holds NUL bytes: binary)."""
+    with open(path, "rb") as handle:
+        if b"\x00" in handle.read(_SNIFF):
+            corpus.skipped.append(Skipped(name, "binary file (contains NUL bytes), not text"))
+            return
+        handle.seek(0)
+        for number, raw in enumerate(handle, 1):  # binary: split at b"\n" only, as wc -l and JSON Lines count lines
+            where = f"{name}:{number}"
+            try:
+                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as exc:
+                corpus.skipped.append(Skipped(where, f"invalid UTF-8 at byte {exc.start} of the line"))
+                continue
+            if not line.strip():
+                continue
+            if text_field is None:
+                corpus.docs.append(TextDoc(where, line))
+            else:
+                _add_record(corpus, where, line, text_field)
 
 
 def _add(corpus: TextCorpus, source: str, text: str) -> None:
@@ -156,21 +169,18 @@ def _add(corpus: TextCorpus, source: str, text: str) -> None:
         corpus.skipped.append(Skipped(source, "empty document"))
 
 
-def _read_jsonl(text: str, name: str, text_field: str, corpus: TextCorpus) -> None:
-    for number, line in enumerate(lines_of(text), 1):
-        if not line.strip():
-            continue
-        where = f"{name}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            corpus.skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
-            continue
-        value = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(value, str):
-            corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
-            continue
-        _add(corpus, where, value)
+def _add_record(corpus: TextCorpus, where: str, line: str, text_field: str) -> None:
+    """A JSON Lines record's ``text_field``, or why it is skipped."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        corpus.skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
+        return
+    value = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(value, str):
+        corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
+        return
+    _add(corpus, where, value)
 
 
 def _read_parquet(path: Path, name: str, text_field: str, corpus: TextCorpus) -> None:
