@@ -26,7 +26,7 @@ sends lie past the last checkpoint and keep their local bytes (``Part.final``): 
 while finishing resumes from its checkpoint and sends them again. A fresh run aborts the
 upload an interrupted one left; a failed run aborts its own. S3 keeps an upload nobody
 completes or aborts (a killed run never resumed, its staging folder lost) until a bucket
-lifecycle rule removes it. Text corpora (no checkpoints) send everything at the end.
+lifecycle rule removes it. Text corpora checkpoint as images do, so their blobs stream the same way.
 
 On a filesystem without hole punching (not Linux, or a filesystem without
 ``FALLOC_FL_PUNCH_HOLE``), the upload still streams but local disk holds the whole file.

@@ -184,8 +184,14 @@ def test_sigkill_then_resume_a_blob_to_s3(s3, big_source, tmp_path, monkeypatch,
 
 
 def test_a_text_corpus_to_s3(s3, tmp_path, monkeypatch, small_parts):
-    """Tokenised text to an s3:// blob (no resume journal: sent whole at the end, in parts)."""
+    """Tokenised text to an s3:// blob: parts go up as its checkpoints make them durable, as for images."""
+    import packer.multipart as multipart
     from packer.options import TextOptions
+
+    calls = []
+    send, finish = multipart.MultipartUpload._send, multipart.MultipartUpload.finish
+    monkeypatch.setattr(multipart.MultipartUpload, "_send", lambda self, start, end, *, last: calls.append("part") or send(self, start, end, last=last))
+    monkeypatch.setattr(multipart.MultipartUpload, "finish", lambda self: calls.append("finish") or finish(self))
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -193,6 +199,7 @@ def test_a_text_corpus_to_s3(s3, tmp_path, monkeypatch, small_parts):
         (corpus / f"doc{i:02d}.txt").write_text(f"document {i} " * 12_000, encoding="utf-8")
     options = dict(format="blob", text=TextOptions(), workers=1)
     report = convert(corpus, "s3://packer-test/tokens.blob", **options)
+    assert calls.index("finish") > 0 and calls[0] == "part"  # a part sent while converting, before the end
     local = convert(corpus, tmp_path / "tokens.blob", **options)
     assert report.written == local.written == 40
     s3.get("packer-test/tokens.blob", str(tmp_path / "fetched.blob"))
