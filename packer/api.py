@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from readers.formats import open_store
 from readers.formats.base import local_path
+from readers.schema import PackedFormatError
 
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
@@ -35,9 +37,22 @@ def resolve_format(dst: str | Path, format: str | None) -> str:
             raise OptionError(f"{dst}: the name says {guessed} but --format is {format}; rename DST to match, or leave --format out")
         return format
     if guessed is None:
+        existing = _existing_format(dst)
+        if existing is not None:  # a packer dataset there already (a shard folder): what --overwrite or --resume would replace
+            return existing
         raise OptionError(f"{dst}: cannot tell the format from the name; pass --format (lmdb, hdf5, blob or webdataset), or name "
                           "it .lmdb, .h5, .blob or folder/name-%06d.tar (WebDataset)")
     return guessed
+
+
+def _existing_format(dst: str | Path) -> str | None:
+    """The format of the finished packer dataset at a local ``dst``, if there is one."""
+    if "://" in str(dst):
+        return None
+    try:
+        return open_store(dst).meta.format
+    except (PackedFormatError, OSError, ValueError):
+        return None
 
 
 def _refuse_inside_a_worker_start() -> None:

@@ -246,3 +246,14 @@ def test_shards_of_another_name_in_the_folder_are_never_replaced(src, tmp_path, 
     assert open_store(tmp_path / "out").meta.shape == (3, 12, 12)
     convert(src, tmp_path / "val" / "val-%04d.tar", image=ImageOptions(size=8), workers=1)  # as the line says
     assert open_store(tmp_path / "val").meta.count == open_store(tmp_path / "out").meta.count
+
+
+def test_overwrite_of_a_shard_folder_needs_no_format(src, tmp_path):
+    """A folder DST does not say its format; a finished packer dataset there does (an LLM user's
+    walkthrough: --overwrite of the WebDataset folder just written said "cannot tell the format")."""
+    convert(src, tmp_path / "d", format="webdataset", image=ImageOptions(size=8), workers=1)
+    result = run("convert", src, tmp_path / "d", "--size", "12", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert open_store(tmp_path / "d").meta.format == "webdataset" and open_store(tmp_path / "d").meta.shape == (3, 12, 12)
+    result = run("convert", src, tmp_path / "new", "--size", "12")  # nothing there: the name must say
+    assert result.exit_code == 2 and "cannot tell the format from the name" in result.output
