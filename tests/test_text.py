@@ -258,6 +258,20 @@ def test_lines_split_at_newlines_only(tmp_path: Path) -> None:
     assert ds.meta.skipped == ()
 
 
+def test_a_record_without_the_field_names_the_string_fields_it_has(tmp_path: Path) -> None:
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "r.jsonl").write_text('{"id": 1, "content": "one", "lang": "en"}\n{"text": 5}\n', encoding="utf-8")
+    with pytest.raises(InputError):
+        packer.convert(src, tmp_path / "o.blob", workers=1)
+    report = packer.convert(src, tmp_path / "o.blob", workers=1, text=TextOptions(text_field="content"))
+    assert report.written == 1 and [(s.path, s.reason) for s in report.skipped] == [("r.jsonl:2", "no string field 'content'")]
+    (src / "r.jsonl").write_text('{"id": 1, "content": "one", "lang": "en"}\n{"text": "two"}\n', encoding="utf-8")
+    report = packer.convert(src, tmp_path / "t.blob", workers=1)
+    assert [(s.path, s.reason) for s in report.skipped] == [
+        ("r.jsonl:1", "no string field 'text' (its string fields: 'content', 'lang'; pass --text-field)")]
+
+
 def test_a_line_that_is_not_utf8_is_skipped_alone(tmp_path: Path) -> None:
     """One bad byte dropped the whole file, every good line with it (an LLM user's walkthrough);
     a document a line, the line alone is skipped and recorded, as a line that is not JSON is.

@@ -178,7 +178,9 @@ def _add_record(corpus: TextCorpus, where: str, line: str, text_field: str) -> N
         return
     value = record.get(text_field) if isinstance(record, dict) else None
     if not isinstance(value, str):
-        corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
+        strings = [key for key, field in record.items() if isinstance(field, str)][:8] if isinstance(record, dict) else []
+        hint = f" (its string fields: {', '.join(map(repr, strings))}; pass --text-field)" if strings and text_field not in record else ""
+        corpus.skipped.append(Skipped(where, f"no string field {text_field!r}{hint}"))
         return
     _add(corpus, where, value)
 
