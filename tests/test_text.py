@@ -354,3 +354,25 @@ def test_special_token_text_in_a_document_is_text_not_the_eos_id(bpe: Path, tmp_
     assert doc.count(eos) == 1 and doc[-1] == eos  # the EOS packer appends, only
     reference.encode_special_tokens = True  # the library's own switch: special tokens' text as text
     assert doc[:-1] == reference.encode(text, add_special_tokens=False).ids
+
+
+def test_compressed_text_is_said_not_silently_dropped(tmp_path: Path, caplog) -> None:
+    """A folder of .jsonl.gz was called an image folder (text options refused as an image
+    folder's; without options "no images found"), and .gz files beside plain ones were dropped
+    without a word (an LLM user's walkthrough)."""
+    import gzip
+
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "c.jsonl.gz").write_bytes(gzip.compress(b'{"body": "x"}\n'))
+    for args in (["--text-field", "body"], []):
+        result = CliRunner().invoke(cli, ["convert", str(only), str(tmp_path / "o.blob"), *args])
+        assert result.exit_code == 1 and "holds compressed text files" in result.output and "decompress them first" in result.output, result.output
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    (beside / "d.jsonl").write_text('{"body": "y"}\n', encoding="utf-8")
+    (beside / "e.txt.zst").write_bytes(b"(not read)")
+    report = packer.convert(beside, tmp_path / "b.blob", text=TextOptions(text_field="body"), workers=1)
+    assert report.written == 1
+    assert [r.getMessage() for r in caplog.records if "compressed" in r.getMessage()] == [
+        f"{beside}: 1 compressed text file is left out: packer does not read compressed text; decompress them first to convert them"]

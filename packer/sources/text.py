@@ -11,6 +11,7 @@ records them in the metadata or stops (``--on-error fail``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,7 +22,9 @@ from readers.schema import Skipped
 from ..errors import OptionError, SourceError
 from .rules import IMAGE_EXTENSIONS
 
-__all__ = ["TextDoc", "TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS"]
+__all__ = ["TextDoc", "TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS", "COMPRESSED_SUFFIXES"]
+
+log = logging.getLogger("packer")
 
 #: File extensions read as text corpora.
 TEXT_EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -57,10 +60,11 @@ class TextCorpus:
 
 
 def _text_files(root: Path) -> tuple[list[Path], int]:
-    """The text files of ``root`` in order, and how many images lie beside them."""
+    """The text files of ``root`` in order, and how many images lie beside them (compressed text
+    files beside them, not read, are said in a warning)."""
     if root.is_file():
         return [root], 0
-    found, images = [], 0
+    found, images, compressed = [], 0, 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
@@ -68,23 +72,45 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
             if not name.startswith(".") and ext in TEXT_EXTENSIONS:
                 found.append(Path(dirpath) / name)
             images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
+            compressed += not name.startswith(".") and _compressed_text(name)
+    if compressed:
+        log.warning("%s: %s left out: packer does not read compressed text; decompress them first to convert them", root,
+                    f"{compressed:,} compressed text files (.jsonl.gz and the like) are" if compressed != 1 else "1 compressed text file is")
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
 
 
 def is_text_corpus(root: str | os.PathLike[str]) -> bool:
-    """Whether ``root`` holds text files and no images (how ``packer convert`` tells a corpus)."""
+    """Whether ``root`` holds text files and no images (how ``packer convert`` tells a corpus);
+    one that holds compressed text files only (``.jsonl.gz``), which are not read, is refused
+    with one line saying so (:class:`SourceError`)."""
     root = Path(root)
     if root.is_file():
+        if _compressed_text(root.name):
+            raise SourceError(f"{root}: a compressed text file, which packer does not read: decompress it first (gunzip, zstd -d...)")
         return root.suffix.lower() in TEXT_EXTENSIONS
-    has_text = False
-    for _dirpath, dirnames, filenames in os.walk(root):
+    has_text, compressed = False, ""
+    for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
             if ext in IMAGE_EXTENSIONS:
                 return False
             has_text = has_text or ext in TEXT_EXTENSIONS
+            compressed = compressed or (os.path.join(dirpath, name) if _compressed_text(name) else "")
+    if compressed and not has_text:
+        raise SourceError(f"{root}: holds compressed text files ({compressed}), which packer does not read: decompress them first "
+                          "(gunzip, zstd -d...) to convert the .txt, .jsonl or .parquet files")
     return has_text
+
+
+#: Compression suffixes of text files packer does not read (``corpus.jsonl.gz``).
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4")
+
+
+def _compressed_text(name: str) -> bool:
+    """Whether the file ``name`` is a compressed text file (``a.jsonl.gz``, ``b.txt.zst``)."""
+    stem, ext = os.path.splitext(name.lower())
+    return ext in COMPRESSED_SUFFIXES and os.path.splitext(stem)[1] in TEXT_EXTENSIONS
 
 
 def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
