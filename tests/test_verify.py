@@ -200,6 +200,21 @@ def test_a_truncated_dataset_is_a_fault_not_a_crash(packed):
     assert not report.ok and report.faults[0].where == "dataset" and "truncated" in report.faults[0].message
 
 
+def test_every_damaged_shard_is_named_not_only_the_first(packed, tmp_path):
+    """verify named the first truncated shard only (a Streaming user's walkthrough): one line
+    now names each missing or truncated one."""
+    copy = tmp_path / "shards"
+    shutil.copytree(packed("webdataset"), copy)
+    first, *_, last = sorted(copy.glob("shard-*.tar"))
+    with open(first, "r+b") as handle:
+        handle.truncate(first.stat().st_size - 512)
+    last.unlink()
+    report = verify(copy)
+    assert not report.ok and [f.where for f in report.faults] == ["dataset"]
+    message = report.faults[0].message
+    assert message.startswith("2 of ") and f"{first}: shard has" in message and f"{last}: shard is missing" in message, message
+
+
 def test_a_truncated_lmdb_is_one_line_not_sigbus(packed):
     """An LMDB copy cut short: its map reaches past the file's end, and reading there killed the
     process with SIGBUS (in a subprocess here, so that a regression cannot take pytest down)."""

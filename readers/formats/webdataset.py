@@ -277,8 +277,17 @@ class ShardStore(Store):
                 f"{self.path / INDEX_FILE}: has shape ({len(index)}, {len(INDEX_COLUMNS)}), expected "
                 f"({self.meta.count}, {len(INDEX_COLUMNS)}): the folder is corrupt; convert again"
             )
+        faults = []
         for name, size in zip(self.shards, self.meta.extra["shard_sizes"]):
-            _check_shard_size(self.path / name, size)
+            try:
+                _check_shard_size(self.path / name, size)
+            except PackedFormatError as exc:
+                faults.append(str(exc))
+        if len(faults) > 1:  # every damaged shard in one line (packer verify reported the first only)
+            shown = "; ".join(faults[:5]) + (f"; and {len(faults) - 5:,} more" if len(faults) > 5 else "")
+            raise PackedFormatError(f"{len(faults):,} of {len(self.shards):,} shards are missing or damaged: {shown}")
+        if faults:
+            raise PackedFormatError(faults[0])
 
     def stored_checksums(self) -> np.ndarray | None:
         if not self.meta.checksum:
