@@ -231,3 +231,30 @@ def test_resume_with_src_and_dst_spelled_another_way(tmp_path, source, fmt, monk
     report = convert(tmp_path / "src", dst, workers=2, resume=True, **kwargs)
     assert report.resumed == committed
     assert _samples(dst) == _samples(convert(source, tmp_path / f"ref{SUFFIX[fmt]}", workers=2, **kwargs).dst)
+
+
+def test_a_journal_from_before_absolute_paths_still_resumes(tmp_path, source, monkeypatch):
+    """Journals written before the listing and DST were made absolute recorded them as given
+    (``src/c0/0000.jpg``, ``out.blob``): such an interrupted run still resumes (a review of the
+    change: it was refused as a changed source)."""
+    args, kwargs = _options("blob")
+    monkeypatch.chdir(tmp_path)
+    os.symlink(source, tmp_path / "src")
+    journal = journal_path(tmp_path / "out.blob.partial") / "journal.json"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, "convert", "src", "out.blob", "-j", "2", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 60
+    while not journal.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.005)
+    _kill(proc)
+    data = json.loads(journal.read_text())
+    fingerprint = data["fingerprint"]
+    fingerprint["listing"] = fingerprint.pop("listing as given")  # as the older code wrote it
+    fingerprint["dst"] = fingerprint.pop("dst as given")
+    assert fingerprint["dst"] == "out.blob"
+    journal.write_text(json.dumps(data))
+    report = convert(Path("src"), Path("out.blob"), workers=2, resume=True, **kwargs)
+    assert report.resumed == data["inputs"] > 0
+    assert _samples(tmp_path / "out.blob") == _samples(convert(source, tmp_path / "ref.blob", workers=2, **kwargs).dst)

@@ -79,19 +79,27 @@ def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str]
     ``stamps`` (a remote SRC's listing: ``path -> "size:version"``), else from ``os.stat``. A
     local path counts as its absolute spelling: ``--resume`` from another folder, or with SRC
     spelled the other way (``data/`` and ``/home/me/data/``), is the same listing."""
-    digest = hashlib.sha256()
+    return listing_digests(entries, stamps)[0]
+
+
+def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """:func:`listing_digest`, and the digest with each path as given (how journals written before
+    paths were made absolute have it: such an interrupted run still resumes)."""
+    digest, given = hashlib.sha256(), hashlib.sha256()
     for path, label in entries:
         if stamps is not None:
             stamp = stamps.get(path, "missing")
+            absolute = path
         else:
             try:
                 st = os.stat(path)
                 stamp = f"{st.st_size}:{st.st_mtime_ns}"
             except OSError:
                 stamp = "missing"
-            path = os.path.abspath(path)
-        digest.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
+            absolute = os.path.abspath(path)
+        digest.update(f"{absolute}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
+        given.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest(), given.hexdigest()
 
 
 def conversion_fingerprint(
@@ -99,10 +107,17 @@ def conversion_fingerprint(
     stamps: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides an image conversion's output: options by their CLI names, the
-    source (an absolute path or a URL) and its listing (``stamps``: see :func:`listing_digest`)."""
+    source (an absolute path or a URL) and its listing (``stamps``: see :func:`listing_digest`).
+    ``listing as given`` and ``dst as given`` are what journals written before paths were made
+    absolute recorded instead (:func:`fingerprint_difference` accepts either)."""
     options = {f"--{k.replace('_', '-')}": v for k, v in {**dict(image), **dict(storage)}.items()}
+    listing, given = listing_digests(items, stamps)
     return {"format": format, "source": source, "dst": os.path.abspath(dst), "--on-error": on_error,
-            "listing": listing_digest(items, stamps), **options}
+            "listing": listing, LEGACY["listing"]: given, LEGACY["dst"]: str(dst), **options}
+
+
+#: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
+LEGACY = {"listing": "listing as given", "dst": "dst as given"}
 
 
 def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
@@ -111,6 +126,10 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
     named the one the user did not touch); ``None`` if they agree."""
     changes = []
     for key in sorted(set(old) | set(new)):
+        if key in LEGACY.values():
+            continue  # compared through their keys, below
+        if key in LEGACY and old.get(key) != new.get(key) and LEGACY[key] not in old and old.get(key) == new.get(LEGACY[key]):
+            continue  # a journal written before paths were made absolute: the same, as it spelled it
         if old.get(key) != new.get(key):
             if key == "listing":
                 changes.append("the source folder changed since the interrupted run (files added, removed or modified)")
