@@ -45,11 +45,11 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from readers.formats.blob import MAGIC as BLOB_MAGIC
-from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE
+from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, parse_metadata
 from readers.remote import is_url
 
 from .destination import nothing_to_resume
-from .errors import OptionError, OutputError
+from .errors import OptionError, OutputError, OutputExistsError
 from .locking import DestinationLock, lock_path
 from .multipart import MultipartUpload, supports_multipart
 from .sources.remote import url_filesystem
@@ -278,6 +278,12 @@ def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: 
         return
     if fmt == "webdataset" and fs.isdir(root) and not fs.ls(root, detail=False):
         return  # an empty folder: nothing to lose (a local DST's rule too)
+    if fmt == "webdataset" and "%" in dst.rstrip("/").rsplit("/", 1)[-1] and fs.exists(f"{root}/{META_FILE}"):
+        from .writers.webdataset import pattern_refusal  # (here: the writers are not needed for blobs)
+
+        refusal = pattern_refusal(url, dst.rstrip("/").rsplit("/", 1)[-1], parse_metadata(fs.cat(f"{root}/{META_FILE}"), url))
+        if refusal is not None:  # other shard names: --overwrite would delete them with the folder
+            raise OutputExistsError(refusal)
     unfinished = REMOTE[fmt].unfinished(fs, root)
     if resume and unfinished:
         return

@@ -242,10 +242,25 @@ def test_shards_of_another_name_in_the_folder_are_never_replaced(src, tmp_path, 
             in result.stderr)
     assert f"for example {tmp_path / 'val' / 'val-%04d.tar'}" in result.stderr
     assert tree(tmp_path / "out") == before
+    url = f"file://{tmp_path / 'out' / 'val-%04d.tar'}"  # through the URL path too (it deleted the train shards)
+    with pytest.raises(OutputExistsError, match=r"holds a WebDataset of shards named train-%04d.tar, not val-%04d.tar"):
+        convert(src, url, image=ImageOptions(size=8), workers=1, overwrite=overwrite)
+    assert tree(tmp_path / "out") == before
     convert(src, tmp_path / "out" / "train-%04d.tar", image=ImageOptions(size=12), workers=1, overwrite=True)
     assert open_store(tmp_path / "out").meta.shape == (3, 12, 12)
+    convert(src, tmp_path / "out", format="webdataset", image=ImageOptions(size=16), workers=1, overwrite=True)  # the folder itself: replaced
+    assert open_store(tmp_path / "out").meta.shape == (3, 16, 16)
     convert(src, tmp_path / "val" / "val-%04d.tar", image=ImageOptions(size=8), workers=1)  # as the line says
     assert open_store(tmp_path / "val").meta.count == open_store(tmp_path / "out").meta.count
+
+
+def test_shards_of_another_name_in_a_remote_folder_are_never_replaced(s3, src):
+    convert(src, "s3://packer-test/splits/train-%04d.tar", image=ImageOptions(size=8), workers=1)
+    before = sorted(s3.ls("packer-test/splits", detail=False))
+    with pytest.raises(OutputExistsError, match=r"s3://packer-test/splits: holds a WebDataset of shards named train-%04d.tar, not val-%04d"):
+        convert(src, "s3://packer-test/splits/val-%04d.tar", image=ImageOptions(size=8), workers=1, overwrite=True)
+    s3.invalidate_cache()
+    assert sorted(s3.ls("packer-test/splits", detail=False)) == before
 
 
 def test_overwrite_of_a_shard_folder_needs_no_format(src, tmp_path):

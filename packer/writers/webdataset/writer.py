@@ -40,7 +40,7 @@ from ..journal import ROW_DTYPE, Checkpoint
 from .pieces import PieceResult, PieceTask, fragments
 from .tar import TMP_PREFIX, Assembly, ShardPart, is_full, renumber
 
-__all__ = ["ShardWriter", "ShardSink", "split_destination", "DEFAULT_SHARD_SIZE"]
+__all__ = ["ShardWriter", "ShardSink", "split_destination", "pattern_refusal", "DEFAULT_SHARD_SIZE"]
 
 #: Inputs per piece (and so at most samples per shard) when neither bound is given.
 DEFAULT_SHARD_SIZE = 1000
@@ -91,6 +91,19 @@ class ShardSink(Protocol):
 
 
 
+def pattern_refusal(folder: str, pattern: str, meta: Metadata) -> str | None:
+    """Why shards named ``pattern`` must not replace the dataset ``meta`` of ``folder`` (a local
+    path or a URL): its shards have another name; ``None`` when they do not."""
+    old = meta.extra.get("shard_pattern") if meta.format == "webdataset" else None
+    if not isinstance(old, str) or old == pattern:
+        return None
+    stem = pattern.split("%", 1)[0].rstrip("-_.") or "shards"
+    parent, _, name = folder.rstrip("/").rpartition("/")
+    beside = f"{parent}/{stem if stem != name else f'{name}-{stem}'}" if parent else (stem if stem != name else f"{name}-{stem}")
+    return (f"{folder}: holds a WebDataset of shards named {old}, not {pattern}; a folder holds one dataset, so writing "
+            f"{pattern} there would delete those shards: write it to a folder of its own, for example {beside}/{pattern}")
+
+
 def _tail_fragmented(pieces: list[Piece], workers: int) -> list[Piece]:
     """``pieces`` with the last round's cut into fragments for every worker.
 
@@ -131,20 +144,17 @@ class ShardWriter(PieceWriter):
 
     @classmethod
     def refuse_replacing(cls, dst: Path) -> str | None:
-        """A folder holding a WebDataset of other shard names (``train-%06d.tar`` beside a new
-        ``val-%06d.tar``): the folder is one dataset, and replacing it would delete those shards."""
+        """A shard pattern into a folder holding a WebDataset of other shard names (``val-%06d.tar``
+        beside ``train-%06d.tar``): the folder is one dataset, and replacing it would delete those
+        shards. (A DST naming the folder itself replaces that dataset, whatever its names.)"""
+        if "%" not in Path(dst).name:
+            return None
         folder, pattern = split_destination(Path(dst))
         try:
             meta = open_store(folder).meta
         except (PackedFormatError, OSError, ValueError):
             return None
-        old = meta.extra.get("shard_pattern") if meta.format == "webdataset" else None
-        if not isinstance(old, str) or old == pattern:
-            return None
-        stem = pattern.split("%", 1)[0].rstrip("-_.") or "shards"
-        beside = folder.parent / stem if (folder.parent / stem) != folder else folder.parent / f"{folder.name}-{stem}"
-        return (f"{folder}: holds a WebDataset of shards named {old}, not {pattern}; a folder holds one dataset, so writing "
-                f"{pattern} there would delete those shards: write it to a folder of its own, for example {beside / pattern}")
+        return pattern_refusal(str(folder), pattern, meta)
 
     # -- the parallel path -----------------------------------------------------------------
     def piece_inputs(self, image: ImageOptions) -> int:
