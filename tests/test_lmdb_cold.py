@@ -122,3 +122,23 @@ def test_a_cold_batch_is_read_by_the_threads_in_a_fresh_process(image_folder, tm
         pytest.skip("this filesystem keeps the file in memory (nothing faults)")
     assert result["on"] and result["shares"] > 1
     assert result["threads"] > result["second"], result  # the threads read the second half from the disk
+
+
+def test_a_pass_that_stops_early_still_counts_and_long_passes_go_a_part_at_a_time(dataset, monkeypatch):
+    """Readers that zip records against their indices stop the generator before its end: the
+    faults so far still count (the switch never turned on for them). A pass over many indices
+    reads (and reads ahead) a part at a time, not every value of the dataset first."""
+    shared = lmdb_format.open_shared_env(str(dataset))
+    cold = shared.cold
+    monkeypatch.setattr(cold, "on", False)
+    counter = itertools.count(0, 10)
+    monkeypatch.setattr(lmdb_format, "_major_faults", lambda: next(counter))
+    store = lmdb_format.LMDBStore(dataset)
+    records = store._records(list(range(6)))
+    next(records), next(records)
+    records.close()  # as a zip that ran out does, at the latest when it is collected
+    assert cold.on
+    asked = []
+    monkeypatch.setattr(lmdb_format, "RECORDS_AT_ONCE", 4)
+    monkeypatch.setattr(cold, "before", lambda keys: asked.append(len(keys)) or 0)
+    assert len(list(store._records(list(range(10))))) == 10 and asked == [4, 4, 2]

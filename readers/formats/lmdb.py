@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -42,6 +41,8 @@ LOCK_FILE = "lock.mdb"
 KEY_FORMAT = b"%010d"
 #: Threads that read a batch's values side by side once batches are found on disk (:class:`_ColdReads`).
 PREFETCH_THREADS = 8
+#: Records a pass over many indices reads (and, cold, reads ahead) at a time.
+RECORDS_AT_ONCE = 256
 
 try:
     import resource
@@ -122,20 +123,23 @@ class LMDBStore(Store):
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         header, key_format = SAMPLE_HEADER, KEY_FORMAT
         shared = self._env.get()
-        cold = shared.cold if len(indices) > 1 else None
-        keys = [key_format % i for i in indices]
-        faults = cold.before(keys) if cold is not None else 0
         with shared.env.begin(buffers=True) as txn:
             get = txn.get
-            for i, key in zip(indices, keys):
-                value = get(key)
-                if value is None or len(value) < header.size:
-                    raise PackedFormatError(f"{self.path}: sample {int(i)} is missing or truncated")
-                label, height, width, channels, _reserved = header.unpack_from(value)
-                yield label, (channels, height, width), value[header.size:]
-        if cold is not None:
-            cold.after(faults, len(indices))
-
+            for first in range(0, len(indices), RECORDS_AT_ONCE):  # (a whole-dataset pass: a part at a time)
+                part = indices[first:first + RECORDS_AT_ONCE]
+                keys = [key_format % i for i in part]
+                cold = shared.cold if len(keys) > 1 else None
+                faults = cold.before(keys) if cold is not None else 0
+                try:
+                    for i, key in zip(part, keys):
+                        value = get(key)
+                        if value is None or len(value) < header.size:
+                            raise PackedFormatError(f"{self.path}: sample {int(i)} is missing or truncated")
+                        label, height, width, channels, _reserved = header.unpack_from(value)
+                        yield label, (channels, height, width), value[header.size:]
+                finally:  # (also when the reader stops early: the faults so far still count)
+                    if cold is not None:
+                        cold.after(faults, len(keys))
 
     def _fill_raw(self, indices: np.ndarray, out: np.ndarray, labels: np.ndarray) -> None:
         """A fixed-shape raw batch in one transaction, each value's pixels copied as one flat row
@@ -195,19 +199,20 @@ class _ColdReads:
     def __init__(self, env: lmdb.Environment) -> None:
         self.env = env
         self.on = False
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
 
     def before(self, keys: list[bytes]) -> int:
         """Read ``keys``' values side by side if batches are found on disk; the reading thread's
-        major faults so far (for :meth:`after`)."""
+        major faults so far (for :meth:`after`). The threads last one batch: none is left
+        running between reads (a DataLoader forking its workers then forks no thread)."""
         if _RUSAGE_THREAD is None:
             return 0
         if self.on and len(keys) > 1:
-            shares = max(1, min(PREFETCH_THREADS, len(keys) // 2))
+            shares = min(PREFETCH_THREADS, len(keys))
             ordered = sorted(keys)
             step = -(-len(ordered) // shares)
-            faults = sum(self._threads().map(self._read, [ordered[k:k + step] for k in range(0, len(ordered), step)]))
+            parts = [ordered[k:k + step] for k in range(0, len(ordered), step)]
+            with ThreadPoolExecutor(len(parts), thread_name_prefix="readers-lmdb-prefetch") as threads:
+                faults = sum(threads.map(self._read, parts))
             if faults <= len(keys) // 2:
                 self.on = False
         return _major_faults()
@@ -216,16 +221,6 @@ class _ColdReads:
         """A batch of ``count`` values was read, the reading thread's faults ``before`` it as given."""
         if _RUSAGE_THREAD is not None and not self.on and _major_faults() - before > count // 2:
             self.on = True
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-
-    def _threads(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="readers-lmdb-prefetch")
-            return self._pool
 
     def _read(self, keys: list[bytes]) -> int:
         """Bring ``keys``' values into memory; this thread's major faults doing so."""
@@ -251,7 +246,6 @@ class _SharedEnv:
         self.cold = _ColdReads(env)
 
     def close(self) -> None:
-        self.cold.close()
         try:
             self.env.close()
         except lmdb.Error:  # pragma: no cover - already closed
