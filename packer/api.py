@@ -47,6 +47,7 @@ def resolve_format(dst: str | Path, format: str | None) -> str:
 
 def _existing_format(dst: str | Path) -> str | None:
     """The format of the finished packer dataset at a local ``dst``, if there is one."""
+    dst = local_path(str(dst))  # (a file:// URL: its local path)
     if "://" in str(dst):
         return None
     try:

@@ -259,11 +259,16 @@ class StreamingShards(IterableDataset):
                 "(Loader(ShardDataset(...)) or readers.ResumableSampler) to resume with any"
             )
         other_rank = state.get("rank", self.rank) != self.rank
-        if other_rank and (self.batch_size is None or "batches" not in state):
+        if other_rank and self.batch_size is None:
             raise ResumeError(
                 f"load_state_dict: the state was saved by rank {state['rank']}, this StreamingShards is rank {self.rank}; "
                 "without batch_size, ranks are not in step, so each resumes from its own state: save every rank's "
                 "(or construct with the DataLoader's batch_size, and any rank's state resumes them all)"
+            )
+        if other_rank and "batches" not in state:
+            raise ResumeError(
+                f"load_state_dict: the state was saved by rank {state['rank']}, this StreamingShards is rank {self.rank}, by a "
+                "packer that did not record its batch count: resume each rank from its own state"
             )
         check_settings({**state, "rank": self.rank}, self._settings(), "dataset")
         if self.meta is not None:

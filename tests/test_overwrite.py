@@ -270,5 +270,7 @@ def test_overwrite_of_a_shard_folder_needs_no_format(src, tmp_path):
     result = run("convert", src, tmp_path / "d", "--size", "12", "--overwrite")
     assert result.exit_code == 0, result.output
     assert open_store(tmp_path / "d").meta.format == "webdataset" and open_store(tmp_path / "d").meta.shape == (3, 12, 12)
+    report = convert(src, f"file://{tmp_path / 'd'}", image=ImageOptions(size=16), workers=1, overwrite=True)  # as a file:// URL too
+    assert report.written == 18 and open_store(tmp_path / "d").meta.shape == (3, 16, 16)
     result = run("convert", src, tmp_path / "new", "--size", "12")  # nothing there: the name must say
     assert result.exit_code == 2 and "cannot tell the format from the name" in result.output

@@ -287,6 +287,45 @@ def test_a_line_that_is_not_utf8_is_skipped_alone(tmp_path: Path) -> None:
                                                               ("t.txt:2", "invalid UTF-8 at byte 4 of the line")]
 
 
+def test_a_file_that_fails_partway_is_skipped_whole(tmp_path: Path, monkeypatch) -> None:
+    """A read error after some lines (EIO on a bad sector) recorded the file as unreadable and
+    converted the lines read before it anyway (a review of the line-at-a-time reading)."""
+    import builtins
+
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "kept"}\n', encoding="utf-8")
+    (src / "b.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n', encoding="utf-8")
+    real_open = builtins.open
+
+    class Failing:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def read(self, *args):
+            return self.handle.read(*args)
+
+        def seek(self, *args):
+            return self.handle.seek(*args)
+
+        def __iter__(self):
+            yield next(iter(self.handle))
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: Failing(real_open(path, *a, **k)) if str(path).endswith("b.jsonl") else real_open(path, *a, **k))
+    from packer.sources.text import scan_text
+
+    corpus = scan_text(src)
+    assert [d.text for d in corpus.docs] == ["kept"]
+    assert [(s.path, s.reason) for s in corpus.skipped] == [("b.jsonl", "cannot read (Input/output error)")]
+
+
 def test_text_options_no_file_uses_are_refused(tmp_path: Path) -> None:
     """--lines on a corpus without .txt files, --text-field on one without .jsonl or Parquet: each
     was dropped, and recorded in the metadata as if used."""

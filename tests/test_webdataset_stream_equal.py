@@ -266,3 +266,7 @@ def test_without_batch_size_another_ranks_state_is_refused_saying_why(folders):
     state = StreamingShards(folders[2], rank=0, world_size=2).state_dict(3)
     with pytest.raises(ResumeError, match=r"saved by rank 0, this StreamingShards is rank 1; without batch_size, ranks are not in step"):
         StreamingShards(folders[2], rank=1, world_size=2).load_state_dict(state)
+    old = StreamingShards(folders[2], rank=0, world_size=2, batch_size=2).state_dict(1)
+    del old["batches"]  # a state saved before states recorded their batch count
+    with pytest.raises(ResumeError, match=r"by a packer that did not record its batch count: resume each rank from its own state"):
+        StreamingShards(folders[2], rank=1, world_size=2, batch_size=2).load_state_dict(old)

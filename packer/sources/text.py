@@ -144,12 +144,14 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
         if ext == ".parquet":
             _read_parquet(path, name, text_field, corpus)
             continue
+        docs, skipped = len(corpus.docs), len(corpus.skipped)
         try:
             if ext == ".jsonl" or lines:  # a document a line: read a line at a time, never the whole file at once
                 _read_lines(path, name, text_field if ext == ".jsonl" else None, corpus)
                 continue
             data = path.read_bytes()
-        except OSError as exc:
+        except OSError as exc:  # (partway through a file: none of its lines is kept, the file is skipped whole)
+            del corpus.docs[docs:], corpus.skipped[skipped:]
             corpus.skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
             continue
         if b"\x00" in data[:_SNIFF]:
