@@ -1,5 +1,5 @@
 """Before and after a change, side by side in one sitting: conversion and ``Loader`` rates of two
-revisions, run in alternation (ABAB...), so that drift of the machine hits both alike.
+revisions, run in alternation (ABBA...), so that drift of the machine hits both alike.
 
     python -m benchmarks.before_after --base 822d505            # the base revision vs this tree
     python -m benchmarks.before_after --base 822d505 --images 500 --rounds 1   # a quick look
@@ -117,8 +117,8 @@ def main() -> None:
             formats = {fmt: FORMATS[fmt] for fmt in args.formats}
             for fmt, suffix in formats.items():  # conversions (they also make the datasets the Loader reads)
                 rates: dict[str, list[float]] = {"before": [], "after": []}
-                for _ in range(args.rounds):
-                    for side, tree in sides.items():
+                for round_ in range(args.rounds):
+                    for side, tree in _in_turn(sides, round_):
                         dst = Path(tmp) / f"{side}{suffix}"
                         if dst.is_dir():
                             shutil.rmtree(dst)
@@ -132,8 +132,8 @@ def main() -> None:
                 for fmt, suffix in formats.items() if job in args.jobs else ():
                     dataset = Path(tmp) / f"after{suffix}"  # written by this tree above; both read it
                     rates = {"before": [], "after": []}
-                    for _ in range(args.rounds):
-                        for side, tree in sides.items():
+                    for round_ in range(args.rounds):
+                        for side, tree in _in_turn(sides, round_):
                             rates[side].append(child(tree, code, str(dataset), *extra))
                     results[job][fmt] = {side: summary(r) for side, r in rates.items()}
                     print(f"{job} {fmt}: {_line(results[job][fmt])}", flush=True)
@@ -156,6 +156,14 @@ def main() -> None:
     }
     name = f"before_after-{args.tag}" if args.tag else "before_after"
     print(f"wrote {save_json(name, payload, RESULTS_DIR if args.update_results else OUT_DIR)}")
+
+
+def _in_turn(sides: dict[str, Path], round_: int) -> list[tuple[str, Path]]:
+    """The sides in round ``round_``'s order: before first in even rounds, after first in odd
+    ones (ABBA), so that whatever favours the second run of a round (a cold read after the host's
+    own cache has the file) favours both alike."""
+    order = list(sides.items())
+    return order if round_ % 2 == 0 else order[::-1]
 
 
 def _fig(rate: dict) -> str:
