@@ -87,6 +87,9 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
             source = dataset_path(source)
     elif not isinstance(source, Path):
         source = [str(local_path(url)) for url in source]
+    if isinstance(source, (str, Path)) and not urlparse(str(source)).scheme and not os.path.exists(source) \
+            and os.path.exists(f"{str(source).rstrip('/')}.partial"):
+        check_format(source, ShardStore.format_name)  # a conversion writing it now (its pid), or interrupted: one line
     if isinstance(source, Path) and (source.is_file() or source.name.endswith(TAR_SUFFIXES)):
         source = str(source)
     if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):

@@ -41,6 +41,25 @@ def test_a_second_writer_to_the_same_destination_is_refused(tmp_path):
     LMDBWriter(dst).abort()  # free again
 
 
+@pytest.mark.parametrize("given", ["folder", "string", "pattern"])
+def test_streaming_shards_of_a_folder_being_written_names_the_writer(tmp_path, given):
+    """StreamingShards said "no such shard" of a WebDataset DST still being written, where every
+    other reader names the conversion writing it (a Streaming user's walkthrough)."""
+    from packer.writers.webdataset import ShardWriter
+    from readers import StreamingShards
+
+    dst = tmp_path / "shards"
+    source = {"folder": dst, "string": str(dst), "pattern": str(dst / "shard-%06d.tar")}[given]
+    writer = ShardWriter(dst)
+    try:
+        with pytest.raises(IncompleteDatasetError, match=rf"shards: does not exist yet; a packer conversion \(pid {os.getpid()}\) is writing it now"):
+            StreamingShards(source)
+    finally:
+        writer.abort()
+    with pytest.raises(FileNotFoundError):  # nothing there at all: as before
+        StreamingShards(source)
+
+
 def test_a_second_command_is_refused_and_the_first_finishes(image_folder, tmp_path):
     dst = tmp_path / "out.lmdb"
     args = ["convert", str(image_folder), str(dst), "-j", "1", "-q", "--size", "16"]
