@@ -85,6 +85,9 @@ class FsspecTree:
         self.name = url
         self._listing: dict[tuple[str, ...], dict[str, Any]] | None = None
         self._files_below: dict[str, list[tuple[str, ...]]] | None = None
+        #: Folders cut from the listing as loops (:func:`_without_loops`), recorded as a local
+        #: tree records the symlinks it does not follow (packer/sources/images.py).
+        self.refused: list[Skipped] = []
 
     def kind(self) -> str | None:
         try:
@@ -101,7 +104,10 @@ class FsspecTree:
         """Relative path parts -> listing detail, for every file and folder below the root."""
         if self._listing is None:
             try:
-                found = self.fs.find(self.path_in_fs, withdirs=True, detail=True)
+                if _follows_links(self.fs):
+                    found = _walk_without_loops(self.fs, self.path_in_fs)
+                else:
+                    found = self.fs.find(self.path_in_fs, withdirs=True, detail=True)
             except Exception as exc:  # noqa: BLE001 - any backend's network or credential error, said in one line
                 raise SourceError(f"{self.name}: {self.cannot_list(exc)}") from None
             prefix = self._base + "/"
@@ -110,6 +116,8 @@ class FsspecTree:
                 name = self.fs._strip_protocol(name).rstrip("/")
                 if name.startswith(prefix):
                     listing[tuple(name[len(prefix) :].split("/"))] = detail
+            listing, loops = _without_loops(listing)
+            self.refused = [Skipped("/".join(loop), LOOP_REASON) for loop in loops]
             self._listing = listing
         return self._listing
 
@@ -149,6 +157,59 @@ class FsspecTree:
             version = next((detail[k] for k in _VERSION_KEYS if detail.get(k) is not None), "")
             stamps[self.path("/".join(parts))] = f"{detail.get('size')}:{version}"
         return stamps
+
+
+#: Why a folder of a URL's listing is not followed.
+LOOP_REASON = ("lists exactly what a folder above it lists (a link back up, as the server follows it: over HTTP a "
+               "symlink loop looks like endless folders); not followed")
+
+
+def _without_loops(listing: dict[tuple[str, ...], dict[str, Any]]) -> tuple[dict[tuple[str, ...], dict[str, Any]], list[tuple[str, ...]]]:
+    """``listing`` less every folder whose entries (names, kinds, sizes) are exactly those of a
+    folder above it, and what is below it; and those folders. A server that follows symlinks
+    (``python -m http.server``) shows ``cat/loop -> ..`` as ``cat/loop/cat/loop/...``, every
+    class's images again under ``cat``, as deep as its URLs go."""
+    children: dict[tuple[str, ...], set] = {}
+    for parts, detail in listing.items():
+        children.setdefault(parts[:-1], set()).add((parts[-1], detail.get("type"), detail.get("size")))
+    signature = {folder: frozenset(entries) for folder, entries in children.items()}
+    loops: list[tuple[str, ...]] = []
+    for folder in sorted(signature, key=len):
+        if not folder or any(folder[: len(loop)] == loop for loop in loops):
+            continue
+        if any(signature.get(folder[:k]) == signature[folder] for k in range(len(folder))):
+            loops.append(folder)
+    if not loops:
+        return listing, []
+    kept = {parts: detail for parts, detail in listing.items() if not any(parts[: len(loop)] == loop for loop in loops)}
+    return kept, loops
+
+
+def _follows_links(fs: Any) -> bool:
+    """Whether ``fs`` lists a server's folders as it serves them (HTTP: a symlink loop is endless)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return bool({"http", "https"} & set(protocols))
+
+
+def _walk_without_loops(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+    """``fs.find(root, withdirs=True, detail=True)``, a folder at a time, never descending into a
+    folder that lists exactly what a folder above it lists (:func:`_without_loops` then records
+    it): fsspec's own walk of such a server went on for minutes, as deep as its URLs went."""
+    found: dict[str, dict[str, Any]] = {}
+    pending = [(root.rstrip("/"), ())]
+    while pending:
+        folder, above = pending.pop()
+        entries = fs.ls(folder, detail=True)
+        signature = frozenset((str(e["name"]).rstrip("/").rsplit("/", 1)[-1], e.get("type"), e.get("size")) for e in entries)
+        for entry in entries:
+            found[str(entry["name"]).rstrip("/")] = entry
+        if signature in above:
+            continue  # a loop: its entries are kept, for _without_loops to find and cut
+        for entry in entries:
+            if entry.get("type") == "directory":
+                pending.append((str(entry["name"]).rstrip("/"), (*above, signature)))
+    found.pop(root.rstrip("/"), None)
+    return found
 
 
 # -- worker side ----------------------------------------------------------------------------
