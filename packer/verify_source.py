@@ -24,6 +24,7 @@ from readers.formats.base import Store
 from readers.schema import Metadata, PackedFormatError
 
 from .options import SourceOptions
+from .sources.labels import LISTED_AGAIN
 
 
 class Report(Protocol):
@@ -101,20 +102,23 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     if meta.labeled and not folder.labeled:
         report.add("source", f"{source} gives no labels (no class folders), the dataset has them: if they came from a "
                              "labels file, pass the same --labels (and --split) to verify")
-    recorded = {s.path for s in meta.skipped}
-    items = [item for item in job.items if job.name(item) not in recorded]
-    # a current label as the dataset numbers it (by class name; -2: a class the dataset lacks)
-    labels = {k: meta.classes.index(c) if c in meta.classes else -2 for k, c in enumerate(folder.classes)}
-    names = [job.name(item) for item in items]
     try:
         recorded_names = store.source_names()
     except PackedFormatError as exc:
         report.add("source", f"cannot read the recorded source names, matching by content: {exc}")
         recorded_names = None
+    # skipped inputs; not a labels file's row listing a path again (recorded under the path its
+    # first row converted: it names a sample, not a skipped input)
+    skips = {s.path: s.reason for s in meta.skipped
+             if not s.reason.startswith(LISTED_AGAIN) and s.path not in set(recorded_names or ())}
+    items = [item for item in job.items if job.name(item) not in skips]
+    # a current label as the dataset numbers it (by class name; -2: a class the dataset lacks)
+    labels = {k: meta.classes.index(c) if c in meta.classes else -2 for k, c in enumerate(folder.classes)}
+    names = [job.name(item) for item in items]
     convert = _Converter(job.task, labels, workers, remote)
     match = _match_by_name if recorded_names is not None else _match_source
     match(store, convert, items, names, labels, report, recorded_names)
-    _retry_skipped(job, convert, {s.path: s.reason for s in meta.skipped}, report)
+    _retry_skipped(job, convert, skips, report)
 
 
 def _retry_skipped(job, convert: _Converter, reasons: dict[str, str], report: Report) -> None:

@@ -119,6 +119,22 @@ def test_a_label_file_source_verifies_with_its_options_and_names_a_changed_label
     assert len(faults) == 1 and f"<- {moved}: changed: label 0, the source gives 2" in faults[0], changed.output
 
 
+@pytest.mark.parametrize("fmt, suffix", [("lmdb", ".lmdb"), ("blob", ".blob")])
+def test_a_labels_file_listing_an_image_twice_verifies_unchanged(flat, tmp_path, fmt, suffix):
+    """The second row of a path is recorded as skipped under that path, which verify took for a
+    skipped input: "removed from the source" and "converts now" for an unchanged dataset (a data
+    engineer's walkthrough). A row of a missing file is still a skipped input, and still fine."""
+    root, pairs = flat
+    rows = [{"file": name, "class": cls} for name, cls in pairs]
+    rows += [{"file": pairs[0][0], "class": pairs[-1][1]}, {"file": "missing.jpg", "class": pairs[0][1]}]
+    csv = write_labels(tmp_path / "twice.csv", rows)
+    dst = tmp_path / f"out{suffix}"
+    assert run(root, dst, "--labels", csv, "--path-column", "file").exit_code == 0
+    result = verify_cli(dst, "--source", root, "--labels", csv, "--path-column", "file")
+    assert result.exit_code == 0, result.output
+    assert f"{len(pairs)} compared with the source" in result.output
+
+
 def test_label_options_without_source_are_refused(lmdb_32, tmp_path):
     result = verify_cli(lmdb_32, "--labels", tmp_path / "x.csv")
     assert result.exit_code == 2

@@ -36,11 +36,13 @@ from ..errors import OptionError, SourceError
 from ..options import SourceOptions
 from .rules import IMAGE_EXTENSIONS, image_order
 
-__all__ = ["PATH_COLUMNS", "LABEL_COLUMNS", "SPLIT_COLUMNS", "LabelRow", "LabelTable", "Matched", "read_label_rows", "match_rows",
+__all__ = ["LISTED_AGAIN", "PATH_COLUMNS", "LABEL_COLUMNS", "SPLIT_COLUMNS", "LabelRow", "LabelTable", "Matched", "read_label_rows", "match_rows",
            "safe_relative", "file_digest"]
 
 T = TypeVar("T")
 
+#: The start of the skip reason of a row naming a path an earlier row named (verify tells it from a skipped input).
+LISTED_AGAIN = "listed again at"
 #: Column names tried, in order, for the image path (any case) when ``--path-column`` is not given.
 PATH_COLUMNS = ("path", "filepath", "file_path", "filename", "file_name", "file", "image", "image_path", "image_id", "img", "id", "name")
 #: ... and for the label.
@@ -166,7 +168,7 @@ def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, in
         if name not in inputs:
             skipped.append(Skipped(name, f"no such image in {where} ({row.where})"))
         elif name in first:
-            skipped.append(Skipped(name, f"listed again at {row.where} (the first row, {first[name]}, is used)"))
+            skipped.append(Skipped(name, f"{LISTED_AGAIN} {row.where} (the first row, {first[name]}, is used)"))
         else:
             first[name] = row.where
             keyed.append((row.label, image_order(name.split("/")), make(inputs[name], row.label)))
