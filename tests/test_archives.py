@@ -107,6 +107,18 @@ def test_unsafe_members_and_links_are_refused(image_folder, tmp_path):
     assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [("class_01/link.jpg", "a link inside the archive; not followed")]
     assert meta["classes"] == ["class_00", "class_01"]  # a refused member is skipped; its folder keeps its class, as a folder's does
 
+    zipped = tmp_path / "links.zip"  # a zip made with `zip -y` stores a symlink as a member whose Unix mode says so
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for path in sorted((image_folder / "class_00").iterdir()):
+            archive.write(path, f"class_00/{path.name}")
+        info = zipfile.ZipInfo("class_01/link.jpg")
+        info.create_system, info.external_attr = 3, (0o120777 << 16)
+        archive.writestr(info, "../class_00/img_00000.jpg")
+    result = run(zipped, tmp_path / "zlinks.lmdb")
+    assert result.exit_code == 0, result.output
+    _, meta = lmdb_samples(tmp_path / "zlinks.lmdb")  # it was "not a readable image (cannot identify image file)"
+    assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [("class_01/link.jpg", "a link inside the archive; not followed")]
+
 
 def test_damaged_and_unreadable_archives_are_one_line_errors(tmp_path):
     bad = tmp_path / "bad.zip"

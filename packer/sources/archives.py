@@ -38,13 +38,14 @@ import json
 import lzma
 import os
 import posixpath
+import stat
 import tarfile
 import zipfile
 import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from readers.schema import Skipped
 
@@ -248,7 +249,8 @@ def _list_zip(path: str) -> list[Entry]:
             method = _ZIP_METHODS.get(info.compress_type, f"method {info.compress_type}")
             if info.flag_bits & 0x1:
                 method = "encrypted"
-            entries.append(Entry(name, info.header_offset, info.compress_size, method, info.CRC))
+            unix_mode = info.external_attr >> 16 if info.create_system == 3 else 0  # (made on Unix: st_mode in the high bits)
+            entries.append(Entry(name, info.header_offset, info.compress_size, method, info.CRC, link=stat.S_ISLNK(unix_mode)))
     return entries
 
 
