@@ -175,10 +175,13 @@ class ImageJob(Job):
         return ConversionReport(encoding=self.image.encoding, **counts)
 
 
-def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None, *, workers: int | None = None) -> ImageJob:
+def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None, *, workers: int | None = None,
+              advise: bool = True) -> ImageJob:
     """The job of converting the images of ``src`` with ``image`` options: a class folder (a path
     or a URL), a folder or archive with ``source.labels``, an archive, a folder of WebDataset
-    shards, or a map-style Python dataset. ``workers``: for listing the inner archives of a tar of tars."""
+    shards, or a map-style Python dataset. ``workers``: for listing the inner archives of a tar of tars;
+    ``advise``: warn of what a conversion's options or layout may get wrong (enlarged inputs, one
+    class folder of class folders, text files left out): ``packer verify --source`` does not."""
     source = source if source is not None else SourceOptions()
     from .sources.datasets import is_python_dataset
 
@@ -200,9 +203,10 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
     else:
         folder = scan_image_folder(src)
         task = ImageTask(image)
-        _warn_if_one_class_of_class_folders(folder, src)
-        _warn_of_text_beside_images(folder, src)
-    if not is_source_url(str(src)) and not isinstance(folder.root, str):  # local files: their headers are cheap to read
+        if advise:
+            _warn_if_one_class_of_class_folders(folder, src)
+            _warn_of_text_beside_images(folder, src)
+    if advise and not is_source_url(str(src)) and not isinstance(folder.root, str):  # local files: their headers are cheap to read
         _warn_of_enlargement(folder.items, image)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)

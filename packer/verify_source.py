@@ -91,7 +91,7 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
             quality=pre.get("quality"),
             max_pixels=pre.get("max_pixels", ImageOptions().max_pixels),
         )
-        job = image_job(str(source) if remote else Path(source), image, options, workers=workers)
+        job = image_job(str(source) if remote else Path(source), image, options, workers=workers, advise=False)  # (the conversion's advice: not again)
     except (PackerError, KeyError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded preprocessing: {exc}")
         return

@@ -192,6 +192,16 @@ def test_source_comparison_finds_a_changed_input(packed, image_folder, tmp_path)
     assert "raw pixels differ" in report.faults[0].message
 
 
+def test_source_comparison_does_not_repeat_the_conversions_advice(image_folder, tmp_path, caplog):
+    """verify --source printed convert's enlargement warning again, unlabelled, among its own
+    lines (a data engineer's walkthrough)."""
+    dst = convert(image_folder, tmp_path / "big.blob", image=ImageOptions(size=256), workers=1).dst
+    assert any("smaller than" in r.getMessage() for r in caplog.records)  # the conversion's advice, once
+    caplog.clear()
+    assert verify(dst, source=image_folder, workers=1).ok
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_a_truncated_dataset_is_a_fault_not_a_crash(packed):
     path = packed("blob")
     with open(path, "r+b") as handle:
