@@ -157,7 +157,8 @@ def convert(
             check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)
             report = run(_job(src, kind, image, text, source, workers), fmt, local, storage=storage, options=options, sink=staging.sink)
         return dataclasses.replace(report, dst=str(dst))
-    dst = Path(dst) if executor == "local" else Path(dst).resolve()
+    given = Path(dst)
+    dst = given if executor == "local" else given.resolve()  # (tasks elsewhere see absolute paths)
     final = get_writer(fmt).destination(dst)
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)
@@ -166,7 +167,8 @@ def convert(
     if refusal is not None:
         raise OutputExistsError(refusal)
     check_destination(final, overwrite=overwrite, resume=resume)
-    return run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
+    report = run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
+    return report if dst == given else dataclasses.replace(report, dst=get_writer(fmt).destination(given))  # (said as given)
 
 
 def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptions | None, source: SourceOptions,

@@ -94,14 +94,17 @@ def test_lmdb_on_ray_is_identical_to_local(tmp_path, with_bad):
 
 
 @pytest.mark.parametrize("suffix", [".h5", ".blob"])
-def test_fixed_size_single_files_on_ray_are_byte_identical_to_local(tmp_path, with_bad, fixed_clock, suffix):
+def test_fixed_size_single_files_on_ray_are_byte_identical_to_local(tmp_path, with_bad, fixed_clock, suffix, monkeypatch):
     """Locally the workers write a fixed-size HDF5 file's or blob's samples into it; on Ray the
-    driver writes them into the same layout (packer.engine._placement): the same file."""
+    driver writes them into the same layout (packer.engine._placement): the same file. The
+    summary names DST as given, as a local run's does (it said the absolute path)."""
     image = ImageOptions(size=16)
-    local = convert(with_bad, tmp_path / f"local{suffix}", image=image, workers=2)
-    remote = convert(with_bad, tmp_path / f"ray{suffix}", image=image, executor="ray")
+    monkeypatch.chdir(tmp_path)
+    local = convert(with_bad, Path(f"local{suffix}"), image=image, workers=2)
+    remote = convert(with_bad, Path(f"ray{suffix}"), image=image, executor="ray")
     assert remote.written == local.written == 18
     assert local.dst.read_bytes() == remote.dst.read_bytes()
+    assert f"to ray{suffix}:" in remote.summary() and f"to local{suffix}:" in local.summary()
 
 
 def test_webdataset_on_ray_is_identical_to_local(tmp_path, with_bad):
