@@ -302,6 +302,8 @@ def test_an_http_src_with_a_symlink_loop_is_not_walked_forever(local_source, tmp
     plain = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
     assert report.written == plain.written
     assert ("class_00/loop", LOOP_REASON) in [(s.path, s.reason) for s in report.skipped]
+    as_file_url = convert(f"file://{src}", tmp_path / "f.lmdb", image=ImageOptions(size=16), workers=2)  # fsspec does not enter the link
+    assert as_file_url.written == plain.written
 
 
 def test_an_object_that_cannot_be_read_is_skipped_or_stops_naming_its_url(s3, local_source, tmp_path, monkeypatch):

@@ -103,8 +103,9 @@ class FsspecTree:
     def _entries(self) -> dict[tuple[str, ...], dict[str, Any]]:
         """Relative path parts -> listing detail, for every file and folder below the root."""
         if self._listing is None:
+            follows = _follows_links(self.fs)
             try:
-                if _follows_links(self.fs):
+                if follows:
                     found = _walk_without_loops(self.fs, self.path_in_fs)
                 else:
                     found = self.fs.find(self.path_in_fs, withdirs=True, detail=True)
@@ -116,8 +117,9 @@ class FsspecTree:
                 name = self.fs._strip_protocol(name).rstrip("/")
                 if name.startswith(prefix):
                     listing[tuple(name[len(prefix) :].split("/"))] = detail
-            listing, loops = _without_loops(listing)
-            self.refused = [Skipped("/".join(loop), LOOP_REASON) for loop in loops]
+            if follows:  # (an object store has no links: identical folders there are two folders)
+                listing, loops = _without_loops(listing)
+                self.refused = [Skipped("/".join(loop), LOOP_REASON) for loop in loops]
             self._listing = listing
         return self._listing
 
@@ -166,7 +168,8 @@ LOOP_REASON = ("lists exactly what a folder above it lists (a link back up, as t
 
 def _without_loops(listing: dict[tuple[str, ...], dict[str, Any]]) -> tuple[dict[tuple[str, ...], dict[str, Any]], list[tuple[str, ...]]]:
     """``listing`` less every folder whose entries (names, kinds, sizes) are exactly those of a
-    folder above it, and what is below it; and those folders. A server that follows symlinks
+    folder above it, and what is below it; and those folders (for listings that follow links:
+    :func:`_follows_links`). A server that follows symlinks
     (``python -m http.server``) shows ``cat/loop -> ..`` as ``cat/loop/cat/loop/...``, every
     class's images again under ``cat``, as deep as its URLs go."""
     children: dict[tuple[str, ...], set] = {}
@@ -186,7 +189,9 @@ def _without_loops(listing: dict[tuple[str, ...], dict[str, Any]]) -> tuple[dict
 
 
 def _follows_links(fs: Any) -> bool:
-    """Whether ``fs`` lists a server's folders as it serves them (HTTP: a symlink loop is endless)."""
+    """Whether ``fs`` lists folders through symlinks (HTTP, as the server serves them): there a
+    symlink loop is an endless tree of folders. (fsspec's ``file://`` lists a link without
+    entering it; an object store has none.)"""
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return bool({"http", "https"} & set(protocols))
 
