@@ -17,6 +17,7 @@ import pytest
 
 import readers.formats.lmdb as lmdb_format
 from packer import ImageOptions, convert
+from packer.writers.files import fsync_path
 from readers import open_dataset
 
 pytestmark = pytest.mark.skipif(lmdb_format._RUSAGE_THREAD is None, reason="counts page faults per thread (Linux)")
@@ -108,13 +109,7 @@ def test_a_cold_batch_is_read_by_the_threads_in_a_fresh_process(image_folder, tm
     other half, whose values the threads read (their faults), the reading thread then finding
     them in memory."""
     dataset = convert(image_folder, tmp_path / "cold.lmdb", image=ImageOptions(size=64), workers=1).dst
-    data = dataset / "data.mdb"
-    fd = os.open(data, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    fsync_path(dataset / "data.mdb", release=True)  # out of the page cache (POSIX_FADV_DONTNEED)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", _CHILD, str(dataset)], capture_output=True, text=True, env=env, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])

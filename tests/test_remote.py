@@ -4,6 +4,7 @@ from S3, HTTP and file:// URLs as SRC."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -12,6 +13,7 @@ import shutil
 import tarfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -36,16 +38,23 @@ def shards(image_folder, tmp_path_factory) -> Path:
     return dst
 
 
+@contextlib.contextmanager
+def served(directory: Path) -> Iterator[str]:
+    """``directory`` served by http.server on 127.0.0.1 (a thread): its base URL; stopped after."""
+    server = HTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="module")
 def http_root(shards):
-    """``shards``' parent served by http.server on 127.0.0.1 (a thread), stopped afterwards."""
-    handler = functools.partial(_QuietHandler, directory=str(shards.parent))
-    server = HTTPServer((LOOPBACK, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://{LOOPBACK}:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    """``shards``' parent served over HTTP for the module."""
+    with served(shards.parent) as url:
+        yield url
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -268,14 +277,9 @@ def test_every_reader_takes_a_file_url(local_source, tmp_path, fmt, name):
 
 def test_http_src(local_source, tmp_path):
     pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
-    server = HTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(local_source.parent)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://{LOOPBACK}:{server.server_address[1]}/src"
+    with served(local_source.parent) as root:
+        url = f"{root}/src"
         report = convert(url, tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=2)
-    finally:
-        server.shutdown()
-        server.server_close()
     local = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
     same_conversion(report.dst, local.dst)
     assert open_store(report.dst).meta.source == url and report.skipped == local.skipped
@@ -291,14 +295,8 @@ def test_an_http_src_with_a_symlink_loop_is_not_walked_forever(local_source, tmp
     src = tmp_path / "www" / "src"
     shutil.copytree(local_source, src, symlinks=True)
     os.symlink("..", src / "class_00" / "loop")
-    server = HTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(src.parent)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://{LOOPBACK}:{server.server_address[1]}/src"
-        report = convert(url, tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=2)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(src.parent) as root:
+        report = convert(f"{root}/src", tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=2)
     plain = convert(local_source, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=2)
     assert report.written == plain.written
     assert ("class_00/loop", LOOP_REASON) in [(s.path, s.reason) for s in report.skipped]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from checkpoints import convert_until_checkpoint
 from imagefiles import jpeg_bytes, write
 from packer import ImageOptions, StorageOptions, convert
 from packer.errors import OptionError, OutputExistsError
@@ -218,15 +219,7 @@ def test_resume_with_src_and_dst_spelled_another_way(tmp_path, source, fmt, monk
     os.symlink(source, tmp_path / "src")
     dst = tmp_path / f"out{SUFFIX[fmt]}"
     journal = journal_path(dst.with_name(dst.name + ".partial")) / "journal.json"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, "convert", "src", dst.name, "-j", "2", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + 60
-    while not journal.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline
-        time.sleep(0.005)
-    _kill(proc)
-    committed = json.loads(journal.read_text())["inputs"]
+    committed = convert_until_checkpoint(["convert", "src", dst.name, "-j", "2", *args], journal)
     assert 0 < committed < 240
     report = convert(tmp_path / "src", dst, workers=2, resume=True, **kwargs)
     assert report.resumed == committed
@@ -241,14 +234,7 @@ def test_a_journal_from_before_absolute_paths_still_resumes(tmp_path, source, mo
     monkeypatch.chdir(tmp_path)
     os.symlink(source, tmp_path / "src")
     journal = journal_path(tmp_path / "out.blob.partial") / "journal.json"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, "convert", "src", "out.blob", "-j", "2", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + 60
-    while not journal.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline
-        time.sleep(0.005)
-    _kill(proc)
+    convert_until_checkpoint(["convert", "src", "out.blob", "-j", "2", *args], journal)
     data = json.loads(journal.read_text())
     fingerprint = data["fingerprint"]
     fingerprint["listing"] = fingerprint.pop("listing as given")  # as the older code wrote it
