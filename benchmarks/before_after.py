@@ -118,7 +118,7 @@ def main() -> None:
             for fmt, suffix in formats.items():  # conversions (they also make the datasets the Loader reads)
                 rates: dict[str, list[float]] = {"before": [], "after": []}
                 for round_ in range(args.rounds):
-                    for side, tree in _in_turn(sides, round_):
+                    for side, tree in in_turn(sides, round_):
                         dst = Path(tmp) / f"{side}{suffix}"
                         if dst.is_dir():
                             shutil.rmtree(dst)
@@ -133,14 +133,14 @@ def main() -> None:
                     dataset = Path(tmp) / f"after{suffix}"  # written by this tree above; both read it
                     rates = {"before": [], "after": []}
                     for round_ in range(args.rounds):
-                        for side, tree in _in_turn(sides, round_):
+                        for side, tree in in_turn(sides, round_):
                             rates[side].append(child(tree, code, str(dataset), *extra))
                     results[job][fmt] = {side: summary(r) for side, r in rates.items()}
                     print(f"{job} {fmt}: {_line(results[job][fmt])}", flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False, capture_output=True)
     rows = [
-        [job, fmt, _fig(r["before"]), _fig(r["after"]), f"{r['after']['median'] / r['before']['median']:.2f}"]
+        [job, fmt, figure(r["before"]), figure(r["after"]), f"{r['after']['median'] / r['before']['median']:.2f}"]
         for job in ("convert", "loader", "cold") for fmt, r in results[job].items()
     ]
     print(markdown_table(["job", "format", f"before ({args.base}) img/s", "after img/s", "after/before"], rows))
@@ -158,7 +158,7 @@ def main() -> None:
     print(f"wrote {save_json(name, payload, RESULTS_DIR if args.update_results else OUT_DIR)}")
 
 
-def _in_turn(sides: dict[str, Path], round_: int) -> list[tuple[str, Path]]:
+def in_turn(sides: dict[str, Path], round_: int) -> list[tuple[str, Path]]:
     """The sides in round ``round_``'s order: before first in even rounds, after first in odd
     ones (ABBA), so that whatever favours the second run of a round (a cold read after the host's
     own cache has the file) favours both alike."""
@@ -166,12 +166,12 @@ def _in_turn(sides: dict[str, Path], round_: int) -> list[tuple[str, Path]]:
     return order if round_ % 2 == 0 else order[::-1]
 
 
-def _fig(rate: dict) -> str:
+def figure(rate: dict) -> str:
     return f"{rate['median']:,.0f} ({rate['min']:,.0f}-{rate['max']:,.0f})"
 
 
 def _line(result: dict) -> str:
-    return f"before {_fig(result['before'])}, after {_fig(result['after'])} img/s"
+    return f"before {figure(result['before'])}, after {figure(result['after'])} img/s"
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """A text corpus as a conversion job: documents in, token ids out, in any of the four formats.
 
-Documents are read and checked in this process (:func:`packer.sources.text.scan_text`), then
-tokenised by the driver's workers (:mod:`packer.engine`, the same driver as images: resume,
-timeouts, crash isolation, ``--on-error``, Ray). Work units carry the tokenizer's file path;
-each worker loads it once and encodes its chunk of documents in one batch. Every document
+Documents are found in this process (:func:`packer.sources.text.scan_text`: where each one is,
+never its text), then read, checked and tokenised by the driver's workers (:mod:`packer.engine`,
+the same driver as images: resume, timeouts, crash isolation, ``--on-error``, Ray). Work units
+carry the documents' places and the tokenizer's file path; each worker loads the tokenizer once,
+reads its chunk of documents (consecutive lines of a file in one read) and encodes them in one
+batch. Every document
 becomes one sample of ``n`` token ids (then the EOS id), stored as uint16 when the vocabulary
 fits, else uint32 (docs/FORMATS.md, "Text").
 """
@@ -23,7 +25,8 @@ from .jobs import Job
 from .options import NO_EOS, TextOptions
 from .preprocess.tokenize import TokenizeTask
 from .report import ConversionReport, TextConversionReport
-from .sources.text import TextDoc, scan_text
+from .sources.text import scan_text
+from .sources.text_docs import DocSpan, TextDoc
 from .writers.base import Writer
 
 log = logging.getLogger("packer")
@@ -72,7 +75,7 @@ class TextJob(Job):
         return True
 
     def name(self, item: Any) -> str:
-        assert isinstance(item, TextDoc)
+        assert isinstance(item, (DocSpan, TextDoc))
         return item.source
 
     def chunksize(self, workers: int | None) -> int | None:

@@ -29,9 +29,12 @@ class FaultyTokenize:
         self.task = task
 
     def __call__(self, doc):
-        if "CRASH" in doc.text:
+        from packer.sources.text_docs import document_texts
+
+        text = str(document_texts([doc])[0])
+        if "CRASH" in text:
             ctypes.string_at(0)
-        if "HANG" in doc.text:
+        if "HANG" in text:
             time.sleep(60)
         return self.task(doc)
 

@@ -1,20 +1,23 @@
-"""The work units of a text conversion: tokenise documents into little-endian token-id payloads.
+"""The work units of a text conversion: read documents and tokenise them into little-endian
+token-id payloads.
 
-Units carry the tokenizer *spec* (``"bytes"`` or a file path), never a loaded tokenizer: each
-worker process loads its own, once (:func:`worker_tokenizer`). Errors come back as
-:class:`~packer.preprocess.task.Failed` values, as for images.
+Units carry the documents' places (packer/sources/text_docs.py: the worker reads their text) and
+the tokenizer *spec* (``"bytes"`` or a file path), never a loaded tokenizer: each worker process
+loads its own, once (:func:`worker_tokenizer`). A document that cannot be read or tokenised comes
+back as a :class:`~packer.preprocess.task.Failed` value, as an image does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from readers.schema import Skipped
 from readers.tokenizer import LONG_TEXT, Tokenizer, load_tokenizer
 
-from ..sources.text import TextDoc
+from ..sources.text_docs import document_texts
 from .task import Encoded, Failed
 
 __all__ = ["TokenizeTask", "worker_tokenizer", "TEXT_LABEL"]
@@ -42,28 +45,37 @@ class TokenizeTask:
     eos_id: int | None = None
     max_tokens: int | None = None
 
-    def __call__(self, doc: TextDoc) -> Encoded | Failed:
-        try:
-            ids = worker_tokenizer(self.tokenizer).encode_long(doc.text, self.max_tokens)
-        except Exception as exc:  # noqa: BLE001 - a tokenizer failure is one document's problem
-            return Failed(doc.source, f"cannot tokenise ({type(exc).__name__}: {exc})")
-        return self.encoded(doc, ids)
+    def __call__(self, doc: Any) -> Encoded | Failed:
+        return self.map([doc])[0]
 
-    def map(self, docs: Sequence[TextDoc]) -> list[Encoded | Failed]:
-        """``self(doc)`` for each document, the short ones encoded in one batch (the Hugging Face
-        backend batches natively; a long one is tokenised in pieces: ``readers/tokenizer.py``); if
-        the batch fails, document by document, so only the bad one fails."""
-        short = [i for i, d in enumerate(docs) if len(d.text) <= LONG_TEXT]
+    def map(self, docs: Sequence[Any]) -> list[Encoded | Failed]:
+        """Each document (a :class:`~packer.sources.text_docs.DocSpan` or
+        :class:`~packer.sources.text_docs.TextDoc`) read (:func:`document_texts`) and tokenised:
+        the short ones in one batch (the Hugging Face backend batches natively; a long one is
+        tokenised in pieces: ``readers/tokenizer.py``); if the batch fails, document by document,
+        so only the bad one fails."""
+        texts = document_texts(docs)
+        short = [i for i, text in enumerate(texts) if isinstance(text, str) and len(text) <= LONG_TEXT]
         try:
-            batch = dict(zip(short, worker_tokenizer(self.tokenizer).encode_batch([docs[i].text for i in short])))
+            batch = dict(zip(short, worker_tokenizer(self.tokenizer).encode_batch([texts[i] for i in short])))
         except Exception:  # noqa: BLE001 - find the failing document one by one
             batch = {}
-        return [self.encoded(d, batch[i]) if i in batch else self(d) for i, d in enumerate(docs)]
+        return [Failed(text.path, text.reason) if isinstance(text, Skipped) else
+                self.encoded(doc.source, batch[i]) if i in batch else self.tokenised(doc.source, text)
+                for i, (doc, text) in enumerate(zip(docs, texts))]
 
-    def encoded(self, doc: TextDoc, ids: Sequence[int] | np.ndarray) -> Encoded | Failed:
-        """The stored sample of ``doc`` given its token ids."""
+    def tokenised(self, source: str, text: str) -> Encoded | Failed:
+        """The stored sample of the document ``source``, whose text is ``text``."""
+        try:
+            ids = worker_tokenizer(self.tokenizer).encode_long(text, self.max_tokens)
+        except Exception as exc:  # noqa: BLE001 - a tokenizer failure is one document's problem
+            return Failed(source, f"cannot tokenise ({type(exc).__name__}: {exc})")
+        return self.encoded(source, ids)
+
+    def encoded(self, source: str, ids: Sequence[int] | np.ndarray) -> Encoded | Failed:
+        """The stored sample of the document ``source`` given its token ids."""
         if not len(ids):
-            return Failed(doc.source, "empty document (no tokens)")
+            return Failed(source, "empty document (no tokens)")
         ids = np.asarray(ids[: self.max_tokens], dtype=np.int64)
         if self.eos_id is not None:
             ids = np.append(ids, self.eos_id)

@@ -3,26 +3,31 @@
 A corpus is a file or a folder searched recursively (hidden names ignored), read in sorted
 relative-path order, so document order is deterministic. A ``.txt`` file is one document, or one
 per non-empty line with ``lines=True``; a ``.jsonl`` line and a Parquet row give the string under
-``text_field``. Inputs that cannot be used (a binary file, invalid UTF-8, a line that is not JSON
-or lacks the field, an empty document) are skipped and listed as :class:`Skipped`; the caller
-records them in the metadata or stops (``--on-error fail``).
+``text_field``. Scanning finds where each document is (packer/sources/text_docs.py: its text is
+read by the worker that tokenises it, which skips a line that is not UTF-8 or not JSON, a record
+without the field, an empty document). Files that cannot be used at all (unreadable, binary, not
+a regular file, a Parquet file without the column) are skipped here and listed as
+:class:`Skipped`; the caller records them in the metadata or stops (``--on-error fail``).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
 from .rules import IMAGE_EXTENSIONS
+from .text_docs import BLANK_BYTES, DOC_ROW, Docs, TextFile
 
-__all__ = ["TextDoc", "TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS", "COMPRESSED_SUFFIXES"]
+__all__ = ["TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS", "COMPRESSED_SUFFIXES"]
 
 log = logging.getLogger("packer")
 
@@ -32,25 +37,12 @@ TEXT_EXTENSIONS = (".txt", ".jsonl", ".parquet")
 _SNIFF = 8192
 
 
-@dataclass(frozen=True)
-class TextDoc:
-    """One document: where it came from (``file`` or ``file:line``) and its text."""
-
-    source: str
-    text: str
-
-    @property
-    def path(self) -> str:
-        """Where the document came from (``file`` or ``file:line``), as an image input's path."""
-        return self.source
-
-
 @dataclass
 class TextCorpus:
-    """The documents of a corpus in order, and what was skipped."""
+    """Where the documents of a corpus are, in order, and which files were skipped."""
 
     root: Path
-    docs: list[TextDoc]
+    docs: Docs
     skipped: list[Skipped] = field(default_factory=list)
     files: int = 0
     #: Every text file read, in order (the resume fingerprint stats them).
@@ -114,124 +106,123 @@ def _compressed_text(name: str) -> bool:
 
 
 def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
-    """Read every document of ``root``; raises :class:`SourceError` if there are no text files,
-    :class:`OptionError` (before reading any) for ``lines`` without ``.txt`` files or a
-    ``text_field`` other than "text" without ``.jsonl`` or Parquet files."""
+    """Find every document of ``root`` (where it is, never its text: packer/sources/text_docs.py);
+    raises :class:`SourceError` if there are no text files, :class:`OptionError` (before reading
+    any) for ``lines`` without ``.txt`` files or a ``text_field`` other than "text" without
+    ``.jsonl`` or Parquet files."""
     root = Path(root)
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder")
-    files, images = _text_files(root)
-    if not files:
+    paths, images = _text_files(root)
+    if not paths:
         raise SourceError(f"{root}: no .txt, .jsonl or .parquet files found")
-    kinds = {path.suffix.lower() for path in files}  # an option no file uses would be dropped (and recorded as used)
+    kinds = {path.suffix.lower() for path in paths}  # an option no file uses would be dropped (and recorded as used)
     if lines and ".txt" not in kinds:
         raise OptionError(f"--lines: applies to .txt files, and {root} has none; drop it")
     if text_field != "text" and not kinds & {".jsonl", ".parquet"}:
         raise OptionError(f"--text-field: applies to .jsonl and .parquet files, and {root} has none; drop it")
-    corpus = TextCorpus(root, [], files=len(files), paths=[str(p) for p in files], images=images)
     base = root if root.is_dir() else root.parent
-    for path in files:
+    files: list[TextFile] = []
+    rows: list[np.ndarray] = []
+    skipped: list[Skipped] = []
+    for path in paths:
         name = path.relative_to(base).as_posix()
         ext = path.suffix.lower()
         try:
-            regular = stat.S_ISREG(path.stat().st_mode)
+            st = path.stat()
         except OSError as exc:
-            corpus.skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
+            skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
             continue
-        if not regular:  # a named pipe would block the scan forever, outside any worker's --timeout
-            corpus.skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
+        if not stat.S_ISREG(st.st_mode):  # a named pipe would block the scan forever, outside any worker's --timeout
+            skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
             continue
-        if ext == ".parquet":
-            _read_parquet(path, name, text_field, corpus)
-            continue
-        docs, skipped = len(corpus.docs), len(corpus.skipped)
+        kind = "parquet" if ext == ".parquet" else "json" if ext == ".jsonl" else "text"
+        file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size)
         try:
-            if ext == ".jsonl" or lines:  # a document a line: read a line at a time, never the whole file at once
-                _read_lines(path, name, text_field if ext == ".jsonl" else None, corpus)
-                continue
-            data = path.read_bytes()
+            found = _parquet_rows(path, file, len(files)) if kind == "parquet" else _document_rows(path, file, len(files), lines or kind == "json")
         except OSError as exc:  # (partway through a file: none of its lines is kept, the file is skipped whole)
-            del corpus.docs[docs:], corpus.skipped[skipped:]
-            corpus.skipped.append(Skipped(name, f"cannot read ({exc.strerror or exc})"))
+            found = f"cannot read ({exc.strerror or exc})"
+        if isinstance(found, str):
+            skipped.append(Skipped(name, found))
             continue
-        if b"\x00" in data[:_SNIFF]:
-            corpus.skipped.append(Skipped(name, "binary file (contains NUL bytes), not text"))
-            continue
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            corpus.skipped.append(Skipped(name, f"invalid UTF-8 at byte {exc.start}"))
-            continue
-        _add(corpus, name, text)
-    return corpus
+        file, found = found
+        files.append(file)
+        rows.append(found)
+    docs = Docs(files, np.concatenate(rows) if rows else np.empty(0, DOC_ROW))
+    return TextCorpus(root, docs, skipped, files=len(paths), paths=[str(p) for p in paths], images=images)
 
 
-def _read_lines(path: Path, name: str, text_field: str | None, corpus: TextCorpus) -> None:
-    """A document a line (``text_field``: JSON Lines, that field of each record; ``None``:
-    ``--lines``), read a line at a time: a line that is not UTF-8 is skipped alone, as a line
-    that is not JSON is (the file whole when its start holds NUL bytes: binary)."""
+#: Bytes a scan reads at once to find a file's lines.
+_BLOCK = 16 << 20
+#: Which bytes ``str.strip`` removes (ASCII): a line of only these is blank, not a document.
+_BLANK = np.zeros(256, bool)
+_BLANK[list(BLANK_BYTES)] = True
+
+
+def _document_rows(path: Path, file: TextFile, index: int, by_line: bool) -> tuple[TextFile, np.ndarray] | str:
+    """The rows of ``file``'s documents: the whole file, or (``by_line``) each line that is not
+    blank, found a block at a time (a line is split at ``\\n`` only, as ``wc -l`` and JSON Lines
+    count them; a ``\\r`` before it is not part of it); or why the file is skipped whole."""
     with open(path, "rb") as handle:
-        if b"\x00" in handle.read(_SNIFF):
-            corpus.skipped.append(Skipped(name, "binary file (contains NUL bytes), not text"))
-            return
-        handle.seek(0)
-        for number, raw in enumerate(handle, 1):  # binary: split at b"\n" only, as wc -l and JSON Lines count lines
-            where = f"{name}:{number}"
-            try:
-                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
-            except UnicodeDecodeError as exc:
-                corpus.skipped.append(Skipped(where, f"invalid UTF-8 at byte {exc.start} of the line"))
-                continue
-            if not line.strip():
-                continue
-            if text_field is None:
-                corpus.docs.append(TextDoc(where, line))
+        block = handle.read(_BLOCK if by_line else _SNIFF)
+        if b"\x00" in block[:_SNIFF]:
+            return "binary file (contains NUL bytes), not text"
+        if not by_line:
+            if not file.size:
+                return "empty document"
+            return file, _rows(index, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([file.size]))
+        found, number, offset, carry = [], 1, 0, b""  # offset: where carry (a line not yet ended) starts
+        while block:
+            data = carry + block if carry else block
+            ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+            if len(ends):
+                found.append(_line_rows(index, data, number, offset, ends))
+                number, offset, carry = number + len(ends), offset + int(ends[-1]) + 1, data[int(ends[-1]) + 1 :]
             else:
-                _add_record(corpus, where, line, text_field)
+                carry = data
+            block = handle.read(_BLOCK)
+        if carry:  # the last line, without its newline
+            found.append(_line_rows(index, carry, number, offset, np.array([len(carry)])))
+    return file, np.concatenate(found) if found else np.empty(0, DOC_ROW)
 
 
-def _add(corpus: TextCorpus, source: str, text: str) -> None:
-    if text.strip():
-        corpus.docs.append(TextDoc(source, text))
-    else:
-        corpus.skipped.append(Skipped(source, "empty document"))
+def _line_rows(index: int, data: bytes, number: int, offset: int, ends: np.ndarray) -> np.ndarray:
+    """The rows of the lines of ``data`` (at ``offset`` in the file, its first line numbered
+    ``number``) that end at ``ends`` (each a newline, or the end of the file), blank ones left out."""
+    array = np.frombuffer(data, np.uint8)
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
+    ends = ends - ((ends > starts) & (array[np.maximum(ends - 1, 0)] == 13))  # (a "\r\n" line ends before its "\r")
+    keep = ends > starts
+    maybe_blank = np.flatnonzero(keep & _BLANK[array[np.minimum(starts, len(array) - 1)]] & _BLANK[array[np.maximum(ends - 1, 0)]])
+    for line in maybe_blank:  # (starts and ends with a blank character: rare; the rest is checked here)
+        keep[line] = bool(data[starts[line] : ends[line]].strip(BLANK_BYTES))
+    return _rows(index, number + np.flatnonzero(keep), offset + starts[keep], ends[keep] - starts[keep])
 
 
-def _add_record(corpus: TextCorpus, where: str, line: str, text_field: str) -> None:
-    """A JSON Lines record's ``text_field``, or why it is skipped."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        corpus.skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
-        return
-    value = record.get(text_field) if isinstance(record, dict) else None
-    if not isinstance(value, str):
-        strings = [key for key, field in record.items() if isinstance(field, str)][:8] if isinstance(record, dict) else []
-        hint = f" (its string fields: {', '.join(map(repr, strings))}; pass --text-field)" if strings and text_field not in record else ""
-        corpus.skipped.append(Skipped(where, f"no string field {text_field!r}{hint}"))
-        return
-    _add(corpus, where, value)
+def _rows(index: int, lines: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    rows = np.empty(len(lines), DOC_ROW)
+    rows["file"], rows["line"], rows["start"], rows["length"] = index, lines, starts, lengths
+    return rows
 
 
-def _read_parquet(path: Path, name: str, text_field: str, corpus: TextCorpus) -> None:
+def _parquet_rows(path: Path, file: TextFile, index: int) -> tuple[TextFile, np.ndarray] | str:
+    """The rows of a Parquet file (its metadata only: the text is read as the rows are sent),
+    or why it is skipped whole."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise SourceError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
     try:
-        columns = pq.read_schema(path).names
-        if text_field not in columns:
-            shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
-            corpus.skipped.append(Skipped(name, f"no Parquet column {text_field!r} (its columns: {shown or 'none'}); pass --text-field"))
-            return
-        column = pq.read_table(path, columns=[text_field]).column(text_field).to_pylist()
+        parquet = pq.ParquetFile(path)
+        columns = parquet.schema_arrow.names
+        counts = [parquet.metadata.row_group(group).num_rows for group in range(parquet.metadata.num_row_groups)]
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files; recorded
         reason = " ".join(str(exc).split())  # pyarrow's messages run over lines: one line
-        corpus.skipped.append(Skipped(name, f"cannot read Parquet column {text_field!r} ({reason})"))
-        return
-    for row, value in enumerate(column, 1):  # rows counted from 1, as JSON Lines' lines are
-        where = f"{name}:{row}"
-        if not isinstance(value, str):
-            corpus.skipped.append(Skipped(where, f"no string field {text_field!r}"))
-        else:
-            _add(corpus, where, value)
+        return f"cannot read Parquet column {file.field!r} ({reason})"
+    if file.field not in columns:
+        shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
+        return f"no Parquet column {file.field!r} (its columns: {shown or 'none'}); pass --text-field"
+    groups = tuple(int(first) for first in np.cumsum([0, *counts]))
+    rows = np.arange(groups[-1])
+    return dataclasses.replace(file, groups=groups), _rows(index, rows + 1, rows, np.zeros(len(rows), np.int64))

@@ -26,7 +26,7 @@ class Piece:
 
     number: int
     start: int
-    items: tuple[Any, ...]
+    items: Sequence[Any]
     fragment: int | None = None
     last: bool = True
 

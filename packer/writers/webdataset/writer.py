@@ -179,7 +179,7 @@ class ShardWriter(PieceWriter):
         size = self.piece_inputs(image)
         done = self.resumed_inputs
         pieces = [
-            Piece((done + start) // size, done + start, tuple(items[start : start + size])) for start in range(0, len(items), size)
+            Piece((done + start) // size, done + start, items[start : start + size]) for start in range(0, len(items), size)
         ]
         if workers is None or workers < 2 or not pieces:
             return pieces

@@ -1,0 +1,228 @@
+"""A text corpus's documents as places in its files, read by the workers that tokenise them.
+
+Scanning a corpus (:func:`packer.sources.text.scan_text`) records where each document is, never
+its text: one :data:`DOC_ROW` per document (its file, line, byte offset and length, or a
+Parquet row's index), 28 bytes, so a corpus larger than the memory lists in little of it, and
+no document's text crosses the pipe to a worker. :class:`Docs` is that list as the driver's
+sequence of inputs: an entry is a :class:`DocSpan`, made when it is sent, and its text is read
+by the worker that tokenises it (:func:`document_texts`: consecutive lines of one file in one
+read), decoded and checked there; a line that is not UTF-8 or not JSON, a record without the
+field, an empty document come back as :class:`~readers.schema.Skipped` and are recorded as any
+input that cannot be converted.
+
+Parquet rows are the exception: a row group is compressed whole, so their text is read in the
+driver, a row group at a time as the work units are sent (:class:`TextDoc`, its text in hand);
+reading it in the workers would decompress each group once per worker.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence, overload
+
+import numpy as np
+
+from readers.schema import Skipped
+
+__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "Docs", "document_texts", "BLANK_BYTES"]
+
+#: One document's place: its file (an index into :attr:`Docs.files`), its line (counted from 1;
+#: 0 for a whole file; a Parquet row's number), and its bytes (``start``, ``length``; for a
+#: Parquet row, ``start`` is its index in the file).
+DOC_ROW = np.dtype([("file", "<u4"), ("line", "<i8"), ("start", "<i8"), ("length", "<i8")])
+
+#: The ASCII characters ``str.strip`` removes: a line of only these is no document.
+BLANK_BYTES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+
+#: At most this many bytes are read at once for consecutive lines of one file.
+_READ_AT_ONCE = 32 << 20
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """A file of the corpus: where it is, how it is recorded, how its documents are stored.
+
+    ``kind``: ``"text"`` (the whole file, or with ``--lines`` each line), ``"json"`` (the
+    ``field`` of each JSON Lines record) or ``"parquet"`` (the ``field`` column of each row;
+    ``groups``: each row group's first row, then the row count). ``size``: its size when it was
+    scanned (a file that changed since is not read: its documents' places moved)."""
+
+    path: str
+    name: str
+    kind: str
+    field: str | None = None
+    size: int = 0
+    groups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TextDoc:
+    """A document whose text is in hand (a Parquet row, read by the driver), or why there is none."""
+
+    source: str
+    text: str | None
+    problem: str = ""
+
+    @property
+    def path(self) -> str:
+        """Where the document came from (``file:row``), as an image input's path."""
+        return self.source
+
+
+@dataclass(frozen=True, slots=True)
+class DocSpan:
+    """A document stored as ``length`` bytes at ``start`` of ``file`` (its line ``line``, or the
+    whole file when ``line`` is 0); its text is read where it is tokenised."""
+
+    file: TextFile
+    line: int
+    start: int
+    length: int
+
+    @property
+    def source(self) -> str:
+        """How the document is recorded: ``file``, or ``file:line`` (relative to the corpus)."""
+        return f"{self.file.name}:{self.line}" if self.line else self.file.name
+
+    @property
+    def path(self) -> str:
+        return self.source
+
+
+class Docs(Sequence[Any]):
+    """A corpus's documents in order: :data:`DOC_ROW` rows over ``files``. An entry is made
+    when it is asked for (a :class:`DocSpan`, or a Parquet row's :class:`TextDoc`, its row group
+    read then); a slice is another :class:`Docs` over the same files, and pickles (to a worker)
+    as the list of its entries."""
+
+    def __init__(self, files: Sequence[TextFile], rows: np.ndarray, groups: _RowGroups | None = None) -> None:
+        self.files, self.rows = files, rows
+        self._groups = groups if groups is not None else _RowGroups()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, where: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, where: slice) -> Docs: ...
+
+    def __getitem__(self, where: int | slice) -> Any:
+        if isinstance(where, slice):
+            return Docs(self.files, self.rows[where], self._groups)
+        row = self.rows[where]
+        file = self.files[int(row["file"])]
+        line = int(row["line"])
+        if file.kind == "parquet":
+            return self._groups.document(file, line, int(row["start"]))
+        return DocSpan(file, line, int(row["start"]), int(row["length"]))
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[i] for i in range(len(self.rows)))
+
+    def __reduce__(self) -> tuple[Any, tuple[list[Any]]]:
+        return list, (list(self),)
+
+
+class _RowGroups:
+    """The driver's reader of Parquet rows: the text column of the two row groups read last (the
+    pool sends work units and the driver books outcomes, each walking the rows in order)."""
+
+    def __init__(self) -> None:
+        self._read: OrderedDict[tuple[str, int], list[Any] | str] = OrderedDict()
+        self._lock = threading.Lock()  # (the pool may send from another thread than the booking's)
+
+    def document(self, file: TextFile, line: int, row: int) -> TextDoc:
+        group = bisect.bisect_right(file.groups, row) - 1
+        with self._lock:
+            values = self._read.get((file.path, group))
+            if values is None:
+                values = self._read[(file.path, group)] = _row_group(file, group)
+                while len(self._read) > 2:
+                    self._read.popitem(last=False)
+            self._read.move_to_end((file.path, group))
+        source = f"{file.name}:{line}"
+        if isinstance(values, str):
+            return TextDoc(source, None, values)
+        value = values[row - file.groups[group]]
+        return TextDoc(source, value) if isinstance(value, str) else TextDoc(source, None, f"no string field {file.field!r}")
+
+
+def _row_group(file: TextFile, group: int) -> list[Any] | str:
+    """The ``field`` column of a Parquet file's row ``group``, or why it cannot be read."""
+    import pyarrow.parquet as pq  # (scanning found it: a corpus with Parquet files needs pyarrow)
+
+    try:
+        return pq.ParquetFile(file.path).read_row_group(group, columns=[file.field]).column(0).to_pylist()
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files; recorded per row
+        reason = " ".join(str(exc).split())  # pyarrow's messages run over lines: one line
+        return f"cannot read Parquet column {file.field!r} ({reason})"
+
+
+def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
+    """Each document's text, or why it cannot be converted (a :class:`Skipped`): read from its
+    file (consecutive lines of one file in one read), decoded as UTF-8, a JSON record's field
+    taken, empty documents refused. Runs in the worker that tokenises them."""
+    texts: list[str | Skipped] = []
+    i = 0
+    while i < len(docs):
+        doc = docs[i]
+        if isinstance(doc, TextDoc):
+            texts.append(Skipped(doc.source, doc.problem) if doc.text is None else _nonempty(doc.source, doc.text))
+            i += 1
+            continue
+        j = i + 1
+        while (j < len(docs) and isinstance(docs[j], DocSpan) and docs[j].file.path == doc.file.path
+               and docs[j].start >= docs[j - 1].start + docs[j - 1].length and docs[j].start + docs[j].length - doc.start <= _READ_AT_ONCE):
+            j += 1
+        run = docs[i:j]
+        data, problem = _read(doc.file, doc.start, run[-1].start + run[-1].length - doc.start)
+        texts.extend(Skipped(d.source, problem) if data is None else _text(d, data[d.start - doc.start : d.start - doc.start + d.length])
+                     for d in run)
+        i = j
+    return texts
+
+
+def _read(file: TextFile, start: int, length: int) -> tuple[bytes | None, str]:
+    """``length`` bytes at ``start`` of ``file``, or ``None`` and why not."""
+    try:
+        with open(file.path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size != file.size:
+                return None, f"the file changed since it was scanned ({file.size:,} bytes then): not read"
+            data = os.pread(handle.fileno(), length, start) if length else b""
+    except OSError as exc:
+        return None, f"cannot read ({exc.strerror or exc})"
+    if len(data) != length:
+        return None, "the file changed since it was scanned (shorter): not read"
+    return data, ""
+
+
+def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
+    """The text of ``doc`` from its bytes ``raw``, or why it is skipped."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Skipped(doc.source, f"invalid UTF-8 at byte {exc.start}{' of the line' if doc.line else ''}")
+    if doc.file.kind != "json":
+        return _nonempty(doc.source, text)
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return Skipped(doc.source, f"not JSON ({exc.msg})")
+    field = doc.file.field
+    value = record.get(field) if isinstance(record, dict) else None
+    if not isinstance(value, str):
+        strings = [key for key, item in record.items() if isinstance(item, str)][:8] if isinstance(record, dict) else []
+        hint = f" (its string fields: {', '.join(map(repr, strings))}; pass --text-field)" if strings and field not in record else ""
+        return Skipped(doc.source, f"no string field {field!r}{hint}")
+    return _nonempty(doc.source, value)
+
+
+def _nonempty(source: str, text: str) -> str | Skipped:
+    return text if text.strip() else Skipped(source, "empty document")

@@ -1,0 +1,118 @@
+"""Scanning a text corpus records where each document is, never its text; the workers read it
+(packer/sources/text_docs.py). Checked against a plain Python reading of the same files: the
+documents, their line numbers and the reasons for skipped lines are the same, whatever the
+scan's block size (lines cut across blocks, ``\\r\\n`` endings, blank lines, no final newline)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+from pathlib import Path
+
+import pytest
+
+import packer
+import packer.sources.text as text_module
+from packer.options import TextOptions
+from packer.sources.text import scan_text
+from packer.sources.text_docs import BLANK_BYTES, DOC_ROW, DocSpan, TextDoc, document_texts
+from readers import TokenDataset
+from readers.schema import Skipped
+
+PIECES = [b"a", b"bc d", b"\n", b"\n", b"\r\n", b"\r", b" ", b"\t", b"\x0c", b"\x0b", b"\x1c", "\u00e9".encode(), b"\xff",
+          "\u2028".encode(), b'{"text": "x"}']
+
+
+def plain_reading(data: bytes, name: str) -> list[tuple[str, str]]:
+    """What a document a line means, read the plain way (a line at a time, as Python's binary
+    file iteration splits them): each non-blank line's text, or why it is skipped. A line of
+    ASCII blanks is no document; one that only str.strip finds blank (U+2028...) is recorded empty."""
+    found = []
+    for number, raw in enumerate(io.BytesIO(data), 1):
+        content = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if not content.strip(BLANK_BYTES):
+            continue
+        try:
+            line = content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            found.append((f"{name}:{number}", f"invalid UTF-8 at byte {exc.start} of the line"))
+            continue
+        found.append((f"{name}:{number}", line if line.strip() else "empty document"))
+    return found
+
+
+def scanned(root: Path, **options) -> list[tuple[str, str]]:
+    corpus = scan_text(root, **options)
+    return [(doc.source, text.reason if isinstance(text, Skipped) else text)
+            for doc, text in zip(corpus.docs, document_texts(corpus.docs))]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lines_found_by_blocks_are_the_lines_python_reads(tmp_path: Path, monkeypatch, seed: int) -> None:
+    rng = random.Random(seed)
+    data = b"".join(rng.choice(PIECES) for _ in range(rng.randint(0, 80)))
+    (tmp_path / "t.txt").write_bytes(data)
+    monkeypatch.setattr(text_module, "_BLOCK", rng.randint(1, 12))
+    if not plain_reading(data, "t.txt"):
+        return  # (no documents: nothing to compare; the driver says none could be converted)
+    assert scanned(tmp_path, lines=True) == plain_reading(data, "t.txt")
+
+
+def test_json_lines_are_read_by_the_workers_with_the_reasons_of_a_plain_reading(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "r.jsonl").write_bytes(b'{"text": "one"}\r\n\n  \nnot json\n{"text": ""}\n{"body": "b"}\n{"text": "two \xff"}\n{"text": "last"}')
+    monkeypatch.setattr(text_module, "_BLOCK", 5)
+    assert scanned(tmp_path) == [
+        ("r.jsonl:1", "one"), ("r.jsonl:4", "not JSON (Expecting value)"), ("r.jsonl:5", "empty document"),
+        ("r.jsonl:6", "no string field 'text' (its string fields: 'body'; pass --text-field)"),
+        ("r.jsonl:7", "invalid UTF-8 at byte 14 of the line"), ("r.jsonl:8", "last")]
+
+
+def test_the_driver_holds_and_sends_places_not_text(tmp_path: Path) -> None:
+    """The corpus's documents are rows of 28 bytes, and what is sent to a worker names where a
+    document is, not its text (which used to be read, held and sent by the driver)."""
+    text = "zebra " * 2000
+    (tmp_path / "r.jsonl").write_text("".join(f'{{"text": "{text}{i}"}}\n' for i in range(50)), encoding="utf-8")
+    corpus = scan_text(tmp_path)
+    assert corpus.docs.rows.dtype == DOC_ROW and DOC_ROW.itemsize == 28 and len(corpus.docs) == 50
+    sent = pickle.dumps(corpus.docs[10:20])
+    assert b"zebra" not in sent and len(sent) < 2000
+    assert all(isinstance(doc, DocSpan) for doc in pickle.loads(sent))
+    assert document_texts(pickle.loads(sent)) == [f"{text}{i}" for i in range(10, 20)]
+
+
+def test_a_file_changed_after_the_scan_is_not_read_at_the_old_places(tmp_path: Path) -> None:
+    (tmp_path / "r.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n', encoding="utf-8")
+    corpus = scan_text(tmp_path)
+    (tmp_path / "r.jsonl").write_text('{"text": "a longer first line"}\n{"text": "two"}\n', encoding="utf-8")
+    texts = document_texts(corpus.docs)
+    assert [t.reason for t in texts] == ["the file changed since it was scanned (32 bytes then): not read"] * 2
+    (tmp_path / "r.jsonl").unlink()
+    assert document_texts(corpus.docs)[0].reason == "cannot read (No such file or directory)"
+
+
+def test_a_line_of_unicode_blanks_is_recorded_as_empty(tmp_path: Path) -> None:
+    """The scan drops lines of ASCII blanks (as str.strip would); a line of other Unicode blanks is
+    found empty by the worker, and recorded, not dropped."""
+    (tmp_path / "t.txt").write_text("one\n\u3000\u00a0\n \t\x1c\ntwo\n", encoding="utf-8")
+    assert scanned(tmp_path, lines=True) == [("t.txt:1", "one"), ("t.txt:2", "empty document"), ("t.txt:4", "two")]
+
+
+def test_parquet_rows_are_read_a_row_group_at_a_time_in_order(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    values = [f"row {i}" if i % 5 != 3 else None for i in range(23)]
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"body": values, "n": list(range(23))}), src / "a.parquet", row_group_size=4)
+    corpus = scan_text(src, text_field="body")
+    docs = corpus.docs
+    assert pq.ParquetFile(src / "a.parquet").metadata.num_row_groups == 6
+    assert [d.text for d in docs] == values and [d.source for d in docs] == [f"a.parquet:{i + 1}" for i in range(23)]
+    assert all(isinstance(d, TextDoc) for d in docs[::-1])  # (out of order too: a crashed chunk's retry)
+    assert docs[3].problem == "no string field 'body'" and [d.text for d in docs[20:]] == values[20:]
+    packer.convert(src, tmp_path / "p.blob", text=TextOptions(text_field="body", tokenizer="bytes"), workers=2)
+    ds = TokenDataset(tmp_path / "p.blob")
+    assert [ds.decode(ds[i]) for i in range(len(ds))] == [f"{v}\n" for v in values if v is not None]
+    assert [s.path for s in ds.meta.skipped] == [f"a.parquet:{i + 1}" for i, v in enumerate(values) if v is None]
