@@ -273,6 +273,16 @@ def _before_after(tag: str = "") -> Callable[[], str]:
     return section
 
 
+def _text_before_after() -> str:
+    d = load("text_before_after")
+    rows = [[name, rate(r["before"]["rate"]), rate(r["after"]["rate"]), f"{r['after']['rate']['median'] / r['before']['rate']['median']:.2f}",
+             rate(r["before"]["peak_mib"]), rate(r["after"]["peak_mib"])] for name, r in d["results"].items()]
+    return "\n\n".join([source_line("text_before_after"), f"{d['base']} (before) against {d['head']} (after), alternating, {d['rounds']} rounds, "
+                         f"{d['docs']:,} JSON Lines documents ({d['corpus_mib']:,.0f} MiB) to the blob with {d['workers']} workers; "
+                         "median (min-max):", markdown_table(["tokenizer", "before docs/s", "after docs/s", "after/before (medians)",
+                                                              "before: driver peak MiB", "after: driver peak MiB"], rows)])
+
+
 def _verify_cost() -> str:
     d = load("verify_cost")
     rows = [[r["format"], r["encoding"], r["reader"], rate(r["off"]), rate(r["on"]),
@@ -405,6 +415,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "before_after-direct-jpeg": _before_after("direct-jpeg"),
     "before_after-direct-presized": _before_after("direct-presized"),
     "before_after-lmdb-cold": _before_after("lmdb-cold"),
+    "text_before_after": _text_before_after,
     "verify_cost": _verify_cost,
     "faults": _faults,
     "faults_table": _faults_table,
