@@ -132,3 +132,25 @@ def test_the_journal_cuts_names_back_to_the_checkpoint(tmp_path):
     assert (journal.folder / "names.jsonl").read_bytes().count(b"\n") == 2
     (journal.folder / "names.jsonl").write_bytes(b'"a/1.jpg"\n')  # fewer names than samples: none
     assert Journal(tmp, {"a": 1}).load().names is None
+
+
+def test_names_held_in_their_stored_form_are_what_json_writes():
+    """The writer keeps the names as the stored JSON array's bytes (a string per name cost several
+    times its bytes for millions of documents); the array must be the one json.dumps writes and
+    json.loads reads: quotes, backslashes, non-ASCII, undecodable file names (surrogate escapes)."""
+    import random
+
+    from readers.formats.names import EncodedNames, decode_source_names
+
+    rng = random.Random(7)
+    alphabet = ['a', '"', '\\', '/', '\u00e9', '\u4e2d', '\U0001f600', '\udcff', '\n', ' ', ':', ',', '[']
+    for size in (0, 1, 2, 50):
+        names = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(size)]
+        encoded = EncodedNames()
+        for name in names:
+            encoded.append(name)
+        stored = encoded.to_bytes()
+        assert len(encoded) == size
+        assert stored == json.dumps(names, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        assert json.loads(stored) == names and decode_source_names(stored, size, where="t") == names
+        assert EncodedNames(names).to_bytes() == stored

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from readers.checksums import CHECKSUM, CHECKSUM_DTYPE
-from readers.formats.names import encode_source_names
+from readers.formats.names import EncodedNames
 from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
@@ -90,9 +90,10 @@ class Writer:
         self._mixed_shapes = False
         #: Per-sample checksums (readers/checksums.py), in sample order; the format stores them.
         self.checksums = array("I")
-        #: Per-sample source names (:meth:`record_source`), in sample order; ``None`` once they
-        #: no longer match the samples (a caller that adds samples without naming them).
-        self.source_names: list[str] | None = []
+        #: Per-sample source names (:meth:`record_source`), in sample order, held in their stored
+        #: form; ``None`` once they no longer match the samples (a caller that adds samples
+        #: without naming them).
+        self.source_names: EncodedNames | None = EncodedNames()
         self._new_names: list[str] = []
         #: Inputs an interrupted run had already dealt with (``resume``), and those it skipped.
         self.resumed_inputs = 0
@@ -233,7 +234,7 @@ class Writer:
     def source_names_bytes(self) -> bytes | None:
         """The stored form of the source names, or ``None`` unless every sample has one."""
         names = self.source_names
-        return encode_source_names(names) if names is not None and len(names) == self.count else None
+        return names.to_bytes() if names is not None and len(names) == self.count else None
 
     def progress(self, inputs: int, skipped: Sequence[Skipped]) -> None:
         """``inputs`` inputs are dealt with (``skipped`` of them not written): commit a checkpoint
@@ -307,7 +308,7 @@ class Writer:
         self.checksums = array("I", (rows["crc32"] & 0xFFFFFFFF).tolist())
         self._note_shapes(rows)
         self.resumed_inputs, self.resumed_skipped = checkpoint.inputs, list(checkpoint.skipped)
-        self.source_names = checkpoint.names
+        self.source_names = EncodedNames(checkpoint.names) if checkpoint.names is not None else None
         self._reopen(checkpoint)
 
     def checksum_array(self) -> np.ndarray:

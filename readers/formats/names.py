@@ -14,16 +14,36 @@ Datasets written before names were recorded have none: :meth:`Store.source_names
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Iterable
 
 from ..schema import PackedFormatError
 
-__all__ = ["encode_source_names", "decode_source_names"]
+__all__ = ["EncodedNames", "decode_source_names"]
 
 
-def encode_source_names(names: Sequence[str]) -> bytes:
-    """The stored form of ``names``: a JSON array of strings, ASCII bytes."""
-    return json.dumps(list(names), ensure_ascii=True, separators=(",", ":")).encode("ascii")
+class EncodedNames:
+    """Names appended one at a time and held in their stored form (the JSON array's body, ASCII
+    bytes): a writer of millions of samples keeps about the names' own bytes, not a Python
+    string per name (several times that)."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self._body = bytearray()
+        self._count = 0
+        for name in names:
+            self.append(name)
+
+    def append(self, name: str) -> None:
+        if self._count:
+            self._body += b","
+        self._body += json.dumps(name, ensure_ascii=True).encode("ascii")
+        self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+    def to_bytes(self) -> bytes:
+        """The stored form: a JSON array of strings, ASCII bytes."""
+        return b"[" + bytes(self._body) + b"]"
 
 
 def decode_source_names(raw: bytes | bytearray | memoryview, count: int, *, where: str) -> list[str]:
