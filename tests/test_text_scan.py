@@ -6,6 +6,7 @@ scan's block size (lines cut across blocks, ``\\r\\n`` endings, blank lines, no 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import random
 from pathlib import Path
@@ -86,7 +87,10 @@ def test_a_file_changed_after_the_scan_is_not_read_at_the_old_places(tmp_path: P
     corpus = scan_text(tmp_path)
     (tmp_path / "r.jsonl").write_text('{"text": "a longer first line"}\n{"text": "two"}\n', encoding="utf-8")
     texts = document_texts(corpus.docs)
-    assert [t.reason for t in texts] == ["the file changed since it was scanned (32 bytes then): not read"] * 2
+    assert [t.reason for t in texts] == ["the file changed since it was scanned (32 bytes then, 48 now): not read"] * 2
+    (tmp_path / "r.jsonl").write_text('{"text": "ONE"}\n{"text": "TWO"}\n', encoding="utf-8")  # the same size
+    os.utime(tmp_path / "r.jsonl", ns=(0, corpus.docs[0].file.mtime_ns + 1))
+    assert document_texts(corpus.docs)[1].reason == "the file changed since it was scanned (modified since, same size): not read"
     (tmp_path / "r.jsonl").unlink()
     assert document_texts(corpus.docs)[0].reason == "cannot read (No such file or directory)"
 

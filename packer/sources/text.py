@@ -137,7 +137,7 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
             skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
             continue
         kind = "parquet" if ext == ".parquet" else "json" if ext == ".jsonl" else "text"
-        file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size)
+        file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size, st.st_mtime_ns)
         try:
             found = _parquet_rows(path, file, len(files)) if kind == "parquet" else _document_rows(path, file, len(files), lines or kind == "json")
         except OSError as exc:  # (partway through a file: none of its lines is kept, the file is skipped whole)

@@ -49,14 +49,16 @@ class TextFile:
 
     ``kind``: ``"text"`` (the whole file, or with ``--lines`` each line), ``"json"`` (the
     ``field`` of each JSON Lines record) or ``"parquet"`` (the ``field`` column of each row;
-    ``groups``: each row group's first row, then the row count). ``size``: its size when it was
-    scanned (a file that changed since is not read: its documents' places moved)."""
+    ``groups``: each row group's first row, then the row count). ``size`` and ``mtime_ns``: its
+    size and modification time when it was scanned (a file that changed since is not read: its
+    documents' places may have moved)."""
 
     path: str
     name: str
     kind: str
     field: str | None = None
     size: int = 0
+    mtime_ns: int = 0
     groups: tuple[int, ...] = ()
 
 
@@ -193,8 +195,11 @@ def _read(file: TextFile, start: int, length: int) -> tuple[bytes | None, str]:
     """``length`` bytes at ``start`` of ``file``, or ``None`` and why not."""
     try:
         with open(file.path, "rb") as handle:
-            if os.fstat(handle.fileno()).st_size != file.size:
-                return None, f"the file changed since it was scanned ({file.size:,} bytes then): not read"
+            now = os.fstat(handle.fileno())
+            if now.st_size != file.size:
+                return None, f"the file changed since it was scanned ({file.size:,} bytes then, {now.st_size:,} now): not read"
+            if now.st_mtime_ns != file.mtime_ns:
+                return None, "the file changed since it was scanned (modified since, same size): not read"
             data = os.pread(handle.fileno(), length, start) if length else b""
     except OSError as exc:
         return None, f"cannot read ({exc.strerror or exc})"
