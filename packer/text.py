@@ -26,7 +26,7 @@ from .options import NO_EOS, TextOptions
 from .preprocess.tokenize import TokenizeTask
 from .report import ConversionReport, TextConversionReport
 from .sources.text import scan_text
-from .sources.text_docs import DocSpan, TextDoc
+from .sources.text_docs import DocSpan, ParquetRow, TextDoc
 from .writers.base import Writer
 
 log = logging.getLogger("packer")
@@ -35,6 +35,9 @@ __all__ = ["TextJob", "text_job", "resolve_eos", "BATCH_DOCS"]
 
 #: Documents per work unit (the Hugging Face tokenizer encodes a batch at once).
 BATCH_DOCS = 64
+
+#: What a text conversion's inputs are, as its resume fingerprint records it.
+TEXT_INPUTS = "every non-blank line (or file, or Parquet row), those the workers skip included"
 
 
 def resolve_eos(tokenizer: Tokenizer, eos: int | str | None) -> int | None:
@@ -75,7 +78,7 @@ class TextJob(Job):
         return True
 
     def name(self, item: Any) -> str:
-        assert isinstance(item, (DocSpan, TextDoc))
+        assert isinstance(item, (DocSpan, ParquetRow, TextDoc))
         return item.source
 
     def chunksize(self, workers: int | None) -> int | None:
@@ -85,6 +88,12 @@ class TextJob(Job):
         assert self.tokenizer is not None
         options = {**self.text.describe(), "tokenizer": self.tokenizer.identity(), "eos": self.eos, "dtype": self.dtype}
         return ((path, -1) for path in self.paths), options, None
+
+    def fingerprint(self, fmt: str, dst: Path, storage: Mapping[str, Any], on_error: str) -> dict[str, Any]:
+        """The resume fingerprint, with what the inputs are: since the workers read the documents
+        (packer/sources/text_docs.py), a bad line is an input too, so a journal of an earlier
+        packer (which counted good documents only) is refused, not resumed at the wrong input."""
+        return {**super().fingerprint(fmt, dst, storage, on_error), "inputs": TEXT_INPUTS}
 
     def metadata_fields(self, writer: Writer) -> dict[str, Any]:
         assert self.tokenizer is not None

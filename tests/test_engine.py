@@ -71,6 +71,24 @@ def test_text_resume_after_sigkill_gives_the_uninterrupted_result(corpus, tmp_pa
     assert report.tokens_per_second == pytest.approx((report.tokens - report.resumed_tokens) / report.seconds)
 
 
+def test_a_text_journal_of_an_earlier_packer_is_refused_not_resumed(corpus, tmp_path):
+    """Earlier packers counted a corpus's good documents only; now every non-blank line is an
+    input (the workers skip the bad ones), so an old journal's count points at another line: a
+    review resumed one and wrote documents twice. Such a journal (no "inputs" in its
+    fingerprint) is refused, saying why, and the partial output is kept."""
+    dst = tmp_path / "t.lmdb"
+    args = ["convert", str(corpus), str(dst), "--lines", "-j", "2", "-q"]
+    journal = journal_path(dst.with_name("t.lmdb.partial")) / "journal.json"
+    convert_until_checkpoint(args, journal)
+    data = json.loads(journal.read_text())
+    del data["fingerprint"]["inputs"]  # as an earlier packer wrote it
+    journal.write_text(json.dumps(data))
+    refused = CliRunner().invoke(cli, [*args, "--resume"])
+    assert refused.exit_code != 0 and "made by an earlier packer, which counted this source's inputs another way" in refused.stderr
+    assert "finish it with that packer, or run with --overwrite instead of --resume" in refused.stderr
+    assert journal.exists() and dst.with_name("t.lmdb.partial").exists()
+
+
 def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):
     src = tmp_path / "c"
     src.mkdir()

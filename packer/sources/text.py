@@ -154,9 +154,13 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
 
 #: Bytes a scan reads at once to find a file's lines.
 _BLOCK = 16 << 20
-#: Which bytes ``str.strip`` removes (ASCII): a line of only these is blank, not a document.
-_BLANK = np.zeros(256, bool)
-_BLANK[list(BLANK_BYTES)] = True
+#: Bytes a blank line may start with: ASCII blanks (those ``str.strip`` removes) and the lead
+#: bytes of the other Unicode blanks in UTF-8 (U+0085, U+00A0: C2; U+1680: E1; U+2000-U+205F: E2;
+#: U+3000: E3); and end with: ASCII blanks and continuation bytes.
+_MAY_START_BLANK = np.zeros(256, bool)
+_MAY_START_BLANK[[*BLANK_BYTES, 0xC2, 0xE1, 0xE2, 0xE3]] = True
+_MAY_END_BLANK = np.zeros(256, bool)
+_MAY_END_BLANK[[*BLANK_BYTES, *range(0x80, 0xC0)]] = True
 
 
 def _document_rows(path: Path, file: TextFile, index: int, by_line: bool) -> tuple[TextFile, np.ndarray] | str:
@@ -164,40 +168,59 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool) -> tup
     blank, found a block at a time (a line is split at ``\\n`` only, as ``wc -l`` and JSON Lines
     count them; a ``\\r`` before it is not part of it); or why the file is skipped whole."""
     with open(path, "rb") as handle:
-        block = handle.read(_BLOCK if by_line else _SNIFF)
+        block = handle.read(max(_BLOCK, _SNIFF) if by_line else _SNIFF)
         if b"\x00" in block[:_SNIFF]:
             return "binary file (contains NUL bytes), not text"
         if not by_line:
             if not file.size:
                 return "empty document"
             return file, _rows(index, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([file.size]))
-        found, number, offset, carry = [], 1, 0, b""  # offset: where carry (a line not yet ended) starts
+        found: list[np.ndarray] = []
+        number, at = 1, 0  # the next line's number; where this block starts in the file
+        begun: list[bytes] = []  # the line not yet ended when this block starts, in pieces (joined once it ends)
         while block:
-            data = carry + block if carry else block
-            ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
-            if len(ends):
-                found.append(_line_rows(index, data, number, offset, ends))
-                number, offset, carry = number + len(ends), offset + int(ends[-1]) + 1, data[int(ends[-1]) + 1 :]
+            ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+            if not len(ends):
+                begun.append(block)
             else:
-                carry = data
+                first = 0
+                if begun:  # it ends in this block
+                    line = b"".join(begun) + block[: ends[0] + 1]
+                    found.append(_line_rows(index, line, number, at - len(line) + ends[0] + 1, np.zeros(1, np.int64), np.array([len(line) - 1])))
+                    number, first = number + 1, 1
+                starts = np.concatenate([[0], ends[:-1] + 1])[first:]
+                found.append(_line_rows(index, block, number, at, starts, ends[first:]))
+                number += len(ends) - first
+                begun = [block[ends[-1] + 1 :]] if ends[-1] + 1 < len(block) else []
+            at += len(block)
             block = handle.read(_BLOCK)
-        if carry:  # the last line, without its newline
-            found.append(_line_rows(index, carry, number, offset, np.array([len(carry)])))
+        if begun:  # the last line, without its newline
+            line = b"".join(begun)
+            found.append(_line_rows(index, line, number, at - len(line), np.zeros(1, np.int64), np.array([len(line)])))
     return file, np.concatenate(found) if found else np.empty(0, DOC_ROW)
 
 
-def _line_rows(index: int, data: bytes, number: int, offset: int, ends: np.ndarray) -> np.ndarray:
-    """The rows of the lines of ``data`` (at ``offset`` in the file, its first line numbered
-    ``number``) that end at ``ends`` (each a newline, or the end of the file), blank ones left out."""
+def _line_rows(index: int, data: bytes, number: int, offset: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The rows of the lines of ``data`` (at ``offset`` in the file, the first numbered
+    ``number``) from ``starts`` to ``ends`` (each a newline, or the end of the file), blank ones
+    (those ``str.strip`` empties) left out."""
     array = np.frombuffer(data, np.uint8)
-    starts = np.empty_like(ends)
-    starts[0], starts[1:] = 0, ends[:-1] + 1
-    ends = ends - ((ends > starts) & (array[np.maximum(ends - 1, 0)] == 13))  # (a "\r\n" line ends before its "\r")
+    ends = ends - ((ends > starts) & (array[np.maximum(ends - 1, 0)] == 13))  # (a CRLF line ends before its CR)
     keep = ends > starts
-    maybe_blank = np.flatnonzero(keep & _BLANK[array[np.minimum(starts, len(array) - 1)]] & _BLANK[array[np.maximum(ends - 1, 0)]])
-    for line in maybe_blank:  # (starts and ends with a blank character: rare; the rest is checked here)
-        keep[line] = bool(data[starts[line] : ends[line]].strip(BLANK_BYTES))
+    maybe = keep & _MAY_START_BLANK[array[np.minimum(starts, len(array) - 1)]] & _MAY_END_BLANK[array[np.maximum(ends - 1, 0)]]
+    for line in np.flatnonzero(maybe):  # (rare but in some scripts; each checked here)
+        keep[line] = not _blank(data[starts[line] : ends[line]])
     return _rows(index, number + np.flatnonzero(keep), offset + starts[keep], ends[keep] - starts[keep])
+
+
+def _blank(line: bytes) -> bool:
+    """Whether ``line`` is blank as ``str.strip`` sees it (not UTF-8: not blank, the worker says why)."""
+    if not line.strip(BLANK_BYTES):
+        return True
+    try:
+        return not line.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return False
 
 
 def _rows(index: int, lines: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -11,8 +11,9 @@ field, an empty document come back as :class:`~readers.schema.Skipped` and are r
 input that cannot be converted.
 
 Parquet rows are the exception: a row group is compressed whole, so their text is read in the
-driver, a row group at a time as the work units are sent (:class:`TextDoc`, its text in hand);
-reading it in the workers would decompress each group once per worker.
+driver, a row group at a time as the work units are sent (a :class:`ParquetRow` is pickled as a
+:class:`TextDoc`, its text in hand); reading it in the workers would decompress each group once
+per worker. A file changed since the scan is not read (its documents are skipped and recorded).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 
 from readers.schema import Skipped
 
-__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "Docs", "document_texts", "BLANK_BYTES"]
+__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "ParquetRow", "Docs", "document_texts", "BLANK_BYTES"]
 
 #: One document's place: its file (an index into :attr:`Docs.files`), its line (counted from 1;
 #: 0 for a whole file; a Parquet row's number), and its bytes (``start``, ``length``; for a
@@ -98,9 +99,9 @@ class DocSpan:
 
 class Docs(Sequence[Any]):
     """A corpus's documents in order: :data:`DOC_ROW` rows over ``files``. An entry is made
-    when it is asked for (a :class:`DocSpan`, or a Parquet row's :class:`TextDoc`, its row group
-    read then); a slice is another :class:`Docs` over the same files, and pickles (to a worker)
-    as the list of its entries."""
+    when it is asked for (a :class:`DocSpan` or a :class:`ParquetRow`, neither holding text); a
+    slice is another :class:`Docs` over the same files, and pickles (to a worker) as the list of
+    its entries."""
 
     def __init__(self, files: Sequence[TextFile], rows: np.ndarray, groups: _RowGroups | None = None) -> None:
         self.files, self.rows = files, rows
@@ -122,7 +123,7 @@ class Docs(Sequence[Any]):
         file = self.files[int(row["file"])]
         line = int(row["line"])
         if file.kind == "parquet":
-            return self._groups.document(file, line, int(row["start"]))
+            return ParquetRow(file, line, int(row["start"]), self._groups)
         return DocSpan(file, line, int(row["start"]), int(row["length"]))
 
     def __iter__(self) -> Iterator[Any]:
@@ -132,39 +133,75 @@ class Docs(Sequence[Any]):
         return list, (list(self),)
 
 
+class ParquetRow:
+    """A Parquet row in the driver: its source, and its text read (its row group's column, by
+    :class:`_RowGroups`) only when it is sent to a worker, where it arrives as a
+    :class:`TextDoc`; booking its outcome by name reads nothing."""
+
+    __slots__ = ("file", "line", "row", "_groups")
+
+    def __init__(self, file: TextFile, line: int, row: int, groups: _RowGroups) -> None:
+        self.file, self.line, self.row, self._groups = file, line, row, groups
+
+    @property
+    def source(self) -> str:
+        return f"{self.file.name}:{self.line}"
+
+    @property
+    def path(self) -> str:
+        return self.source
+
+    def document(self) -> TextDoc:
+        """The row as a :class:`TextDoc`: its text, or why it has none."""
+        values = self._groups.column(self.file, self.row)
+        if isinstance(values, str):
+            return TextDoc(self.source, None, values)
+        value = values[self.row - self.file.groups[bisect.bisect_right(self.file.groups, self.row) - 1]]
+        return TextDoc(self.source, value) if isinstance(value, str) else TextDoc(self.source, None, f"no string field {self.file.field!r}")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        document = self.document()
+        return TextDoc, (document.source, document.text, document.problem)
+
+
 class _RowGroups:
-    """The driver's reader of Parquet rows: the text column of the two row groups read last (the
-    pool sends work units and the driver books outcomes, each walking the rows in order)."""
+    """The driver's reader of Parquet rows: the text column of the two row groups read last, and
+    the file they came from open (its footer parsed once). Rows are sent in order, so each row
+    group is read about once."""
 
     def __init__(self) -> None:
         self._read: OrderedDict[tuple[str, int], list[Any] | str] = OrderedDict()
-        self._lock = threading.Lock()  # (the pool may send from another thread than the booking's)
+        self._open: tuple[str, Any] | None = None
+        self._lock = threading.Lock()  # (the pool may send from another thread than the one booking)
 
-    def document(self, file: TextFile, line: int, row: int) -> TextDoc:
+    def column(self, file: TextFile, row: int) -> list[Any] | str:
+        """The ``field`` column of the row group holding ``row``, or why it cannot be read."""
         group = bisect.bisect_right(file.groups, row) - 1
         with self._lock:
             values = self._read.get((file.path, group))
             if values is None:
-                values = self._read[(file.path, group)] = _row_group(file, group)
+                values = self._read[(file.path, group)] = self._row_group(file, group)
                 while len(self._read) > 2:
                     self._read.popitem(last=False)
             self._read.move_to_end((file.path, group))
-        source = f"{file.name}:{line}"
-        if isinstance(values, str):
-            return TextDoc(source, None, values)
-        value = values[row - file.groups[group]]
-        return TextDoc(source, value) if isinstance(value, str) else TextDoc(source, None, f"no string field {file.field!r}")
+        return values
 
+    def _row_group(self, file: TextFile, group: int) -> list[Any] | str:
+        import pyarrow.parquet as pq  # (scanning found it: a corpus with Parquet files needs pyarrow)
 
-def _row_group(file: TextFile, group: int) -> list[Any] | str:
-    """The ``field`` column of a Parquet file's row ``group``, or why it cannot be read."""
-    import pyarrow.parquet as pq  # (scanning found it: a corpus with Parquet files needs pyarrow)
-
-    try:
-        return pq.ParquetFile(file.path).read_row_group(group, columns=[file.field]).column(0).to_pylist()
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files; recorded per row
-        reason = " ".join(str(exc).split())  # pyarrow's messages run over lines: one line
-        return f"cannot read Parquet column {file.field!r} ({reason})"
+        try:
+            now = os.stat(file.path)
+            if (now.st_size, now.st_mtime_ns) != (file.size, file.mtime_ns):
+                return "the file changed since it was scanned: not read"
+            if self._open is None or self._open[0] != file.path:
+                self._open = (file.path, pq.ParquetFile(file.path))
+            values = self._open[1].read_row_group(group, columns=[file.field]).column(0).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files; recorded per row
+            reason = " ".join(str(exc).split())  # pyarrow's messages run over lines: one line
+            return f"cannot read Parquet column {file.field!r} ({reason})"
+        if len(values) != file.groups[group + 1] - file.groups[group]:
+            return "the file changed since it was scanned: not read"
+        return values
 
 
 def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
@@ -175,6 +212,8 @@ def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
     i = 0
     while i < len(docs):
         doc = docs[i]
+        if isinstance(doc, ParquetRow):  # (not sent: read here)
+            doc = doc.document()
         if isinstance(doc, TextDoc):
             texts.append(Skipped(doc.source, doc.problem) if doc.text is None else _nonempty(doc.source, doc.text))
             i += 1

@@ -39,6 +39,7 @@ __all__ = [
     "conversion_fingerprint",
     "saved_inputs",
     "fingerprint_difference",
+    "EarlierJournal",
     "ROW_COLUMNS",
     "ROW_DTYPE",
     "record_shapes",
@@ -119,6 +120,14 @@ def conversion_fingerprint(
 #: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
 LEGACY = {"listing": "listing as given", "dst": "dst as given"}
 
+class EarlierJournal(ValueError):
+    """The interrupted run's journal was written by an earlier packer whose inputs were others:
+    this packer cannot finish it (:data:`EXPLAINED`)."""
+
+
+#: Fingerprint keys that are no option, and what a difference in one means.
+EXPLAINED = {"inputs": "the interrupted run was made by an earlier packer, which counted this source's inputs another way"}
+
 
 def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """Every difference between two fingerprints, for a person (``"; "``-joined; a changed
@@ -131,7 +140,9 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
         if key in LEGACY and old.get(key) != new.get(key) and LEGACY[key] not in old and old.get(key) == new.get(LEGACY[key]):
             continue  # a journal written before paths were made absolute: the same, as it spelled it
         if old.get(key) != new.get(key):
-            if key == "listing":
+            if key in EXPLAINED:
+                changes.append(EXPLAINED[key])
+            elif key == "listing":
                 changes.append("the source folder changed since the interrupted run (files added, removed or modified)")
             elif isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping):  # (a tokenizer): its fields that differ
                 changes.extend(f"{key} {field} was {_shown(old[key].get(field))} in the interrupted run, now {_shown(new[key].get(field))}"
@@ -200,9 +211,10 @@ class Journal:
             return None
         if not isinstance(data, dict) or data.get("version") != JOURNAL_VERSION:
             return None
-        difference = fingerprint_difference(data.get("fingerprint", {}), self.fingerprint)
+        old = data.get("fingerprint", {})
+        difference = fingerprint_difference(old, self.fingerprint)
         if difference is not None:
-            raise ValueError(difference)
+            raise (EarlierJournal if any(old.get(k) != self.fingerprint.get(k) for k in EXPLAINED) else ValueError)(difference)
         samples = int(data["samples"])
         with open(self._rows_file, "r+b") as handle:
             handle.truncate(samples * _ROW_BYTES)  # rows after the checkpoint are not durable
