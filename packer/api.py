@@ -96,7 +96,7 @@ def convert(
     whose labels are in a file (``source=SourceOptions(labels="train.csv")``:
     packer/sources/labels.py), or a map-style Python dataset object (``dataset[i]`` is
     ``(image, label)`` or a record: packer/sources/datasets.py). Text (``kind="text"``, ``text`` options given, or a
-    folder of .txt/.jsonl/.parquet files and no images): each document is tokenised into one
+    folder of .txt/.jsonl/.ndjson/.parquet files and no images): each document is tokenised into one
     sample of token ids. Options of the other kind, and ``storage`` options the format does not
     use, are refused, never ignored.
 

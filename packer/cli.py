@@ -132,10 +132,10 @@ def cli() -> None:
 @click.option("--compression", type=click.Choice(COMPRESSIONS), help="HDF5 only: lossless compression filter (default: none).")
 @click.option("--shard-size", type=click.IntRange(1), help="WebDataset only: samples per shard.")
 @click.option("--shard-bytes", type=click.IntRange(1), help="WebDataset only: payload bytes per shard (at most).")
-@click.option("--kind", type=click.Choice(KINDS), help="image or text (default: text for a folder of .txt/.jsonl/.parquet files and no images).")
+@click.option("--kind", type=click.Choice(KINDS), help="image or text (default: text for a folder of .txt/.jsonl/.ndjson/.parquet files and no images).")
 @click.option("--tokenizer", default="bytes", show_default=True, help="Text: 'bytes' (UTF-8, EOS 256), a tokenizer.json, or a SentencePiece .model.")
 @click.option("--lines", is_flag=True, help="Text: one document per non-empty line of .txt files.")
-@click.option("--text-field", default="text", show_default=True, help="Text: the field of .jsonl records / Parquet rows.")
+@click.option("--text-field", default="text", show_default=True, help="Text: the field of JSON Lines records / Parquet rows.")
 @click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
 @label_file_options

@@ -132,7 +132,7 @@ def text_job(src: str | Path, text: TextOptions) -> TextJob:
     spec = "bytes" if tokenizer.kind == "bytes" else str(Path(tokenizer.path).resolve())
     corpus = scan_text(src, lines=text.lines, text_field=text.text_field)
     if corpus.images:
-        log.warning("%s: %s left out: a text corpus converts its .txt, .jsonl and .parquet files only", src,
+        log.warning("%s: %s left out: a text corpus converts its .txt, .jsonl, .ndjson and .parquet files only", src,
                     f"{corpus.images:,} images are" if corpus.images != 1 else "1 image is")
     return TextJob(
         str(Path(src).resolve()), corpus.docs, TokenizeTask(spec, dtype, eos, text.max_tokens), list(corpus.skipped),

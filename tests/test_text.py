@@ -333,7 +333,7 @@ def test_text_options_no_file_uses_are_refused(tmp_path: Path) -> None:
     (jsonl / "r.jsonl").write_text('{"text": "a"}\n')
     (txt / "a.txt").write_text("a")
     for src, option, message in ((jsonl, ["--lines"], "--lines: applies to .txt files, and"),
-                                 (txt, ["--text-field", "body"], "--text-field: applies to .jsonl and .parquet files, and")):
+                                 (txt, ["--text-field", "body"], "--text-field: applies to JSON Lines and Parquet files, and")):
         result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "x.blob"), *option])
         assert result.exit_code == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "x.blob").exists()
@@ -356,12 +356,12 @@ def test_a_mixed_folder_says_what_it_leaves_out(tmp_path: Path, caplog) -> None:
     (src / "c.jsonl").write_text('{"text": "c"}\n')
     assert packer.convert(src, tmp_path / "i.blob", image=packer.ImageOptions(size=8), workers=1).written == 1
     assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
-        f"{src}: 2 text files (.txt, .jsonl, .parquet) are left out: it holds images, which are converted; "
+        f"{src}: 2 text files (.txt, .jsonl, .ndjson, .parquet) are left out: it holds images, which are converted; "
         "to convert the text instead, pass --kind text"]
     caplog.clear()
     assert packer.convert(src, tmp_path / "t.blob", kind="text", workers=1).written == 2
     assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
-        f"{src}: 1 image is left out: a text corpus converts its .txt, .jsonl and .parquet files only"]
+        f"{src}: 1 image is left out: a text corpus converts its .txt, .jsonl, .ndjson and .parquet files only"]
 
 
 def test_a_named_pipe_named_like_a_text_file_is_skipped_not_read(tmp_path: Path) -> None:

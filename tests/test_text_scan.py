@@ -61,7 +61,7 @@ def test_json_lines_are_read_by_the_workers_with_the_reasons_of_a_plain_reading(
     (tmp_path / "r.jsonl").write_bytes(b'{"text": "one"}\r\n\n  \nnot json\n{"text": ""}\n{"body": "b"}\n{"text": "two \xff"}\n{"text": "last"}')
     monkeypatch.setattr(text_module, "_BLOCK", 5)
     assert scanned(tmp_path) == [
-        ("r.jsonl:1", "one"), ("r.jsonl:4", "not JSON (Expecting value)"), ("r.jsonl:5", "empty document"),
+        ("r.jsonl:1", "one"), ("r.jsonl:4", "not JSON (Expecting value at column 1)"), ("r.jsonl:5", "empty document"),
         ("r.jsonl:6", "no string field 'text' (its string fields: 'body'; pass --text-field)"),
         ("r.jsonl:7", "invalid UTF-8 at byte 14 of the line"), ("r.jsonl:8", "last")]
 
@@ -89,7 +89,7 @@ def test_a_file_changed_after_the_scan_is_not_read_at_the_old_places(tmp_path: P
     os.utime(tmp_path / "r.jsonl", ns=(0, corpus.docs[0].file.mtime_ns + 1))
     assert document_texts(corpus.docs)[1].reason == "the file changed since it was scanned (modified since, same size): not read"
     (tmp_path / "r.jsonl").unlink()
-    assert document_texts(corpus.docs)[0].reason == "cannot read (No such file or directory)"
+    assert document_texts(corpus.docs)[0].reason == "the file changed since it was scanned (it is gone): not read"
 
 
 def test_a_line_of_unicode_blanks_is_no_document(tmp_path: Path) -> None:
@@ -139,3 +139,63 @@ def test_a_parquet_file_changed_after_the_scan_is_not_read(tmp_path: Path) -> No
     docs = scan_text(tmp_path).docs
     pq.write_table(pa.table({"text": [f"new {i}" for i in range(8)]}), tmp_path / "a.parquet", row_group_size=2)
     assert {d.problem for d in pickle.loads(pickle.dumps(docs))} == {"the file changed since it was scanned: not read"}
+
+
+def test_a_source_changed_under_a_conversion_stops_it(tmp_path: Path) -> None:
+    """An append to a corpus file while it converted skipped every document of the file (by the
+    thousand, each recorded) and reported success (an LLM user's walkthrough): the conversion
+    stops with one line naming the file, and leaves nothing a reader accepts."""
+    from packer.engine import run
+    from packer.errors import InputError
+    from packer.options import RunOptions
+    from packer.text import text_job
+
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(50)), encoding="utf-8")
+    job = text_job(src, TextOptions())
+    with open(src / "a.jsonl", "a", encoding="utf-8") as more:
+        more.write('{"text": "late"}\n')
+    with pytest.raises(InputError, match=r"a.jsonl:1: the file changed since it was scanned \(.* bytes then, .* now\): not read; "
+                                         "the conversion stopped"):
+        run(job, "blob", tmp_path / "o.blob", storage=None, options=RunOptions(workers=2))
+    assert not (tmp_path / "o.blob").exists()
+
+
+def test_ndjson_is_read_and_json_files_are_named_not_dropped(tmp_path: Path, caplog) -> None:
+    """.ndjson files are JSON Lines; .json files (Hugging Face's to_json writes JSON Lines under
+    that name, and a corpus folder may hold a configuration) were left out without a word."""
+    from packer.errors import SourceError
+    from packer.sources.text import is_text_corpus
+
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.ndjson").write_text('{"text": "from ndjson"}\n', encoding="utf-8")
+    (src / "b.json").write_text('{"text": "from json"}\n', encoding="utf-8")
+    assert scanned(src) == [("a.ndjson:1", "from ndjson")]
+    assert "1 .json file is left out: packer reads JSON Lines from .jsonl and .ndjson files; if they hold a record a line" in caplog.text
+    (src / "a.ndjson").unlink()
+    with pytest.raises(SourceError, match="holds .json files .* and nothing else packer reads: .* rename them to .jsonl"):
+        is_text_corpus(src)
+    with pytest.raises(SourceError, match="b.json: a .json file, which packer does not read"):
+        is_text_corpus(src / "b.json")
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_no_text(tmp_path: Path) -> None:
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + b'{"text": "one"}\r\n{"text": "two"}\n')
+    (tmp_path / "b.txt").write_bytes(bom + b"first\nsecond\n")
+    assert scanned(tmp_path, lines=True) == [("a.jsonl:1", "one"), ("a.jsonl:2", "two"), ("b.txt:1", "first"), ("b.txt:2", "second")]
+    assert scanned(tmp_path / "b.txt") == [("b.txt", "first\nsecond\n")]
+
+
+def test_a_parquet_column_of_numbers_is_one_skip_for_the_file(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": list(range(100))}), tmp_path / "n.parquet")
+    pq.write_table(pa.table({"text": pa.array(["a", "b", "a"]).dictionary_encode()}), tmp_path / "s.parquet")
+    corpus = scan_text(tmp_path)
+    assert [(s.path, s.reason) for s in corpus.skipped] == [
+        ("n.parquet", "the Parquet column 'text' holds int64, not text; pass --text-field for a column of strings")]
+    assert [d.text for d in pickle.loads(pickle.dumps(corpus.docs))] == ["a", "b", "a"]

@@ -64,10 +64,13 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Failed:
-    """An input that could not be converted, and why."""
+    """An input that could not be converted, and why. ``stop``: whatever ``--on-error`` says, the
+    conversion stops here (the source changed under it: skipping would drop inputs that are
+    fine, by the thousand, and report success)."""
 
     path: str
     reason: str
+    stop: bool = False
 
 
 @dataclass(frozen=True)

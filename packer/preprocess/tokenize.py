@@ -17,7 +17,7 @@ import numpy as np
 from readers.schema import Skipped
 from readers.tokenizer import LONG_TEXT, Tokenizer, load_tokenizer
 
-from ..sources.text_docs import document_texts
+from ..sources.text_docs import Changed, document_texts
 from .task import Encoded, Failed
 
 __all__ = ["TokenizeTask", "worker_tokenizer", "TEXT_LABEL"]
@@ -60,7 +60,7 @@ class TokenizeTask:
             batch = dict(zip(short, worker_tokenizer(self.tokenizer).encode_batch([texts[i] for i in short])))
         except Exception:  # noqa: BLE001 - find the failing document one by one
             batch = {}
-        return [Failed(text.path, text.reason) if isinstance(text, Skipped) else
+        return [Failed(text.path, text.reason, stop=isinstance(text, Changed)) if isinstance(text, Skipped) else
                 self.encoded(doc.source, batch[i]) if i in batch else self.tokenised(doc.source, text)
                 for i, (doc, text) in enumerate(zip(docs, texts))]
 

@@ -1,8 +1,8 @@
-"""Find the documents of a text corpus: ``.txt``, ``.jsonl`` and (with pyarrow) Parquet files.
+"""Find the documents of a text corpus: ``.txt``, JSON Lines (``.jsonl``, ``.ndjson``) and (with pyarrow) Parquet files.
 
 A corpus is a file or a folder searched recursively (hidden names ignored), read in sorted
 relative-path order, so document order is deterministic. A ``.txt`` file is one document, or one
-per non-empty line with ``lines=True``; a ``.jsonl`` line and a Parquet row give the string under
+per non-empty line with ``lines=True``; a JSON Lines line and a Parquet row give the string under
 ``text_field``. Scanning finds where each document is (packer/sources/text_docs.py: its text is
 read by the worker that tokenises it, which skips a line that is not UTF-8 or not JSON, a record
 without the field, an empty document). Files that cannot be used at all (unreadable, binary, not
@@ -18,6 +18,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,9 @@ __all__ = ["TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS", "COMP
 log = logging.getLogger("packer")
 
 #: File extensions read as text corpora.
-TEXT_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+TEXT_EXTENSIONS = (".txt", ".jsonl", ".ndjson", ".parquet")
+#: JSON Lines: a JSON record a line.
+JSON_LINES = (".jsonl", ".ndjson")
 #: A file whose first bytes hold a NUL is binary, not text.
 _SNIFF = 8192
 
@@ -56,7 +59,7 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
     files beside them, not read, are said in a warning)."""
     if root.is_file():
         return [root], 0
-    found, images, compressed = [], 0, 0
+    found, images, compressed, json_files = [], 0, 0, 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
@@ -65,6 +68,9 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
                 found.append(Path(dirpath) / name)
             images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
             compressed += not name.startswith(".") and _compressed_text(name)
+            json_files += not name.startswith(".") and ext == ".json"
+    if json_files:
+        log.warning("%s: %s left out: %s", root, f"{json_files:,} .json files are" if json_files != 1 else "1 .json file is", JSON_ADVICE)
     if compressed:
         log.warning("%s: %s left out: packer does not read compressed text; decompress them first to convert them", root,
                     f"{compressed:,} compressed text files (.jsonl.gz and the like) are" if compressed != 1 else "1 compressed text file is")
@@ -79,8 +85,10 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
     if root.is_file():
         if _compressed_text(root.name):
             raise SourceError(f"{root}: a compressed text file, which packer does not read: decompress it first (gunzip, zstd -d...)")
+        if root.suffix.lower() == ".json":
+            raise SourceError(f"{root}: a .json file, which packer does not read: {JSON_ADVICE}")
         return root.suffix.lower() in TEXT_EXTENSIONS
-    has_text, compressed = False, ""
+    has_text, compressed, json_file, others = False, "", "", False
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
@@ -89,11 +97,20 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
                 return False
             has_text = has_text or ext in TEXT_EXTENSIONS
             compressed = compressed or (os.path.join(dirpath, name) if _compressed_text(name) else "")
+            json_file = json_file or (os.path.join(dirpath, name) if ext == ".json" else "")
+            others = others or not (ext == ".json" or _compressed_text(name) or name.startswith("."))
+    if json_file and not (has_text or compressed or others):  # (a shard folder has its .json index beside its tars)
+        raise SourceError(f"{root}: holds .json files ({json_file}) and nothing else packer reads: {JSON_ADVICE}")
     if compressed and not has_text:
         raise SourceError(f"{root}: holds compressed text files ({compressed}), which packer does not read: decompress them first "
-                          "(gunzip, zstd -d...) to convert the .txt, .jsonl or .parquet files")
+                          "(gunzip, zstd -d...) to convert the .txt, .jsonl, .ndjson or .parquet files")
     return has_text
 
+
+#: What to do with ``.json`` files: they may hold JSON Lines, or one JSON value (a dataset's
+#: configuration, an array), which are not documents.
+JSON_ADVICE = ("packer reads JSON Lines from .jsonl and .ndjson files; if they hold a record a line (as Hugging Face's "
+               "Dataset.to_json writes them), rename them to .jsonl")
 
 #: Compression suffixes of text files packer does not read (``corpus.jsonl.gz``).
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4")
@@ -115,12 +132,12 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
         raise SourceError(f"{root}: no such file or folder")
     paths, images = _text_files(root)
     if not paths:
-        raise SourceError(f"{root}: no .txt, .jsonl or .parquet files found")
+        raise SourceError(f"{root}: no .txt, .jsonl, .ndjson or .parquet files found")
     kinds = {path.suffix.lower() for path in paths}  # an option no file uses would be dropped (and recorded as used)
     if lines and ".txt" not in kinds:
         raise OptionError(f"--lines: applies to .txt files, and {root} has none; drop it")
-    if text_field != "text" and not kinds & {".jsonl", ".parquet"}:
-        raise OptionError(f"--text-field: applies to .jsonl and .parquet files, and {root} has none; drop it")
+    if text_field != "text" and not kinds & {*JSON_LINES, ".parquet"}:
+        raise OptionError(f"--text-field: applies to JSON Lines and Parquet files, and {root} has none; drop it")
     base = root if root.is_dir() else root.parent
     files: list[TextFile] = []
     rows: list[np.ndarray] = []
@@ -136,24 +153,25 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
         if not stat.S_ISREG(st.st_mode):  # a named pipe would block the scan forever, outside any worker's --timeout
             skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
             continue
-        kind = "parquet" if ext == ".parquet" else "json" if ext == ".jsonl" else "text"
+        kind = "parquet" if ext == ".parquet" else "json" if ext in JSON_LINES else "text"
         file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size, st.st_mtime_ns)
+        kept = len(rows)
         try:
-            found = _parquet_rows(path, file, len(files)) if kind == "parquet" else _document_rows(path, file, len(files), lines or kind == "json")
+            found = (_parquet_rows(path, file, len(files), rows) if kind == "parquet" else
+                     _document_rows(path, file, len(files), lines or kind == "json", rows))
         except OSError as exc:  # (partway through a file: none of its lines is kept, the file is skipped whole)
             found = f"cannot read ({exc.strerror or exc})"
         if isinstance(found, str):
+            del rows[kept:]
             skipped.append(Skipped(name, found))
             continue
-        file, found = found
-        files.append(file)
-        rows.append(found)
-    docs = Docs(files, np.concatenate(rows) if rows else np.empty(0, DOC_ROW))
+        files.append(found)
+    docs = Docs(files, np.concatenate(rows) if rows else np.empty(0, DOC_ROW))  # (once: the rows of every file)
     return TextCorpus(root, docs, skipped, files=len(paths), paths=[str(p) for p in paths], images=images)
 
 
 #: Bytes a scan reads at once to find a file's lines.
-_BLOCK = 16 << 20
+_BLOCK = 4 << 20
 #: Bytes a blank line may start with: ASCII blanks (those ``str.strip`` removes) and the lead
 #: bytes of the other Unicode blanks in UTF-8 (U+0085, U+00A0: C2; U+1680: E1; U+2000-U+205F: E2;
 #: U+3000: E3); and end with: ASCII blanks and continuation bytes.
@@ -163,9 +181,9 @@ _MAY_END_BLANK = np.zeros(256, bool)
 _MAY_END_BLANK[[*BLANK_BYTES, *range(0x80, 0xC0)]] = True
 
 
-def _document_rows(path: Path, file: TextFile, index: int, by_line: bool) -> tuple[TextFile, np.ndarray] | str:
-    """The rows of ``file``'s documents: the whole file, or (``by_line``) each line that is not
-    blank, found a block at a time (a line is split at ``\\n`` only, as ``wc -l`` and JSON Lines
+def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found: list[np.ndarray]) -> TextFile | str:
+    """``file``, the rows of its documents added to ``found``: the whole file, or (``by_line``)
+    each line that is not blank, found a block at a time (a line is split at ``\\n`` only, as ``wc -l`` and JSON Lines
     count them; a ``\\r`` before it is not part of it); or why the file is skipped whole."""
     with open(path, "rb") as handle:
         block = handle.read(max(_BLOCK, _SNIFF) if by_line else _SNIFF)
@@ -174,8 +192,8 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool) -> tup
         if not by_line:
             if not file.size:
                 return "empty document"
-            return file, _rows(index, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([file.size]))
-        found: list[np.ndarray] = []
+            found.append(_rows(index, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([file.size])))
+            return file
         number, at = 1, 0  # the next line's number; where this block starts in the file
         begun: list[bytes] = []  # the line not yet ended when this block starts, in pieces (joined once it ends)
         while block:
@@ -197,7 +215,7 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool) -> tup
         if begun:  # the last line, without its newline
             line = b"".join(begun)
             found.append(_line_rows(index, line, number, at - len(line), np.zeros(1, np.int64), np.array([len(line)])))
-    return file, np.concatenate(found) if found else np.empty(0, DOC_ROW)
+    return file
 
 
 def _line_rows(index: int, data: bytes, number: int, offset: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -229,9 +247,9 @@ def _rows(index: int, lines: np.ndarray, starts: np.ndarray, lengths: np.ndarray
     return rows
 
 
-def _parquet_rows(path: Path, file: TextFile, index: int) -> tuple[TextFile, np.ndarray] | str:
-    """The rows of a Parquet file (its metadata only: the text is read as the rows are sent),
-    or why it is skipped whole."""
+def _parquet_rows(path: Path, file: TextFile, index: int, found: list[np.ndarray]) -> TextFile | str:
+    """``file`` with its row groups, its rows added to ``found`` (from its metadata only: the text
+    is read as the rows are sent); or why it is skipped whole."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -246,6 +264,19 @@ def _parquet_rows(path: Path, file: TextFile, index: int) -> tuple[TextFile, np.
     if file.field not in columns:
         shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
         return f"no Parquet column {file.field!r} (its columns: {shown or 'none'}); pass --text-field"
+    kind = parquet.schema_arrow.field(file.field).type
+    if not _text_type(kind):
+        return f"the Parquet column {file.field!r} holds {kind}, not text; pass --text-field for a column of strings"
     groups = tuple(int(first) for first in np.cumsum([0, *counts]))
     rows = np.arange(groups[-1])
-    return dataclasses.replace(file, groups=groups), _rows(index, rows + 1, rows, np.zeros(len(rows), np.int64))
+    found.append(_rows(index, rows + 1, rows, np.zeros(len(rows), np.int64)))
+    return dataclasses.replace(file, groups=groups)
+
+
+def _text_type(kind: Any) -> bool:
+    """Whether an Arrow type holds strings (plain, large, a view, or dictionary-encoded)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or getattr(pa.types, "is_string_view", lambda _: False)(kind)

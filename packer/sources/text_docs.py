@@ -19,6 +19,7 @@ per worker. A file changed since the scan is not read (its documents are skipped
 from __future__ import annotations
 
 import bisect
+import codecs
 import json
 import os
 import threading
@@ -30,7 +31,7 @@ import numpy as np
 
 from readers.schema import Skipped
 
-__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "ParquetRow", "Docs", "document_texts", "BLANK_BYTES"]
+__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "ParquetRow", "Docs", "Changed", "document_texts", "BLANK_BYTES"]
 
 #: One document's place: its file (an index into :attr:`Docs.files`), its line (counted from 1;
 #: 0 for a whole file; a Parquet row's number), and its bytes (``start``, ``length``; for a
@@ -192,7 +193,7 @@ class _RowGroups:
         try:
             now = os.stat(file.path)
             if (now.st_size, now.st_mtime_ns) != (file.size, file.mtime_ns):
-                return "the file changed since it was scanned: not read"
+                return f"{CHANGED}: not read"
             if self._open is None or self._open[0] != file.path:
                 self._open = (file.path, pq.ParquetFile(file.path))
             values = self._open[1].read_row_group(group, columns=[file.field]).column(0).to_pylist()
@@ -200,7 +201,7 @@ class _RowGroups:
             reason = " ".join(str(exc).split())  # pyarrow's messages run over lines: one line
             return f"cannot read Parquet column {file.field!r} ({reason})"
         if len(values) != file.groups[group + 1] - file.groups[group]:
-            return "the file changed since it was scanned: not read"
+            return f"{CHANGED}: not read"
         return values
 
 
@@ -215,7 +216,7 @@ def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
         if isinstance(doc, ParquetRow):  # (not sent: read here)
             doc = doc.document()
         if isinstance(doc, TextDoc):
-            texts.append(Skipped(doc.source, doc.problem) if doc.text is None else _nonempty(doc.source, doc.text))
+            texts.append(_skipped(doc.source, doc.problem) if doc.text is None else _nonempty(doc.source, doc.text))
             i += 1
             continue
         j = i + 1
@@ -224,10 +225,22 @@ def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
             j += 1
         run = docs[i:j]
         data, problem = _read(doc.file, doc.start, run[-1].start + run[-1].length - doc.start)
-        texts.extend(Skipped(d.source, problem) if data is None else _text(d, data[d.start - doc.start : d.start - doc.start + d.length])
+        texts.extend(_skipped(d.source, problem) if data is None else _text(d, data[d.start - doc.start : d.start - doc.start + d.length])
                      for d in run)
         i = j
     return texts
+
+
+class Changed(Skipped):
+    """A document whose file changed since the scan: not read (the conversion stops: packer/engine.py)."""
+
+
+#: How the reason for a document whose file changed since the scan starts.
+CHANGED = "the file changed since it was scanned"
+
+
+def _skipped(source: str, problem: str) -> Skipped:
+    return (Changed if problem.startswith(CHANGED) else Skipped)(source, problem)
 
 
 def _read(file: TextFile, start: int, length: int) -> tuple[bytes | None, str]:
@@ -236,19 +249,24 @@ def _read(file: TextFile, start: int, length: int) -> tuple[bytes | None, str]:
         with open(file.path, "rb") as handle:
             now = os.fstat(handle.fileno())
             if now.st_size != file.size:
-                return None, f"the file changed since it was scanned ({file.size:,} bytes then, {now.st_size:,} now): not read"
+                return None, f"{CHANGED} ({file.size:,} bytes then, {now.st_size:,} now): not read"
             if now.st_mtime_ns != file.mtime_ns:
-                return None, "the file changed since it was scanned (modified since, same size): not read"
+                return None, f"{CHANGED} (modified since, same size): not read"
             data = os.pread(handle.fileno(), length, start) if length else b""
+    except FileNotFoundError:
+        return None, f"{CHANGED} (it is gone): not read"
     except OSError as exc:
         return None, f"cannot read ({exc.strerror or exc})"
     if len(data) != length:
-        return None, "the file changed since it was scanned (shorter): not read"
+        return None, f"{CHANGED} (shorter): not read"
     return data, ""
 
 
 def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
-    """The text of ``doc`` from its bytes ``raw``, or why it is skipped."""
+    """The text of ``doc`` from its bytes ``raw`` (a UTF-8 byte-order mark at the start of its
+    file left out, as ``utf-8-sig`` does), or why it is skipped."""
+    if not doc.start and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -258,7 +276,7 @@ def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        return Skipped(doc.source, f"not JSON ({exc.msg})")
+        return Skipped(doc.source, f"not JSON ({exc.msg} at column {exc.colno})")
     field = doc.file.field
     value = record.get(field) if isinstance(record, dict) else None
     if not isinstance(value, str):
