@@ -85,8 +85,24 @@ def test_a_text_journal_of_an_earlier_packer_is_refused_not_resumed(corpus, tmp_
     journal.write_text(json.dumps(data))
     refused = CliRunner().invoke(cli, [*args, "--resume"])
     assert refused.exit_code != 0 and "made by an earlier packer, which counted this source's inputs another way" in refused.stderr
-    assert "finish it with that packer, or run with --overwrite instead of --resume" in refused.stderr
+    assert "another way; finish it with that packer, or with --overwrite instead of --resume" in refused.stderr
     assert journal.exists() and dst.with_name("t.lmdb.partial").exists()
+
+
+def test_a_resume_after_the_corpus_changed_says_to_put_it_back(tmp_path):
+    """The refusal said "run with the same options to finish it", which cannot help when a
+    source file changed (an LLM user's walkthrough): it says to put the source back."""
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.txt").write_text("".join(f"line {i}\n" for i in range(20000)), encoding="utf-8")
+    dst = tmp_path / "t.lmdb"
+    args = ["convert", str(src), str(dst), "--lines", "-j", "2", "-q"]
+    convert_until_checkpoint(args, journal_path(dst.with_name("t.lmdb.partial")) / "journal.json")
+    with open(src / "a.txt", "a", encoding="utf-8") as more:
+        more.write("late\n")
+    refused = CliRunner().invoke(cli, [*args, "--resume"])
+    assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified); put the "
+                                       "source back as it was to finish it, or with --overwrite instead of --resume") in refused.stderr
 
 
 def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):

@@ -109,11 +109,8 @@ class Writer:
         if resume and self._journal is not None and self.tmp.exists():
             try:
                 checkpoint = self._journal.load()
-            except _journal.EarlierJournal as exc:
-                raise OptionError(f"--resume: {exc}: finish it with that packer, or run with --overwrite instead of --resume to "
-                                  "discard it and start over") from None
-            except ValueError as exc:  # nothing is touched: the partial output stays for a correct --resume
-                raise OptionError(f"--resume: {exc}; run with the same options to finish it, or with --overwrite instead of --resume to "
+            except _journal.ResumeRefused as exc:  # nothing is touched: the partial output stays for a correct --resume
+                raise OptionError(f"--resume: {exc}; {exc.advice}, or with --overwrite instead of --resume to "
                                   "discard it and start over") from None
         if resume and checkpoint is None:
             logging.getLogger("packer").warning("--resume: no interrupted conversion to %s to resume; starting over", self.dst)

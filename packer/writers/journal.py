@@ -39,7 +39,7 @@ __all__ = [
     "conversion_fingerprint",
     "saved_inputs",
     "fingerprint_difference",
-    "EarlierJournal",
+    "ResumeRefused",
     "ROW_COLUMNS",
     "ROW_DTYPE",
     "record_shapes",
@@ -120,9 +120,13 @@ def conversion_fingerprint(
 #: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
 LEGACY = {"listing": "listing as given", "dst": "dst as given"}
 
-class EarlierJournal(ValueError):
-    """The interrupted run's journal was written by an earlier packer whose inputs were others:
-    this packer cannot finish it (:data:`EXPLAINED`)."""
+class ResumeRefused(ValueError):
+    """The interrupted run's fingerprint differs from this run's: the message says how, and
+    :attr:`advice` how the interrupted run could be finished instead."""
+
+    def __init__(self, difference: str, advice: str) -> None:
+        super().__init__(difference)
+        self.advice = advice
 
 
 #: Fingerprint keys that are no option, and what a difference in one means.
@@ -214,7 +218,14 @@ class Journal:
         old = data.get("fingerprint", {})
         difference = fingerprint_difference(old, self.fingerprint)
         if difference is not None:
-            raise (EarlierJournal if any(old.get(k) != self.fingerprint.get(k) for k in EXPLAINED) else ValueError)(difference)
+            differ = {key for key in set(old) | set(self.fingerprint) if old.get(key) != self.fingerprint.get(key)} - set(LEGACY.values())
+            if differ & set(EXPLAINED):
+                advice = "finish it with that packer"
+            elif differ <= {"listing", "source"}:
+                advice = "put the source back as it was to finish it"
+            else:
+                advice = "run with the same options to finish it"
+            raise ResumeRefused(difference, advice)
         samples = int(data["samples"])
         with open(self._rows_file, "r+b") as handle:
             handle.truncate(samples * _ROW_BYTES)  # rows after the checkpoint are not durable
