@@ -138,6 +138,7 @@ class _Chunk:
     isolated: bool = False  # a retry of a single item after its chunk was lost
     slot: int = 0  # the worker's shared-memory slot its results go to (set when dispatched)
     big: bool = False  # pickles to more than _PREFETCH_BYTES: sent to an idle worker only
+    body: Any = None  # a big chunk's pickled id and items, kept until an idle worker takes it (pickled once)
 
 
 @dataclass
@@ -253,10 +254,12 @@ class _Pool(Generic[T, R]):
                 # In flight: at most two consecutive dispatches, so alternating slots never collide,
                 # and a slot is reused only after its chunk's results were copied out (_receive).
                 chunk.slot = worker.sent % 2
-                message = encode((chunk.id, chunk.slot, self.items[chunk.start : chunk.start + chunk.count]))
-                if worker.in_flight and len(message) > _PREFETCH_BYTES:
-                    chunk.big = True  # (not pickled again for every busy worker)
+                body = chunk.body if chunk.body is not None else encode((chunk.id, self.items[chunk.start : chunk.start + chunk.count]))
+                if worker.in_flight and len(body) > _PREFETCH_BYTES:
+                    chunk.big, chunk.body = True, body  # (not pickled again: its items may be read as they are pickled)
                     break
+                message = bytes((chunk.slot,)) + body  # the slot first: it depends on the worker, the body does not
+                chunk.body = None
                 self.todo.popleft()
                 worker.sent += 1
                 if not worker.in_flight:

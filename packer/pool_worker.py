@@ -102,7 +102,8 @@ def _serve(fn: Callable, tasks: Connection, results: Connection, slots: list) ->
             return
         if not message:
             return
-        _chunk_id, slot, items = ForkingPickler.loads(message)
+        slot = message[0]  # then the chunk's id and items (packer.parallel._Pool._dispatch)
+        _chunk_id, items = ForkingPickler.loads(memoryview(message)[1:])
         values: list = []
         try:
             for value in run_items(fn, items):

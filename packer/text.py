@@ -26,7 +26,7 @@ from .options import NO_EOS, TextOptions
 from .preprocess.tokenize import TokenizeTask
 from .report import ConversionReport, TextConversionReport
 from .sources.text import scan_text
-from .sources.text_docs import DocSpan, ParquetRow, TextDoc
+from .sources.text_docs import DocSpan, ParquetRow, StreamRow, TextDoc
 from .writers.base import Writer
 
 log = logging.getLogger("packer")
@@ -78,7 +78,7 @@ class TextJob(Job):
         return True
 
     def name(self, item: Any) -> str:
-        assert isinstance(item, (DocSpan, ParquetRow, TextDoc))
+        assert isinstance(item, (DocSpan, ParquetRow, StreamRow, TextDoc))
         return item.source
 
     def chunksize(self, workers: int | None) -> int | None:

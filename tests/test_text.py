@@ -394,23 +394,30 @@ def test_special_token_text_in_a_document_is_text_not_the_eos_id(bpe: Path, tmp_
     assert doc[:-1] == reference.encode(text, add_special_tokens=False).ids
 
 
-def test_compressed_text_is_said_not_silently_dropped(tmp_path: Path, caplog) -> None:
-    """A folder of .jsonl.gz was called an image folder (text options refused as an image
-    folder's; without options "no images found"), and .gz files beside plain ones were dropped
-    without a word (an LLM user's walkthrough)."""
+def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, caplog) -> None:
+    """A folder of .jsonl.gz was called an image folder and .gz files beside plain ones were
+    dropped without a word (an LLM user's walkthrough); gzip, bzip2, xz and zstd text files are
+    now read (tests/test_text_scan.py), and files of another compression are said, never dropped."""
     import gzip
 
     only = tmp_path / "only"
     only.mkdir()
     (only / "c.jsonl.gz").write_bytes(gzip.compress(b'{"body": "x"}\n'))
+    report = packer.convert(only, tmp_path / "o.blob", text=TextOptions(text_field="body"), workers=1)
+    assert report.written == 1 and [TokenDataset(report.dst).decode(x) for x in TokenDataset(report.dst)] == ["x\n"]
+    lz4 = tmp_path / "lz4"
+    lz4.mkdir()
+    (lz4 / "c.jsonl.lz4").write_bytes(b"(not read)")
     for args in (["--text-field", "body"], []):
-        result = CliRunner().invoke(cli, ["convert", str(only), str(tmp_path / "o.blob"), *args])
-        assert result.exit_code == 1 and "holds compressed text files" in result.output and "decompress them first" in result.output, result.output
+        result = CliRunner().invoke(cli, ["convert", str(lz4), str(tmp_path / "l.blob"), *args])
+        assert result.exit_code == 1 and "holds compressed files" in result.output and "decompress others first" in result.output, result.output
     beside = tmp_path / "beside"
     beside.mkdir()
     (beside / "d.jsonl").write_text('{"body": "y"}\n', encoding="utf-8")
-    (beside / "e.txt.zst").write_bytes(b"(not read)")
+    (beside / "e.txt.lz4").write_bytes(b"(not read)")
+    (beside / "f.parquet.gz").write_bytes(b"(not read)")
     report = packer.convert(beside, tmp_path / "b.blob", text=TextOptions(text_field="body"), workers=1)
     assert report.written == 1
     assert [r.getMessage() for r in caplog.records if "compressed" in r.getMessage()] == [
-        f"{beside}: 1 compressed text file is left out: packer does not read compressed text; decompress them first to convert them"]
+        f"{beside}: 2 compressed files are left out: packer reads .txt, .jsonl and .ndjson files compressed with gzip, bzip2, xz "
+        "or zstd (Parquet compresses inside the file); decompress others first (lz4 -d, gunzip...)"]

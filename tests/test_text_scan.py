@@ -199,3 +199,71 @@ def test_a_parquet_column_of_numbers_is_one_skip_for_the_file(tmp_path: Path) ->
     assert [(s.path, s.reason) for s in corpus.skipped] == [
         ("n.parquet", "the Parquet column 'text' holds int64, not text; pass --text-field for a column of strings")]
     assert [d.text for d in pickle.loads(pickle.dumps(corpus.docs))] == ["a", "b", "a"]
+
+
+CODEC_WRITERS = {"gz": "gzip", "bz2": "bz2", "xz": "lzma", "zst": "zstandard"}
+
+
+def compress(data: bytes, suffix: str) -> bytes:
+    import importlib
+
+    module = importlib.import_module(CODEC_WRITERS[suffix]) if suffix != "zst" else pytest.importorskip("zstandard")
+    return module.ZstdCompressor().compress(data) if suffix == "zst" else module.compress(data)
+
+
+@pytest.mark.parametrize("suffix", ["gz", "bz2", "xz", "zst"])
+@pytest.mark.parametrize("seed", range(6))
+def test_compressed_lines_are_the_lines_python_reads(tmp_path: Path, monkeypatch, seed: int, suffix: str) -> None:
+    """A compressed corpus file's documents are those of its decompressed bytes: found by the
+    scan in the decompressed stream, read by the converting process when they are sent."""
+    rng = random.Random(seed)
+    data = b"".join(rng.choice(PIECES) for _ in range(rng.randint(1, 80))) + b"\nend"
+    (tmp_path / f"t.txt.{suffix}").write_bytes(compress(data, suffix))
+    monkeypatch.setattr(text_module, "_BLOCK", rng.randint(1, 12))
+    corpus = scan_text(tmp_path, lines=True)
+    sent = pickle.loads(pickle.dumps(corpus.docs))  # what the workers get: each document's bytes
+    found = [(doc.source, text.reason if isinstance(text, Skipped) else text) for doc, text in zip(sent, document_texts(sent))]
+    assert found == plain_reading(data, f"t.txt.{suffix}")
+    backwards = pickle.loads(pickle.dumps(corpus.docs[::-1]))  # (a crashed work unit sent again: the file reopened)
+    assert [doc.source for doc in backwards] == [name for name, _ in found[::-1]]
+    assert document_texts(backwards) == document_texts(sent)[::-1]
+
+
+def test_a_compressed_corpus_converts_as_its_decompressed_copy(tmp_path: Path) -> None:
+    import gzip
+
+    records = [f'{{"text": "record {i}"}}\n' if i % 9 else "not json\n" for i in range(300)]
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir(), packed.mkdir()
+    (plain / "a.jsonl").write_text("".join(records[:150]), encoding="utf-8")
+    (plain / "b.jsonl").write_text("".join(records[150:]), encoding="utf-8")
+    (plain / "c.txt").write_text("a whole document\nof two lines\n", encoding="utf-8")
+    (packed / "a.jsonl.gz").write_bytes(gzip.compress((plain / "a.jsonl").read_bytes()))
+    (packed / "b.jsonl.xz").write_bytes(compress((plain / "b.jsonl").read_bytes(), "xz"))
+    (packed / "c.txt.bz2").write_bytes(compress((plain / "c.txt").read_bytes(), "bz2"))
+    ours = packer.convert(packed, tmp_path / "packed.blob", workers=2)
+    theirs = packer.convert(plain, tmp_path / "plain.blob", workers=2)
+    documents = lambda report: [TokenDataset(report.dst).decode(x) for x in TokenDataset(report.dst)]  # noqa: E731
+    assert documents(ours) == documents(theirs) and len(documents(ours)) == 300 - 34 + 1
+    assert [s.path for s in ours.skipped] == [s.path.replace("a.jsonl", "a.jsonl.gz").replace("b.jsonl", "b.jsonl.xz") for s in theirs.skipped]
+
+
+def test_a_damaged_or_changed_compressed_file(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+    import sys
+
+    from packer.errors import SourceError
+    from packer.sources.compressed import open_decompressed
+    from packer.sources.text_docs import Changed
+
+    whole = gzip.compress(b"".join(b'{"text": "line %d"}\n' % i for i in range(2000)))
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "ok.jsonl.gz").write_bytes(whole)
+    corpus = scan_text(tmp_path)
+    assert [(s.path, s.reason.split(" (")[0]) for s in corpus.skipped] == [("cut.jsonl.gz", "cannot decompress")]
+    assert len(corpus.docs) == 2000
+    (tmp_path / "ok.jsonl.gz").write_bytes(whole + gzip.compress(b'{"text": "more"}\n'))
+    assert all(isinstance(t, Changed) for t in document_texts(pickle.loads(pickle.dumps(corpus.docs[:3]))))
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(SourceError, match=r"a.zst: reading zstd needs the zstandard package: pip install zstandard"):
+        open_decompressed(tmp_path / "a.zst", "zstd")

@@ -26,9 +26,10 @@ from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
 from .rules import IMAGE_EXTENSIONS
+from .compressed import CODECS, DECOMPRESS_ERRORS, UNREAD_SUFFIXES, codec_of, open_decompressed
 from .text_docs import BLANK_BYTES, DOC_ROW, Docs, TextFile
 
-__all__ = ["TextCorpus", "scan_text", "is_text_corpus", "TEXT_EXTENSIONS", "COMPRESSED_SUFFIXES"]
+__all__ = ["TextCorpus", "scan_text", "is_text_corpus", "text_suffix", "TEXT_EXTENSIONS"]
 
 log = logging.getLogger("packer")
 
@@ -64,30 +65,30 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
-            if not name.startswith(".") and ext in TEXT_EXTENSIONS:
+            if not name.startswith(".") and text_suffix(name):
                 found.append(Path(dirpath) / name)
             images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
-            compressed += not name.startswith(".") and _compressed_text(name)
+            compressed += not name.startswith(".") and _unread_compressed(name)
             json_files += not name.startswith(".") and ext == ".json"
     if json_files:
         log.warning("%s: %s left out: %s", root, f"{json_files:,} .json files are" if json_files != 1 else "1 .json file is", JSON_ADVICE)
     if compressed:
-        log.warning("%s: %s left out: packer does not read compressed text; decompress them first to convert them", root,
-                    f"{compressed:,} compressed text files (.jsonl.gz and the like) are" if compressed != 1 else "1 compressed text file is")
+        log.warning("%s: %s left out: %s", root, f"{compressed:,} compressed files are" if compressed != 1 else "1 compressed file is",
+                    UNREAD_ADVICE)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
 
 
 def is_text_corpus(root: str | os.PathLike[str]) -> bool:
     """Whether ``root`` holds text files and no images (how ``packer convert`` tells a corpus);
-    one that holds compressed text files only (``.jsonl.gz``), which are not read, is refused
-    with one line saying so (:class:`SourceError`)."""
+    one that holds only compressed files packer does not read (``.jsonl.lz4``, ``.parquet.gz``)
+    or ``.json`` files is refused with one line saying so (:class:`SourceError`)."""
     root = Path(root)
     if root.is_file():
-        if _compressed_text(root.name):
-            raise SourceError(f"{root}: a compressed text file, which packer does not read: decompress it first (gunzip, zstd -d...)")
+        if _unread_compressed(root.name):
+            raise SourceError(f"{root}: {UNREAD_ADVICE}")
         if root.suffix.lower() == ".json":
             raise SourceError(f"{root}: a .json file, which packer does not read: {JSON_ADVICE}")
-        return root.suffix.lower() in TEXT_EXTENSIONS
+        return text_suffix(root.name) is not None
     has_text, compressed, json_file, others = False, "", "", False
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -95,15 +96,14 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
             ext = os.path.splitext(name)[1].lower()
             if ext in IMAGE_EXTENSIONS:
                 return False
-            has_text = has_text or ext in TEXT_EXTENSIONS
-            compressed = compressed or (os.path.join(dirpath, name) if _compressed_text(name) else "")
+            has_text = has_text or text_suffix(name) is not None
+            compressed = compressed or (os.path.join(dirpath, name) if _unread_compressed(name) else "")
             json_file = json_file or (os.path.join(dirpath, name) if ext == ".json" else "")
-            others = others or not (ext == ".json" or _compressed_text(name) or name.startswith("."))
+            others = others or not (ext == ".json" or _unread_compressed(name) or name.startswith("."))
     if json_file and not (has_text or compressed or others):  # (a shard folder has its .json index beside its tars)
         raise SourceError(f"{root}: holds .json files ({json_file}) and nothing else packer reads: {JSON_ADVICE}")
     if compressed and not has_text:
-        raise SourceError(f"{root}: holds compressed text files ({compressed}), which packer does not read: decompress them first "
-                          "(gunzip, zstd -d...) to convert the .txt, .jsonl, .ndjson or .parquet files")
+        raise SourceError(f"{root}: holds compressed files ({compressed}): {UNREAD_ADVICE}")
     return has_text
 
 
@@ -112,14 +112,26 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
 JSON_ADVICE = ("packer reads JSON Lines from .jsonl and .ndjson files; if they hold a record a line (as Hugging Face's "
                "Dataset.to_json writes them), rename them to .jsonl")
 
-#: Compression suffixes of text files packer does not read (``corpus.jsonl.gz``).
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4")
+#: What to do with compressed files packer does not read.
+UNREAD_ADVICE = ("packer reads .txt, .jsonl and .ndjson files compressed with gzip, bzip2, xz or zstd (Parquet compresses "
+                 "inside the file); decompress others first (lz4 -d, gunzip...)")
 
 
-def _compressed_text(name: str) -> bool:
-    """Whether the file ``name`` is a compressed text file (``a.jsonl.gz``, ``b.txt.zst``)."""
+def text_suffix(name: str) -> str | None:
+    """The text extension of a file packer reads as text (``.jsonl`` for ``a.jsonl`` and
+    ``a.jsonl.gz``), or ``None``."""
     stem, ext = os.path.splitext(name.lower())
-    return ext in COMPRESSED_SUFFIXES and os.path.splitext(stem)[1] in TEXT_EXTENSIONS
+    if ext in TEXT_EXTENSIONS:
+        return ext
+    inner = os.path.splitext(stem)[1]
+    return inner if codec_of(name) is not None and inner in TEXT_EXTENSIONS and inner != ".parquet" else None
+
+
+def _unread_compressed(name: str) -> bool:
+    """Whether the file ``name`` is a compressed text file packer does not read (``a.jsonl.lz4``, ``b.parquet.gz``)."""
+    stem, ext = os.path.splitext(name.lower())
+    inner = os.path.splitext(stem)[1]
+    return inner in TEXT_EXTENSIONS and (ext in UNREAD_SUFFIXES or (ext in CODECS and inner == ".parquet"))
 
 
 def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
@@ -133,7 +145,7 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     paths, images = _text_files(root)
     if not paths:
         raise SourceError(f"{root}: no .txt, .jsonl, .ndjson or .parquet files found")
-    kinds = {path.suffix.lower() for path in paths}  # an option no file uses would be dropped (and recorded as used)
+    kinds = {text_suffix(path.name) for path in paths}  # an option no file uses would be dropped (and recorded as used)
     if lines and ".txt" not in kinds:
         raise OptionError(f"--lines: applies to .txt files, and {root} has none; drop it")
     if text_field != "text" and not kinds & {*JSON_LINES, ".parquet"}:
@@ -144,7 +156,7 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     skipped: list[Skipped] = []
     for path in paths:
         name = path.relative_to(base).as_posix()
-        ext = path.suffix.lower()
+        ext = text_suffix(path.name)
         try:
             st = path.stat()
         except OSError as exc:
@@ -154,13 +166,16 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
             skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
             continue
         kind = "parquet" if ext == ".parquet" else "json" if ext in JSON_LINES else "text"
-        file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size, st.st_mtime_ns)
+        file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size, st.st_mtime_ns,
+                        codec=codec_of(path.name) if ext != path.suffix.lower() else None)
         kept = len(rows)
         try:
             found = (_parquet_rows(path, file, len(files), rows) if kind == "parquet" else
                      _document_rows(path, file, len(files), lines or kind == "json", rows))
         except OSError as exc:  # (partway through a file: none of its lines is kept, the file is skipped whole)
-            found = f"cannot read ({exc.strerror or exc})"
+            found = f"cannot read ({exc.strerror or exc})" if file.codec is None or exc.errno else f"cannot decompress ({exc})"
+        except DECOMPRESS_ERRORS as exc:  # (a damaged compressed file)
+            found = f"cannot decompress ({' '.join(str(exc).split()) or type(exc).__name__})"
         if isinstance(found, str):
             del rows[kept:]
             skipped.append(Skipped(name, found))
@@ -185,14 +200,20 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found:
     """``file``, the rows of its documents added to ``found``: the whole file, or (``by_line``)
     each line that is not blank, found a block at a time (a line is split at ``\\n`` only, as ``wc -l`` and JSON Lines
     count them; a ``\\r`` before it is not part of it); or why the file is skipped whole."""
-    with open(path, "rb") as handle:
-        block = handle.read(max(_BLOCK, _SNIFF) if by_line else _SNIFF)
+    with open(path, "rb") if file.codec is None else open_decompressed(path, file.codec) as handle:
+        block = handle.read(max(_BLOCK, _SNIFF) if by_line or file.codec else _SNIFF)
         if b"\x00" in block[:_SNIFF]:
             return "binary file (contains NUL bytes), not text"
         if not by_line:
-            if not file.size:
+            size = file.size
+            if file.codec is not None:  # (its decompressed size: read through)
+                size = len(block)
+                while block:
+                    block = handle.read(_BLOCK)
+                    size += len(block)
+            if not size:
                 return "empty document"
-            found.append(_rows(index, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([file.size])))
+            found.append(_rows(index, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([size])))
             return file
         number, at = 1, 0  # the next line's number; where this block starts in the file
         begun: list[bytes] = []  # the line not yet ended when this block starts, in pieces (joined once it ends)

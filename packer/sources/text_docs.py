@@ -25,13 +25,15 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence, overload
+from typing import Any, BinaryIO, Iterator, Sequence, overload
 
 import numpy as np
 
 from readers.schema import Skipped
 
-__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "ParquetRow", "Docs", "Changed", "document_texts", "BLANK_BYTES"]
+from .compressed import DECOMPRESS_ERRORS, open_decompressed, read_exactly
+
+__all__ = ["DOC_ROW", "TextFile", "TextDoc", "DocSpan", "ParquetRow", "StreamRow", "Docs", "Changed", "document_texts", "BLANK_BYTES"]
 
 #: One document's place: its file (an index into :attr:`Docs.files`), its line (counted from 1;
 #: 0 for a whole file; a Parquet row's number), and its bytes (``start``, ``length``; for a
@@ -62,6 +64,9 @@ class TextFile:
     size: int = 0
     mtime_ns: int = 0
     groups: tuple[int, ...] = ()
+    #: The file's compression (packer/sources/compressed.py), or ``None``: places are then in its
+    #: decompressed bytes, which the converting process reads (:class:`StreamRow`).
+    codec: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +86,14 @@ class TextDoc:
 @dataclass(frozen=True, slots=True)
 class DocSpan:
     """A document stored as ``length`` bytes at ``start`` of ``file`` (its line ``line``, or the
-    whole file when ``line`` is 0); its text is read where it is tokenised."""
+    whole file when ``line`` is 0); its text is read where it is tokenised, or comes as ``data``
+    (read by the converting process from a compressed file: :class:`StreamRow`)."""
 
     file: TextFile
     line: int
     start: int
     length: int
+    data: bytes | None = None
 
     @property
     def source(self) -> str:
@@ -104,9 +111,9 @@ class Docs(Sequence[Any]):
     slice is another :class:`Docs` over the same files, and pickles (to a worker) as the list of
     its entries."""
 
-    def __init__(self, files: Sequence[TextFile], rows: np.ndarray, groups: _RowGroups | None = None) -> None:
+    def __init__(self, files: Sequence[TextFile], rows: np.ndarray, reads: tuple[_RowGroups, _Streams] | None = None) -> None:
         self.files, self.rows = files, rows
-        self._groups = groups if groups is not None else _RowGroups()
+        self._reads = reads if reads is not None else (_RowGroups(), _Streams())
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -119,12 +126,14 @@ class Docs(Sequence[Any]):
 
     def __getitem__(self, where: int | slice) -> Any:
         if isinstance(where, slice):
-            return Docs(self.files, self.rows[where], self._groups)
+            return Docs(self.files, self.rows[where], self._reads)
         row = self.rows[where]
         file = self.files[int(row["file"])]
         line = int(row["line"])
         if file.kind == "parquet":
-            return ParquetRow(file, line, int(row["start"]), self._groups)
+            return ParquetRow(file, line, int(row["start"]), self._reads[0])
+        if file.codec is not None:
+            return StreamRow(file, line, int(row["start"]), int(row["length"]), self._reads[1])
         return DocSpan(file, line, int(row["start"]), int(row["length"]))
 
     def __iter__(self) -> Iterator[Any]:
@@ -205,6 +214,84 @@ class _RowGroups:
         return values
 
 
+class StreamRow:
+    """A document of a compressed file in the driver: its place in the decompressed bytes, read
+    (by :class:`_Streams`, in order) only when it is sent to a worker, where it arrives as a
+    :class:`DocSpan` with its bytes; booking its outcome by name reads nothing."""
+
+    __slots__ = ("file", "line", "start", "length", "_streams")
+
+    def __init__(self, file: TextFile, line: int, start: int, length: int, streams: _Streams) -> None:
+        self.file, self.line, self.start, self.length, self._streams = file, line, start, length, streams
+
+    @property
+    def source(self) -> str:
+        return f"{self.file.name}:{self.line}" if self.line else self.file.name
+
+    @property
+    def path(self) -> str:
+        return self.source
+
+    def document(self) -> DocSpan | TextDoc:
+        """The document with its bytes, or (a :class:`TextDoc` without text) why they cannot be read."""
+        data = self._streams.read(self.file, self.start, self.length)
+        if isinstance(data, str):
+            return TextDoc(self.source, None, data)
+        return DocSpan(self.file, self.line, self.start, self.length, data)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        document = self.document()
+        if isinstance(document, TextDoc):
+            return TextDoc, (document.source, None, document.problem)
+        return DocSpan, (document.file, document.line, document.start, document.length, document.data)
+
+
+class _Streams:
+    """The driver's reader of compressed files: the one read last stays open where it stopped,
+    so documents sent in order decompress each file once; a document before that place (a
+    crashed work unit's, sent again) reopens the file."""
+
+    def __init__(self) -> None:
+        self._open: tuple[str, BinaryIO] | None = None
+        self._at = 0
+        self._lock = threading.Lock()
+
+    def read(self, file: TextFile, start: int, length: int) -> bytes | str:
+        """``length`` decompressed bytes at ``start`` of ``file``, or why they cannot be read."""
+        with self._lock:
+            try:
+                if self._open is None or self._open[0] != file.path or start < self._at:
+                    self._close()
+                    now = os.stat(file.path)
+                    if (now.st_size, now.st_mtime_ns) != (file.size, file.mtime_ns):
+                        return f"{CHANGED}: not read"
+                    assert file.codec is not None
+                    self._open, self._at = (file.path, open_decompressed(file.path, file.codec)), 0
+                reader = self._open[1]
+                while self._at < start:
+                    skipped = len(reader.read(min(start - self._at, 16 << 20)))
+                    if not skipped:
+                        break
+                    self._at += skipped
+                data = read_exactly(reader, length) if self._at == start else b""
+                self._at += len(data)
+            except FileNotFoundError:
+                self._close()
+                return f"{CHANGED} (it is gone): not read"
+            except DECOMPRESS_ERRORS as exc:
+                self._close()
+                return f"cannot decompress ({' '.join(str(exc).split()) or type(exc).__name__})"
+            if len(data) != length:
+                self._close()
+                return f"{CHANGED} (shorter): not read"
+            return data
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._open[1].close()
+        self._open, self._at = None, 0
+
+
 def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
     """Each document's text, or why it cannot be converted (a :class:`Skipped`): read from its
     file (consecutive lines of one file in one read), decoded as UTF-8, a JSON record's field
@@ -213,14 +300,18 @@ def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
     i = 0
     while i < len(docs):
         doc = docs[i]
-        if isinstance(doc, ParquetRow):  # (not sent: read here)
+        if isinstance(doc, (ParquetRow, StreamRow)):  # (not sent: read here)
             doc = doc.document()
+        if isinstance(doc, DocSpan) and doc.data is not None:
+            texts.append(_text(doc, doc.data))
+            i += 1
+            continue
         if isinstance(doc, TextDoc):
             texts.append(_skipped(doc.source, doc.problem) if doc.text is None else _nonempty(doc.source, doc.text))
             i += 1
             continue
         j = i + 1
-        while (j < len(docs) and isinstance(docs[j], DocSpan) and docs[j].file.path == doc.file.path
+        while (j < len(docs) and isinstance(docs[j], DocSpan) and docs[j].data is None and docs[j].file.path == doc.file.path
                and docs[j].start >= docs[j - 1].start + docs[j - 1].length and docs[j].start + docs[j].length - doc.start <= _READ_AT_ONCE):
             j += 1
         run = docs[i:j]
