@@ -61,7 +61,7 @@ def test_json_lines_are_read_by_the_workers_with_the_reasons_of_a_plain_reading(
     (tmp_path / "r.jsonl").write_bytes(b'{"text": "one"}\r\n\n  \nnot json\n{"text": ""}\n{"body": "b"}\n{"text": "two \xff"}\n{"text": "last"}')
     monkeypatch.setattr(text_module, "_BLOCK", 5)
     assert scanned(tmp_path) == [
-        ("r.jsonl:1", "one"), ("r.jsonl:4", "not JSON (Expecting value at column 1)"), ("r.jsonl:5", "empty document"),
+        ("r.jsonl:1", "one"), ("r.jsonl:4", "not JSON (Expecting value: column 1)"), ("r.jsonl:5", "empty document"),
         ("r.jsonl:6", "no string field 'text' (its string fields: 'body'; pass --text-field)"),
         ("r.jsonl:7", "invalid UTF-8 at byte 14 of the line"), ("r.jsonl:8", "last")]
 
@@ -173,7 +173,7 @@ def test_ndjson_is_read_and_json_files_are_named_not_dropped(tmp_path: Path, cap
     (src / "a.ndjson").write_text('{"text": "from ndjson"}\n', encoding="utf-8")
     (src / "b.json").write_text('{"text": "from json"}\n', encoding="utf-8")
     assert scanned(src) == [("a.ndjson:1", "from ndjson")]
-    assert "1 .json file is left out: packer reads JSON Lines from .jsonl and .ndjson files; if they hold a record a line" in caplog.text
+    assert "1 .json file is left out: packer reads JSON Lines from .jsonl and .ndjson files (compressed too); if they hold a record" in caplog.text
     (src / "a.ndjson").unlink()
     with pytest.raises(SourceError, match="holds .json files .* and nothing else packer reads: .* rename them to .jsonl"):
         is_text_corpus(src)
@@ -267,3 +267,62 @@ def test_a_damaged_or_changed_compressed_file(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setitem(sys.modules, "zstandard", None)
     with pytest.raises(SourceError, match=r"a.zst: reading zstd needs the zstandard package: pip install zstandard"):
         open_decompressed(tmp_path / "a.zst", "zstd")
+
+
+def test_a_cut_zstd_file_is_damaged_not_shorter(tmp_path: Path) -> None:
+    """zstandard's stream reader stops where a cut .zst file ends, without a word: half a corpus
+    was converted and the run succeeded (a review). A frame cut short is a decompression error."""
+    zstandard = pytest.importorskip("zstandard")
+    import struct
+
+    data = b"".join(b'{"text": "line %d"}\n' % i for i in range(30000))
+    whole = zstandard.ZstdCompressor().compress(data[:300000]) + struct.pack("<II", 0x184D2A50, 3) + b"abc"
+    whole += zstandard.ZstdCompressor().compress(data[300000:])  # two frames, a skippable one between
+    (tmp_path / "cut.jsonl.zst").write_bytes(whole[: len(whole) - 100])
+    (tmp_path / "whole.jsonl.zst").write_bytes(whole)
+    corpus = scan_text(tmp_path)
+    assert [(s.path, s.reason) for s in corpus.skipped] == [("cut.jsonl.zst", "cannot decompress (the file ends inside a frame (cut short))")]
+    assert len(corpus.docs) == 30000 and document_texts(pickle.loads(pickle.dumps(corpus.docs[29998:]))) == ["line 29998", "line 29999"]
+
+
+def test_a_retried_work_unit_does_not_decompress_the_file_again(tmp_path: Path, monkeypatch) -> None:
+    """A work unit sent again after its worker crashed reads documents already read: they were
+    decompressed again from the file's start, once per crash (a review: 10x the file for 19
+    crashes)."""
+    import gzip
+
+    import packer.sources.text_docs as docs_module
+
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"".join(b"document %d\n" % i for i in range(5000))))
+    docs = scan_text(tmp_path, lines=True).docs
+    opened = []
+    real = docs_module.open_decompressed
+    monkeypatch.setattr(docs_module, "open_decompressed", lambda *a: opened.append(a) or real(*a))
+    first = pickle.loads(pickle.dumps(docs[:4000]))
+    again = [pickle.loads(pickle.dumps(docs[i])) for i in range(3000, 3064)]  # a chunk's inputs, one by one
+    assert document_texts(again) == document_texts(first[3000:3064]) and len(opened) == 1
+
+
+def test_a_file_and_its_compressed_copy_are_read_once(tmp_path: Path, caplog) -> None:
+    import gzip
+
+    (tmp_path / "train.jsonl").write_text('{"text": "one"}\n', encoding="utf-8")
+    (tmp_path / "train.jsonl.gz").write_bytes(gzip.compress(b'{"text": "one"}\n'))
+    (tmp_path / "other.jsonl.gz").write_bytes(gzip.compress(b'{"text": "two"}\n'))
+    (tmp_path / "empty.jsonl.gz").write_bytes(b"")
+    corpus = scan_text(tmp_path)
+    assert [d.source for d in corpus.docs] == ["other.jsonl.gz:1", "train.jsonl:1"]
+    assert "train.jsonl.gz is left out: the same file uncompressed lies beside it (gzip -k keeps both)" in caplog.text
+    assert [(s.path, s.reason) for s in corpus.skipped] == [("empty.jsonl.gz", "an empty file, not a compressed one (0 bytes: an interrupted write?)")]
+
+
+@pytest.mark.parametrize("names", [["c4-train.00000-of-01024.json.gz"], ["a.json", "README.md"]])
+def test_a_folder_of_json_files_is_told_to_rename_them(tmp_path: Path, names: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path), str(tmp_path.parent / "o.blob")])
+    assert result.exit_code == 1 and "rename them to .jsonl (a.json.gz to a.jsonl.gz)" in result.output, result.output

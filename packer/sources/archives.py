@@ -53,13 +53,12 @@ from ..errors import SourceError
 from ..memory import available_memory
 from .images import ImageFolder, ImageItem
 from .labels import LabelTable, match_rows, safe_relative
-from .rules import image_order, is_hidden, is_image_name
+from .rules import ARCHIVE_SUFFIXES, image_order, is_hidden, is_image_name
 from .tarstream import Entry, list_tar, stream_tar
 
 __all__ = ["Member", "ARCHIVE_SUFFIXES", "is_archive", "is_shard_folder", "scan_archive", "scan_shards", "read_member", "MEMORY_SHARE"]
 
 #: File names SRC may end with to be read as an archive (any case).
-ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
 #: Inner archives per listing process (a tar of tars with fewer than twice this is listed here).
 PARALLEL_LISTING = 16
 #: A compressed tar is held in memory while it converts: at most this share of what is available.

@@ -10,6 +10,7 @@ reads such files itself, in order, as the work is handed out (packer/sources/tex
 from __future__ import annotations
 
 import bz2
+import importlib.util
 import lzma
 import os
 import zlib
@@ -41,11 +42,64 @@ def open_decompressed(path: str | os.PathLike[str], codec: str) -> BinaryIO:
         return bz2.open(path, "rb")
     if codec == "xz":
         return lzma.open(path, "rb")
-    try:
-        import zstandard
-    except ImportError:
+    if importlib.util.find_spec("zstandard") is None:
         raise SourceError(f"{path}: reading zstd needs the zstandard package: pip install zstandard (or 'packer[text]')") from None
-    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)  # type: ignore[return-value]
+    return _ZstdReader(path)  # type: ignore[return-value]
+
+
+class _ZstdReader:
+    """A zstd file's decompressed bytes, frame after frame; a file that ends inside a frame (a
+    cut download) raises, as gzip, bzip2 and xz readers do (zstandard's ``stream_reader``
+    stops there without a word)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        import zstandard
+
+        self._zstd = zstandard
+        self._file = open(path, "rb")
+        self._frame = zstandard.ZstdDecompressor().decompressobj()
+        self._fed = False  # whether the current frame has had input
+        self._buffer, self._at = b"", 0
+
+    def read(self, size: int = -1) -> bytes:
+        parts, want = [], size if size >= 0 else 1 << 62
+        while want > 0:
+            if self._at >= len(self._buffer) and not self._fill():
+                break
+            part = self._buffer[self._at : self._at + want]
+            self._at += len(part)
+            want -= len(part)
+            parts.append(part)
+        return b"".join(parts)
+
+    def _fill(self) -> bool:
+        """The next decompressed bytes into the buffer; ``False`` at the end of the file."""
+        while True:
+            raw = self._file.read(1 << 20)
+            if not raw:
+                if self._fed and not self._frame.eof:
+                    raise self._zstd.ZstdError("the file ends inside a frame (cut short)")
+                return False
+            out = []
+            while raw:
+                self._fed = True
+                out.append(self._frame.decompress(raw))
+                raw = b""
+                if self._frame.eof:  # a frame ended: what follows starts the next one
+                    raw = self._frame.unused_data
+                    self._frame, self._fed = self._zstd.ZstdDecompressor().decompressobj(), False
+            self._buffer, self._at = b"".join(out), 0
+            if self._buffer:
+                return True
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> _ZstdReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_exactly(reader: BinaryIO, size: int) -> bytes:

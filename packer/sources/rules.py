@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-__all__ = ["IMAGE_EXTENSIONS", "is_hidden", "is_image_name", "image_order"]
+__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "is_hidden", "is_image_name", "image_order"]
 
 #: Image file extensions (any case) that are converted.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
+#: Archives read as image sources (packer/sources/archives.py).
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
 
 
 def is_hidden(name: str) -> bool:

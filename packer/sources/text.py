@@ -25,7 +25,7 @@ import numpy as np
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
-from .rules import IMAGE_EXTENSIONS
+from .rules import ARCHIVE_SUFFIXES, IMAGE_EXTENSIONS
 from .compressed import CODECS, DECOMPRESS_ERRORS, UNREAD_SUFFIXES, codec_of, open_decompressed
 from .text_docs import BLANK_BYTES, DOC_ROW, Docs, TextFile
 
@@ -69,7 +69,12 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
                 found.append(Path(dirpath) / name)
             images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
             compressed += not name.startswith(".") and _unread_compressed(name)
-            json_files += not name.startswith(".") and ext == ".json"
+            json_files += not name.startswith(".") and _json_name(name)
+    found, copies = _without_compressed_copies(found)
+    if copies:
+        log.warning("%s: %s left out: the same file uncompressed lies beside %s (gzip -k keeps both); it is read instead",
+                    root, f"{len(copies):,} compressed files ({copies[0]}, ...) are" if len(copies) > 1 else f"{copies[0]} is",
+                    "each" if len(copies) > 1 else "it")
     if json_files:
         log.warning("%s: %s left out: %s", root, f"{json_files:,} .json files are" if json_files != 1 else "1 .json file is", JSON_ADVICE)
     if compressed:
@@ -86,7 +91,7 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
     if root.is_file():
         if _unread_compressed(root.name):
             raise SourceError(f"{root}: {UNREAD_ADVICE}")
-        if root.suffix.lower() == ".json":
+        if _json_name(root.name):
             raise SourceError(f"{root}: a .json file, which packer does not read: {JSON_ADVICE}")
         return text_suffix(root.name) is not None
     has_text, compressed, json_file, others = False, "", "", False
@@ -98,8 +103,8 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
                 return False
             has_text = has_text or text_suffix(name) is not None
             compressed = compressed or (os.path.join(dirpath, name) if _unread_compressed(name) else "")
-            json_file = json_file or (os.path.join(dirpath, name) if ext == ".json" else "")
-            others = others or not (ext == ".json" or _unread_compressed(name) or name.startswith("."))
+            json_file = json_file or (os.path.join(dirpath, name) if _json_name(name) else "")
+            others = others or name.lower().endswith(ARCHIVE_SUFFIXES)
     if json_file and not (has_text or compressed or others):  # (a shard folder has its .json index beside its tars)
         raise SourceError(f"{root}: holds .json files ({json_file}) and nothing else packer reads: {JSON_ADVICE}")
     if compressed and not has_text:
@@ -109,8 +114,22 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
 
 #: What to do with ``.json`` files: they may hold JSON Lines, or one JSON value (a dataset's
 #: configuration, an array), which are not documents.
-JSON_ADVICE = ("packer reads JSON Lines from .jsonl and .ndjson files; if they hold a record a line (as Hugging Face's "
-               "Dataset.to_json writes them), rename them to .jsonl")
+JSON_ADVICE = ("packer reads JSON Lines from .jsonl and .ndjson files (compressed too); if they hold a record a line (as "
+               "Hugging Face's Dataset.to_json writes them), rename them to .jsonl (a.json.gz to a.jsonl.gz)")
+
+
+def _json_name(name: str) -> bool:
+    """Whether ``name`` is a ``.json`` file, compressed or not (``c4-train.00000-of-01024.json.gz``)."""
+    stem, ext = os.path.splitext(name.lower())
+    return ext == ".json" or (ext in CODECS and stem.endswith(".json"))
+
+
+def _without_compressed_copies(paths: list[Path]) -> tuple[list[Path], list[str]]:
+    """``paths`` less each compressed file whose uncompressed file lies beside it (``a.jsonl``
+    and ``a.jsonl.gz``: the same documents twice), and those left out."""
+    plain = {str(path) for path in paths if codec_of(path.name) is None}
+    copies = [path for path in paths if codec_of(path.name) is not None and str(path.with_suffix("")) in plain]
+    return [path for path in paths if path not in copies], [path.name for path in copies]
 
 #: What to do with compressed files packer does not read.
 UNREAD_ADVICE = ("packer reads .txt, .jsonl and .ndjson files compressed with gzip, bzip2, xz or zstd (Parquet compresses "
@@ -164,6 +183,9 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
             continue
         if not stat.S_ISREG(st.st_mode):  # a named pipe would block the scan forever, outside any worker's --timeout
             skipped.append(Skipped(name, "not a regular file (a named pipe, socket or device): not read"))
+            continue
+        if not st.st_size and codec_of(path.name) is not None and ext != path.suffix.lower():
+            skipped.append(Skipped(name, "an empty file, not a compressed one (0 bytes: an interrupted write?)"))
             continue
         kind = "parquet" if ext == ".parquet" else "json" if ext in JSON_LINES else "text"
         file = TextFile(str(path.resolve()), name, kind, text_field if kind != "text" else None, st.st_size, st.st_mtime_ns,

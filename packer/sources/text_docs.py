@@ -45,6 +45,9 @@ BLANK_BYTES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 
 #: At most this many bytes are read at once for consecutive lines of one file.
 _READ_AT_ONCE = 32 << 20
+#: Decompressed documents the converting process keeps after sending them (:class:`_Streams`):
+#: more than the work units in flight hold, for the usual document sizes.
+_RECENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -248,48 +251,67 @@ class StreamRow:
 
 class _Streams:
     """The driver's reader of compressed files: the one read last stays open where it stopped,
-    so documents sent in order decompress each file once; a document before that place (a
-    crashed work unit's, sent again) reopens the file."""
+    so documents sent in order decompress each file once; a document before that place reopens
+    the file. The documents read last (:data:`_RECENT_BYTES`) are kept: a work unit sent again
+    after its worker crashed finds them there, where reading them again decompressed the file
+    from its start."""
 
     def __init__(self) -> None:
         self._open: tuple[str, BinaryIO] | None = None
         self._at = 0
         self._lock = threading.Lock()
+        self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._recent_bytes = 0
 
     def read(self, file: TextFile, start: int, length: int) -> bytes | str:
         """``length`` decompressed bytes at ``start`` of ``file``, or why they cannot be read."""
         with self._lock:
-            try:
-                if self._open is None or self._open[0] != file.path or start < self._at:
-                    self._close()
-                    now = os.stat(file.path)
-                    if (now.st_size, now.st_mtime_ns) != (file.size, file.mtime_ns):
-                        return f"{CHANGED}: not read"
-                    assert file.codec is not None
-                    self._open, self._at = (file.path, open_decompressed(file.path, file.codec)), 0
-                reader = self._open[1]
-                while self._at < start:
-                    skipped = len(reader.read(min(start - self._at, 16 << 20)))
-                    if not skipped:
-                        break
-                    self._at += skipped
-                data = read_exactly(reader, length) if self._at == start else b""
-                self._at += len(data)
-            except FileNotFoundError:
-                self._close()
-                return f"{CHANGED} (it is gone): not read"
-            except DECOMPRESS_ERRORS as exc:
-                self._close()
-                return f"cannot decompress ({' '.join(str(exc).split()) or type(exc).__name__})"
-            if len(data) != length:
-                self._close()
-                return f"{CHANGED} (shorter): not read"
+            recent = self._recent.get((file.path, start))
+            if recent is not None and len(recent) == length:
+                return recent
+            data = self._read(file, start, length)
+            if isinstance(data, bytes) and length <= _RECENT_BYTES // 4:
+                self._recent[(file.path, start)] = data
+                self._recent_bytes += len(data)
+                while self._recent_bytes > _RECENT_BYTES:
+                    self._recent_bytes -= len(self._recent.popitem(last=False)[1])
             return data
+
+    def _read(self, file: TextFile, start: int, length: int) -> bytes | str:
+        try:
+            if self._open is None or self._open[0] != file.path or start < self._at:
+                self._close()
+                now = os.stat(file.path)
+                if (now.st_size, now.st_mtime_ns) != (file.size, file.mtime_ns):
+                    return f"{CHANGED}: not read"
+                assert file.codec is not None
+                self._open, self._at = (file.path, open_decompressed(file.path, file.codec)), 0
+            reader = self._open[1]
+            while self._at < start:
+                skipped = len(reader.read(min(start - self._at, 16 << 20)))
+                if not skipped:
+                    break
+                self._at += skipped
+            data = read_exactly(reader, length) if self._at == start else b""
+            self._at += len(data)
+        except FileNotFoundError:
+            self._close()
+            return f"{CHANGED} (it is gone): not read"
+        except DECOMPRESS_ERRORS as exc:
+            self._close()
+            return f"cannot decompress ({' '.join(str(exc).split()) or type(exc).__name__})"
+        if len(data) != length:
+            self._close()
+            return f"{CHANGED} (shorter): not read"
+        return data
 
     def _close(self) -> None:
         if self._open is not None:
             self._open[1].close()
         self._open, self._at = None, 0
+
+    def __del__(self) -> None:
+        self._close()
 
 
 def document_texts(docs: Sequence[Any]) -> list[str | Skipped]:
@@ -367,7 +389,7 @@ def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        return Skipped(doc.source, f"not JSON ({exc.msg} at column {exc.colno})")
+        return Skipped(doc.source, f"not JSON ({exc.msg}: column {exc.colno})")
     field = doc.file.field
     value = record.get(field) if isinstance(record, dict) else None
     if not isinstance(value, str):

@@ -129,6 +129,9 @@ class ResumeRefused(ValueError):
         self.advice = advice
 
 
+#: How a changed source (its listing) is said.
+SOURCE_CHANGED = "the source folder changed since the interrupted run (files added, removed or modified)"
+
 #: Fingerprint keys that are no option, and what a difference in one means.
 EXPLAINED = {"inputs": "the interrupted run was made by an earlier packer, which counted this source's inputs another way"}
 
@@ -147,7 +150,7 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
             if key in EXPLAINED:
                 changes.append(EXPLAINED[key])
             elif key == "listing":
-                changes.append("the source folder changed since the interrupted run (files added, removed or modified)")
+                changes.append(SOURCE_CHANGED)
             elif isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping):  # (a tokenizer): its fields that differ
                 changes.extend(f"{key} {field} was {_shown(old[key].get(field))} in the interrupted run, now {_shown(new[key].get(field))}"
                                for field in sorted(set(old[key]) | set(new[key])) if old[key].get(field) != new[key].get(field))
@@ -218,10 +221,9 @@ class Journal:
         old = data.get("fingerprint", {})
         difference = fingerprint_difference(old, self.fingerprint)
         if difference is not None:
-            differ = {key for key in set(old) | set(self.fingerprint) if old.get(key) != self.fingerprint.get(key)} - set(LEGACY.values())
-            if differ & set(EXPLAINED):
+            if any(old.get(key) != self.fingerprint.get(key) for key in EXPLAINED):
                 advice = "finish it with that packer"
-            elif differ <= {"listing", "source"}:
+            elif difference == SOURCE_CHANGED:
                 advice = "put the source back as it was to finish it"
             else:
                 advice = "run with the same options to finish it"
