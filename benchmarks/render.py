@@ -73,7 +73,7 @@ def readme_block(figures: Figures | None = None) -> str:
     lmdb_dl, lmdb_loader = _best(reads, "packer lmdb (raw)", False), _best(reads, "packer lmdb (raw)", True)
     src_full = "full.json"
     lines = [
-        "On the 2-core development machine (no GPU), with **raw 224x224 pixels** stored, reading the LMDB through a plain",
+        f"On a {full['machine']['cores']}-core {full['machine']['cpu']} development machine (no GPU), with **raw 224x224 pixels** stored, reading the LMDB through a plain",
         f"`DataLoader` is **{fig(f'{lmdb_dl / tutorial:.1f}x', src_full)}** the usual per-file pipeline at its best setting (PIL decode,",
         f"`Resize(256)` + `CenterCrop(224)` and float normalisation on the CPU: {fig(f'{tutorial:,.0f}', src_full)} images/s), and",
         f"**{fig(f'{lmdb_loader / tutorial:.1f}x', src_full)}** through `readers.Loader` ({fig(f'{lmdb_loader:,.0f}', src_full)} images/s). Raw pixels in every",
@@ -94,7 +94,8 @@ def readme_block(figures: Figures | None = None) -> str:
         naive = next(r["rate"]["median"] for r in conv["rows"] if r["tool"].startswith("naive"))
         src = "convert_rates.json"
         lines += [
-            f"Conversion to raw 224x224 with {cores} workers runs at {fig(_span(packer, 0, ''), src)} images/s across the formats, against",
+            f"Conversion to raw 224x224 with {cores} workers (a {cores}-core {conv['machine']['cpu']} machine) runs at "
+            f"{fig(_span(packer, 0, ''), src)} images/s across the formats, against",
             f"{fig(f'{naive:,.0f}', src)} images/s for a plain PIL loop writing LMDB in the same run"
             + (", on the machine shared with other work" if conv.get("note") else ""),
             f"(`benchmarks/results/convert_rates.json`, `python -m benchmarks.convert_rates`, {conv['date']}).",

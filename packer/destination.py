@@ -86,13 +86,13 @@ def check_destination(dst: Path, *, overwrite: bool, resume: bool = False) -> No
     if (dst.exists() or dst.is_symlink()) and not _is_empty_folder(dst):
         if not overwrite and resume and is_packer_dataset(dst):  # a retry of a run that finished before it was stopped
             raise OutputExistsError(nothing_to_resume(str(dst)))
-        if not overwrite:
-            raise OutputExistsError(f"{dst}: already exists; pass --overwrite to replace it, or choose another DST")
-        if not is_packer_dataset(dst):
+        if not is_packer_dataset(dst):  # (said first: --overwrite would not help)
             raise OutputExistsError(
                 f"{dst}: is not a packer dataset ({describe_path(dst)}); --overwrite replaces only a packer dataset: "
                 "move it away or choose another DST"
             )
+        if not overwrite:
+            raise OutputExistsError(f"{dst}: already exists; pass --overwrite to replace it, or choose another DST")
         foreign = open_store(dst).foreign_files()
         if foreign:  # replacing the folder would delete them with it
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")

@@ -64,6 +64,24 @@ def test_a_source_one_level_too_high_is_warned_about(tmp_path, image_folder):
     assert right.exit_code == 0 and "warning" not in right.stderr
 
 
+
+def test_a_packer_dataset_beside_the_class_folders_is_no_class(tmp_path, image_folder):
+    """``imagenet/train.lmdb`` written beside ``imagenet/train/``, then ``imagenet/`` converted
+    (a newcomer's walkthrough): the LMDB folder became a second class, label 0 went to every
+    image and the one-level-too-high warning was not given. A packer dataset (finished or
+    ``.partial``) is left out, said, and the warning comes."""
+    import shutil
+
+    shutil.copytree(image_folder, tmp_path / "imagenet" / "train")
+    assert run("convert", tmp_path / "imagenet" / "train", tmp_path / "imagenet" / "train.lmdb", "--size", "8", "-j", "1").exit_code == 0
+    (tmp_path / "imagenet" / "old.blob.partial").mkdir()
+    result = run("convert", tmp_path / "imagenet", tmp_path / "whole.lmdb", "--size", "8", "-j", "1")
+    assert result.exit_code == 0, result.output
+    assert "'train.lmdb' left out: a packer dataset (or an unfinished conversion), not a class folder" in result.stderr
+    assert "'old.blob.partial' left out" in result.stderr and "has no images" not in result.stderr
+    assert f"convert {tmp_path / 'imagenet'}/train instead" in result.stderr
+    assert list(LMDBDataset(tmp_path / "whole.lmdb").meta.classes) == ["train"]
+
 def test_head_on_an_image_dataset_names_preview(tmp_path, image_folder):
     dst = tmp_path / "i.lmdb"
     assert run("convert", image_folder, dst, "--size", "8", "-q").exit_code == 0

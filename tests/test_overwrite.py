@@ -84,6 +84,10 @@ def test_overwrite_refuses_a_folder_of_user_files(src, tmp_path, image_folder):
     assert len(line.splitlines()) == 1
     assert "is not a packer dataset (a folder holding 6 files" in line and "--overwrite replaces only a packer dataset" in line
     assert tree(user) == before
+    # Without --overwrite it is said at once: "pass --overwrite to replace it" led only to this line (a newcomer's walkthrough)
+    plain = run("convert", src, user, "-f", "webdataset", "--size", "8", "-q")
+    assert plain.exit_code == 1 and "is not a packer dataset (a folder holding 6 files" in plain.stderr and "pass --overwrite" not in plain.stderr
+    assert tree(user) == before
 
 
 @pytest.mark.parametrize("name", ["data.lmdb", "data.blob", "data.h5"])

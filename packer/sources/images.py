@@ -11,12 +11,13 @@ fsspec (packer/sources/remote.py) and scanned by the same rules, in :func:`_scan
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from readers.schema import Skipped
+from readers.schema import PackedFormatError, Skipped
 
 from ..errors import SourceError
 from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name
@@ -26,6 +27,7 @@ __all__ = [
     "image_order",
 ]
 
+log = logging.getLogger("packer")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,9 @@ class FolderTree(Protocol):
     def stamps(self) -> dict[str, str] | None:
         """Item path -> ``"size:version"`` from the listing (``None``: stat local files instead)."""
 
+    def is_output(self, folder: str) -> bool:
+        """Whether the top-level ``folder`` is a packer dataset (or an unfinished one), not a class."""
+
 
 def scan_image_folder(root: str | os.PathLike[str]) -> ImageFolder:
     """Scan ``root`` (a path, or an fsspec URL: packer/sources/remote.py); raises
@@ -130,13 +135,18 @@ def _scan(tree: FolderTree) -> ImageFolder:
     if kind is None:
         raise SourceError(f"{tree.name}: no such folder; SRC must be a folder of images (class sub-folders = labels)")
     if kind != "dir":
-        raise SourceError(f"{tree.name}: is a file; SRC must be a folder of images (class sub-folders = labels)")
+        raise SourceError(f"{tree.name}: is a file; SRC must be a folder of images (class sub-folders = labels), an archive "
+                          "(.tar, .tar.gz, .zip), a text corpus (.txt, .jsonl, .parquet) or a folder of them")
     try:
         entries = tree.top()
     except OSError as exc:
         raise SourceError(f"{tree.name}: {tree.cannot_list(exc)}") from None
 
     class_dirs = [name for name, what in entries if what == "dir" and not is_hidden(name)]
+    outputs = [name for name in class_dirs if tree.is_output(name)]  # (train.lmdb written beside train/: no class)
+    for name in outputs:
+        log.warning("%s: %r left out: a packer dataset (or an unfinished conversion), not a class folder", tree.name, name)
+    class_dirs = [name for name in class_dirs if name not in outputs]
     top_images = [name for name, what in entries if what == "file" and is_image_name(name)]
     skipped: list[Skipped] = []
     if not class_dirs:
@@ -209,6 +219,17 @@ class _LocalTree:
 
     def stamps(self) -> None:
         return None
+
+    def is_output(self, folder: str) -> bool:
+        from readers.formats import PARTIAL_SUFFIX, detect_format
+
+        if folder.endswith(PARTIAL_SUFFIX):
+            return True
+        try:
+            detect_format(self.root / folder)
+        except (PackedFormatError, OSError):
+            return False
+        return True
 
     def top(self) -> list[tuple[str, str]]:
         entries = sorted(os.scandir(self.root), key=lambda e: e.name)

@@ -151,6 +151,9 @@ class FsspecTree:
     def cannot_list(self, exc: Exception) -> str:
         return f"cannot list the folder ({type(exc).__name__}: {_first_line(exc)}); check the URL and the credentials"
 
+    def is_output(self, folder: str) -> bool:
+        return False  # (a packer dataset at a URL is a WebDataset upload's shards: not images, an empty class)
+
     def stamps(self) -> dict[str, str]:
         stamps = {}
         for parts, detail in self._entries().items():
