@@ -342,7 +342,7 @@ def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_m
 
 @cli.command()
 @click.argument("path", type=click.Path(), callback=_dataset_arg)
-@click.option("--source", metavar="SRC", help="Also redo the recorded preprocessing on this source (what convert took as SRC: a folder, URL, archive or WebDataset shards) and compare every sample (image datasets only).")
+@click.option("--source", metavar="SRC", help="Also redo the recorded preprocessing on this source (what convert took as SRC: a folder, URL, archive or WebDataset shards) and compare every sample (a text dataset: its corpus, tokenised again).")
 @label_file_options
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")

@@ -152,7 +152,7 @@ def verify(
         return report
     meta = store.meta
     if source is not None:
-        check_source_applies(meta, path)
+        check_source_applies(meta, path, source_options)
     report.opened, report.count, report.checksums_recorded = True, meta.count, bool(meta.checksum)
     _check_metadata(meta, report)
     _check_structure(store, report)

@@ -1,5 +1,8 @@
 """``packer verify --source``: redo the recorded preprocessing on the source and compare.
 
+A text dataset's corpus is scanned and tokenised again with the recorded options and tokenizer
+(:func:`_compare_corpus`), and its documents matched to the samples by source name, as images.
+
 The source is anything ``packer convert`` takes as SRC from the command line, with the same
 options: a class folder (a path or a URL), a folder or archive with a label file
 (``SourceOptions.labels`` and its columns), an archive (``.tar``, ``.tar.gz``, ``.zip``, a tar
@@ -52,14 +55,14 @@ def copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
 
 
 # -- against the source ------------------------------------------------------------------------
-def check_source_applies(meta: Metadata, path: str | Path) -> None:
-    """Refuse ``--source`` for a dataset it cannot compare (``OptionError``, one line naming it):
-    only image conversions are redone and compared. Called before any check, as convert refuses
-    an option that does not apply before converting anything."""
+def check_source_applies(meta: Metadata, path: str | Path, options: SourceOptions | None = None) -> None:
+    """Refuse ``--source`` options a dataset cannot use (``OptionError``, one line naming them):
+    a text dataset's corpus is read as its conversion recorded, with no label file. Called before
+    any check, as convert refuses an option that does not apply before converting anything."""
     from .errors import OptionError
 
-    if meta.kind != "image":
-        raise OptionError(f"--source: applies to image datasets only, and {path} holds {meta.kind}; drop it")
+    if meta.kind == "text" and options is not None and options != SourceOptions():
+        raise OptionError(f"--labels and its options: apply to image datasets, and {path} holds text; drop them")
 
 
 def compare_source(store: Store, source: str | Path, report: Report, workers: int | None,
@@ -74,7 +77,10 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     from .sources.remote import is_source_url
 
     meta = store.meta
-    check_source_applies(meta, store.path)
+    check_source_applies(meta, store.path, options)
+    if meta.kind == "text":
+        _compare_corpus(store, source, report, workers)
+        return
     if is_python_dataset(source):
         report.add("source", "--source takes what packer convert takes as SRC on the command line (a folder, URL, "
                              "archive or WebDataset shards), not a Python dataset: read it back and compare in Python")
@@ -118,6 +124,43 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     convert = _Converter(job.task, labels, workers, remote)
     match = _match_by_name if recorded_names is not None else _match_source
     match(store, convert, items, names, labels, report, recorded_names)
+    _retry_skipped(job, convert, skips, report)
+
+
+def _compare_corpus(store: Store, source: str | Path, report: Report, workers: int | None) -> None:
+    """A text dataset against its corpus: the documents found again with the recorded options,
+    tokenised with the recorded tokenizer (its file must be the one the conversion used), and
+    matched to the samples by their recorded source names (``file:line``), as images are."""
+    from .errors import PackerError
+    from .options import NO_EOS, TextOptions
+    from .text import text_job
+
+    meta, recorded = store.meta, None
+    pre, tokenizer = meta.preprocessing or {}, dict(meta.tokenizer or {})
+    try:
+        eos = tokenizer.get("eos_id")
+        options = TextOptions(tokenizer=tokenizer.get("path") or "bytes", lines=bool(pre.get("lines")),
+                              text_field=pre.get("text_field", "text"), eos=NO_EOS if eos is None else eos, max_tokens=pre.get("max_tokens"))
+        job = text_job(source, options)
+    except (PackerError, OSError, TypeError) as exc:
+        report.add("source", f"cannot redo the recorded tokenisation: {exc}")
+        return
+    assert job.tokenizer is not None
+    if job.tokenizer.sha256 != tokenizer.get("sha256", job.tokenizer.sha256):
+        report.add("source", f"the tokenizer {options.tokenizer} is not the file the conversion used (its sha256 differs): "
+                             "its ids would differ; pass the dataset the tokenizer it recorded")
+        return
+    try:
+        recorded = store.source_names()
+    except PackedFormatError as exc:
+        report.add("source", f"cannot read the recorded source names: {exc}")
+    if recorded is None:
+        report.add("source", "the dataset records no source names (an older packer wrote it): its documents cannot be matched")
+        return
+    skips = {s.path: s.reason for s in meta.skipped if s.path not in set(recorded)}
+    items = [item for item in job.items if job.name(item) not in skips]
+    convert = _Converter(job.task, {}, workers, False)
+    _match_by_name(store, convert, items, [job.name(item) for item in items], {}, report, recorded)
     _retry_skipped(job, convert, skips, report)
 
 
@@ -236,6 +279,14 @@ def _compare_one(store: Store, i: int, where: str, result: Any, report: Report, 
 
 def _difference(expected, label: int, shape: Sequence[int], payload: bytes, meta: Metadata) -> str:
     """Why a stored sample differs from the freshly converted ``expected``, or ""."""
+    if meta.kind == "text":  # token ids: (1, 1, n) of the recorded dtype
+        if tuple(shape) != tuple(expected.shape):
+            return f"{shape[-1]:,} tokens, the source gives {expected.shape[-1]:,}"
+        if payload == expected.payload:
+            return ""
+        unequal = np.frombuffer(payload, np.uint8) != np.frombuffer(expected.payload, np.uint8)
+        differ = int(np.count_nonzero(unequal.reshape(-1, np.dtype(meta.dtype).itemsize).any(axis=1)))
+        return f"token ids differ from the source's ({differ:,} of {shape[-1]:,})"
     if label != expected.label:
         given = "a class the dataset does not have" if expected.label == -2 else expected.label
         return f"label {label}, the source gives {given}"

@@ -1,5 +1,6 @@
 """``packer verify`` on what it cannot verify: refused or reported in one line, never a fault
-about nothing. ``--source`` on a text dataset is refused (exit 2) before anything is checked; a
+about nothing. ``--source`` on a text dataset compares its documents (label-file options are
+refused, exit 2, before anything is checked); a
 path that is not a packer dataset (or is missing) gets the one line ``packer info`` gives; a
 recognised dataset that does not open stays a fault, and the summary claims nothing it did not
 check (no ``?`` format, no "0 of 0 samples", no "no checksums stored")."""
@@ -18,8 +19,7 @@ import packer
 from packer.cli import cli
 from packer.errors import OptionError
 from packer.verify import verify
-from packer.verify_source import compare_source
-from readers.formats import open_store, store_class
+from readers.formats import store_class
 from readers.formats.webdataset import CHECKSUM_FILE
 from readers.schema import FORMATS, PackedFormatError
 from corpora import write_texts
@@ -48,23 +48,52 @@ def _damage_a_document(path: Path, fmt: str) -> None:
 
 # -- --source on a text dataset ------------------------------------------------------------
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_source_on_a_text_dataset_is_refused_before_anything_is_checked(corpus, tmp_path, fmt, monkeypatch):
+def test_source_on_a_text_dataset_compares_its_documents(corpus, tmp_path, fmt):
+    """--source was refused for text datasets (a walkthrough asked for it): the corpus is
+    tokenised again with the recorded options and tokenizer and compared by source name. An
+    unchanged corpus passes; an edited, a removed and an added document are each named."""
+    import shutil
+
     path = tmp_path / TARGET[fmt]
     packer.convert(corpus, path, format=fmt, workers=1)
-    _damage_a_document(path, fmt)
-    plain = run("verify", path)  # the damage is there to be found ...
-    assert plain.exit_code == 1 and "fault: sample 1" in plain.output and "checksum mismatch" in plain.output, plain.output
-    read = []
-    cls = store_class(fmt)
-    monkeypatch.setattr(cls, "records", lambda self, indices, _orig=cls.records: (read.append(indices), _orig(self, indices))[1])
-    refused = run("verify", path, "--source", corpus, "-j", "1")  # ... but --source is refused first
-    assert refused.exit_code == 2 and read == [], (refused.output, read)
-    assert refused.output.splitlines() == [f"Error: --source: applies to image datasets only, and {path} holds text; drop it"]
-    with pytest.raises(OptionError, match=r"^--source: applies to image datasets only, .* holds text; drop it$"):
-        verify(path, source=corpus, workers=1)
-    assert read == []
-    with pytest.raises(OptionError, match="--source: applies to image datasets only"):  # the comparison itself refuses too
-        compare_source(open_store(path), corpus, verify(path), workers=1)
+    clean = run("verify", path, "--source", corpus, "-j", "1")
+    assert clean.exit_code == 0 and "3 of 3 samples checked, checksums matched, 3 compared with the source" in clean.output, clean.output
+    mine = tmp_path / "mine"
+    shutil.copytree(corpus, mine)
+    (mine / "a.txt").write_text("hello world, edited\n", encoding="utf-8")
+    (mine / "b.txt").write_text("a second document, a little LONGER\n", encoding="utf-8")  # the same length
+    (mine / "c.txt").unlink()
+    (mine / "d.txt").write_text("a new document", encoding="utf-8")
+    report = verify(path, source=mine, workers=1)
+    faults = [str(fault) for fault in report.faults]
+    assert len(faults) == 4, faults
+    assert any("<- a.txt: changed: 13 tokens, the source gives 21" in f for f in faults), faults
+    assert any("<- b.txt: changed: token ids differ from the source's (6 of 36)" in f for f in faults), faults
+    assert any("removed from the source: c.txt is no longer among its inputs" in f for f in faults), faults
+    assert "source d.txt: added: not in the dataset" in faults, faults
+    with pytest.raises(OptionError, match="--labels and its options: apply to image datasets"):
+        verify(path, source=corpus, workers=1, source_options=packer.SourceOptions(labels=str(mine / "a.txt")))
+
+
+def test_source_with_another_tokenizer_file_is_said(tmp_path):
+    """The recorded tokenizer file changed (or is another one): its ids would differ everywhere,
+    so that is the one line, not a fault per document."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    (tmp_path / "c").mkdir()
+    corpus = write_texts(tmp_path / "c", TEXTS)
+    tok = tmp_path / "tok.json"
+    for specials in (["[UNK]", "<eos>"], ["[UNK]", "<eos>", "<pad>"]):  # two tokenizers at the same path
+        bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
+        bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+        bpe.train_from_iterator(list(TEXTS.values()) * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+        bpe.save(str(tok))
+        if len(specials) == 2:
+            packer.convert(corpus, tmp_path / "t.blob", text=packer.TextOptions(tokenizer=str(tok), eos=1), workers=1)
+            assert run("verify", tmp_path / "t.blob", "--source", corpus, "-j", "1").exit_code == 0
+    report = verify(tmp_path / "t.blob", source=corpus, workers=1)
+    assert [fault.message for fault in report.faults] == [
+        f"the tokenizer {tok} is not the file the conversion used (its sha256 differs): its ids would differ; pass the dataset the tokenizer it recorded"]
 
 
 def test_source_on_an_image_dataset_still_compares(lmdb_32, image_folder):
