@@ -254,7 +254,8 @@ def _text_options(tokenizer: str, lines: bool, text_field: str, eos: str | None,
 @click.argument("path", type=click.Path(), callback=_dataset_arg)
 @click.option("-n", "count", type=click.IntRange(1), default=3, show_default=True, help="Documents to print.")
 @click.option("--tokenizer", help="Tokenizer file, if not where it was at conversion.")
-def head(path: Path, count: int, tokenizer: str | None) -> None:
+@click.option("--chars", type=click.IntRange(0), default=2000, show_default=True, help="Characters printed of each document (0: all).")
+def head(path: Path, count: int, tokenizer: str | None, chars: int) -> None:
     """Print the first documents of a text dataset, decoded.
 
     \b
@@ -263,7 +264,7 @@ def head(path: Path, count: int, tokenizer: str | None) -> None:
     """
     from .preview import document_preview
 
-    click.echo(document_preview(path, count=count, tokenizer=tokenizer))
+    click.echo(document_preview(path, count=count, tokenizer=tokenizer, chars=chars))
 
 
 @cli.command()

@@ -80,12 +80,15 @@ def preview(path: str | Path, out: str | Path, *, count: int = 16, seed: int = 0
     return out
 
 
-def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None = None) -> str:
+def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None = None, chars: int = 2000) -> str:
     """The first ``count`` documents of the text dataset at ``path``, each under a
     ``--- document i (n tokens)`` line, decoded with its recorded tokenizer (or ``tokenizer``,
-    checked against the recorded sha256)."""
+    checked against the recorded sha256), each cut after ``chars`` characters (0: whole) with a
+    line saying how many more there are (a book printed whole filled the terminal)."""
     if count < 1:
         raise OptionError(f"-n: must be at least 1, got {count}")
+    if chars < 0:
+        raise OptionError(f"--chars: must be 0 (whole documents) or more, got {chars}")
     meta = open_store(path).meta
     if meta.kind != "text":
         raise PackerError(f"{path}: an {meta.kind} dataset ({meta.count:,} samples) has no documents to print: "
@@ -95,7 +98,10 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
         parts = []
         for i in range(min(count, len(store))):
             ids = store.document(i)
-            parts.append(f"--- document {i} ({len(ids):,} tokens)\n{store.decode(ids, tokenizer)}")
+            text = store.decode(ids, tokenizer)
+            if chars and len(text) > chars:
+                text = f"{text[:chars]}\n[... {len(text) - chars:,} more characters; --chars 0 prints whole documents]"
+            parts.append(f"--- document {i} ({len(ids):,} tokens)\n{text}")
     except TokenizerError as exc:
         raise PackerError(str(exc)) from None
     return "\n".join(parts)

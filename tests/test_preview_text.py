@@ -68,3 +68,17 @@ def test_an_image_dataset_still_takes_the_sheet_options(lmdb_32: Path, tmp_path:
 
     with Image.open(out) as sheet:
         assert sheet.size == (2 * 54 + 4, 2 * (50 + 14 + 4) + 4)
+
+
+def test_head_cuts_a_long_document_and_says_how_much_is_left(tmp_path: Path) -> None:
+    """A 5 MB document was printed whole (a walkthrough): each is cut after --chars characters
+    (2,000 by default), with a line giving the rest; --chars 0 prints it whole."""
+    src = write_texts(tmp_path, {"book.txt": "x" * 5000 + "END", "short.txt": "short one"})
+    dst = tmp_path.parent / f"{tmp_path.name}-book.blob"
+    packer.convert(src, dst, workers=1)
+    result = CliRunner().invoke(cli, ["head", str(dst)])
+    assert result.exit_code == 0, result.output
+    assert "x" * 2000 + "\n[... 3,004 more characters; --chars 0 prints whole documents]" in result.output  # (the bytes EOS decodes too)
+    assert "END" not in result.output and "short one" in result.output
+    whole = CliRunner().invoke(cli, ["head", str(dst), "--chars", "0"])
+    assert "x" * 5000 + "END" in whole.output and "more characters" not in whole.output

@@ -216,6 +216,10 @@ class _RowGroups:
             return f"{CHANGED}: not read"
         return values
 
+    def __del__(self) -> None:
+        if self._open is not None:
+            getattr(self._open[1], "close", lambda: None)()  # (its file; pyarrow before 15 has no close)
+
 
 class StreamRow:
     """A document of a compressed file in the driver: its place in the decompressed bytes, read
