@@ -90,7 +90,12 @@ def test_head_on_an_image_dataset_names_preview(tmp_path, image_folder):
     assert f"an image dataset (18 samples) has no documents to print: see a contact sheet of its samples with: packer preview {dst}" in result.stderr
 
 
-def test_progress_bar_and_summary(tmp_path, image_folder):
+def test_progress_bar_and_summary(tmp_path, image_folder, monkeypatch):
+    from packer import progress
+
+    quiet = run("convert", image_folder, tmp_path / "q.lmdb", "--size", "8", "-j", "1")  # (stderr no terminal: no bar frames)
+    assert quiet.exit_code == 0 and "/18 [" not in quiet.stderr and "\r" not in quiet.stderr
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
     result = run("convert", image_folder, tmp_path / "p.lmdb", "--size", "8", "-j", "1")
     assert result.exit_code == 0
     assert "/18 [" in result.stderr and "img/s" in result.stderr  # the bar, on stderr
@@ -267,3 +272,21 @@ def test_a_shard_pattern_reads_back_as_it_was_written(tmp_path, image_folder):
     assert run("convert", image_folder, pattern, "--size", "8", "-q").exit_code == 0
     assert len(open_dataset(pattern)) == len(ShardDataset(pattern)) == 18
     assert run("info", pattern).exit_code == 0
+
+
+def test_progress_in_a_log_is_whole_lines(monkeypatch):
+    """Piped into a log, tqdm's frames ("\\r" each) piled up between the warnings (a walkthrough):
+    off a terminal, progress is a whole line every LOG_LINE_SECONDS, with the rate and time left."""
+    import io
+
+    from packer import progress
+
+    clock = iter([0.0, 10.0, 31.0, 40.0, 62.0, 70.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    log = io.StringIO()
+    with progress.progress_bar(100, enabled=True, unit="img", stream=log) as bar:
+        for _ in range(5):
+            bar.update(10)
+    assert "\r" not in log.getvalue()
+    assert log.getvalue().splitlines() == ["progress: 20 of 100 img (20%), 1 img/s, about 2m04s left",
+                                           "progress: 40 of 100 img (40%), 1 img/s, about 1m33s left"]
