@@ -131,6 +131,7 @@ def _without_compressed_copies(paths: list[Path]) -> tuple[list[Path], list[str]
     copies = [path for path in paths if codec_of(path.name) is not None and str(path.with_suffix("")) in plain]
     return [path for path in paths if path not in copies], [path.name for path in copies]
 
+
 #: What to do with compressed files packer does not read.
 UNREAD_ADVICE = ("packer reads .txt, .jsonl and .ndjson files compressed with gzip, bzip2, xz or zstd (Parquet compresses "
                  "inside the file); decompress others first (lz4 -d, gunzip...)")
@@ -156,8 +157,8 @@ def _unread_compressed(name: str) -> bool:
 def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
     """Find every document of ``root`` (where it is, never its text: packer/sources/text_docs.py);
     raises :class:`SourceError` if there are no text files, :class:`OptionError` (before reading
-    any) for ``lines`` without ``.txt`` files or a ``text_field`` other than "text" without
-    ``.jsonl`` or Parquet files."""
+    any) for ``lines`` without ``.txt`` files or a ``text_field`` other than "text" without JSON
+    Lines or Parquet files."""
     root = Path(root)
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder")
@@ -220,8 +221,10 @@ _MAY_END_BLANK[[*BLANK_BYTES, *range(0x80, 0xC0)]] = True
 
 def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found: list[np.ndarray]) -> TextFile | str:
     """``file``, the rows of its documents added to ``found``: the whole file, or (``by_line``)
-    each line that is not blank, found a block at a time (a line is split at ``\\n`` only, as ``wc -l`` and JSON Lines
-    count them; a ``\\r`` before it is not part of it); or why the file is skipped whole."""
+    each line that is not blank, found a block at a time (a line is split at ``\\n`` only, as
+    ``wc -l`` and JSON Lines count them; a ``\\r`` before it is not part of it); or why the file
+    is skipped whole. A compressed file is read through its decompressor (its places are in the
+    decompressed bytes)."""
     with open(path, "rb") if file.codec is None else open_decompressed(path, file.codec) as handle:
         block = handle.read(max(_BLOCK, _SNIFF) if by_line or file.codec else _SNIFF)
         if b"\x00" in block[:_SNIFF]:

@@ -120,6 +120,7 @@ def conversion_fingerprint(
 #: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
 LEGACY = {"listing": "listing as given", "dst": "dst as given"}
 
+
 class ResumeRefused(ValueError):
     """The interrupted run's fingerprint differs from this run's: the message says how, and
     :attr:`advice` how the interrupted run could be finished instead."""
