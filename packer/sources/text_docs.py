@@ -86,8 +86,25 @@ class TextDoc:
         return self.source
 
 
+class _InFile:
+    """How a document found in a file is named: ``file``, or ``file:line`` (a line, or a Parquet
+    row, counted from 1), relative to the corpus; ``path`` as an image input's."""
+
+    __slots__ = ()
+    file: TextFile
+    line: int
+
+    @property
+    def source(self) -> str:
+        return f"{self.file.name}:{self.line}" if self.line else self.file.name
+
+    @property
+    def path(self) -> str:
+        return self.source
+
+
 @dataclass(frozen=True, slots=True)
-class DocSpan:
+class DocSpan(_InFile):
     """A document stored as ``length`` bytes at ``start`` of ``file`` (its line ``line``, or the
     whole file when ``line`` is 0); its text is read where it is tokenised, or comes as ``data``
     (read by the converting process from a compressed file: :class:`StreamRow`)."""
@@ -97,15 +114,6 @@ class DocSpan:
     start: int
     length: int
     data: bytes | None = None
-
-    @property
-    def source(self) -> str:
-        """How the document is recorded: ``file``, or ``file:line`` (relative to the corpus)."""
-        return f"{self.file.name}:{self.line}" if self.line else self.file.name
-
-    @property
-    def path(self) -> str:
-        return self.source
 
 
 class Docs(Sequence[Any]):
@@ -146,7 +154,7 @@ class Docs(Sequence[Any]):
         return list, (list(self),)
 
 
-class ParquetRow:
+class ParquetRow(_InFile):
     """A Parquet row in the driver: its source, and its text read (its row group's column, by
     :class:`_RowGroups`) only when it is sent to a worker, where it arrives as a
     :class:`TextDoc`; booking its outcome by name reads nothing."""
@@ -155,14 +163,6 @@ class ParquetRow:
 
     def __init__(self, file: TextFile, line: int, row: int, groups: _RowGroups) -> None:
         self.file, self.line, self.row, self._groups = file, line, row, groups
-
-    @property
-    def source(self) -> str:
-        return f"{self.file.name}:{self.line}"
-
-    @property
-    def path(self) -> str:
-        return self.source
 
     def document(self) -> TextDoc:
         """The row as a :class:`TextDoc`: its text, or why it has none."""
@@ -221,7 +221,7 @@ class _RowGroups:
             getattr(self._open[1], "close", lambda: None)()  # (its file; pyarrow before 15 has no close)
 
 
-class StreamRow:
+class StreamRow(_InFile):
     """A document of a compressed file in the driver: its place in the decompressed bytes, read
     (by :class:`_Streams`, in order) only when it is sent to a worker, where it arrives as a
     :class:`DocSpan` with its bytes; booking its outcome by name reads nothing."""
@@ -230,14 +230,6 @@ class StreamRow:
 
     def __init__(self, file: TextFile, line: int, start: int, length: int, streams: _Streams) -> None:
         self.file, self.line, self.start, self.length, self._streams = file, line, start, length, streams
-
-    @property
-    def source(self) -> str:
-        return f"{self.file.name}:{self.line}" if self.line else self.file.name
-
-    @property
-    def path(self) -> str:
-        return self.source
 
     def document(self) -> DocSpan | TextDoc:
         """The document with its bytes, or (a :class:`TextDoc` without text) why they cannot be read."""
