@@ -5,6 +5,7 @@
     python -m benchmarks.core_scaling --counts 4 8 16 --images 9000 --tag 16cores  # only these counts
     python -m benchmarks.core_scaling --images 60 --rounds 1     # CI-sized (tests/test_core_scaling.py)
     python -m benchmarks.core_scaling --source presized          # decoding nearly free: what moving samples costs
+    python -m benchmarks.core_scaling --write-floor              # and (c): the work with its samples written, nothing more
 
 For each worker count ``w`` in 1, 2, 4, ... up to ``--workers`` (and ``--workers`` itself), on
 the same ImageNet-like 500x375 JPEGs (``benchmarks.common.imagenet_like``), converted to
@@ -15,7 +16,13 @@ the same ImageNet-like 500x375 JPEGs (``benchmarks.common.imagenet_like``), conv
     sample dropped in the worker (only its size comes back): what ``w`` cores do when nothing
     is moved or written;
 (b) **each format's conversion** (``packer.convert``) with ``w`` workers: the whole call, worker
-    start-up, scan, publication and all, as (a) includes its pool's start-up.
+    start-up, scan, publication and all, as (a) includes its pool's start-up;
+(c) **the work and write** (``--write-floor``): (a) with each sample then written by its worker
+    into one file allocated beforehand, at its place, with one ``pwrite`` and nothing else (no
+    journal, checkpoint or write-out as it goes; one ``fsync`` at the end, as a conversion
+    returns once its output is on disk). It is not a conversion (nothing could resume or read
+    it) but what writing the samples through the kernel costs on this machine at the least: a
+    conversion's share of (a) cannot pass (c)'s except by noise.
 
 Each run also records the machine's CPU account (Linux ``/proc/stat``, the whole machine: run it
 on a quiet one), as milliseconds of a core per image: ``user`` (user and nice), ``system``
@@ -52,7 +59,7 @@ from packer.preprocess.task import ImageTask
 from packer.sources.images import scan_image_folder
 from packer.writers.files import remove_path
 
-from .work_units import Dropped
+from .work_units import Dropped, WrittenAlone
 from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, presized, save_json, run_main
 
 FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
@@ -78,6 +85,24 @@ def work_alone(src: Path, workers: int) -> float:
     return done / (time.perf_counter() - start)
 
 
+def work_and_write(src: Path, out: Path, workers: int) -> float:
+    """(c): images/s of the work unit over every image of ``src`` in ``workers`` processes, each
+    sample written at its place in ``out`` (allocated first) and nothing more; synced at the end."""
+    task = ImageTask(ImageOptions(size=SIZE))
+    nbytes = 3 * SIZE * SIZE
+    start = time.perf_counter()
+    items = scan_image_folder(src).items
+    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(1, len(items) * nbytes))  # as the blob allocates its samples' places
+        with ordered_map(WrittenAlone(task, str(out), nbytes), list(enumerate(items)), workers=workers) as results:
+            done = sum(1 for size in results if size >= 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return done / (time.perf_counter() - start)
+
+
 def conversion(src: Path, dst: Path, fmt: str, workers: int, shard_size: int) -> float:
     """(b): images/s of a whole ``packer.convert`` of ``src`` to ``fmt`` with ``workers`` workers."""
     remove_path(dst)  # (an earlier run's: a large file's unlink takes a tenth of a second or more)
@@ -86,6 +111,9 @@ def conversion(src: Path, dst: Path, fmt: str, workers: int, shard_size: int) ->
     report = convert(src, dst, format=fmt, image=ImageOptions(size=SIZE), storage=storage, workers=workers)
     return report.written / (time.perf_counter() - start)
 
+
+#: (c)'s name in the rates, the CPU account and the table.
+FLOOR = "work and write"
 
 #: /proc/stat's first line: user nice system idle iowait irq softirq steal, in clock ticks.
 ACCOUNT = {"user": (0, 1), "system": (2, 5, 6), "idle": (3, 4)}
@@ -124,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard-size", type=int, default=1000, help="WebDataset samples per shard (default 1,000)")
     parser.add_argument("--source", choices=["jpeg", "presized"], default="jpeg",
                         help="jpeg: ImageNet-like 500x375 JPEGs; presized: the same at 224x224 as BMP (nothing to decode or resize)")
+    parser.add_argument("--write-floor", action="store_true",
+                        help="also (c): the work with each sample written at its place in one file and nothing more")
     parser.add_argument("--tag", help="save as core_scaling[-presized]-TAG.json (another machine's figures beside this one's)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
@@ -134,7 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     counts = sorted(set(args.counts)) if args.counts else worker_counts(args.workers or cpu_count())
     if min(counts) < 1:
         parser.error("--counts: worker counts are 1 or more")
-    rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *args.formats]}
+    floor = [FLOOR] if args.write_floor else []
+    rates: dict[str, dict[int, list[float]]] = {name: {w: [] for w in counts} for name in ["work alone", *floor, *args.formats]}
+    floor_shares: dict[int, list[float]] = {w: [] for w in counts}
     shares: dict[str, dict[int, list[float]]] = {fmt: {w: [] for w in counts} for fmt in args.formats}
     cpu: dict[str, dict[int, list[dict[str, float]]]] = {name: {w: [] for w in counts} for name in rates}
 
@@ -152,13 +184,17 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.rounds):
             for w in counts:
                 alone = timed("work alone", w, lambda: work_alone(src, w))
+                if args.write_floor:
+                    written = Path(tmp) / "floor.bin"
+                    remove_path(written)
+                    floor_shares[w].append(timed(FLOOR, w, lambda: work_and_write(src, written, w)) / alone)
                 for fmt in args.formats:
                     out = Path(tmp) / f"out{FORMATS[fmt]}"
                     remove_path(out)  # (before the clock and the CPU account start)
                     rate = timed(fmt, w, lambda: conversion(src, out, fmt, w, args.shard_size))
                     shares[fmt][w].append(rate / alone)
                 print(f"{w} workers: work alone {alone:,.0f} img/s; "
-                      + ", ".join(f"{fmt} {rates[fmt][w][-1]:,.0f}" for fmt in args.formats), flush=True)
+                      + ", ".join(f"{name} {rates[name][w][-1]:,.0f}" for name in [*floor, *args.formats]), flush=True)
     result = {
         "machine": machine(),
         "images": images,
@@ -170,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
         "rates": {name: {str(w): summary(v) for w, v in by_w.items()} for name, by_w in rates.items()},
         "shares": {fmt: {str(w): summary(v) for w, v in by_w.items()} for fmt, by_w in shares.items()},
     }
+    if args.write_floor:  # apart from "shares", whose keys are the formats (the targets table reads them)
+        result["write_floor_shares"] = {str(w): summary(v) for w, v in floor_shares.items()}
     if all(runs for by_w in cpu.values() for runs in by_w.values()):
         result["cpu_ms_per_image"] = {
             name: {str(w): {part: statistics.median(run[part] for run in runs) for part in ACCOUNT} for w, runs in by_w.items()}
@@ -190,16 +228,20 @@ def render(result: dict) -> str:
         return f"{r['median']:,.0f} ({r['min']:,.0f}-{r['max']:,.0f})"
 
     formats = list(result["shares"])
-    rows = [[w, fig(result["rates"]["work alone"][w])] + [f"{fig(result['rates'][f][w])}: {fig(result['shares'][f][w], True)}" for f in formats]
+    floor = result.get("write_floor_shares")
+    shares = dict(result["shares"], **({FLOOR: floor} if floor else {}))
+    columns = [FLOOR] * bool(floor) + formats
+    rows = [[w, fig(result["rates"]["work alone"][w])] + [f"{fig(result['rates'][c][w])}: {fig(shares[c][w], True)}" for c in columns]
             for w in map(str, result["worker_counts"])]
     what = "ImageNet-like JPEGs" if result.get("source", "jpeg") == "jpeg" else f"ImageNet-like images presized to {result['size']}x{result['size']} BMPs"
     head = (f"{result['images']:,} {what} to {result['size']}x{result['size']} raw, images/s median (min-max) of "
-            f"{result['rounds']} round(s); each format: its rate, then its share of the work alone:")
-    table = head + "\n\n" + markdown_table(["workers", "work alone"] + formats, rows)
+            f"{result['rounds']} round(s); each format" + (f" and the {FLOOR} (its samples written and nothing more)" if floor else "")
+            + ": its rate, then its share of the work alone:")
+    table = head + "\n\n" + markdown_table(["workers", "work alone"] + columns, rows)
     account = result.get("cpu_ms_per_image")
     if not account:
         return table
-    names = ["work alone"] + formats
+    names = ["work alone"] + columns
     cpu_rows = [[w] + ["/".join(f"{account[n][w][part]:.2f}" for part in ACCOUNT) for n in names] for w in map(str, result["worker_counts"])]
     return (table + "\n\nThe machine's CPU per image, milliseconds of a core (median of the rounds): "
             "user / system / idle (`/proc/stat`):\n\n" + markdown_table(["workers"] + names, cpu_rows))

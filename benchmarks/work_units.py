@@ -1,5 +1,6 @@
 """The work units benchmarks hand to packer's pool: the conversion's work with its result dropped
-(``benchmarks.core_scaling``'s "work alone") and ready-made samples (``benchmarks.one_writer``).
+(``benchmarks.core_scaling``'s "work alone") or written at its place in a file and nothing more
+(its "work and write"), and ready-made samples (``benchmarks.one_writer``).
 A module of its own, importing only the work unit, so a worker unpickling one does not import
 what the benchmark's driver does (torch, through ``benchmarks.common``: about a second of every
 worker's start on the 2-core VM, and more on a lent 16-core host, where one_writer's pools of 15
@@ -7,7 +8,8 @@ workers did not finish in 350 s while its work units lived in its own module).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +27,35 @@ class Dropped:
     def __call__(self, item) -> int:
         result = self.task(item)
         return len(result.payload) if isinstance(result, Encoded) else -1
+
+
+@dataclass
+class WrittenAlone:
+    """``task`` run on one ``(index, input)``; the sample written into the file ``path`` at
+    ``index * nbytes`` with one ``pwrite`` and nothing else (no journal, no checksum booked, no
+    write-out or sync: the page cache's buffered write, as the kernel does it for any writer);
+    only its size comes back. What writing the samples costs at the least, beside the work."""
+
+    task: ImageTask
+    path: str
+    nbytes: int
+    _fd: int = field(default=-1, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {"task": self.task, "path": self.path, "nbytes": self.nbytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    def __call__(self, entry: tuple) -> int:
+        index, item = entry
+        result = self.task(item)
+        if not isinstance(result, Encoded):
+            return -1
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_WRONLY)
+        os.pwrite(self._fd, result.payload, index * self.nbytes)
+        return len(result.payload)
 
 
 class MakeSample:

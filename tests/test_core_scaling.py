@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is a package of the repository, not installed
 from benchmarks import core_scaling  # noqa: E402
-from benchmarks.work_units import Dropped  # noqa: E402
+from benchmarks.work_units import Dropped, WrittenAlone  # noqa: E402
 
 from packer import ImageOptions  # noqa: E402
 from packer.preprocess.task import ImageTask  # noqa: E402
@@ -30,6 +30,25 @@ def test_the_dropped_work_is_the_conversions_work(image_folder):
     assert Dropped(task)(item) == len(task(item).payload) == 3 * 24 * 24
 
 
+def test_the_work_and_write_puts_each_sample_at_its_place(image_folder, tmp_path):
+    """(c) writes the sample the conversion's work makes, byte for byte, at index x its size (read
+    back with plain ``open``), and survives pickling to a worker (its open file is not sent)."""
+    import pickle
+
+    items = scan_image_folder(image_folder).items[:3]
+    task = ImageTask(ImageOptions(size=24))
+    out = tmp_path / "floor.bin"
+    out.write_bytes(bytes(3 * 3 * 24 * 24))
+    unit = WrittenAlone(task, str(out), 3 * 24 * 24)
+    assert unit((2, items[2])) == 3 * 24 * 24
+    moved = pickle.loads(pickle.dumps(unit))  # the fd opened above stays here
+    assert moved((0, items[0])) == 3 * 24 * 24
+    data = out.read_bytes()
+    assert data[: 3 * 24 * 24] == task(items[0]).payload
+    assert data[3 * 24 * 24 : 2 * 3 * 24 * 24] == bytes(3 * 24 * 24)
+    assert data[2 * 3 * 24 * 24 :] == task(items[2]).payload
+
+
 def test_a_ci_sized_run_reports_every_worker_count_and_format(tmp_path, capsys):
     core_scaling.main(["--images", "20", "--rounds", "1", "--workers", "2", "--formats", "lmdb", "blob", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "core_scaling.json").read_text())
@@ -40,7 +59,7 @@ def test_a_ci_sized_run_reports_every_worker_count_and_format(tmp_path, capsys):
             [alone], [rate] = result["rates"]["work alone"][w]["runs"], result["rates"][fmt][w]["runs"]
             assert alone > 0 and rate > 0
             assert result["shares"][fmt][w]["runs"] == [rate / alone]
-    assert result["command"] and result["machine"]["cores"] >= 1
+    assert result["command"] and result["machine"]["cores"] >= 1 and "write_floor_shares" not in result
     printed = capsys.readouterr().out
     assert "| workers | work alone | lmdb | blob |" in printed
     if core_scaling.cpu_ticks() is not None:  # Linux: the CPU account per image
@@ -49,6 +68,18 @@ def test_a_ci_sized_run_reports_every_worker_count_and_format(tmp_path, capsys):
         assert all(set(parts) == {"user", "system", "idle"} and min(parts.values()) >= 0 for n in account for parts in account[n].values())
         assert account["work alone"]["1"]["user"] > 0.1  # decoding and resizing a JPEG takes a core more than 0.1 ms
         assert "user / system / idle" in printed
+
+
+def test_the_write_floor_is_a_row_of_its_own_not_a_format(tmp_path, capsys):
+    """--write-floor adds (c) to the rates and the table, with its shares apart from the formats'
+    (the targets table reads every key of "shares" as a format)."""
+    core_scaling.main(["--images", "20", "--rounds", "1", "--counts", "2", "--formats", "blob", "--write-floor", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "core_scaling.json").read_text())
+    assert set(result["rates"]) == {"work alone", core_scaling.FLOOR, "blob"} and set(result["shares"]) == {"blob"}
+    [alone], [written] = result["rates"]["work alone"]["2"]["runs"], result["rates"][core_scaling.FLOOR]["2"]["runs"]
+    assert result["write_floor_shares"]["2"]["runs"] == [written / alone]
+    assert "| workers | work alone | work and write | blob |" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == [tmp_path / "core_scaling.json"]
 
 
 def test_the_cpu_account_counts_what_the_machine_did():
