@@ -270,6 +270,15 @@ class StreamingShards(IterableDataset):
                 f"load_state_dict: the state was saved by rank {state['rank']}, this StreamingShards is rank {self.rank}, by a "
                 "packer that did not record its batch count: resume each rank from its own state"
             )
+        saved_workers = state.get("num_workers")
+        if (isinstance(saved_workers, int) and len(state["skip"]) == max(1, saved_workers)
+                and (self.batch_size is not None or self.num_workers) and max(1, saved_workers) != max(1, self.num_workers)):
+            raise ResumeError(
+                f"load_state_dict: the state was saved with num_workers={saved_workers}, this StreamingShards has "
+                f"num_workers={self.num_workers}: each worker's offset is into its own shards and shuffle buffer, so only "
+                "the same num_workers continues exactly; resume with it, or read the shards map-style "
+                "(Loader(ShardDataset(...)) or readers.ResumableSampler) to resume with any"
+            )
         check_settings({**state, "rank": self.rank}, self._settings(), "dataset")
         if self.meta is not None:
             check_fingerprint(state.get("dataset", {}), self._fingerprint(), "dataset")
@@ -327,8 +336,8 @@ class StreamingShards(IterableDataset):
             skips, first = self._cursor.position
             if len(skips) != num_workers:
                 raise ResumeError(
-                    f"StreamingShards: the loaded state is for {len(skips)} DataLoader workers, this iteration has "
-                    f"{num_workers}; resume with the same num_workers (each worker's offset is into its own shards "
+                    f"StreamingShards: the loaded state is for {len(skips)} DataLoader workers, this DataLoader has "
+                    f"{num_workers if info is not None else 0}; resume with the same num_workers (each worker's offset is into its own shards "
                     "and shuffle buffer)"
                 )
             # The DataLoader asks worker 0 first: rotate so that it continues the part whose batch was next.

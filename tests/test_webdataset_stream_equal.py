@@ -168,6 +168,19 @@ def test_the_in_process_workers_match_a_real_dataloader(folders, table, drop_las
     assert tail == got[2:]
 
 
+def test_a_state_of_another_worker_count_is_refused_when_loaded(folders):
+    """A state saved with 2 DataLoader workers, loaded where the constructor names 1 (or none): refused
+    at load_state_dict in one line naming both, as another world_size is, where it was accepted and
+    refused only inside a worker once the DataLoader ran (a walkthrough); the position stays as it was."""
+    state = json.loads(json.dumps(StreamingShards(folders[5], shuffle=True, seed=1, batch_size=2, num_workers=2).state_dict(2)))
+    for workers in (1, 0):
+        stream = StreamingShards(folders[5], shuffle=True, seed=1, batch_size=2, num_workers=workers)
+        whole = len(stream)
+        with pytest.raises(ResumeError, match=rf"saved with num_workers=2, this StreamingShards has num_workers={workers}: .*map-style"):
+            stream.load_state_dict(state)
+        assert len(stream) == whole and stream.state_dict(0)["skip"] == [0]
+
+
 @given(
     counts=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=4), min_size=1, max_size=5).filter(
         lambda c: len({len(r) for r in c}) == 1),
