@@ -47,7 +47,10 @@ class CudaTransfer:
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
     if device is None:
         return None
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):  # torch's message lists every device type it knows
+        raise ValueError(f"device={device!r}: the loader supports 'cpu' and 'cuda[:N]'") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={str(device)!r}: CUDA is not available here; pass device=None or 'cpu'")

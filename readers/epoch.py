@@ -108,6 +108,24 @@ def whole_number(value: Any, name: str, what: str = "an integer >= 0") -> int:
     return int(value)
 
 
+def positive_number(value: Any, name: str) -> int:
+    """``value`` as an ``int`` when it is an integer >= 1 (a numpy integer too, never a bool or a
+    float such as 2.5, which would be cut silently); else a ``TypeError`` or ``ValueError``."""
+    number = whole_number(value, name, "a positive integer")
+    if number < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def flag(value: Any, name: str) -> bool:
+    """``value`` as a ``bool`` when it is one (a numpy bool, or the integer 0 or 1, too); else a
+    ``TypeError``: a string such as ``"false"`` from a config file is truthy, and would turn the
+    option on."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def mix_seed(*values: int) -> int:
     """One 63-bit seed from several integers (seed, epoch, rank, worker), the same on every process."""
     seed = 0x9E3779B97F4A7C15
@@ -285,6 +303,8 @@ class EpochPlan:
         if self.length < 0:
             raise ValueError(f"length must be at least 0, got {self.length!r}")
         object.__setattr__(self, "seed", whole_number(self.seed, "seed"))  # a plain int: states are JSON
+        object.__setattr__(self, "shuffle", flag(self.shuffle, "shuffle"))
+        object.__setattr__(self, "drop_last", flag(self.drop_last, "drop_last"))
         resolve_rank(self.rank, self.world_size)
 
     @property

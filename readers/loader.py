@@ -46,7 +46,8 @@ from torch.profiler import record_function
 
 from .cuda import CudaTransfer, resolve_device
 from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
-from .epoch import EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, read_position_state, resolve_rank, subset_of
+from .epoch import (EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, positive_number, read_position_state,
+                    resolve_rank, subset_of)
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator
 from .passes import Pass, UntilEnded
 
@@ -181,12 +182,8 @@ class Loader:
             )
         self.dataset = dataset
         self.source = _ProfiledSource(dataset)
-        self.threads = default_threads(dataset) if threads is None else int(threads)
-        if self.threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        self.prefetch = 2 * self.threads if prefetch is None else int(prefetch)
-        if self.prefetch < 1:
-            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        self.threads = default_threads(dataset) if threads is None else positive_number(threads, "threads")
+        self.prefetch = 2 * self.threads if prefetch is None else positive_number(prefetch, "prefetch")
         self.indices, subset = subset_of(indices, self.source.length, "Loader") if indices is not None else (None, "")
         length = self.source.length if self.indices is None else len(self.indices)
         self.plan = EpochPlan(length, batch_size, shuffle, seed, drop_last, rank, world_size)

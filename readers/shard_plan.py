@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence, TypeVar
 
-from .epoch import check_batch_size, mix_seed, resolve_rank, whole_number
+from .epoch import check_batch_size, flag, mix_seed, resolve_rank, whole_number
 
 __all__ = ["ShardPlan", "equal_batches", "rank_shares"]
 
@@ -40,6 +40,7 @@ class ShardPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", whole_number(self.seed, "seed"))  # a plain int: states are JSON
+        object.__setattr__(self, "shuffle", flag(self.shuffle, "shuffle"))
         resolve_rank(self.rank, self.world_size)
 
     def shards(self, items: Sequence[T], epoch: int, worker: int = 0, num_workers: int = 1) -> list[T]:

@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .dataset import PackedDataset
-from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, resolve_rank,
-                    whole_number)
+from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, flag,
+                    positive_number, resolve_rank, whole_number)
 from .shard_plan import ShardPlan, rank_shares
 from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, ShardStore, iter_tar
 from .schema import PackedFormatError
@@ -139,7 +139,7 @@ class StreamingShards(IterableDataset):
                 "StreamingShards: batch_size, drop_last and num_workers equalise the ranks' batches from the shards' sample "
                 "counts, and these shards have no packer metadata beside them; leave them out, or stream a packer shard folder"
             )
-        self.batch_size, self.drop_last, self.num_workers = batch_size, bool(drop_last), num_workers
+        self.batch_size, self.drop_last, self.num_workers = batch_size, flag(drop_last, "drop_last"), num_workers
         self.cache = None
         if cache_dir is not None:
             from .remote import ShardCache
@@ -147,8 +147,7 @@ class StreamingShards(IterableDataset):
             self.cache = ShardCache(cache_dir, cache_bytes)
         if not self.urls:
             raise ValueError(f"{urls_or_path!r}: names no shards")
-        if buffer < 1:
-            raise ValueError(f"buffer must be a positive number of samples, got {buffer!r}")
+        buffer = positive_number(buffer, "buffer")  # samples
         rank, world_size = resolve_rank(rank, world_size, "StreamingShards")
         self.plan = ShardPlan(shuffle, seed, rank, world_size)
         self.buffer = buffer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import shutil
 import struct
 import threading
@@ -172,6 +173,22 @@ def test_bad_arguments(ds):
         Loader(ds, 4, buffers="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="transform"):
         Loader(LMDBDataset(ds.path, transform=lambda x: x), 4)
+
+
+@pytest.mark.parametrize("option, value, error", [
+    ("threads", 1.7, TypeError), ("threads", 0, ValueError), ("threads", True, TypeError), ("prefetch", 2.5, TypeError),
+    ("prefetch", 1e9, TypeError), ("prefetch", -1, ValueError), ("shuffle", "no", TypeError), ("shuffle", "false", TypeError),
+    ("drop_last", "yes", TypeError), ("drop_last", 2, TypeError), ("device", "gpu", ValueError),
+])
+def test_an_option_of_the_wrong_kind_is_refused_not_cut_or_taken_as_true(ds, option, value, error):
+    """threads=1.7 ran 1 thread, prefetch=2.5 kept 2, shuffle="false" (a config file's string)
+    shuffled, and device="gpu" raised torch's list of every device type (a walkthrough): each is
+    one line naming the option now. Integers, numpy integers and numpy bools still pass."""
+    with pytest.raises(error, match=rf"^{option}={value!r}: the loader supports|^{option} must be .*got {re.escape(repr(value))}$"):
+        Loader(ds, 4, **{option: value})
+    loader = Loader(ds, 4, threads=np.int64(2), prefetch=np.int32(3), shuffle=np.bool_(False), drop_last=1)
+    assert (loader.threads, loader.prefetch, loader.plan.shuffle, loader.plan.drop_last) == (2, 3, False, True)
+    assert type(loader.plan.shuffle) is bool and type(loader.threads) is int
 
 
 # -- threads ---------------------------------------------------------------------------------

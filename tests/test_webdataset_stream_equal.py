@@ -283,3 +283,10 @@ def test_without_batch_size_another_ranks_state_is_refused_saying_why(folders):
     del old["batches"]  # a state saved before states recorded their batch count
     with pytest.raises(ResumeError, match=r"by a packer that did not record its batch count: resume each rank from its own state"):
         StreamingShards(folders[2], rank=1, world_size=2, batch_size=2).load_state_dict(old)
+
+
+@pytest.mark.parametrize("option, value", [("buffer", 2.5), ("buffer", 0), ("shuffle", "false"), ("drop_last", "yes")])
+def test_streaming_options_of_the_wrong_kind_are_refused(folders, option, value):
+    """buffer=2.5 was kept as 2.5 and shuffle="false" shuffled (a walkthrough): one line naming the option."""
+    with pytest.raises((TypeError, ValueError), match=rf"^{option} must be .*, got {value!r}$"):
+        StreamingShards(folders[5], batch_size=2, **{option: value})
