@@ -210,8 +210,9 @@ class RandomHorizontalFlip(nn.Module):
 
 class RandomResizedCrop(nn.Module):
     """Crop a random box out of each image and resize it to ``size``: the whole batch in one
-    ``F.grid_sample`` (bilinear, ``align_corners=False``, edge pixels repeated; no antialiasing,
-    so strong downscaling aliases, as GPU resizes usually do).
+    ``F.grid_sample`` (bilinear, ``align_corners=False``, the box's edge pixels repeated, as a
+    crop then ``F.interpolate`` does; no antialiasing, so strong downscaling aliases, as GPU
+    resizes usually do).
 
     Boxes follow torchvision's ``RandomResizedCrop``: area a ``scale`` share of the image, aspect
     ratio log-uniform in ``ratio``, integer pixel sides and position, 10 tries per sample and a
@@ -292,6 +293,14 @@ class RandomResizedCrop(nn.Module):
         theta[:, 1, 2] = (2 * y + h) / height - 1
         work = torch.float32 if images.dtype == torch.uint8 else images.dtype
         grid = F.affine_grid(theta.to(work), [n, 1, *self.size], align_corners=False)
+        # Sampling points are kept within the centres of the box's own edge pixels: where the box
+        # is enlarged, the outer output pixels fall outside them, and "border" padding would
+        # blend in the pixels beyond the box (the image's edge is further away). Clamped, the
+        # box's edge repeats, as a crop then resize does.
+        for axis, start, length, size in ((0, x, w, width), (1, y, h, height)):
+            low = ((2 * start + 1) / size - 1).to(work)[:, None, None]
+            high = ((2 * (start + length) - 1) / size - 1).to(work)[:, None, None]
+            grid[..., axis] = torch.maximum(torch.minimum(grid[..., axis], high), low)
         out = F.grid_sample(images.to(work), grid, mode="bilinear", padding_mode="border", align_corners=False)
         if images.dtype == torch.uint8:
             return out.round_().clamp_(0, 255).to(torch.uint8)

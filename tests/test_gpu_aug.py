@@ -76,6 +76,24 @@ def test_crop_takes_the_box_it_draws(batch):
         assert torch.allclose(out[j], want[0], atol=1e-3)
 
 
+@pytest.mark.parametrize("size", [16, 64])
+def test_an_enlarged_box_repeats_its_own_edge_not_the_pixels_beyond_it(size):
+    """A box smaller than the output: the outer output pixels lie past the box's edge pixel
+    centres. They took pixels from outside the box (a 4x4 box of 100 in zeros gave 39 at the
+    corner; a walkthrough: errors up to 20 of 255 on 256 -> 224 crops); a crop then
+    F.interpolate repeats the box's edge, and so does the crop now."""
+    image = torch.zeros(1, 1, 12, 12)
+    image[:, :, 4:8, 4:8] = 100.0
+    assert torch.allclose(RandomResizedCrop(size).crop(image, torch.tensor([[4.0, 4.0, 4.0, 4.0]])), torch.full((1, 1, size, size), 100.0), atol=1e-3)
+    images = torch.rand(7, 3, 40, 40, generator=torch.Generator().manual_seed(1)) * 255
+    boxes = RandomResizedCrop(size, generator=5).sample(7, 40, 40)
+    assert (boxes[:, 2:] < size).any()  # some enlarged
+    out = RandomResizedCrop(size).crop(images, boxes)
+    for j, (x, y, w, h) in enumerate(boxes.int().tolist()):
+        want = F.interpolate(images[j : j + 1, :, y : y + h, x : x + w], size=(size, size), mode="bilinear", align_corners=False)
+        assert torch.allclose(out[j], want[0], atol=1e-3)
+
+
 @pytest.mark.parametrize("module", [lambda g: RandomResizedCrop(12, generator=g), lambda g: RandomHorizontalFlip(generator=g)])
 def test_seeded_is_reproducible(batch, module):
     assert torch.equal(module(7)(batch), module(7)(batch))
