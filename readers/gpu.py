@@ -1,8 +1,8 @@
 """Small ``nn.Module``s that finish preprocessing on the device the batch is on.
 
 Packed datasets hand over uint8 pixels (4x smaller than float32 on the host-to-device copy);
-the cast, scaling and normalisation happen here, fused in one expression, on the GPU when the
-batch is there. The same code runs on the CPU.
+the cast, scaling and normalisation happen here (a cast and one multiply-add), on the GPU when
+the batch is there. The same code runs on the CPU.
 
 The random augmentations draw per-sample parameters for the whole batch at once and apply them
 in one batched operation. Randomness comes from ``generator`` (a ``torch.Generator``, or an int
@@ -35,15 +35,16 @@ class Normalize(nn.Module):
     torchvision's ``Normalize`` (``IMAGENET_MEAN``, ``IMAGENET_STD``). A mean or std above 1 can
     only be on the 0-255 pixel scale (FFCV's ``NormalizeImage`` and DALI's convention) and is
     refused with one line giving the values divided by 255, never reinterpreted.
-    ``dtype`` is the output dtype; the arithmetic is done in float32 (float64 if asked) and
-    rounded once. Like torch's own modules, ``.to(dtype)``, ``.half()``, ``.bfloat16()``,
+    ``dtype`` is the output dtype; the arithmetic is one multiply-add in float32 (float64 if
+    asked) with constants rounded to it, within a few float32 ulps of a float64 reference, and
+    float16 or bfloat16 output is that result rounded once more. Like torch's own modules, ``.to(dtype)``, ``.half()``, ``.bfloat16()``,
     ``.double()`` and ``.float()`` (on this module or a model holding it) set the output dtype,
     and the constants are never rounded below float32: ``Normalize().bfloat16()`` computes
     exactly what ``Normalize(dtype=torch.bfloat16)`` does (``.double()`` keeps float32-exact
     constants; build with ``dtype=torch.float64`` for float64 ones).
     ``channels_last=True`` returns 4-D output in channels-last memory format, which
-    convolutions under mixed precision prefer; the conversion is free here because the output
-    is a new tensor anyway.
+    convolutions under mixed precision prefer: the uint8 input is cast straight into it, so it
+    costs no pass of its own.
     """
 
     scale: torch.Tensor
@@ -83,7 +84,7 @@ class Normalize(nn.Module):
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         # what .to(), .half(), .cuda()... call: as in torch's own modules, a cast sets the output
         # dtype; the constants only move (float64 for float64 output, else float32: never rounded
-        # to bfloat16 or float16, so the result is still rounded once)
+        # to bfloat16 or float16, whose result is the float32 one rounded once more)
         target = fn(torch.empty(0, dtype=self.dtype, device=self.scale.device)).dtype
         _check_dtype(target)  # before anything moved
         kept = {name: self._buffers[name] for name in ("scale", "shift")}
@@ -105,9 +106,9 @@ class Normalize(nn.Module):
             raise ValueError(f"Normalize has {self.channels} channel values but the images have {channels} channel{'s' if channels != 1 else ''}: "
                              f"pass {channels} mean and {channels} std value{'s' if channels != 1 else ''} (one per channel), "
                              "or one of each for every channel: Normalize(mean=[m], std=[s])")
+        if self.channels_last and images.dim() == 4:  # cast straight into channels-last: the multiply-add keeps it
+            images = images.to(self.scale.dtype, memory_format=torch.channels_last)
         out = torch.addcmul(self.shift, images.to(self.scale.dtype), self.scale)
-        if self.channels_last and out.dim() == 4:
-            return out.to(dtype=self.dtype, memory_format=torch.channels_last)
         return out.to(self.dtype)
 
     def extra_repr(self) -> str:

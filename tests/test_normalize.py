@@ -48,6 +48,30 @@ def test_channels_last_output(batch):
     assert torch.equal(out, Normalize()(batch))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_costs_no_pass_of_its_own(batch, dtype):
+    """The uint8 batch is cast straight into channels-last: the same aten operations as without
+    it, where the float output was copied once more into the other layout (a walkthrough)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for channels_last in (False, True):
+        module = Normalize(dtype=dtype, channels_last=channels_last)
+        with Ops() as ops:
+            module(batch)
+        counts.append(sum(name in ("aten._to_copy", "aten.copy_", "aten.clone", "aten.contiguous") for name in ops.names))
+    assert counts[1] == counts[0]
+
+
 def test_constants_are_buffers_that_follow_dtype_moves(batch):
     """The constants are registered buffers (they move with the module), and a cast of the module
     (``.double()``, ``.half()``, ``model.to(torch.bfloat16)``) is its output dtype, as for any torch
