@@ -4,7 +4,9 @@
   (a conversion reads SRC while it writes, and replacing DST would delete the source).
 * An existing DST is replaced only with ``--overwrite``, and only if it is a packer dataset
   (its metadata record reads) or an empty folder: anything else is refused with one line
-  naming what is there, so ``--overwrite`` can never delete a folder of the user's files.
+  naming what is there, so ``--overwrite`` can never delete a folder of the user's files; nor
+  a packer dataset they added to (files in its folder, datasets or attributes in its HDF5
+  file, keys in its LMDB: ``Store.foreign_content``).
 * DST's folder must exist and be writable.
 
 The old dataset stays intact until the new one is complete (``packer/writers/base.py``
@@ -93,10 +95,11 @@ def check_destination(dst: Path, *, overwrite: bool, resume: bool = False) -> No
             )
         if not overwrite:
             raise OutputExistsError(f"{dst}: already exists; pass --overwrite to replace it, or choose another DST")
-        foreign = open_store(dst).foreign_files()
-        if foreign:  # replacing the folder would delete them with it
+        foreign = open_store(dst).foreign_content()
+        if foreign:  # replacing the dataset would delete them with it
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
-            raise OutputExistsError(f"{dst}: a packer dataset that also holds files packer did not write ({shown}); "
+            what = "files" if dst.is_dir() and all((dst / name).exists() for name in foreign) else "content"
+            raise OutputExistsError(f"{dst}: a packer dataset that also holds {what} packer did not write ({shown}); "
                                     "--overwrite would delete them with it: move them out, or choose another DST")
     parent = dst.parent if str(dst.parent) else Path(".")
     if not parent.is_dir():

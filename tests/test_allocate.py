@@ -27,7 +27,8 @@ from packer.writers import blob as blob_writer, files, hdf5 as hdf5_writer
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store
-from readers.formats.hdf5 import IMAGES, chunk_starts
+from readers.formats.hdf5 import IMAGES
+from readers.formats.hdf5_rows import chunk_starts
 from roundtrip_checks import read_plain
 
 WRITERS = {"blob": (BlobWriter, blob_writer), "h5": (HDF5Writer, hdf5_writer)}

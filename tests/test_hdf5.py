@@ -25,7 +25,7 @@ from packer.writers import hdf5 as hdf5_writer
 from packer.writers.hdf5 import HDF5Writer
 from readers import HDF5Dataset, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from readers.formats import detect_format, open_store
-from readers.formats import hdf5 as hdf5_store
+from readers.formats import hdf5_rows
 from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES
 from readers.loader import default_threads
 
@@ -269,7 +269,7 @@ def test_uncompressed_batches_bypass_h5py_and_match_its_reads(tmp_path, packed_3
     path = packed_32("hdf5")
     fast = open_store(path)
     assert not fast.serial_reads and default_threads(fast) == default_threads(None)  # not held to one thread
-    monkeypatch.setattr(hdf5_store._Mapped, "locate", classmethod(lambda cls, file, images: None))
+    monkeypatch.setattr(hdf5_rows.MappedRows, "locate", classmethod(lambda cls, file, images: None))
     slow = open_store(shutil.copy(path, tmp_path / "copy.h5"))  # its own handle, read through h5py
     assert slow.serial_reads and default_threads(slow) == 1
     rng = np.random.default_rng(0)
@@ -305,16 +305,16 @@ def test_chunks_between_index_nodes_are_found(tmp_path, monkeypatch):
     assert np.array_equal(store.read_batch(indices)[0], pixels[indices])
     with h5py.File(tmp_path / "many.h5", "r") as f:
         dsid = f[IMAGES].id
-        starts = hdf5_store.chunk_starts(dsid, n, 16)
+        starts = hdf5_rows.chunk_starts(dsid, n, 16)
         assert len(set(np.diff(starts).tolist())) > 1  # not an arithmetic sequence
 
         class NoChunkIter:  # h5py built against an HDF5 older than 1.12.3
             get_num_chunks, get_chunk_info = dsid.get_num_chunks, dsid.get_chunk_info
 
-        assert np.array_equal(hdf5_store.chunk_starts(NoChunkIter(), n, 16), starts)
-        monkeypatch.setattr(hdf5_store, "_CHUNK_INFO_LIMIT", n - 1)
-        assert hdf5_store.chunk_starts(NoChunkIter(), n, 16) is None  # too slow that way: h5py reads it
-        assert hdf5_store.chunk_starts(dsid, n, 15) is None  # chunks of another size
+        assert np.array_equal(hdf5_rows.chunk_starts(NoChunkIter(), n, 16), starts)
+        monkeypatch.setattr(hdf5_rows, "CHUNK_INFO_LIMIT", n - 1)
+        assert hdf5_rows.chunk_starts(NoChunkIter(), n, 16) is None  # too slow that way: h5py reads it
+        assert hdf5_rows.chunk_starts(dsid, n, 15) is None  # chunks of another size
 
 
 def test_a_contiguous_images_dataset_is_mapped_too(tmp_path):

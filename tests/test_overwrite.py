@@ -129,7 +129,65 @@ def test_overwrite_refuses_a_dataset_folder_holding_user_files(src, tmp_path, fm
     assert tree(dst) == before
     (dst / "NOTES.md").unlink()  # what the format wrote only: replaced
     convert(src, dst, format=fmt, image=ImageOptions(size=12), workers=1, overwrite=True)
-    assert open_store(dst).meta.shape == (3, 12, 12) and open_store(dst).foreign_files() == []
+    assert open_store(dst).meta.shape == (3, 12, 12) and open_store(dst).foreign_content() == []
+
+
+@pytest.mark.parametrize("added", ["dataset", "group", "attribute", "dataset attribute"])
+def test_overwrite_refuses_an_hdf5_file_the_user_added_to(src, tmp_path, added):
+    """A packer .h5 with the user's own embeddings (or an attribute) added with h5py read as a
+    packer dataset, and --overwrite deleted them with the file (a walkthrough): refused in one
+    line naming what was added, the file untouched; once it is removed again, replaced."""
+    import h5py
+    import numpy as np
+
+    dst = tmp_path / "mine.h5"
+    convert(src, dst, image=ImageOptions(size=8), workers=1)
+    with h5py.File(dst, "r+") as file:
+        if added == "dataset":
+            file.create_dataset("my_embeddings", data=np.zeros((18, 4), "f4"))
+        elif added == "group":
+            file.create_group("analysis")
+        elif added == "attribute":
+            file.attrs["experiment"] = "run 7"
+        else:
+            file["labels"].attrs["note"] = "checked by hand"
+    named = {"dataset": "dataset 'my_embeddings'", "group": "group 'analysis'", "attribute": "attribute 'experiment'",
+             "dataset attribute": "attribute 'note' of 'labels'"}[added]
+    before = hashlib.sha256(dst.read_bytes()).hexdigest()
+    result = CliRunner().invoke(cli, ["convert", str(src), str(dst), "--size", "12", "--overwrite"])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{dst}: a packer dataset that also holds content packer did not write ({named}); --overwrite would delete" in result.stderr
+    assert hashlib.sha256(dst.read_bytes()).hexdigest() == before
+    with h5py.File(dst, "r+") as file:
+        if added == "dataset":
+            del file["my_embeddings"]
+        elif added == "group":
+            del file["analysis"]
+        elif added == "attribute":
+            del file.attrs["experiment"]
+        else:
+            del file["labels"].attrs["note"]
+    convert(src, dst, image=ImageOptions(size=12), workers=1, overwrite=True)
+    assert open_store(dst).meta.shape == (3, 12, 12)
+
+
+def test_overwrite_refuses_an_lmdb_the_user_added_keys_to(src, tmp_path):
+    """Keys put into a packer LMDB with py-lmdb (the user's own records) are named, not deleted."""
+    import lmdb
+
+    dst = tmp_path / "mine.lmdb"
+    convert(src, dst, image=ImageOptions(size=8), workers=1)
+    env = lmdb.open(str(dst), subdir=True, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"my-note", b"keep me")
+        txn.put(b"my-other-note", b"and me")
+    env.close()
+    result = CliRunner().invoke(cli, ["convert", str(src), str(dst), "--size", "12", "--overwrite"])
+    assert result.exit_code == 1 and "holds content packer did not write (2 LMDB keys packer did not write)" in result.stderr
+    env = lmdb.open(str(dst), subdir=True, lock=False, readonly=True)
+    with env.begin() as txn:
+        assert txn.get(b"my-note") == b"keep me"
+    env.close()
 
 
 @pytest.mark.parametrize("overwrite", [True, False])

@@ -29,7 +29,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES, chunk_starts
+from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES
+from readers.formats.hdf5_rows import chunk_starts
 from readers.schema import Metadata
 
 from ..placement import Placed, Placement, pwrite_all, wait_for_writers

@@ -201,9 +201,10 @@ class Store:
     #: The names a folder dataset of this format always holds (a format stored as one file: none).
     own_names: ClassVar[frozenset[str]] = frozenset()
 
-    def foreign_files(self) -> list[str]:
-        """Names in the dataset's folder that its format did not write (a user's notes put there),
-        sorted; none for a dataset stored as one file. What ``--overwrite`` must not delete."""
+    def foreign_content(self) -> list[str]:
+        """What the dataset holds that its format did not write, sorted: names in its folder (a
+        user's notes put there); a format stored as one file that others can add to (HDF5) names
+        what was added inside. What ``--overwrite`` must not delete."""
         if not self.path.is_dir():
             return []
         names = set(os.listdir(self.path)) - self.own_names - set(self._written_names())

@@ -17,13 +17,12 @@ imports these constants; ``readers/hdf5.py`` wraps :class:`HDF5Store` as a torch
 Every h5py call holds one process-wide lock, so threads reading through h5py take turns. The
 fixed layout's pixels, when uncompressed, are therefore read without h5py: each sample's byte
 offset in the file is looked up once per process in HDF5's chunk index, and batches are copied
-straight out of a read-only memory map of the file (:class:`_Mapped`), in parallel threads.
+straight out of a read-only memory map of the file (:class:`MappedRows`), in parallel threads.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import threading
 from pathlib import Path
@@ -35,9 +34,10 @@ import numpy as np
 from .._process import HandleCache, PerProcess, file_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store, dataset_path, magic_mismatch
+from .hdf5_rows import H5_ERRORS, MappedRows
 from .names import decode_source_names
 
-__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "chunk_starts", "open_shared_file"]
+__all__ = ["HDF5Store", "META_ATTR", "IMAGES", "LABELS", "PAYLOAD", "OFFSETS", "SHAPES", "CHECKSUMS", "SOURCES", "SIGNATURE", "open_shared_file"]
 
 #: File attribute holding the metadata record (UTF-8 JSON string), written last.
 META_ATTR = "packer_metadata"
@@ -58,13 +58,8 @@ SOURCES = "sources"
 #: The first 8 bytes of an HDF5 file (packer writes no user block, so it is at offset 0).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
-_H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError)
+_H5_ERRORS = H5_ERRORS
 
-#: Without ``DatasetID.chunk_iter`` (h5py built against HDF5 < 1.12.3), chunks are located one by
-#: one with ``get_chunk_info``, and each call walks the chunk index (measured: 75 us a chunk at
-#: 2,000 chunks, 7 ms at 200,000). Only files of up to this many samples are mapped that way;
-#: larger ones are read through h5py.
-_CHUNK_INFO_LIMIT = 4096
 
 
 class HDF5Store(Store):
@@ -136,6 +131,16 @@ class HDF5Store(Store):
         if SOURCES not in file:
             return None
         return decode_source_names(file[SOURCES][()].tobytes(), self.meta.count, where=f"{self.path} {SOURCES}")
+
+    def foreign_content(self) -> list[str]:
+        """Datasets, groups and attributes added to the file after packer wrote it (h5py makes
+        that easy: a user's embeddings or notes kept beside the samples)."""
+        file = self._file.get().file
+        own = {IMAGES, LABELS, PAYLOAD, OFFSETS, SHAPES, CHECKSUMS, SOURCES}
+        found = [f"{'group' if isinstance(file[name], h5py.Group) else 'dataset'} {name!r}" for name in file if name not in own]
+        found += [f"attribute {name!r}" for name in file.attrs if name != META_ATTR]
+        found += [f"attribute {name!r} of {member!r}" for member in own & set(file) for name in file[member].attrs]
+        return sorted(found)
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         shared = self._file.get()
@@ -216,7 +221,7 @@ class _SharedFile:
         self.images: h5py.Dataset | None = None
         self.payload: h5py.Dataset | None = None
         self.direct_chunks = False  # images: uncompressed, one sample per chunk
-        self._mapped: _Mapped | None = None
+        self._mapped: MappedRows | None = None
         self._mapped_known = False
         self._map_lock = threading.Lock()
         self.offsets = self.shapes = self.labels = np.empty(0, np.int64)
@@ -259,7 +264,7 @@ class _SharedFile:
         if problems:
             raise PackedFormatError(f"{self.path}: the file is corrupt: " + "; ".join(problems))
 
-    def mapped(self) -> "_Mapped | None":
+    def mapped(self) -> "MappedRows | None":
         """The lock-free reader of ``images`` (None: read through h5py), made on first use.
 
         Not on open: locating a large file's chunks takes a while (about 1.6 us a sample), and
@@ -268,14 +273,14 @@ class _SharedFile:
         if not self._mapped_known:
             with self._map_lock:
                 if not self._mapped_known:
-                    self._mapped = _Mapped.locate(self.file, self.images) if self.images is not None else None
+                    self._mapped = MappedRows.locate(self.file, self.images) if self.images is not None else None
                     self._mapped_known = True
         return self._mapped
 
     def read_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         """Read ``images[start:stop]`` into the C-contiguous ``out``.
 
-        From the mapped file where possible (:class:`_Mapped`). Else uncompressed one-sample
+        From the mapped file where possible (:class:`MappedRows`). Else uncompressed one-sample
         chunks are copied by h5py straight from the file into ``out`` (``read_direct_chunk``:
         faster than a selection, which goes through HDF5's chunk cache); anything else is
         one hyperslab read.
@@ -317,103 +322,6 @@ class _SharedFile:
             self.file.close()
         except _H5_ERRORS:  # pragma: no cover - already closed
             pass
-
-
-class _Mapped:
-    """Raw fixed-layout samples read without h5py: the file mapped read-only, and where each
-    sample starts in it (sample ``i`` is ``data[starts[i] : starts[i] + nbytes]``).
-
-    Copies out of the map release the GIL, so threads fill batches in parallel; the pages come
-    from, and stay in, the page cache, shared by every process reading the file.
-    """
-
-    def __init__(self, data: np.ndarray, starts: np.ndarray, shape: tuple[int, ...]) -> None:
-        self.data = data
-        self.starts = starts
-        self.shape = shape
-        self.nbytes = math.prod(shape)
-
-    @classmethod
-    def locate(cls, file: h5py.File, images: h5py.Dataset) -> "_Mapped | None":
-        """Map ``file`` and find every sample of ``images`` in it; None where that cannot be done
-        safely (compression or other filters, chunks other than one sample each, another file
-        driver, a user block, no fast chunk listing for a large file): read those through h5py.
-
-        The map is made from the descriptor h5py itself reads (so it is the same file, even if
-        the path was replaced since), and the offsets found are checked against h5py's reading
-        of the first and last samples.
-        """
-        try:
-            if os.name != "posix" or file.driver != "sec2" or file.userblock_size != 0:
-                return None
-            n, shape = int(images.shape[0]), tuple(int(d) for d in images.shape[1:])
-            nbytes = math.prod(shape)
-            plist = images.id.get_create_plist()
-            layout = plist.get_layout()
-            if layout == h5py.h5d.CONTIGUOUS:  # not written by packer, but a valid file: samples back to back
-                base = images.id.get_offset()
-                if base is None:
-                    return None
-                starts: np.ndarray | None = base + np.arange(n, dtype=np.int64) * nbytes
-            elif layout == h5py.h5d.CHUNKED and images.chunks == (1, *shape) and plist.get_nfilters() == 0:
-                starts = chunk_starts(images.id, n, nbytes)
-            else:
-                return None
-            if starts is None:
-                return None
-            data = np.frombuffer(mmap.mmap(file.id.get_vfd_handle(), 0, access=mmap.ACCESS_READ), np.uint8)
-            if n and (int(starts.min()) < 0 or int(starts.max()) + nbytes > len(data)):
-                return None
-            for i in sorted({0, n - 1}) if n else ():
-                start = int(starts[i])
-                if not np.array_equal(data[start : start + nbytes].reshape(shape), images[i]):
-                    return None
-            return cls(data, starts, shape)
-        except (*_H5_ERRORS, NotImplementedError):  # nothing to gain here: h5py reports a corrupt file
-            return None
-
-    def fill(self, indices: np.ndarray, out: np.ndarray) -> None:
-        """Copy samples ``indices`` into ``out`` (N, C, H, W), visiting them forward through the
-        file (what the disk prefers when the pages are not cached yet)."""
-        starts = self.starts[indices]
-        order = np.argsort(starts, kind="stable")
-        data, nbytes, shape = self.data, self.nbytes, self.shape
-        if out.flags.c_contiguous:
-            flat = out.reshape(len(indices), nbytes)
-            for j, start in zip(order.tolist(), starts[order].tolist()):
-                flat[j] = data[start : start + nbytes]
-        else:
-            for j, start in zip(order.tolist(), starts[order].tolist()):
-                out[j] = data[start : start + nbytes].reshape(shape)
-
-
-def chunk_starts(dsid: h5py.h5d.DatasetID, n: int, nbytes: int) -> np.ndarray | None:
-    """The file offset of each of ``n`` one-sample chunks of ``nbytes``, from HDF5's chunk index.
-
-    ``DatasetID.chunk_iter`` visits every chunk in one pass (about 1.6 us a chunk); without it,
-    ``get_chunk_info`` per chunk, only up to :data:`_CHUNK_INFO_LIMIT` chunks (its cost grows
-    with the file). None when a sample has no chunk, or one of another size or filtered.
-    """
-    starts = np.full(n, -1, np.int64)
-
-    def visit(info: h5py.h5d.StoreInfo) -> bool | None:
-        row = info.chunk_offset[0]
-        if info.size != nbytes or info.filter_mask or not 0 <= row < n or starts[row] >= 0:
-            return True  # not one whole unfiltered sample: stop
-        starts[row] = info.byte_offset
-        return None
-
-    iterate = getattr(dsid, "chunk_iter", None)
-    if iterate is not None:
-        if iterate(visit) is not None:
-            return None
-    elif n <= _CHUNK_INFO_LIMIT:
-        for k in range(dsid.get_num_chunks()):
-            if visit(dsid.get_chunk_info(k)) is not None:
-                return None
-    else:
-        return None
-    return starts if not n or int(starts.min()) >= 0 else None
 
 
 _handles: HandleCache[_SharedFile] = HandleCache()

@@ -107,14 +107,23 @@ class LMDBStore(Store):
             raw = txn.get(SOURCES_KEY)
         return None if raw is None else decode_source_names(raw, self.meta.count, where=f"{self.path} {SOURCES_KEY.decode()}")
 
+    def _entries(self) -> tuple[int, int, bool]:
+        """The environment's keys, how many packer wrote, and whether :data:`SOURCES_KEY` is one."""
+        with self._env.get().env.begin() as txn:
+            named = txn.get(SOURCES_KEY) is not None
+        return self._env.get().env.stat()["entries"], self.meta.count + 1 + (1 if self.meta.checksum else 0) + named, named
+
+    def foreign_content(self) -> list[str]:
+        """Beside files in the folder, keys added after packer wrote it (more than it wrote)."""
+        entries, expected, _named = self._entries()
+        added = [f"{entries - expected:,} LMDB keys packer did not write"] if entries > expected else []
+        return super().foreign_content() + added
+
     def structure_faults(self) -> Iterator[Fault]:
         """The environment holds exactly the sample keys, :data:`META_KEY`, (when checksums
         are recorded) :data:`CHECKSUMS_KEY` and (when present) :data:`SOURCES_KEY`: nothing left
         over, nothing missing."""
-        with self._env.get().env.begin() as txn:
-            named = txn.get(SOURCES_KEY) is not None
-        expected = self.meta.count + 1 + (1 if self.meta.checksum else 0) + named
-        entries = self._env.get().env.stat()["entries"]
+        entries, expected, named = self._entries()
         if entries != expected:
             extra = f", {CHECKSUMS_KEY.decode()}" if self.meta.checksum else ""
             extra += f", {SOURCES_KEY.decode()}" if named else ""
