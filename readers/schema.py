@@ -192,6 +192,10 @@ class Metadata:
             )
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:  # (said by name: the constructor's TypeError names Python's internals)
+            raise PackedFormatError(f"{where}: invalid metadata: no {', '.join(missing)}")
         try:
             shape = kwargs.get("shape")
             kwargs["shape"] = tuple(shape) if shape is not None else None

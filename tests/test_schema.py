@@ -75,6 +75,13 @@ def test_invalid_records_are_refused(mutate, message):
         Metadata.from_dict(data, where="x.lmdb")
 
 
+def test_a_record_missing_fields_names_them_not_pythons_internals():
+    """{"tool": "packer", "format_version": 1} said "Metadata.__init__() missing 3 required
+    positional arguments" (a walkthrough): the fields are named."""
+    with pytest.raises(PackedFormatError, match=r"^x.h5: invalid metadata: no format, count, channels, shape$"):
+        Metadata.from_dict({"tool": "packer", "format_version": 1}, where="x.h5")
+
+
 def test_not_json_is_refused():
     with pytest.raises(PackedFormatError, match="not valid JSON"):
         Metadata.from_json(b"\x80\x81 garbage", where="x.lmdb")
