@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -105,7 +106,7 @@ class BenchReport:
         size = f"{_size(best.bytes_on_disk)} for {images:,} images{per_image}"
         return (
             f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
-            f"  packer convert {self.src} DST{SUFFIX[fmt]}{'' if format_for_path(SUFFIX[fmt]) == fmt else f' --format {fmt}'}{options}"
+            f"  packer convert {shlex.quote(str(self.src))} DST{SUFFIX[fmt]}{'' if format_for_path(SUFFIX[fmt]) == fmt else f' --format {fmt}'}{options}"
         )
 
     def to_dict(self) -> dict[str, Any]:

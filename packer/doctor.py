@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -184,7 +185,7 @@ def run_doctor(
             from readers.blob import RAMDataset
 
             packed = Loader(RAMDataset(tmp / "sample.blob"), batch_size)
-            how = (f"packer convert {src} train.blob --size {size} (converting ran at {done.images_per_second:,.0f} img/s here: "
+            how = (f"packer convert {shlex.quote(str(src))} train.blob --size {size} (converting ran at {done.images_per_second:,.0f} img/s here: "
                    f"~{_duration(len(items) / max(done.images_per_second, 1e-9))} for the {len(items):,} images), "
                    f"then readers.Loader(readers.RAMDataset('train.blob'), {batch_size})")
             alternatives = {f"packed blob ({done.written} images)": (packed, how)}  # the sample, less what it skipped

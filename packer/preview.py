@@ -11,6 +11,7 @@ a contact sheet (:data:`SHEET_OPTIONS`: :func:`refuse_sheet_options`), never dro
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import Iterable
 
@@ -121,7 +122,7 @@ def _require_images(store: Store) -> None:
     if store.meta.kind != "image":
         raise PackerError(
             f"{store.path}: a {store.meta.kind} dataset ({store.meta.count:,} documents) has no images for a contact sheet: "
-            f"print its first documents, decoded, with: packer head {store.path}"
+            f"print its first documents, decoded, with: packer head {shlex.quote(str(store.path))}"
         )
 
 

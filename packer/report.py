@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +52,7 @@ class ConversionReport:
     def _tail(self) -> str:
         workers = f"with {self.workers} worker{'s' if self.workers != 1 else ''}"
         resumed = f" (resumed after {self.resumed:,} inputs)" if self.resumed else ""
-        skipped = f"; skipped {len(self.skipped):,} (listed by: packer info {self.dst})" if self.skipped else ""
+        skipped = f"; skipped {len(self.skipped):,} (listed by: packer info {shlex.quote(str(self.dst))})" if self.skipped else ""
         return f"{workers}{resumed}{skipped}"
 
     def summary(self) -> str:

@@ -18,6 +18,7 @@ a damaged sample raises :class:`CorruptSampleError`.
 
 from __future__ import annotations
 
+import shlex
 import struct
 import zlib
 from typing import Sequence
@@ -62,7 +63,7 @@ class CorruptSampleError(PackedFormatError):
         """The error for sample ``index`` whose bytes give ``computed`` where ``stored`` was recorded."""
         return cls(
             f"{path}: {where} is damaged: its bytes do not match the checksum stored when it was written "
-            f"(stored {stored:08x}, read {computed:08x}); `packer verify {path}` lists every damaged sample: convert again",
+            f"(stored {stored:08x}, read {computed:08x}); `packer verify {shlex.quote(str(path))}` lists every damaged sample: convert again",
             path,
             index,
             where,

@@ -281,3 +281,18 @@ def test_ctrl_c_while_the_output_is_renamed_is_reported_as_complete(image_folder
     monkeypatch.setattr(files.os, "replace", real_replace)
     assert open_store(dst).meta.count == 18
     assert not journal_path(dst.with_name("done.lmdb.partial")).exists()
+
+
+def test_the_summarys_command_is_quoted_for_a_shell(tmp_path):
+    """A DST with spaces: "listed by: packer info out dir/bad x.h5" failed when pasted into a
+    shell (a walkthrough); the path is quoted as a shell needs it."""
+    import shlex
+
+    from packer.report import ConversionReport
+    from readers.schema import Skipped
+
+    dst = tmp_path / "out dir ü" / "bad ✓.h5"
+    report = ConversionReport(dst=dst, format="hdf5", inputs=2, written=1, skipped=[Skipped("a/b.jpg", "truncated")],
+                              payload_bytes=10, seconds=1.0)
+    command = report.summary().split("(listed by: ", 1)[1].rstrip(")")
+    assert shlex.split(command) == ["packer", "info", str(dst)]
