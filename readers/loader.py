@@ -49,6 +49,7 @@ from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
 from .epoch import (EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, positive_number, read_position_state,
                     resolve_rank, subset_of)
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator
+from .nvjpeg import require_cuda
 from .passes import Pass, UntilEnded
 
 __all__ = ["Loader", "BUFFER_MODES", "GATHER_MODES", "default_threads"]
@@ -170,6 +171,8 @@ class Loader:
             decodable_store(dataset)  # raw, png or text: refused before anything else
             if gather == "device":
                 raise ValueError("gather='device' gathers stored raw pixels; decode='cuda' decodes JPEG batches on the GPU: drop one of them")
+            if device is not None and str(device).startswith("cuda"):  # no CUDA here: what a CPU fallback catches
+                require_cuda(device, "Loader(decode='cuda')")
         if buffers not in BUFFER_MODES:
             raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")
         if gather not in GATHER_MODES:

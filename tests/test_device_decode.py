@@ -65,9 +65,12 @@ def test_it_needs_a_cuda_device_and_host_gathering(jpeg_lmdb):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_without_cuda_it_is_one_line(jpeg_lmdb):
-    with pytest.raises(ValueError) as info:
+    """GPUDecodeUnavailable, as the module says, so that one ``except`` falls back to CPU
+    decoding on a host without the library and on one without a GPU (a ValueError from the
+    device check came first there: a walkthrough)."""
+    with pytest.raises(GPUDecodeUnavailable) as info:
         Loader(open_dataset(jpeg_lmdb), 4, device="cuda", decode="cuda")
-    assert "CUDA is not available" in _one_line(info)
+    assert "no CUDA device is available" in _one_line(info) and str(info.value).startswith("Loader(decode='cuda'):")
     with pytest.raises(GPUDecodeUnavailable) as info:
         DeviceDecode(open_dataset(jpeg_lmdb), torch.device("cuda"))
     assert "no CUDA device is available" in _one_line(info)
