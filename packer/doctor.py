@@ -158,8 +158,15 @@ def run_doctor(
     src = Path(src)
     if not src.exists():
         raise SourceError(f"{src}: no such file or folder")
-    if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise OptionError(f"--device {device}: CUDA is not available here; use --device cpu")
+    if device is not None:
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError):  # torch's message lists every device type it knows
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            raise OptionError(f"--device {device}: the step runs on cpu or cuda[:N]")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise OptionError(f"--device {device}: CUDA is not available here; use --device cpu")
     user_step = load_step(step) if step is not None else CostStep(step_ms)
     fmt = _is_packed(src)
     tmp = Path(tempfile.mkdtemp(prefix="packer-doctor-", dir=tmp_dir))

@@ -203,6 +203,15 @@ def test_doctor_step_errors_are_one_line(packed_32, tmp_path, monkeypatch, step,
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("device, message", [
+    ("gpu", "Error: --device gpu: the step runs on cpu or cuda[:N]"), ("mps", "Error: --device mps: the step runs on cpu or cuda[:N]"),
+] + ([] if torch.cuda.is_available() else [("cuda", "Error: --device cuda: CUDA is not available here; use --device cpu")]))
+def test_doctor_device_errors_are_one_line(packed_32, device, message):
+    """--device mps and --device gpu ended in torch's traceback (a walkthrough)."""
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--device", device, *FAST])
+    assert result.exit_code == 2 and result.output.strip() == message, result.output
+
+
 def test_doctor_plot_without_matplotlib_names_the_extra(packed_32, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *FAST])
