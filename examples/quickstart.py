@@ -103,7 +103,7 @@ def run(workdir: Path, images: int, rounds: int, seconds: float) -> None:
     ratios = [f / s for f, s in zip(fast_rates, slow_rates)]
     load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"4. {rounds} alternating rounds on this machine ({cores} cores, load average {load}), "
-          f"the same uint8 ({BATCH}, 3, {SIZE}, {SIZE}) batches, images/s median (min-max):")
+          f"the same uint8 ({min(BATCH, len(packed))}, 3, {SIZE}, {SIZE}) batches, images/s median (min-max):")
     a = f"(a) per-file: PIL open + Resize({RESIZE}) + CenterCrop({SIZE}), DataLoader(num_workers={best}):"
     b = "(b) packed:   readers.Loader over the LMDB (no decode, no resize):"
     print(f"   {a:<80} {spread(slow_rates):>22}\n   {b:<80} {spread(fast_rates):>22}")

@@ -7,7 +7,8 @@
 The training loop is the fast path end to end: ``Loader`` fills uint8 batches in background
 threads (pinned and copied on a side stream when on CUDA), and every per-pixel step (random
 resized crop, flip, the cast to float and normalisation) runs batched on the device the batch
-is on. With ``--data`` any packed format works (``readers.open_dataset``); without it, a 3-class
+is on. With ``--data`` any packed image dataset of one shape works (``readers.open_dataset``;
+RGB or ``--grayscale``, whose one channel the model and ``Normalize`` take); without it, a 3-class
 folder of small JPEGs is generated and converted to LMDB in a temporary folder (nothing is
 downloaded; with ``--checkpoint`` it is kept beside the checkpoint, so a restart reads the same one).
 
@@ -29,16 +30,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from readers import Loader, Normalize, RandomHorizontalFlip, RandomResizedCrop, open_dataset
+from readers import IMAGENET_MEAN, IMAGENET_STD, Loader, Normalize, RandomHorizontalFlip, RandomResizedCrop, open_dataset
 
 
-def small_cnn(classes: int) -> nn.Module:
+def small_cnn(classes: int, channels: int = 3) -> nn.Module:
     """Four conv blocks and a linear head: enough to learn, small enough for a CPU smoke run."""
 
     def block(cin: int, cout: int) -> nn.Sequential:
         return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True), nn.MaxPool2d(2))
 
-    return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, classes))
+    return nn.Sequential(block(channels, 32), block(32, 64), block(64, 128), block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, classes))
 
 
 def make_tiny_dataset(workdir: Path) -> Path:
@@ -74,8 +75,10 @@ def train(
     loader = Loader(dataset, batch_size, shuffle=True, seed=0, drop_last=True, device=device)
     augment = nn.Sequential(RandomResizedCrop(size, scale=(0.35, 1.0)), RandomHorizontalFlip()).to(device)
     cuda = device.type == "cuda"
-    normalize = Normalize(dtype=torch.float32, channels_last=cuda).to(device)
-    model = small_cnn(classes).to(device)
+    channels = dataset.meta.channels  # 1 for a --grayscale conversion: one mean and std, the mean of ImageNet's
+    stats = {} if channels == 3 else {"mean": [sum(IMAGENET_MEAN) / 3], "std": [sum(IMAGENET_STD) / 3]}
+    normalize = Normalize(dtype=torch.float32, channels_last=cuda, **stats).to(device)
+    model = small_cnn(classes, channels).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)

@@ -22,6 +22,23 @@ def test_train_classifier_runs_a_few_steps(tmp_path):
     assert not any(tmp_path.glob("packer-train-*"))  # the temporary dataset is removed
 
 
+def test_train_classifier_takes_a_grayscale_dataset(tmp_path):
+    """A --grayscale conversion: one channel for Normalize and the model, where it stopped at
+    Normalize's 3 channel values (a walkthrough)."""
+    import packer
+    from packer.samples import make_image_folder
+
+    src = make_image_folder(tmp_path / "images", classes=2, per_class=8, size=(40, 40))
+    packer.convert(src, tmp_path / "gray.blob", image=packer.ImageOptions(size=32, grayscale=True), workers=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_classifier.py"), "--data", "gray.blob", "--steps", "2", "--size", "24",
+         "--batch-size", "4", "--device", "cpu"], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped after 2 steps" in result.stdout and "shape=1x32x32" in result.stdout
+
+
 def test_train_classifier_checkpoints_and_resumes_its_loader(tmp_path):
     """Stopped after 3 steps (batches of 16 of 72 samples), restarted with batches of 8: it carries
     on from the checkpoint's loader state, the rest of epoch 0 (24 samples: 3 steps of 8), then epoch 1."""
