@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from readers.formats import refuse_remote
 from readers.formats.base import local_path
 from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
@@ -230,7 +231,9 @@ def convert(
 
 
 def _dataset_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:
-    """A dataset PATH: a ``file://`` URL (as ``packer convert`` takes for DST) is its local path."""
+    """A dataset PATH: a ``file://`` URL (as ``packer convert`` takes for DST) is its local path;
+    another URL is refused naming it as given."""
+    refuse_remote(value)
     return Path(local_path(value))
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -290,3 +291,16 @@ def test_progress_in_a_log_is_whole_lines(monkeypatch):
     assert "\r" not in log.getvalue()
     assert log.getvalue().splitlines() == ["progress: 20 of 100 img (20%), 1 img/s, about 2m04s left",
                                            "progress: 40 of 100 img (40%), 1 img/s, about 1m33s left"]
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8765/shards", "s3://bucket/train.lmdb"])
+def test_a_remote_url_is_named_with_what_reads_it(url):
+    """open_dataset("http://host/shards") said "http:/host/shards: no such packed dataset" (the //
+    folded by Path; a walkthrough): the URL is named as it was given, with the reader that streams it."""
+    from readers import open_dataset
+    from readers.schema import PackedFormatError
+
+    with pytest.raises(PackedFormatError, match=rf"^{re.escape(url)}: a \w+:// URL; .*readers.StreamingShards"):
+        open_dataset(url)
+    result = run("info", url)
+    assert result.exit_code == 1 and result.output.strip().startswith(f"Error: {url}: a "), result.output

@@ -11,13 +11,14 @@ one line, another format's dataset (naming it and the class that reads it, from
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 from ..schema import FORMATS, IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Store, dataset_path
 from .inprogress import lock_holder, lock_path
 
-__all__ = ["detect_format", "check_format", "open_store", "store_class", "reader_hint", "STORES", "DATASETS", "PARTIAL_SUFFIX"]
+__all__ = ["detect_format", "check_format", "open_store", "refuse_remote", "store_class", "reader_hint", "STORES", "DATASETS", "PARTIAL_SUFFIX"]
 
 PARTIAL_SUFFIX = ".partial"
 #: What to do about an unfinished conversion (``--resume`` keeps what its checkpoints saved).
@@ -92,8 +93,20 @@ def open_store(path: str | Path) -> Store:
     return store_class(detect_format(path))(path)
 
 
+def refuse_remote(path: str | Path) -> None:
+    """Raise one line naming ``path`` as given when it is a URL other than ``file://`` (``Path``
+    would fold its ``//`` into one, and the error would name another path)."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", path) if isinstance(path, str) else None
+    if scheme is not None and scheme.group(1).lower() != "file":
+        raise PackedFormatError(
+            f"{path}: a {scheme.group(1)}:// URL; packed datasets are opened from local paths (or file:// URLs): stream "
+            "WebDataset shards from a URL with readers.StreamingShards, or copy the dataset to a local disk first"
+        )
+
+
 def _existing(path: str | Path) -> Path:
     """``path`` (a shard pattern: its folder), unless it is an unfinished conversion or missing (then raise)."""
+    refuse_remote(path)
     p = dataset_path(path)
     if not p.exists():
         partial = p.with_name(p.name + PARTIAL_SUFFIX)
