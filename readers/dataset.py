@@ -74,7 +74,14 @@ class PackedDataset(Dataset):
         return [self._sample(torch.from_numpy(image), label) for image, label in self.store.read_samples(indices)]
 
     def read_batch(self, indices: Sequence[int], out: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch as one ``(N, C, H, W)`` uint8 tensor and ``(N,)`` int64 labels."""
+        """A whole batch as one ``(N, C, H, W)`` uint8 tensor and ``(N,)`` int64 labels: the
+        stored pixels, so a dataset opened with a per-sample ``transform`` refuses it (it would be
+        skipped; transform whole batches instead, ``readers.gpu``)."""
+        if self.transform is not None:
+            raise ValueError(
+                f"{type(self).__name__}.read_batch returns the stored uint8 pixels and would skip this dataset's "
+                "per-sample transform: open the dataset without one and transform whole batches (readers.gpu), or index it"
+            )
         images, labels = self.store.read_batch(indices, out)
         return torch.from_numpy(images), torch.from_numpy(labels)
 

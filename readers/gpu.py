@@ -105,7 +105,9 @@ class Normalize(nn.Module):
         if self.channels not in (1, channels):
             raise ValueError(f"Normalize has {self.channels} channel values but the images have {channels} channel{'s' if channels != 1 else ''}: "
                              f"pass {channels} mean and {channels} std value{'s' if channels != 1 else ''} (one per channel), "
-                             "or one of each for every channel: Normalize(mean=[m], std=[s])")
+                             "or one of each for every channel: Normalize(mean=[m], std=[s])"
+                             + (" (or are these images channels-last, (N, H, W, C)? Normalize takes (N, C, H, W): "
+                                "images.permute(0, 3, 1, 2))" if images.shape[-1] == self.channels else ""))
         if self.channels_last and images.dim() == 4:  # cast straight into channels-last: the multiply-add keeps it
             images = images.to(self.scale.dtype, memory_format=torch.channels_last)
         out = torch.addcmul(self.shift, images.to(self.scale.dtype), self.scale)

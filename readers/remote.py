@@ -62,7 +62,9 @@ def read_url(url: str) -> bytes | None:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
-            raise
+            raise OSError(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
+        except (urllib.error.URLError, TimeoutError) as exc:  # refused, no such host, timed out
+            raise OSError(f"{url}: cannot be read ({getattr(exc, 'reason', exc)})") from None
     fs, path = _fsspec().core.url_to_fs(url)  # type: ignore[attr-defined]
     try:
         with fs.open(path, "rb") as handle:

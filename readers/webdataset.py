@@ -194,7 +194,8 @@ class StreamingShards(IterableDataset):
                 natural = [[sum(counts[shard_name(url)] for url in part) for part in rank]
                            for rank in self.plan.split(self.urls, self.epoch, key[1])]
             except KeyError as exc:
-                raise TypeError(f"StreamingShards: shard {exc} is not listed in the metadata") from None
+                raise ValueError(f"StreamingShards: shard {exc} is not listed in the metadata (is the shard list or brace "
+                                 "pattern longer than the folder's shards?)") from None
             shares = rank_shares(natural, self.batch_size or 1, self.drop_last)
             self._shares_cache = (key, (natural[self.rank], shares[self.rank]))
         return self._shares_cache[1]

@@ -148,3 +148,15 @@ def test_not_a_dataset(tmp_path):
     (tmp_path / "empty.lmdb").mkdir()
     with pytest.raises(PackedFormatError, match="not an LMDB"):
         LMDBDataset(tmp_path / "empty.lmdb")
+
+
+def test_read_batch_refuses_a_dataset_with_a_transform(packed):
+    """read_batch returned stored uint8 pixels with the dataset's transform skipped (a walkthrough):
+    refused in one line, as Loader refuses such a dataset; indexing applies it."""
+    cls, path = packed
+    ds = cls(path, transform=lambda image: image.float() / 255)
+    with pytest.raises(ValueError, match=r"read_batch returns the stored uint8 pixels and would skip this dataset's per-sample transform"):
+        ds.read_batch([0, 1])
+    assert ds[0][0].dtype == torch.float32
+    assert cls(path).read_batch([0, 1])[0].dtype == torch.uint8
+

@@ -170,3 +170,15 @@ def test_grayscale_images_with_imagenet_defaults_say_what_to_pass():
         Normalize()(gray)
     out = Normalize(mean=[0.5], std=[0.25])(gray)
     assert torch.allclose(out.double(), (gray.double() / 255 - 0.5) / 0.25, atol=1e-5)
+
+
+def test_channels_last_images_get_a_hint():
+    """An (N, H, W, C) batch was told to pass 32 mean values (a walkthrough): the message asks
+    whether it is channels-last and says how to permute; (N, C, H, W) input of 1 channel does not."""
+    hwc = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"or are these images channels-last, \(N, H, W, C\)\? .*permute\(0, 3, 1, 2\)"):
+        Normalize()(hwc)
+    with pytest.raises(ValueError) as info:
+        Normalize()(torch.zeros(2, 1, 4, 4, dtype=torch.uint8))
+    assert "channels-last" not in str(info.value)
+

@@ -80,6 +80,21 @@ def test_streaming_shards_over_http(shards, http_root, tmp_path):
     assert labels == [local[i][1] for i in range(18)]
 
 
+def test_a_server_that_cannot_be_reached_or_refuses_is_one_line(shards, http_root):
+    """Nothing listening, or a shard list longer than the folder's: a one-line OSError naming
+    the URL and a ValueError naming the shard, where urllib's URLError and a TypeError came
+    (a walkthrough)."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(OSError, match=rf"^http://127.0.0.1:{port}/shards/packer.json: cannot be read \(.*refused"):
+        StreamingShards(f"http://127.0.0.1:{port}/shards/")
+    with pytest.raises(ValueError, match=r"shard 'shard-000005.tar' is not listed in the metadata \(is the shard list"):
+        StreamingShards(f"{http_root}/shards/shard-{{000000..000009}}.tar", batch_size=2)
+
+
 def test_webdataset_to_s3_and_streamed_back(s3, image_folder, shards, tmp_path):
     report = convert(image_folder, "s3://packer-test/train", format="webdataset", image=ImageOptions(size=16),
                      storage=StorageOptions(shard_size=4), workers=1)
