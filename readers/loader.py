@@ -120,7 +120,7 @@ class Loader:
     * ``gather`` (CUDA only): ``"auto"`` (default) gathers batches of an in-memory RAM blob
       (:class:`~readers.blob.RAMDataset`, fixed-shape raw) on the GPU, straight out of the
       page-locked blob, with no filling threads and no CPU copy (:mod:`readers.device_gather`;
-      page-locking costs ~0.4 s per GB once per process), and uses the host path for anything
+      page-locking the blob takes time once per process, growing with its size), and uses the host path for anything
       else; ``"device"`` insists (an error says why it cannot; a mapped blob is page-locked
       too); ``"host"`` always fills pinned buffers in threads.
     * ``decode`` (CUDA, JPEG-stored datasets): ``"cpu"`` (default) decodes in the filling
@@ -238,7 +238,12 @@ class Loader:
         (``samples_consumed``: positions of the epoch's global order read by all ranks together;
         ``dataset``: the fingerprint :meth:`load_state_dict` checks; from an iteration's last
         batch on: the next epoch, nothing of it consumed, as :meth:`__len__` counts it, so a
-        checkpoint saved at an epoch's last step resumes with the next one). Plain values: JSON-safe."""
+        checkpoint saved at an epoch's last step resumes with the next one). Plain values: JSON-safe.
+
+        After a loop that broke off mid-epoch the state holds the samples read so far (what a
+        checkpoint at pre-emption needs), while the next ``for`` over this loader starts the epoch
+        again, as :meth:`__len__` says (an abandoned pass does not move on): to carry on in the
+        same process instead, ``loader.load_state_dict(loader.state_dict())`` first."""
         latest = self._progress
         epoch, consumed = latest.epoch, self.plan.position(latest.start, latest.batches)
         if epoch != self.epoch:  # moved on (set_epoch, the last iteration ran out or handed out its last batch): nothing of it consumed yet

@@ -65,10 +65,11 @@ class _NvImgCodec:
     applied, GPU backends only (its CPU backend would decode silently on the CPU: an input the GPU
     refuses comes back ``None``, and the caller says so).
 
-    The GPU's hardware JPEG engines first, where the card has them (A100, H100): on a lent H100,
-    in an ad hoc run beside the others, they alone decoded batches faster than the hybrid backend
-    and than one decoder offered every backend (which splits a batch between them). What they
-    refuse (or every input, on a card without them) goes to the CUDA and hybrid backends."""
+    The GPU's hardware JPEG engines first, where the card has them (A100, H100): on a lent H100
+    they alone decoded batches faster than the hybrid backend and than one decoder offered every
+    backend (which splits a batch between them; an ad hoc comparison, not committed, so no
+    figure is quoted here). What they refuse (or every input, on a card without them) goes to
+    the CUDA and hybrid backends."""
 
     def __init__(self, module: Any, device: torch.device, channels: int) -> None:
         self._module = module
