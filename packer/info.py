@@ -47,7 +47,7 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("created", meta.created),
         ("samples", f"{meta.count:,}"),
         ("shape", shape),
-        ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}"),
+        ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}{_compression(meta)}"),
         ("classes", classes),
         ("preprocess", f"size {size_text}, {pre.get('resize_mode')}{resize_text}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
         ("source", meta.source),
@@ -55,6 +55,11 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("skipped", f"{len(meta.skipped):,}"),
     ]
     return _render(path, rows, meta)
+
+
+def _compression(meta: Metadata) -> str:
+    """The ``storage`` row's compression (HDF5 ``--compression``), or nothing."""
+    return f", {meta.extra['compression']} compression" if meta.extra.get("compression") else ""
 
 
 def _classes(meta: Metadata) -> str:
@@ -80,7 +85,7 @@ def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
         ("created", meta.created),
         ("documents", f"{meta.count:,}"),
         ("tokens", f"{meta.tokens:,} ({meta.tokens / max(meta.count, 1):,.1f} per document, EOS included)"),
-        ("storage", f"{meta.dtype} {meta.layout}"),
+        ("storage", f"{meta.dtype} {meta.layout}{_compression(meta)}"),
         ("tokenizer", " ".join(dict.fromkeys(str(tok.get(k)) for k in ("kind", "name")))  # ("bytes bytes" once)
                       + f", vocab {tok.get('vocab_size'):,}, eos {tok.get('eos_id')}"
                       + (f", sha256 {sha[:16]}..." if sha else "")),

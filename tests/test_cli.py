@@ -32,6 +32,14 @@ def test_convert_then_info(tmp_path, image_folder):
     assert as_json["count"] == 18 and as_json["shape"] == [3, 24, 24] and as_json["bytes_on_disk"] > 18 * 3 * 24 * 24
 
 
+def test_info_names_hdf5_compression(tmp_path, image_folder):
+    """The filter was only in --json's extra (a walkthrough): the storage row names it."""
+    assert run("convert", image_folder, tmp_path / "gz.h5", "--size", "8", "--compression", "gzip", "-q").exit_code == 0
+    assert run("convert", image_folder, tmp_path / "plain.h5", "--size", "8", "-q").exit_code == 0
+    assert "storage    uint8 CHW, raw, gzip compression" in run("info", tmp_path / "gz.h5").stdout
+    assert "storage    uint8 CHW, raw\n" in run("info", tmp_path / "plain.h5").stdout
+
+
 def test_format_flag_and_options(tmp_path, image_folder):
     dst = tmp_path / "noext"
     result = run("convert", image_folder, dst, "--format", "lmdb", "--size", "16x24", "--resize-mode", "pad", "--grayscale", "--encoding", "png", "-q")
