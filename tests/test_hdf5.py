@@ -379,3 +379,14 @@ def test_a_replaced_file_is_mapped_afresh_and_an_open_store_keeps_its_own(tmp_pa
     assert np.array_equal(new.read_batch([0])[0][0], 255 - before[0])
     assert np.array_equal(new.read_batch([5])[0][0], before[1])
     assert np.array_equal(old.read_batch([0, 5])[0], before)  # the file it opened, still mapped
+
+
+def test_a_locking_conflict_says_what_to_do(image_folder, tmp_path):
+    """The file open in this process with locking=False (common advice on Lustre/NFS): HDF5's
+    "file locking flag values don't match" came alone (an HDF5 user's walkthrough); the line now
+    says what holds it and what to do."""
+    dst = tmp_path / "locked.h5"
+    convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    with h5py.File(dst, "r", locking=False):
+        with pytest.raises(PackedFormatError, match=r"locking flag values don't match.*locking=False.*HDF5_USE_FILE_LOCKING=FALSE"):
+            HDF5Dataset(dst)[0]

@@ -342,7 +342,15 @@ def open_shared_file(path: str) -> _SharedFile:
         try:
             file = h5py.File(path, "r")  # HDF5's default locking: see HDF5Store
         except _H5_ERRORS as exc:
-            raise PackedFormatError(f"{path}: cannot open as HDF5 ({' '.join(str(exc).split())})") from None
+            said = " ".join(str(exc).split())
+            hint = ""
+            if "unable to lock file" in said:
+                hint = ("; another process has it open for writing (HDF5's file lock): close it there, or set "
+                        "HDF5_USE_FILE_LOCKING=FALSE where the filesystem's locks are not wanted")
+            elif "locking flag values don't match" in said:
+                hint = ("; this process has it open already with other locking (h5py.File(..., locking=False)): open it "
+                        "with the default there, or set HDF5_USE_FILE_LOCKING=FALSE before either opens it")
+            raise PackedFormatError(f"{path}: cannot open as HDF5 ({said}){hint}") from None
         try:
             return _SharedFile(path, file)
         except BaseException:
