@@ -15,6 +15,7 @@ Samples are ``(uint8 tensor (C, H, W), int label)``; a text dataset's samples (`
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -155,6 +156,8 @@ class StreamingShards(IterableDataset):
         # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
         self._cursor = EpochCursor()
         self.set_epoch(0)
+        if self.meta is not None and self.rank == 0:
+            self._warn_uneven()
 
     # -- the plan (readers/epoch.py) ---------------------------------------------------------
     shuffle = property(lambda self: self.plan.shuffle, doc="Whether shards and samples are shuffled.")
@@ -189,16 +192,33 @@ class StreamingShards(IterableDataset):
             raise TypeError("StreamingShards: the number of samples is unknown (no packer metadata beside these shards)")
         key = (self.epoch, max(1, num_workers))
         if getattr(self, "_shares_cache", (None,))[0] != key:
-            counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
-            try:
-                natural = [[sum(counts[shard_name(url)] for url in part) for part in rank]
-                           for rank in self.plan.split(self.urls, self.epoch, key[1])]
-            except KeyError as exc:
-                raise ValueError(f"StreamingShards: shard {exc} is not listed in the metadata (is the shard list or brace "
-                                 "pattern longer than the folder's shards?)") from None
-            shares = rank_shares(natural, self.batch_size or 1, self.drop_last)
+            natural, shares = self._every_share(*key)
             self._shares_cache = (key, (natural[self.rank], shares[self.rank]))
         return self._shares_cache[1]
+
+    def _every_share(self, epoch: int, workers: int) -> tuple[list[list[int]], list[list[int]]]:
+        """:meth:`_shares` for every rank: ``[rank][worker]`` samples read, and yielded."""
+        counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
+        try:
+            natural = [[sum(counts[shard_name(url)] for url in part) for part in rank] for rank in self.plan.split(self.urls, epoch, workers)]
+        except KeyError as exc:
+            raise ValueError(f"StreamingShards: shard {exc} is not listed in the metadata (is the shard list or brace "
+                             "pattern longer than the folder's shards?)") from None
+        return natural, rank_shares(natural, self.batch_size or 1, self.drop_last)
+
+    def _warn_uneven(self) -> None:
+        """Warn (rank 0, once, at construction) where equal batches from whole shards repeat or
+        drop more than a tenth of epoch 0's samples: too few shards per stream (ranks x workers)."""
+        streams = self.world_size * max(1, self.num_workers)
+        natural, shares = self._every_share(0, max(1, self.num_workers))
+        total, yielded = sum(map(sum, natural)), sum(map(sum, shares))
+        if total and abs(yielded - total) > total / 10:
+            what = f"{yielded - total:,} repeated" if yielded > total else f"{total - yielded:,} dropped"
+            warnings.warn(
+                f"StreamingShards: {len(self.urls)} shards over {streams} streams ({self.world_size} ranks x {max(1, self.num_workers)} "
+                f"DataLoader workers): equal batches from whole shards leave epoch 0 with {what} of {total:,} samples "
+                f"({abs(yielded - total) / total:.0%}); use about 10 shards per stream (a smaller --shard-size), or read "
+                "them map-style (Loader(ShardDataset(folder)): at most world_size - 1 repeats)", stacklevel=3)
 
     # -- resuming ----------------------------------------------------------------------------
     def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, Any]:

@@ -290,3 +290,18 @@ def test_streaming_options_of_the_wrong_kind_are_refused(folders, option, value)
     """buffer=2.5 was kept as 2.5 and shuffle="false" shuffled (a walkthrough): one line naming the option."""
     with pytest.raises((TypeError, ValueError), match=rf"^{option} must be .*, got {value!r}$"):
         StreamingShards(folders[5], batch_size=2, **{option: value})
+
+
+def test_few_shards_per_stream_warn_how_much_an_epoch_repeats(folders, recwarn):
+    """Shards of 5, 5, 5, 3 over 2 ranks x 2 workers, batches of 2: each stream one shard, padded
+    to 6 samples: 24 yielded for 18 (a walkthrough found +18% to +36% with no word): rank 0 warns,
+    naming the share and what to do; one stream over every shard does not."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"4 shards over 4 streams \(2 ranks x 2 DataLoader workers\): .* 6 repeated of 18 samples "
+                                         r"\(33%\); use about 10 shards per stream"):
+        StreamingShards(folders[5], batch_size=2, num_workers=2, rank=0, world_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StreamingShards(folders[5], batch_size=2, num_workers=2, rank=1, world_size=2)  # rank 0 says it
+        StreamingShards(folders[5], batch_size=2)
