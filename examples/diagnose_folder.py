@@ -2,14 +2,16 @@
 
     python examples/diagnose_folder.py                          # 300 ImageNet-sized JPEGs; ResNet-18 on CUDA
     python examples/diagnose_folder.py --model small            # a light CNN step on the CPU
-    python examples/diagnose_folder.py --images 48 --step-ms 5  # a quick run
+    python examples/diagnose_folder.py --images 48 --step-ms 5  # a quick smoke run (too few batches for a verdict)
 
 A folder of ``--images`` generated JPEGs of 500x375 (ImageNet's typical size; nothing is
 downloaded) is read the usual way: PIL decode, resize and center-crop in a torch ``DataLoader``
 with worker processes. :func:`readers.diagnose` times the loader alone, the step alone and the
 loop, and says what bounds it: with a GPU step (or its CPU stand-in), the decoding. Then the
 folder is converted once (``packer.convert``) to a RAM blob and the same loop runs over
-``readers.Loader``: the verdict flips to compute-bound, and the loop runs as fast as the step.
+``readers.Loader``: at the default size the verdict flips to compute-bound, and the loop runs
+as fast as the step (with a few dozen images an epoch is two or three batches, and restarting
+the iterator is most of the loop: the quick run only shows it works).
 
 The step is a ResNet-18-style training step on CUDA (``--model resnet``, the default there). On
 the CPU the default is the model-free step of ``packer doctor`` (25 ms a batch, ``--step-ms``),
