@@ -6,9 +6,11 @@ single ``Error: ...`` line on stderr and exit non-zero, without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
+from typing import Iterator
 from pathlib import Path
 
 import click
@@ -88,6 +90,22 @@ class _WarningPrinter(logging.Handler):
             click.echo(f"warning: ... and {self.count - self.limit:,} more warnings", err=True)
         self.closed = True
         super().close()
+
+
+@contextlib.contextmanager
+def _printed_warnings(quiet: bool = False) -> Iterator[None]:
+    """packer's warnings printed while the block runs (:class:`_WarningPrinter`), in place of
+    logging's default handler (no ``warning:`` prefix, no limit); how many more, at its end."""
+    printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
+    logger = logging.getLogger("packer")
+    logger.addHandler(printer)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(printer)
+        logger.propagate = True
+        printer.close()
 
 
 def label_file_options(command):
@@ -204,13 +222,9 @@ def convert(
     text = _text_options(tokenizer, lines, text_field, eos, max_tokens) if typed_text or kind == "text" else None
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
-    printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
-    logger = logging.getLogger("packer")
-    logger.addHandler(printer)
-    logger.propagate = False
     report = None
     try:
-        with interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
+        with _printed_warnings(quiet), interruptible():  # SIGTERM and SIGHUP stop a conversion as Ctrl-C does: its checkpoint is kept
             report = api.convert(
                 src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error,
                 progress=not quiet, timeout=timeout, kind=kind, text=text,
@@ -224,10 +238,6 @@ def convert(
         if report is not None:  # (a swallowed interruption, raised as the block ended: packer/interrupts.py)
             raise _UserError(f"interrupted after the output was complete: {report.dst} is finished", EXIT_INTERRUPTED) from None
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None
-    finally:
-        logger.removeHandler(printer)
-        logger.propagate = True
-        printer.close()
 
 
 def _dataset_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:
@@ -368,7 +378,7 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
     given = changed_fields(options)
     if source is None and given:
         raise click.UsageError(f"{given[0]}: only with --source (the label file of the source it compares with)")
-    with interruptible():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its workers are stopped, "interrupted", exit 130
+    with _printed_warnings(), interruptible():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its workers are stopped, "interrupted", exit 130
         report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
     for fault in report.faults:
         click.echo(f"fault: {fault}")

@@ -327,3 +327,17 @@ def test_verify_source_through_the_cli_counts_three_faults(packed, image_folder,
     result = CliRunner().invoke(cli, ["verify", str(path), "--source", str(source)])
     assert result.exit_code == 1
     assert [line.split(": ", 1)[0] for line in result.output.splitlines()].count("fault") == 3, result.output
+
+
+def test_verify_source_prints_the_scans_warnings_as_convert_does(image_folder, tmp_path):
+    """An empty class folder: convert says "warning: class folder 'e' has no images", verify
+    --source printed the bare message through logging's default handler (a walkthrough)."""
+    source = tmp_path / "src"
+    shutil.copytree(image_folder, source)
+    (source / "zz_empty").mkdir()
+    dst = tmp_path / "out.h5"
+    convert(source, dst, image=ImageOptions(size=8), workers=1)
+    result = CliRunner().invoke(cli, ["verify", str(dst), "--source", str(source)])
+    assert result.exit_code == 0, result.output
+    assert "warning: class folder 'zz_empty' has no images (its label is kept)" in result.stderr
+    assert not any(line.startswith("class folder") for line in result.stderr.splitlines())
