@@ -21,8 +21,10 @@ the same ImageNet-like 500x375 JPEGs (``benchmarks.common.imagenet_like``), conv
     into one file allocated beforehand, at its place, with one ``pwrite`` and nothing else (no
     journal, checkpoint or write-out as it goes; one ``fsync`` at the end, as a conversion
     returns once its output is on disk). It is not a conversion (nothing could resume or read
-    it) but what writing the samples through the kernel costs on this machine at the least: a
-    conversion's share of (a) cannot pass (c)'s except by noise.
+    it) but the plain way of writing the same bytes: what a straightforward writer pays for
+    them on this machine. A conversion whose writers write behind and drop what is on disk
+    (the blob's and HDF5's workers) can keep more than it, since (c) leaves every dirty page to
+    the final ``fsync``, cores idle.
 
 Each run also records the machine's CPU account (Linux ``/proc/stat``, the whole machine: run it
 on a quiet one), as milliseconds of a core per image: ``user`` (user and nice), ``system``
@@ -235,7 +237,7 @@ def render(result: dict) -> str:
             for w in map(str, result["worker_counts"])]
     what = "ImageNet-like JPEGs" if result.get("source", "jpeg") == "jpeg" else f"ImageNet-like images presized to {result['size']}x{result['size']} BMPs"
     head = (f"{result['images']:,} {what} to {result['size']}x{result['size']} raw, images/s median (min-max) of "
-            f"{result['rounds']} round(s); each format" + (f" and the {FLOOR} (its samples written and nothing more)" if floor else "")
+            f"{result['rounds']} round(s); each format" + (f" and the {FLOOR} (its samples written the plain way: a pwrite each, one fsync at the end)" if floor else "")
             + ": its rate, then its share of the work alone:")
     table = head + "\n\n" + markdown_table(["workers", "work alone"] + columns, rows)
     account = result.get("cpu_ms_per_image")

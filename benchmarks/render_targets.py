@@ -175,7 +175,7 @@ def _targets_16() -> list[list[str]]:
         shares = {f: d["shares"][f]["2"]["median"] for f in target if f in d["shares"] and "2" in d["shares"][f]}
         floor = d.get("write_floor_shares", {}).get("2")  # core_scaling --write-floor: the work with its samples written, nothing more
         rows.append(["#16", what, source, ", ".join(f"{f} {v:.0%}" for f, v in shares.items())
-                     + (f" (the work with its samples written and nothing more: {floor['median']:.0%})" if floor else ""),
+                     + (f" (the work with its samples written the plain way: {floor['median']:.0%})" if floor else ""),
                      _status(bool(shares) and all(v >= target[f] for f, v in shares.items()), source)])
     try:
         many = load("core_scaling-16cores")["shares"]

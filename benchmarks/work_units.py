@@ -34,7 +34,7 @@ class WrittenAlone:
     """``task`` run on one ``(index, input)``; the sample written into the file ``path`` at
     ``index * nbytes`` with one ``pwrite`` and nothing else (no journal, no checksum booked, no
     write-out or sync: the page cache's buffered write, as the kernel does it for any writer);
-    only its size comes back. What writing the samples costs at the least, beside the work."""
+    only its size comes back. What writing the samples the plain way costs, beside the work."""
 
     task: ImageTask
     path: str
