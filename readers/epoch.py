@@ -109,12 +109,15 @@ def whole_number(value: Any, name: str, what: str = "an integer >= 0") -> int:
 
 
 def positive_number(value: Any, name: str) -> int:
-    """``value`` as an ``int`` when it is an integer >= 1 (a numpy integer too, never a bool or a
-    float such as 2.5, which would be cut silently); else a ``TypeError`` or ``ValueError``."""
-    number = whole_number(value, name, "a positive integer")
+    """``value`` as an ``int`` when it is an integer >= 1 (a numpy integer, or a float of a whole
+    number such as ``1e4`` or ``cores / 2``, too; never a bool, or a float such as 2.5, which would
+    be cut silently); else a ``TypeError`` or ``ValueError``."""
+    number = int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(number, bool) or not isinstance(number, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {value!r}")
     if number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return number
+    return int(number)
 
 
 def flag(value: Any, name: str) -> bool:

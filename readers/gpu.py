@@ -285,7 +285,7 @@ class RandomResizedCrop(nn.Module):
     def crop(self, images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """Each image's box (``(x, y, w, h)`` pixels, (N, 4)) resized to ``size``, one batched op."""
         n, _c, height, width = images.shape
-        boxes = boxes.to(torch.float32)
+        boxes = boxes.to(images.device, torch.float32)  # (sample()'s are on the CPU unless told)
         x, y, w, h = boxes.unbind(1)
         # affine_grid maps output pixel centres (normalised, align_corners=False) into the input:
         # input_x_norm = (w / W) * out_x_norm + (2x + w) / W - 1, and the same for y.
@@ -300,10 +300,9 @@ class RandomResizedCrop(nn.Module):
         # is enlarged, the outer output pixels fall outside them, and "border" padding would
         # blend in the pixels beyond the box (the image's edge is further away). Clamped, the
         # box's edge repeats, as a crop then resize does.
-        for axis, start, length, size in ((0, x, w, width), (1, y, h, height)):
-            low = ((2 * start + 1) / size - 1).to(work)[:, None, None]
-            high = ((2 * (start + length) - 1) / size - 1).to(work)[:, None, None]
-            grid[..., axis] = torch.maximum(torch.minimum(grid[..., axis], high), low)
+        low = torch.stack([(2 * x + 1) / width - 1, (2 * y + 1) / height - 1], dim=1).to(work)[:, None, None]
+        high = torch.stack([(2 * (x + w) - 1) / width - 1, (2 * (y + h) - 1) / height - 1], dim=1).to(work)[:, None, None]
+        grid = torch.clamp(grid, min=low, max=high)
         out = F.grid_sample(images.to(work), grid, mode="bilinear", padding_mode="border", align_corners=False)
         if images.dtype == torch.uint8:
             return out.round_().clamp_(0, 255).to(torch.uint8)

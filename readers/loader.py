@@ -171,7 +171,10 @@ class Loader:
             decodable_store(dataset)  # raw, png or text: refused before anything else
             if gather == "device":
                 raise ValueError("gather='device' gathers stored raw pixels; decode='cuda' decodes JPEG batches on the GPU: drop one of them")
-            if device is not None and str(device).startswith("cuda"):  # no CUDA here: what a CPU fallback catches
+            cuda_asked = False
+            with contextlib.suppress(RuntimeError, TypeError):  # (a device torch does not know: said below)
+                cuda_asked = device is not None and torch.device(device).type == "cuda"
+            if cuda_asked:  # no CUDA here: GPUDecodeUnavailable, what a CPU fallback catches
                 require_cuda(device, "Loader(decode='cuda')")
         if buffers not in BUFFER_MODES:
             raise ValueError(f"buffers={buffers!r}: choose from {', '.join(BUFFER_MODES)}")

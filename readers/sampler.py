@@ -63,7 +63,7 @@ class ResumableSampler(Sampler[int]):
         else:
             raise TypeError(f"ResumableSampler needs a sized dataset or its length, got {type(data_source).__name__}")
         rank, world_size = resolve_rank(rank, world_size, "ResumableSampler")
-        self.plan = EpochPlan(int(length), batch_size, bool(shuffle), seed, bool(drop_last), rank, world_size)
+        self.plan = EpochPlan(int(length), batch_size, shuffle, seed, drop_last, rank, world_size)  # (it checks the flags)
         self.plan.refuse_empty("ResumableSampler")
         self._fingerprint = dataset_fingerprint(data_source, length)
         self._cursor = EpochCursor()

@@ -135,12 +135,13 @@ class StreamingShards(IterableDataset):
             check_batch_size(batch_size)
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"num_workers must be a DataLoader's worker count (an integer >= 0), got {num_workers!r}")
+        drop_last = flag(drop_last, "drop_last")
         if self.meta is None and (batch_size is not None or drop_last or num_workers):
             raise ValueError(
                 "StreamingShards: batch_size, drop_last and num_workers equalise the ranks' batches from the shards' sample "
                 "counts, and these shards have no packer metadata beside them; leave them out, or stream a packer shard folder"
             )
-        self.batch_size, self.drop_last, self.num_workers = batch_size, flag(drop_last, "drop_last"), num_workers
+        self.batch_size, self.drop_last, self.num_workers = batch_size, drop_last, num_workers
         self.cache = None
         if cache_dir is not None:
             from .remote import ShardCache
@@ -208,17 +209,22 @@ class StreamingShards(IterableDataset):
 
     def _warn_uneven(self) -> None:
         """Warn (rank 0, once, at construction) where equal batches from whole shards repeat or
-        drop more than a tenth of epoch 0's samples: too few shards per stream (ranks x workers)."""
-        streams = self.world_size * max(1, self.num_workers)
-        natural, shares = self._every_share(0, max(1, self.num_workers))
+        drop more than a tenth of epoch 0's samples beyond what the same streams split by sample
+        would (whole batches cost that much anyway): too few shards per stream (ranks x workers)."""
+        workers = max(1, self.num_workers)
+        streams = self.world_size * workers
+        natural, shares = self._every_share(0, workers)
         total, yielded = sum(map(sum, natural)), sum(map(sum, shares))
-        if total and abs(yielded - total) > total / 10:
+        even = [[total // streams + (w * self.world_size + r < total % streams) for w in range(workers)] for r in range(self.world_size)]
+        baseline = sum(map(sum, rank_shares(even, self.batch_size or 1, self.drop_last))) if total else 0
+        if total and abs(yielded - baseline) > total / 10:
             what = f"{yielded - total:,} repeated" if yielded > total else f"{total - yielded:,} dropped"
             warnings.warn(
-                f"StreamingShards: {len(self.urls)} shards over {streams} streams ({self.world_size} ranks x {max(1, self.num_workers)} "
-                f"DataLoader workers): equal batches from whole shards leave epoch 0 with {what} of {total:,} samples "
-                f"({abs(yielded - total) / total:.0%}); use about 10 shards per stream (a smaller --shard-size), or read "
-                "them map-style (Loader(ShardDataset(folder)): at most world_size - 1 repeats)", stacklevel=3)
+                f"StreamingShards: {len(self.urls)} shards over {streams} stream{'s' if streams != 1 else ''} ({self.world_size} "
+                f"rank{'s' if self.world_size != 1 else ''} x {workers} DataLoader worker{'s' if self.num_workers > 1 else ''}): equal "
+                f"batches from whole shards leave epoch 0 with {what} of {total:,} samples ({abs(yielded - total) / total:.0%}; "
+                f"split by sample, {abs(baseline - total):,}); use about 10 shards per stream (a smaller --shard-size), or read "
+                "them map-style (Loader(ShardDataset(folder)))", stacklevel=3)
 
     # -- resuming ----------------------------------------------------------------------------
     def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, Any]:

@@ -417,3 +417,13 @@ def test_a_dataset_whose_items_are_not_pairs_is_named():
         next(iter(Loader(alone, 4)))
     with pytest.raises(TypeError, match=r"^Loader: dataset\[1\] must be an \(image, label\) pair, got a tuple of 3$"):
         next(iter(Loader(triple, 4, shuffle=False)))
+
+
+def test_resumable_sampler_refuses_a_flag_that_is_a_string():
+    """ResumableSampler took bool("false") (True) before its plan could check it, where Loader and
+    StreamingShards refuse it (a review): one check, in EpochPlan, for all."""
+    with pytest.raises(TypeError, match=r"^shuffle must be True or False, got 'false'$"):
+        ResumableSampler(10, batch_size=2, shuffle="false")
+    with pytest.raises(TypeError, match=r"^drop_last must be True or False, got 'yes'$"):
+        ResumableSampler(10, batch_size=2, drop_last="yes")
+    assert ResumableSampler(10, batch_size=2, shuffle=0).shuffle is False

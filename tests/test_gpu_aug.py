@@ -94,6 +94,20 @@ def test_an_enlarged_box_repeats_its_own_edge_not_the_pixels_beyond_it(size):
         assert torch.allclose(out[j], want[0], atol=1e-3)
 
 
+def test_crop_takes_boxes_from_another_device():
+    """sample() draws on the CPU by default; crop() moves the boxes to the images' device (the
+    clamp mixed (n, 1, 1) CPU bounds with the images' grid: a review). On the CPU, boxes given
+    as float64 or int stand in for it."""
+    images = torch.rand(3, 1, 20, 20)
+    boxes = RandomResizedCrop(8, generator=1).sample(3, 20, 20)
+    want = RandomResizedCrop(8).crop(images, boxes)
+    assert torch.equal(RandomResizedCrop(8).crop(images, boxes.double()), want)
+    assert torch.equal(RandomResizedCrop(8).crop(images, boxes.int()), want)
+    assert RandomResizedCrop(8).crop(images.to("meta"), boxes).shape == (3, 1, 8, 8)  # another device than the boxes'
+    if torch.cuda.is_available():
+        assert torch.allclose(RandomResizedCrop(8).crop(images.cuda(), boxes).cpu(), want, atol=1e-5)
+
+
 @pytest.mark.parametrize("module", [lambda g: RandomResizedCrop(12, generator=g), lambda g: RandomHorizontalFlip(generator=g)])
 def test_seeded_is_reproducible(batch, module):
     assert torch.equal(module(7)(batch), module(7)(batch))

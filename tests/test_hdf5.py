@@ -390,3 +390,21 @@ def test_a_locking_conflict_says_what_to_do(image_folder, tmp_path):
     with h5py.File(dst, "r", locking=False):
         with pytest.raises(PackedFormatError, match=r"locking flag values don't match.*locking=False.*HDF5_USE_FILE_LOCKING=FALSE"):
             HDF5Dataset(dst)[0]
+
+
+def test_a_file_another_process_writes_says_so(image_folder, tmp_path):
+    """Open for writing in another process (HDF5's exclusive lock, errno 11): the line says that
+    process holds it; other lock failures (a filesystem without locks) say to turn locking off."""
+    import subprocess
+    import sys
+
+    dst = tmp_path / "held.h5"
+    convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    holder = subprocess.Popen([sys.executable, "-c", f"import h5py, sys, time; f = h5py.File({str(dst)!r}, 'a'); print('open', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(PackedFormatError, match=r"unable to lock file.*another process has it open for writing"):
+            HDF5Dataset(dst)[0]
+    finally:
+        holder.communicate("", timeout=30)

@@ -132,7 +132,7 @@ def test_overwrite_refuses_a_dataset_folder_holding_user_files(src, tmp_path, fm
     assert open_store(dst).meta.shape == (3, 12, 12) and open_store(dst).foreign_content() == []
 
 
-@pytest.mark.parametrize("added", ["dataset", "group", "attribute", "dataset attribute"])
+@pytest.mark.parametrize("added", ["dataset", "group", "attribute", "dataset attribute", "dangling link"])
 def test_overwrite_refuses_an_hdf5_file_the_user_added_to(src, tmp_path, added):
     """A packer .h5 with the user's own embeddings (or an attribute) added with h5py read as a
     packer dataset, and --overwrite deleted them with the file (a walkthrough): refused in one
@@ -149,10 +149,12 @@ def test_overwrite_refuses_an_hdf5_file_the_user_added_to(src, tmp_path, added):
             file.create_group("analysis")
         elif added == "attribute":
             file.attrs["experiment"] = "run 7"
+        elif added == "dangling link":  # (looked up, it raised KeyError: a traceback; a review)
+            file["elsewhere"] = h5py.ExternalLink("gone.h5", "/data")
         else:
             file["labels"].attrs["note"] = "checked by hand"
     named = {"dataset": "dataset 'my_embeddings'", "group": "group 'analysis'", "attribute": "attribute 'experiment'",
-             "dataset attribute": "attribute 'note' of 'labels'"}[added]
+             "dataset attribute": "attribute 'note' of 'labels'", "dangling link": "external link 'elsewhere'"}[added]
     before = hashlib.sha256(dst.read_bytes()).hexdigest()
     result = CliRunner().invoke(cli, ["convert", str(src), str(dst), "--size", "12", "--overwrite"])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -165,6 +167,8 @@ def test_overwrite_refuses_an_hdf5_file_the_user_added_to(src, tmp_path, added):
             del file["analysis"]
         elif added == "attribute":
             del file.attrs["experiment"]
+        elif added == "dangling link":
+            del file["elsewhere"]
         else:
             del file["labels"].attrs["note"]
     convert(src, dst, image=ImageOptions(size=12), workers=1, overwrite=True)

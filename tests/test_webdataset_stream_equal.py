@@ -299,9 +299,11 @@ def test_few_shards_per_stream_warn_how_much_an_epoch_repeats(folders, recwarn):
     import warnings
 
     with pytest.warns(UserWarning, match=r"4 shards over 4 streams \(2 ranks x 2 DataLoader workers\): .* 6 repeated of 18 samples "
-                                         r"\(33%\); use about 10 shards per stream"):
+                                         r"\(33%; split by sample, 2\); use about 10 shards per stream"):
         StreamingShards(folders[5], batch_size=2, num_workers=2, rank=0, world_size=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         StreamingShards(folders[5], batch_size=2, num_workers=2, rank=1, world_size=2)  # rank 0 says it
         StreamingShards(folders[5], batch_size=2)
+        StreamingShards(folders[5], batch_size=8, drop_last=True)  # 16 of 18: whole batches cost it whatever the shards (a review)
+        StreamingShards(folders[5], batch_size=8)  # 24 for 18: the same

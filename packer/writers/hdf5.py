@@ -30,7 +30,7 @@ import h5py
 import numpy as np
 
 from readers.formats.hdf5 import CHECKSUMS, IMAGES, LABELS, META_ATTR, OFFSETS, PAYLOAD, SHAPES, SOURCES
-from readers.formats.hdf5_rows import chunk_starts
+from readers.formats.hdf5_rows import H5_ERRORS, chunk_starts
 from readers.schema import Metadata
 
 from ..placement import Placed, Placement, pwrite_all, wait_for_writers
@@ -53,8 +53,6 @@ _INDEX_BYTES_PER_ROW = 160
 PAYLOAD_CHUNK = 64 << 10
 #: HDF5 file-format bounds: the oldest structures that hold the data, readable by HDF5 >= 1.8.
 LIBVER = ("earliest", "v108")
-
-_H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError)
 
 
 class HDF5Writer(Writer):
@@ -126,7 +124,7 @@ class HDF5Writer(Writer):
         try:
             # No lock: the killed run's workers, inherited its descriptor and still exiting, may hold one.
             self._file = h5py.File(self.tmp, "r+", libver=LIBVER, locking=False)
-        except _H5_ERRORS as exc:
+        except H5_ERRORS as exc:
             raise OSError(0, f"the partial HDF5 file was damaged by the interruption ({exc}); run without --resume") from None
         # an interrupted finish may have written the index and even the metadata: drop them
         for name in (LABELS, CHECKSUMS, SOURCES, OFFSETS, SHAPES):
@@ -383,7 +381,7 @@ class HDF5Writer(Writer):
         if file is not None:
             try:
                 file.close()
-            except _H5_ERRORS:
+            except H5_ERRORS:
                 pass
             self._file = None
 
@@ -400,5 +398,5 @@ def _h5_call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except OSError:
         raise
-    except _H5_ERRORS as exc:
+    except H5_ERRORS as exc:
         raise OSError(f"HDF5 error: {exc}") from None

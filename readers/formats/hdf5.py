@@ -58,8 +58,6 @@ SOURCES = "sources"
 #: The first 8 bytes of an HDF5 file (packer writes no user block, so it is at offset 0).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
-_H5_ERRORS = H5_ERRORS
-
 
 
 class HDF5Store(Store):
@@ -120,7 +118,7 @@ class HDF5Store(Store):
         file = self._file.get().file
         try:
             values = file[CHECKSUMS][()]
-        except _H5_ERRORS as exc:
+        except H5_ERRORS as exc:
             raise PackedFormatError(f"{self.path}: cannot read the {CHECKSUMS} dataset ({exc})") from None
         if values.shape != (self.meta.count,):
             raise PackedFormatError(f"{self.path}: {CHECKSUMS} has shape {values.shape}, expected ({self.meta.count},)")
@@ -137,7 +135,9 @@ class HDF5Store(Store):
         that easy: a user's embeddings or notes kept beside the samples)."""
         file = self._file.get().file
         own = {IMAGES, LABELS, PAYLOAD, OFFSETS, SHAPES, CHECKSUMS, SOURCES}
-        found = [f"{'group' if isinstance(file[name], h5py.Group) else 'dataset'} {name!r}" for name in file if name not in own]
+        kinds = {h5py.SoftLink: "link", h5py.ExternalLink: "external link"}  # (not followed: one may lead nowhere)
+        found = [f"{kinds.get(type(link)) or ('group' if isinstance(file[name], h5py.Group) else 'dataset')} {name!r}"
+                 for name in file if name not in own for link in [file.get(name, getlink=True)]]
         found += [f"attribute {name!r}" for name in file.attrs if name != META_ATTR]
         found += [f"attribute {name!r} of {member!r}" for member in own & set(file) for name in file[member].attrs]
         return sorted(found)
@@ -240,7 +240,7 @@ class _SharedFile:
                 self.payload = file[PAYLOAD]
                 self.offsets = file[OFFSETS][()]
                 self.shapes = file[SHAPES][()]
-        except _H5_ERRORS as exc:
+        except H5_ERRORS as exc:
             raise PackedFormatError(f"{path}: not a readable packer HDF5 file ({' '.join(str(exc).split())}); convert again") from None
 
     def check(self, meta: Metadata) -> None:
@@ -300,7 +300,7 @@ class _SharedFile:
             space = images.id.get_space()
             space.select_hyperslab((start, 0, 0, 0), (stop - start, *images.shape[1:]))
             images.id.read(h5py.h5s.create_simple(out.shape), space, out)
-        except _H5_ERRORS as exc:
+        except H5_ERRORS as exc:
             raise PackedFormatError(f"{self.path}: cannot read samples {start}..{stop - 1}: the file is corrupt ({exc})") from None
 
     def read_payload(self, start: int, stop: int, out: np.ndarray) -> None:
@@ -313,14 +313,14 @@ class _SharedFile:
         space.select_hyperslab((start,), (stop - start,))
         try:
             payload.id.read(h5py.h5s.create_simple(out.shape), space, out)
-        except _H5_ERRORS as exc:
+        except H5_ERRORS as exc:
             raise PackedFormatError(f"{self.path}: cannot read payload bytes {start}..{stop}: the file is corrupt ({exc})") from None
 
     def close(self) -> None:
         self._mapped, self._mapped_known = None, True  # unmapped once no batch is being copied from it
         try:
             self.file.close()
-        except _H5_ERRORS:  # pragma: no cover - already closed
+        except H5_ERRORS:  # pragma: no cover - already closed
             pass
 
 
@@ -341,12 +341,14 @@ def open_shared_file(path: str) -> _SharedFile:
     def open_file() -> _SharedFile:
         try:
             file = h5py.File(path, "r")  # HDF5's default locking: see HDF5Store
-        except _H5_ERRORS as exc:
+        except H5_ERRORS as exc:
             said = " ".join(str(exc).split())
             hint = ""
-            if "unable to lock file" in said:
+            if "unable to lock file" in said and "errno = 11," in said:  # EAGAIN: a lock another process holds
                 hint = ("; another process has it open for writing (HDF5's file lock): close it there, or set "
                         "HDF5_USE_FILE_LOCKING=FALSE where the filesystem's locks are not wanted")
+            elif "unable to lock file" in said:  # ENOLCK, ENOSYS...: NFS or Lustre without locks
+                hint = "; this filesystem does not lock files as HDF5 asks: set HDF5_USE_FILE_LOCKING=FALSE"
             elif "locking flag values don't match" in said:
                 hint = ("; this process has it open already with other locking (h5py.File(..., locking=False)): open it "
                         "with the default there, or set HDF5_USE_FILE_LOCKING=FALSE before either opens it")

@@ -116,7 +116,8 @@ class LMDBStore(Store):
     def foreign_content(self) -> list[str]:
         """Beside files in the folder, keys added after packer wrote it (more than it wrote)."""
         entries, expected, _named = self._entries()
-        added = [f"{entries - expected:,} LMDB keys packer did not write"] if entries > expected else []
+        extra = entries - expected
+        added = [f"{extra:,} LMDB key{'s' if extra != 1 else ''} packer did not write"] if extra > 0 else []
         return super().foreign_content() + added
 
     def structure_faults(self) -> Iterator[Fault]:
