@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.placement import pwrite_all
 from packer.preprocess.task import Encoded, ImageTask
 
 SHAPE = (3, 224, 224)
@@ -47,6 +48,11 @@ class WrittenAlone:
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def __call__(self, entry: tuple) -> int:
         index, item = entry
         result = self.task(item)
@@ -54,7 +60,7 @@ class WrittenAlone:
             return -1
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_WRONLY)
-        os.pwrite(self._fd, result.payload, index * self.nbytes)
+        pwrite_all(self._fd, result.payload, index * self.nbytes)  # (os.pwrite may write less)
         return len(result.payload)
 
 

@@ -43,6 +43,7 @@ def test_the_work_and_write_puts_each_sample_at_its_place(image_folder, tmp_path
     assert unit((2, items[2])) == 3 * 24 * 24
     moved = pickle.loads(pickle.dumps(unit))  # the fd opened above stays here
     assert moved((0, items[0])) == 3 * 24 * 24
+    unit.close(), moved.close()
     data = out.read_bytes()
     assert data[: 3 * 24 * 24] == task(items[0]).payload
     assert data[3 * 24 * 24 : 2 * 3 * 24 * 24] == bytes(3 * 24 * 24)
