@@ -5,7 +5,7 @@
 # the LMDB driver at the largest count (lmdb_driver.txt, if py-spy is there) into $OUT
 # (default benchmarks/out/); copy the JSONs into benchmarks/results/, then python -m benchmarks.render.
 # About 4 minutes on a 16-core H100 host (core_scaling took 127 s there, image generation included; --write-floor,
-# the plain write of the same samples, adds a sixth of that).
+# the plain write of the same samples, adds one run per count beside the five).
 #
 # A lent host has no network: carry what its Python lacks as wheels. Here, in the repo root:
 #   echo /.whl/ >> .git/info/exclude
