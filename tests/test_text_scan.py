@@ -181,6 +181,26 @@ def test_ndjson_is_read_and_json_files_are_named_not_dropped(tmp_path: Path, cap
         is_text_corpus(src / "b.json")
 
 
+def test_symlinked_folders_are_read_once_as_the_image_scan_reads_them(tmp_path: Path, caplog) -> None:
+    """A corpus of links to folders elsewhere (shards on another disk) was read as empty, or with
+    the linked folders' files dropped without a word (a walkthrough): they are followed, and a
+    link to a folder already read (a loop, or a second name) is left out with a warning."""
+    from packer.sources.text import is_text_corpus
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "x.txt").write_text("linked\n", encoding="utf-8")
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "en").symlink_to(elsewhere, target_is_directory=True)
+    assert is_text_corpus(src) and scanned(src) == [("en/x.txt", "linked\n")]
+    (src / "a.txt").write_text("real\n", encoding="utf-8")
+    (src / "zz").symlink_to(elsewhere, target_is_directory=True)  # the same folder again
+    (elsewhere / "loop").symlink_to(src, target_is_directory=True)  # and a loop back
+    assert scanned(src) == [("a.txt", "real\n"), ("en/x.txt", "linked\n")]
+    assert "zz: left out: a symlink to a folder already read" in caplog.text
+
+
 def test_a_byte_order_mark_at_the_start_of_a_file_is_no_text(tmp_path: Path) -> None:
     bom = b"\xef\xbb\xbf"
     (tmp_path / "a.jsonl").write_bytes(bom + b'{"text": "one"}\r\n{"text": "two"}\n')

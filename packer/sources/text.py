@@ -18,7 +18,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -55,14 +55,34 @@ class TextCorpus:
     images: int = 0
 
 
+def _folders(root: Path, *, quiet: bool = False) -> Iterator[tuple[str, list[str]]]:
+    """Each folder under ``root`` (hidden ones left out) and its file names, symlinked folders
+    followed as the image scan follows them (a corpus of links to shards on another disk), each
+    real folder once: a link to one already read is left out, with a warning unless ``quiet``."""
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:  # pragma: no cover - removed while walked
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            if not quiet:
+                log.warning("%s: left out: a symlink to a folder already read (its files would be read twice)", dirpath)
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        yield dirpath, filenames
+
+
 def _text_files(root: Path) -> tuple[list[Path], int]:
     """The text files of ``root`` in order, and how many images lie beside them (compressed text
     files beside them, not read, are said in a warning)."""
     if root.is_file():
         return [root], 0
     found, images, compressed, json_files = [], 0, 0, 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    for dirpath, filenames in _folders(root):
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
             if not name.startswith(".") and text_suffix(name):
@@ -95,8 +115,7 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
             raise SourceError(f"{root}: a .json file, which packer does not read: {JSON_ADVICE}")
         return text_suffix(root.name) is not None
     has_text, compressed, json_file, others = False, "", "", False
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    for dirpath, filenames in _folders(root, quiet=True):
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
             if ext in IMAGE_EXTENSIONS:
