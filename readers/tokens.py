@@ -5,8 +5,10 @@
 input and the next-token targets, as uint16/uint32 tensors (half or a quarter of int64 over the
 host-to-device copy); :class:`WidenTokens` widens them to int64 on the device. Blocks are
 non-overlapping (block ``i`` starts at token ``i * block_size``; the last one ends inside the
-stream), or with ``random_windows=True`` start anywhere, drawn from ``(seed, i)``. Without
-``block_size``, item ``i`` is document ``i``.
+stream), or with ``random_windows=True`` start anywhere, drawn from ``(seed, i)``: the same
+windows every epoch (the epoch is not drawn from; nanoGPT's ``get_batch`` draws new ones each
+batch), so open it with another ``seed`` per epoch for fresh ones. Without ``block_size``, item
+``i`` is document ``i``.
 
 :meth:`TokenDataset.read_batch` fills ``(N, block_size + 1)`` windows (inputs ``w[:, :-1]``,
 targets ``w[:, 1:]``) for :class:`readers.Loader`; its labels are each window's start position in the stream.
