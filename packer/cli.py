@@ -147,7 +147,7 @@ def cli() -> None:
 @click.option("--max-pixels", type=click.IntRange(1), default=DEFAULT_MAX_PIXELS, show_default=True, help="Skip images with more pixels.")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Worker processes (default: all cores).")
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True, help="Skip and record undecodable inputs, or stop at the first.")
-@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=DEFAULT_ITEM_TIMEOUT, show_default=True, help="Seconds one image may take; a slower one (a hung decoder) is skipped.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=DEFAULT_ITEM_TIMEOUT, show_default=True, help="Seconds one input (an image, a document) may take; a slower one (a hung decoder) is skipped.")
 @click.option("--compression", type=click.Choice(COMPRESSIONS), help="HDF5 only: lossless compression filter (default: none).")
 @click.option("--shard-size", type=click.IntRange(1), help="WebDataset only: samples per shard.")
 @click.option("--shard-bytes", type=click.IntRange(1), help="WebDataset only: payload bytes per shard (at most).")
@@ -156,7 +156,7 @@ def cli() -> None:
 @click.option("--lines", is_flag=True, help="Text: one document per non-empty line of .txt files.")
 @click.option("--text-field", default="text", show_default=True, help="Text: the field of JSON Lines records / Parquet rows.")
 @click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
-@click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document.")
+@click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document (EOS is added after them).")
 @label_file_options
 @click.option("--overwrite", is_flag=True, help="Replace DST if it is a packer dataset (never another file or folder).")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")

@@ -21,6 +21,22 @@ from packer.sources.text_docs import DOC_ROW, DocSpan, ParquetRow, TextDoc, docu
 from readers import TokenDataset
 from readers.schema import Skipped
 
+def test_a_null_text_field_is_named_as_there_but_not_a_string(tmp_path: Path) -> None:
+    """{"text": null} said "no string field 'text'" of a field that is there (a walkthrough)."""
+    (tmp_path / "r.jsonl").write_text('{"text": null}\n{"text": 7}\n{"text": "ok"}\n', encoding="utf-8")
+    assert scanned(tmp_path) == [("r.jsonl:1", "field 'text' is null, not a string"), ("r.jsonl:2", "field 'text' is 7, not a string"),
+                                 ("r.jsonl:3", "ok")]
+
+
+def test_a_lone_surrogate_is_named_whatever_the_tokenizer(tmp_path: Path) -> None:
+    """JSON's "\\ud800" makes a str no UTF-8 tokenizer takes; each worded it its own way (HF:
+    "TextInputSequence must be str"): the reason names the character and where it is."""
+    (tmp_path / "r.jsonl").write_text('{"text": "bad \\ud800 surrogate"}\n{"text": "good"}\n', encoding="utf-8")
+    report = packer.convert(tmp_path, tmp_path.parent / f"{tmp_path.name}.blob", workers=1)
+    assert report.written == 1
+    assert [(s.path, s.reason) for s in report.skipped] == [("r.jsonl:1", "not valid Unicode: a lone surrogate '\\ud800' at character 4")]
+
+
 PIECES = [b"a", b"bc d", b"\n", b"\n", b"\r\n", b"\r", b" ", b"\t", b"\x0c", b"\x0b", b"\x1c", "\u00e9".encode(), b"\xff",
           "\u2028".encode(), "\u3000".encode(), "\u00a0".encode(), "\u3053".encode(), b"\xe3", b"\xc2", b'{"text": "x"}']
 

@@ -69,6 +69,10 @@ class TokenizeTask:
         try:
             ids = worker_tokenizer(self.tokenizer).encode_long(text, self.max_tokens)
         except Exception as exc:  # noqa: BLE001 - a tokenizer failure is one document's problem
+            try:  # (JSON's \ud800 escapes make such strings; each tokenizer words the failure its own way)
+                text.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                return Failed(source, f"not valid Unicode: a lone surrogate {text[bad.start]!r} at character {bad.start:,}")
             return Failed(source, f"cannot tokenise ({type(exc).__name__}: {exc})")
         return self.encoded(source, ids)
 

@@ -391,6 +391,8 @@ def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
     if not isinstance(value, str):
         strings = [key for key, item in record.items() if isinstance(item, str)][:8] if isinstance(record, dict) else []
         hint = f" (its string fields: {', '.join(map(repr, strings))}; pass --text-field)" if strings and field not in record else ""
+        if isinstance(record, dict) and field in record:  # ("text": null is there, but not a string)
+            return Skipped(doc.source, f"field {field!r} is {json.dumps(value)[:40]}, not a string")
         return Skipped(doc.source, f"no string field {field!r}{hint}")
     return _nonempty(doc.source, value)
 
