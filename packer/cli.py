@@ -116,6 +116,9 @@ def label_file_options(command):
         click.option("--label-column", metavar="NAME", help="With --labels: the label column (default: label, class, category...)."),
         click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split)."),
         click.option("--split", metavar="VALUE", help="With --labels: only the rows of this split (e.g. val)."),
+        click.option("--classes", "classes", type=click.Path(), metavar="PATH",
+                     help="Number the classes as this list does: a packer dataset (--classes train.lmdb, converting val) "
+                          "or a text file of class names, one a line."),
     ]):
         command = option(command)
     return command
@@ -192,6 +195,7 @@ def convert(
     label_column: str | None,
     split_column: str | None,
     split: str | None,
+    classes: str | None,
     overwrite: bool,
     resume: bool,
     executor: str,
@@ -229,7 +233,8 @@ def convert(
                 src, dst, format=format_name, image=image, storage=storage, workers=workers, overwrite=overwrite, on_error=on_error,
                 progress=not quiet, timeout=timeout, kind=kind, text=text,
                 resume=resume, executor=executor, ray_address=ray_address,
-                source=SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split),
+                source=SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split,
+                                     classes=classes),
             )
         click.echo(report.summary())  # (a Ctrl-C as it prints: the output is complete, as below says)
     except Interrupted as exc:
@@ -361,7 +366,7 @@ def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_m
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
 def verify(path: Path, source: str | None, labels: str | None, path_column: str | None, label_column: str | None,
-           split_column: str | None, split: str | None, quick: bool, workers: int | None) -> None:
+           split_column: str | None, split: str | None, classes: str | None, quick: bool, workers: int | None) -> None:
     """Check a packed dataset: metadata, structure, every sample's checksum and decode.
 
     Prints each fault (sample index and shard) and exits non-zero if there is any.
@@ -374,7 +379,8 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
     """
     from .verify import verify as run_verify
 
-    options = SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split)
+    options = SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split,
+                            classes=classes)
     given = changed_fields(options)
     if source is None and given:
         raise click.UsageError(f"{given[0]}: only with --source (the label file of the source it compares with)")

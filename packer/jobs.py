@@ -210,6 +210,10 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
         _warn_of_enlargement(folder.items, image)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
+    if source.classes is not None:  # numbered as another conversion's classes
+        from .sources.class_list import read_class_list, with_class_list
+
+        folder = with_class_list(folder, read_class_list(source.classes), source.classes)
     return ImageJob(folder.source, folder.items, task, list(folder.skipped), image, folder=folder, identity=identity)
 
 
@@ -350,8 +354,8 @@ def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:
     if is_python_dataset(src):
         return ("image_column", "label_column")
     if source.labels is not None:
-        return ("labels", "path_column", "label_column", "split_column", "split")
-    return ()
+        return ("labels", "path_column", "label_column", "split_column", "split", "classes")
+    return ("classes",)
 
 
 def check_source_options(src: Any, source: SourceOptions) -> None:

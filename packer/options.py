@@ -253,6 +253,8 @@ class SourceOptions:
     ``split``: keep only the rows whose ``split_column`` (default ``split``) has this value.
     A Python dataset of records (a Hugging Face ``datasets.Dataset``): ``image_column`` and
     ``label_column`` name the fields (default: ``image``/``img`` and ``label``/``labels``).
+    ``classes``: a packer dataset or a text file of class names giving the class list, so that
+    SRC's classes are numbered as another conversion's (packer/sources/class_list.py).
     Options that do not apply to the SRC are refused by :func:`packer.convert`.
     """
 
@@ -262,11 +264,13 @@ class SourceOptions:
     split_column: str | None = None
     split: str | None = None
     image_column: str | None = None
+    classes: str | None = None
 
     def __post_init__(self) -> None:
-        if self.labels is not None:
-            object.__setattr__(self, "labels", str(self.labels))
-        for name in ("labels", "path_column", "label_column", "split_column", "split", "image_column"):
+        for name in ("labels", "classes"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, str(getattr(self, name)))
+        for name in ("labels", "path_column", "label_column", "split_column", "split", "image_column", "classes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise OptionError(f"--{name.replace('_', '-')}: must be a non-empty name, got {value!r}")

@@ -62,7 +62,7 @@ def check_source_applies(meta: Metadata, path: str | Path, options: SourceOption
     from .errors import OptionError
 
     if meta.kind == "text" and options is not None and options != SourceOptions():
-        raise OptionError(f"--labels and its options: apply to image datasets, and {path} holds text; drop them")
+        raise OptionError(f"--labels, --classes and their options: apply to image datasets, and {path} holds text; drop them")
 
 
 def compare_source(store: Store, source: str | Path, report: Report, workers: int | None,
@@ -104,7 +104,9 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     folder = job.folder
     assert folder is not None
     if list(folder.classes) != list(meta.classes):
-        report.add("source", f"{source} has classes {folder.classes[:5]}..., the dataset {list(meta.classes[:5])}...")
+        hint = ("; if it was converted with --classes, pass the same --classes to verify"
+                if (options is None or options.classes is None) and set(folder.classes) < set(meta.classes) else "")
+        report.add("source", f"{source} has classes {folder.classes[:5]}..., the dataset {list(meta.classes[:5])}...{hint}")
     if meta.labeled and not folder.labeled:
         report.add("source", f"{source} gives no labels (no class folders), the dataset has them: if they came from a "
                              "labels file, pass the same --labels (and --split) to verify")

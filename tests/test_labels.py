@@ -121,6 +121,15 @@ def test_integer_labels_ids_without_extension_and_a_split(flat, tmp_path):
     assert [s["reason"][:16] for s in meta["skipped"]] == ["unknown label -1"]
 
 
+def test_columns_match_their_aliases_without_underscores(flat, reference, tmp_path):
+    """Kaggle's ImageId was not taken for image_id (a walkthrough): case, '_', '-' and spaces aside."""
+    root, pairs = flat
+    labels = write_labels(tmp_path / "labels.csv", [{"ImageId": name, "Class-Name": label} for name, label in pairs])
+    result = run(root, tmp_path / "k.lmdb", "--labels", labels)
+    assert result.exit_code == 0, result.output
+    assert lmdb_samples(tmp_path / "k.lmdb")[1]["classes"] == reference[1]["classes"]
+
+
 def test_only_images_no_row_names_are_called_unlisted(flat, tmp_path):
     """With --split, the images of the other splits are left out as asked, not reported as
     missing from the file (they were: '15 images ... are not in all.csv'); an image no row names is."""

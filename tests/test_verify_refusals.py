@@ -71,7 +71,7 @@ def test_source_on_a_text_dataset_compares_its_documents(corpus, tmp_path, fmt):
     assert any("<- b.txt: changed: token ids differ from the source's (6 of 36)" in f for f in faults), faults
     assert any("removed from the source: c.txt is no longer among its inputs" in f for f in faults), faults
     assert "source d.txt: added: not in the dataset" in faults, faults
-    with pytest.raises(OptionError, match="--labels and its options: apply to image datasets"):
+    with pytest.raises(OptionError, match="--labels, --classes and their options: apply to image datasets"):
         verify(path, source=corpus, workers=1, source_options=packer.SourceOptions(labels=str(mine / "a.txt")))
 
 

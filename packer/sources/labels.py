@@ -216,15 +216,22 @@ def _read_records(path: Path, kind: str) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def _column(path: Path, columns: list[str], given: str | None, aliases: tuple[str, ...], option: str, what: str) -> str:
-    """The column ``given``, else the first alias present (any case); refused naming the columns."""
+    """The column ``given``, else the first alias present (any case, with or without ``_``, ``-``
+    or spaces: ``ImageId`` is ``image_id``); refused naming the columns."""
     if given is not None:
         if given in columns:
             return given
         raise OptionError(f"{option} {given}: {path} has no such column (it has: {', '.join(columns)})")
-    lowered = {column.strip().lower(): column for column in columns}
+
+    def key(name: str) -> str:
+        return "".join(ch for ch in name.strip().lower() if ch not in "_- ")
+
+    lowered: dict[str, str] = {}
+    for column in columns:
+        lowered.setdefault(key(column), column)
     for alias in aliases:
-        if alias in lowered:
-            return lowered[alias]
+        if key(alias) in lowered:
+            return lowered[key(alias)]
     raise OptionError(f"--labels {path}: no {what} column (looked for {', '.join(aliases)}; it has: {', '.join(columns)}); pass {option} NAME")
 
 
