@@ -47,7 +47,7 @@ from .errors import OptionError, SourceError
 from .options import ImageOptions
 from .parallel import default_workers, ordered_map
 from .preprocess.task import Failed, ImageTask
-from .sources.images import ImageItem, scan_image_folder
+from .sources.images import ImageFolder, ImageItem, scan_image_folder
 
 __all__ = [
     "run_bench",
@@ -78,13 +78,22 @@ Log = Callable[[str], None]
 # ------------------------------------------------------------------------------------------ run
 
 
+def scan_folder_of_images(src: str | Path) -> ImageFolder:
+    """``src``'s images, where ``src`` is a folder (bench and doctor link a sample of its files);
+    an archive or another file is refused in one line saying what they take."""
+    if not Path(src).is_dir():
+        raise SourceError(f"{src}: packer bench and packer doctor read a folder of images (they time a sample of its files); "
+                          "extract part of the archive into a folder, or convert it and point packer doctor at the dataset")
+    return scan_image_folder(src)
+
+
 def sample_folder(src: str | Path, dst: Path, sample: int) -> list[tuple[str, int]]:
     """Link an evenly spaced ``sample`` of ``src``'s images into ``dst`` (same class folders).
 
     Returns the sampled ``(path, label)`` items in ``dst``. Deterministic: the same folder
     always gives the same sample.
     """
-    folder = scan_image_folder(src)
+    folder = scan_folder_of_images(src)
     items = folder.items
     if sample < len(items):
         step = len(items) / sample

@@ -30,12 +30,11 @@ from torch.utils.data import DataLoader
 from readers.diagnose_loop import DiagnoseError, Diagnosis, diagnose
 from readers.schema import PackedFormatError, Skipped
 
-from .bench import sample_folder
+from .bench import sample_folder, scan_folder_of_images
 from .bench_timing import UsualFolder, collate
 from .errors import OptionError, PackerError, SourceError
 from .options import ImageOptions
 from .parallel import default_workers
-from .sources.images import scan_image_folder
 
 __all__ = ["run_doctor", "CostStep", "PILFolder", "load_step", "plot", "DoctorError", "DEFAULT_STEP_MS"]
 
@@ -180,7 +179,7 @@ def run_doctor(
             report = DoctorReport(None, str(src), fmt)  # type: ignore[arg-type]
             alternatives: dict[str, tuple[Any, str]] = {}
         else:
-            folder = scan_image_folder(src)
+            folder = scan_folder_of_images(src)
             items = [(item.path, item.label) for item in folder.items]
             cores = default_workers() if workers is None else workers
             # the conversion first: a process pool forked after the DataLoader's workers ran is not needed then

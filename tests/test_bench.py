@@ -205,3 +205,17 @@ def test_the_bench_loaders_workers_are_quiet_about_a_dropped_handle(monkeypatch)
     monkeypatch.setattr(timing, "measure", lambda *args, **kwargs: None)
     timing.loader_rates([], settings=[0, 2], batch_size=4, seconds=0.1, repeats=1, with_loader=False)
     assert [kwargs["worker_init_fn"] for kwargs in made] == [timing.quiet_handle_sharing] * 2
+
+
+@pytest.mark.parametrize("command", ["bench", "doctor"])
+def test_an_archive_is_refused_saying_what_they_read(image_folder, tmp_path, command):
+    """An archive got the folder scanner's 'SRC must be ... an archive (.tar ...)', which says
+    archives are fine (an ImageNet user's walkthrough): one line saying they read a folder."""
+    import tarfile
+
+    archive = tmp_path / "train.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(image_folder, arcname="train")
+    result = CliRunner().invoke(cli, [command, str(archive), "--size", "16"])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert "packer bench and packer doctor read a folder of images" in result.stderr
