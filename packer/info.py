@@ -47,14 +47,27 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("created", meta.created),
         ("samples", f"{meta.count:,}"),
         ("shape", shape),
-        ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}{_compression(meta)}"),
+        ("storage", f"{meta.dtype} {meta.layout}, {meta.encoding}{_quality(pre)}{_compression(meta)}"),
         ("classes", classes),
-        ("preprocess", f"size {size_text}, {pre.get('resize_mode')}{resize_text}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
+        ("preprocess", f"{_geometry(pre, size_text)}{resize_text}, {'grayscale' if pre.get('grayscale') else 'RGB'}"),
         ("source", meta.source),
         ("on disk", f"{size:,} bytes"),
         ("skipped", f"{len(meta.skipped):,}"),
     ]
     return _render(path, rows, meta)
+
+
+def _geometry(pre: dict, size_text: str) -> str:
+    """What was done to each image's size: ``--resize-mode shorter`` scales the shorter side to
+    the size's height (the other side follows), every other mode makes ``size``."""
+    if pre.get("resize_mode") == "shorter" and pre.get("size"):
+        return f"shorter side to {pre['size'][0]} (the other follows its aspect ratio)"
+    return f"size {size_text}, {pre.get('resize_mode')}"
+
+
+def _quality(pre: dict) -> str:
+    """The JPEG quality samples were stored at (``--encoding jpeg``), or nothing."""
+    return f" (quality {pre['quality']})" if pre.get("encoding") == "jpeg" and pre.get("quality") else ""
 
 
 def _compression(meta: Metadata) -> str:

@@ -40,6 +40,14 @@ def test_info_names_hdf5_compression(tmp_path, image_folder):
     assert "storage    uint8 CHW, raw\n" in run("info", tmp_path / "plain.h5").stdout
 
 
+def test_info_says_what_shorter_and_jpeg_quality_did(tmp_path, image_folder):
+    """'size 224x224, shorter' for shapes that vary, and no JPEG quality (a walkthrough)."""
+    assert run("convert", image_folder, tmp_path / "s.lmdb", "--size", "8", "--resize-mode", "shorter", "-q").exit_code == 0
+    assert "preprocess shorter side to 8 (the other follows its aspect ratio), RGB" in run("info", tmp_path / "s.lmdb").stdout
+    assert run("convert", image_folder, tmp_path / "j.lmdb", "--size", "8", "--encoding", "jpeg", "--quality", "80", "-q").exit_code == 0
+    assert "storage    uint8 CHW, jpeg (quality 80)\n" in run("info", tmp_path / "j.lmdb").stdout
+
+
 def test_format_flag_and_options(tmp_path, image_folder):
     dst = tmp_path / "noext"
     result = run("convert", image_folder, dst, "--format", "lmdb", "--size", "16x24", "--resize-mode", "pad", "--grayscale", "--encoding", "png", "-q")
