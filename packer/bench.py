@@ -52,6 +52,7 @@ from .sources.images import ImageFolder, ImageItem, scan_image_folder
 __all__ = [
     "run_bench",
     "sample_folder",
+    "scan_folder_of_images",
     "undecodable",
     "BenchReport",
     "BenchRow",
@@ -81,7 +82,9 @@ Log = Callable[[str], None]
 def scan_folder_of_images(src: str | Path) -> ImageFolder:
     """``src``'s images, where ``src`` is a folder (bench and doctor link a sample of its files);
     an archive or another file is refused in one line saying what they take."""
-    if not Path(src).is_dir():
+    from .sources.archives import is_archive
+
+    if Path(src).is_file() and is_archive(src):  # (what else is not a folder: the folder scan says what it is)
         raise SourceError(f"{src}: packer bench and packer doctor read a folder of images (they time a sample of its files); "
                           "extract part of the archive into a folder, or convert it and point packer doctor at the dataset")
     return scan_image_folder(src)

@@ -383,7 +383,7 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
                             classes=classes)
     given = changed_fields(options)
     if source is None and given:
-        raise click.UsageError(f"{given[0]}: only with --source (the label file of the source it compares with)")
+        raise click.UsageError(f"{given[0]}: only with --source (the label file or class list of the source it compares with)")
     with _printed_warnings(), interruptible():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its workers are stopped, "interrupted", exit 130
         report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
     for fault in report.faults:

@@ -20,6 +20,7 @@ driver's, the same for every kind. A new kind of input is a new job here, never 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import stat
@@ -192,6 +193,13 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
 
     table = read_label_rows(source) if source.labels is not None else None
     identity = table.identity if table is not None else {}
+    class_list = None
+    if source.classes is not None:  # read before the scan (a tar of tars lists for a while): a bad list says so first
+        from .sources.class_list import read_class_list
+
+        class_list = read_class_list(source.classes)
+        digest = hashlib.sha256("\n".join(class_list).encode()).hexdigest()[:12]  # (a resume refusal names it, not 1,000 names)
+        identity = {**identity, "classes": f"{source.classes} ({len(class_list):,} classes, sha256 {digest})"}  # only when given
     if not is_source_url(str(src)) and (is_archive(src) or (table is None and is_shard_folder(src))):
         from .preprocess.members import MemberTask
 
@@ -210,10 +218,10 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
         _warn_of_enlargement(folder.items, image)
     for name in folder.empty_classes:
         log.warning("class folder %r has no images (its label is kept)", name)
-    if source.classes is not None:  # numbered as another conversion's classes
-        from .sources.class_list import read_class_list, with_class_list
+    if class_list is not None and source.classes is not None:  # numbered as another conversion's classes
+        from .sources.class_list import with_class_list
 
-        folder = with_class_list(folder, read_class_list(source.classes), source.classes)
+        folder = with_class_list(folder, class_list, source.classes)
     return ImageJob(folder.source, folder.items, task, list(folder.skipped), image, folder=folder, identity=identity)
 
 

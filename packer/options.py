@@ -267,9 +267,12 @@ class SourceOptions:
     classes: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("labels", "classes"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, str(getattr(self, name)))
+        for name in ("labels", "classes"):  # paths: a str or a PathLike (a list of names is not one)
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise OptionError(f"--{name}: a path, got {type(value).__name__} {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, os.fspath(value))
         for name in ("labels", "path_column", "label_column", "split_column", "split", "image_column", "classes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -142,6 +142,10 @@ def verify(
         from .jobs import check_source_options
 
         check_source_options(source, source_options if source_options is not None else SourceOptions())
+        if source_options is not None and source_options.classes is not None:  # a bad list: said before anything is checked
+            from .sources.class_list import read_class_list
+
+            read_class_list(source_options.classes)
     started = time.perf_counter()
     report = VerifyReport(Path(path), format=detect_format(path))  # not a dataset, or missing: raised
     try:

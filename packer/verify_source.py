@@ -105,7 +105,7 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     assert folder is not None
     if list(folder.classes) != list(meta.classes):
         hint = ("; if it was converted with --classes, pass the same --classes to verify"
-                if (options is None or options.classes is None) and set(folder.classes) < set(meta.classes) else "")
+                if (options is None or options.classes is None) and set(folder.classes) <= set(meta.classes) else "")
         report.add("source", f"{source} has classes {folder.classes[:5]}..., the dataset {list(meta.classes[:5])}...{hint}")
     if meta.labeled and not folder.labeled:
         report.add("source", f"{source} gives no labels (no class folders), the dataset has them: if they came from a "

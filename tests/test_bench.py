@@ -219,3 +219,5 @@ def test_an_archive_is_refused_saying_what_they_read(image_folder, tmp_path, com
     result = CliRunner().invoke(cli, [command, str(archive), "--size", "16"])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert "packer bench and packer doctor read a folder of images" in result.stderr
+    missing = CliRunner().invoke(cli, [command, str(tmp_path / "typo"), "--size", "16"])  # not an archive: said as it is (a review)
+    assert missing.exit_code == 1 and "no such" in missing.stderr and "archive into a folder" not in missing.stderr, missing.output

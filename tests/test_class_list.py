@@ -4,6 +4,7 @@ with no word). Labels checked against the training dataset's own class names."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -54,11 +55,44 @@ def test_a_text_file_gives_the_order(splits, tmp_path):
     result = CliRunner().invoke(cli, ["convert", str(splits / "val"), str(out), "--size", "8", "--classes", str(listed), "-q"])
     assert result.exit_code == 0, result.output
     val = open_dataset(out)
-    assert val.classes == ["class_02", "class_01", "class_00"] and [val[i][1] for i in range(len(val))] == [1, 1, 0, 0]
+    assert val.classes == ["class_02", "class_01", "class_00"] and [val[i][1] for i in range(len(val))] == [0, 0, 1, 1]  # class order
     verified = CliRunner().invoke(cli, ["verify", str(out), "--source", str(splits / "val"), "--classes", str(listed)])
     assert verified.exit_code == 0, verified.output
     unhinted = CliRunner().invoke(cli, ["verify", str(out), "--source", str(splits / "val")])
     assert unhinted.exit_code == 1 and "pass the same --classes to verify" in unhinted.output
+
+
+def test_a_class_without_samples_the_list_lacks_is_left_out_with_a_warning(splits, tmp_path, caplog):
+    """An empty class folder (or a label file's class of another split) has nothing to number: a
+    warning, not a refusal (a review); a damaged dataset as the list says why, not 'not UTF-8'."""
+    src = tmp_path / "val"
+    shutil.copytree(splits / "val", src)
+    (src / "zz_empty").mkdir()
+    out = tmp_path / "v.lmdb"
+    convert(src, out, image=ImageOptions(size=8), workers=1, source=SourceOptions(classes=str(splits / "train.lmdb")))
+    assert open_dataset(out).classes == ["class_00", "class_01", "class_02"]
+    assert "SRC's class 'zz_empty', which has no samples, is not in the list: left out" in caplog.text
+    damaged = tmp_path / "damaged.blob"
+    convert(splits / "train", damaged, image=ImageOptions(size=8), workers=1)
+    damaged.write_bytes(damaged.read_bytes()[:-10])
+    with pytest.raises(OptionError, match=r"^--classes .*damaged.blob: .*(truncated|did not finish|shorter)"):
+        convert(src, tmp_path / "w.lmdb", image=ImageOptions(size=8), workers=1, source=SourceOptions(classes=str(damaged)))
+
+
+def test_resume_names_a_changed_class_list(splits, tmp_path):
+    """--classes given, then left out on --resume: the refusal names it, where it said the source
+    folder had changed (a review)."""
+    from packer.jobs import image_job
+    from packer.writers.journal import fingerprint_difference
+
+    def fingerprint(source: SourceOptions) -> dict:
+        return image_job(splits / "val", ImageOptions(size=8), source).fingerprint("lmdb", tmp_path / "r.lmdb", {}, "skip")
+
+    given = fingerprint(SourceOptions(classes=str(splits / "train.lmdb")))
+    said = fingerprint_difference(given, fingerprint(SourceOptions()))
+    assert re.search(r"classes was .*train.lmdb \(3 classes, sha256 [0-9a-f]{12}\) in the interrupted run, now not set", said), said
+    assert "source folder changed" not in said
+    assert fingerprint_difference(given, fingerprint(SourceOptions(classes=str(splits / "train.lmdb")))) is None
 
 
 @pytest.mark.parametrize("case, message", [
@@ -83,7 +117,7 @@ def test_a_list_that_cannot_number_src_is_one_line(splits, tmp_path, case, messa
         convert(flat, listed, image=ImageOptions(size=8), workers=1)
     result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.lmdb"), "--size", "8", "--classes", str(listed)])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
-    assert __import__("re").search(message, result.stderr), result.stderr
+    assert re.search(message, result.stderr), result.stderr
     assert not (tmp_path / "o.lmdb").exists()
 
 
@@ -95,3 +129,14 @@ def test_it_does_not_apply_to_a_python_dataset_or_text(splits, tmp_path):
     (corpus / "a.txt").write_text("hello\n", encoding="utf-8")
     with pytest.raises(OptionError, match="--classes: applies to images only"):
         convert(corpus, tmp_path / "t.blob", source=SourceOptions(classes=str(splits / "train.lmdb")))
+
+
+def test_a_bad_list_is_refused_before_verify_checks_anything(splits, tmp_path):
+    """verify --source --classes with a missing list was a fault after every sample was checked
+    (a review): an OptionError first; a list of names from Python is not taken for a path."""
+    from packer.verify import verify
+
+    with pytest.raises(OptionError, match=r"--classes .*nothere.txt: no such file or dataset"):
+        verify(splits / "train.lmdb", source=splits / "train", source_options=SourceOptions(classes=str(tmp_path / "nothere.txt")))
+    with pytest.raises(OptionError, match=r"^--classes: a path, got list"):
+        SourceOptions(classes=["class_00", "class_01"])

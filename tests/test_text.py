@@ -230,7 +230,7 @@ def test_parquet_text_column(tmp_path: Path) -> None:
     ds = TokenDataset(tmp_path / "p.blob")
     assert [ds.decode(ds[i]) for i in range(len(ds))] == ["first row\n", "third\n"]
     reasons = {entry.path: entry.reason for entry in ds.meta.skipped}
-    assert "no string field 'body'" in reasons["a.parquet:2"]  # the second row: counted from 1, as lines are
+    assert reasons["a.parquet:2"] == "field 'body' is null, not a string"  # the second row: counted from 1, as lines are
     assert reasons["b.parquet"] == "no Parquet column 'body' (its columns: other); pass --text-field"
     assert report.written == 2 and len(report.skipped) == 2
     bad = tmp_path / "bad"

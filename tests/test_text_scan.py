@@ -131,7 +131,7 @@ def test_parquet_rows_are_read_a_row_group_at_a_time_in_order(tmp_path: Path, mo
     assert all(isinstance(d, TextDoc) for d in sent) and all(isinstance(d, ParquetRow) for d in docs)
     assert [d.text for d in sent] == values and [d.source for d in sent] == [d.source for d in docs] == [f"a.parquet:{i + 1}" for i in range(23)]
     assert [d.text for d in pickle.loads(pickle.dumps(docs[::-1]))] == values[::-1]  # (out of order too: a crashed chunk's retry)
-    assert sent[3].problem == "no string field 'body'" and [d.text for d in pickle.loads(pickle.dumps(docs[20:]))] == values[20:]
+    assert sent[3].problem == "field 'body' is null, not a string" and [d.text for d in pickle.loads(pickle.dumps(docs[20:]))] == values[20:]
     read = []  # booking outcomes by name reads nothing; sending reads each row group once
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, *a, _real=pq.ParquetFile.read_row_group, **k: read.append(a[0]) or _real(self, *a, **k))
     fresh = scan_text(src, text_field="body").docs
@@ -197,10 +197,11 @@ def test_ndjson_is_read_and_json_files_are_named_not_dropped(tmp_path: Path, cap
         is_text_corpus(src / "b.json")
 
 
-def test_symlinked_folders_are_read_once_as_the_image_scan_reads_them(tmp_path: Path, caplog) -> None:
+def test_symlinked_folders_are_followed_and_each_real_folder_read_once(tmp_path: Path, caplog) -> None:
     """A corpus of links to folders elsewhere (shards on another disk) was read as empty, or with
-    the linked folders' files dropped without a word (a walkthrough): they are followed, and a
-    link to a folder already read (a loop, or a second name) is left out with a warning."""
+    the linked folders' files dropped without a word (a walkthrough): they are followed; a link to
+    a folder already read (a second name, a loop back) or to a folder holding the corpus (which
+    would read what lies beside it: a review) is left out with a warning."""
     from packer.sources.text import is_text_corpus
 
     elsewhere = tmp_path / "elsewhere"
@@ -213,8 +214,12 @@ def test_symlinked_folders_are_read_once_as_the_image_scan_reads_them(tmp_path: 
     (src / "a.txt").write_text("real\n", encoding="utf-8")
     (src / "zz").symlink_to(elsewhere, target_is_directory=True)  # the same folder again
     (elsewhere / "loop").symlink_to(src, target_is_directory=True)  # and a loop back
+    (tmp_path / "beside.txt").write_text("not the corpus\n", encoding="utf-8")
+    (src / "up").symlink_to(tmp_path, target_is_directory=True)  # the corpus's parent
     assert scanned(src) == [("a.txt", "real\n"), ("en/x.txt", "linked\n")]
-    assert "zz: left out: a symlink to a folder already read" in caplog.text
+    assert "zz: left out: the same folder as one already read" in caplog.text
+    assert "up: left out: a link to the corpus or a folder holding it" in caplog.text
+    assert "loop: left out: a link to the corpus or a folder holding it" in caplog.text
 
 
 def test_a_byte_order_mark_at_the_start_of_a_file_is_no_text(tmp_path: Path) -> None:

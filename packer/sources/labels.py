@@ -3,7 +3,7 @@
 ``packer convert images/ out.lmdb --labels train.csv``: each row names an image relative to SRC
 (a folder or an archive) and its label. Columns are found by name (``--path-column``,
 ``--label-column``; by default the first of :data:`PATH_COLUMNS` / :data:`LABEL_COLUMNS`
-present, any case). Labels are integers when every label is one (used as the class index), else
+present, any case, then ignoring ``_``, ``-`` and spaces). Labels are integers when every label is one (used as the class index), else
 class names, numbered by sorted name over the *whole* file (every split), so a train and a val
 conversion of one file agree on the indices; the names are the dataset's ``classes``. A
 negative integer is an unknown label (some sets mark unlabeled rows ``-1``): that row is skipped.
@@ -216,8 +216,8 @@ def _read_records(path: Path, kind: str) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def _column(path: Path, columns: list[str], given: str | None, aliases: tuple[str, ...], option: str, what: str) -> str:
-    """The column ``given``, else the first alias present (any case, with or without ``_``, ``-``
-    or spaces: ``ImageId`` is ``image_id``); refused naming the columns."""
+    """The column ``given``, else the first alias present in any case, or failing that the first
+    ignoring ``_``, ``-`` and spaces too (``ImageId`` is ``image_id``); refused naming the columns."""
     if given is not None:
         if given in columns:
             return given
@@ -226,12 +226,16 @@ def _column(path: Path, columns: list[str], given: str | None, aliases: tuple[st
     def key(name: str) -> str:
         return "".join(ch for ch in name.strip().lower() if ch not in "_- ")
 
-    lowered: dict[str, str] = {}
-    for column in columns:
-        lowered.setdefault(key(column), column)
+    lowered = {column.strip().lower(): column for column in columns}  # first as before: any case
     for alias in aliases:
-        if key(alias) in lowered:
-            return lowered[key(alias)]
+        if alias in lowered:
+            return lowered[alias]
+    normalised: dict[str, str] = {}  # then without '_', '-' or spaces (Kaggle's ImageId)
+    for column in columns:
+        normalised.setdefault(key(column), column)
+    for alias in aliases:
+        if key(alias) in normalised:
+            return normalised[key(alias)]
     raise OptionError(f"--labels {path}: no {what} column (looked for {', '.join(aliases)}; it has: {', '.join(columns)}); pass {option} NAME")
 
 

@@ -57,8 +57,11 @@ class TextCorpus:
 
 def _folders(root: Path, *, quiet: bool = False) -> Iterator[tuple[str, list[str]]]:
     """Each folder under ``root`` (hidden ones left out) and its file names, symlinked folders
-    followed as the image scan follows them (a corpus of links to shards on another disk), each
-    real folder once: a link to one already read is left out, with a warning unless ``quiet``."""
+    followed (a corpus of links to shards on another disk), each real folder once: a folder
+    reached again (a second link, a loop), or a link to ``root`` itself or a folder holding it
+    (which would read what lies beside the corpus), is left out, with a warning unless
+    ``quiet``. Real folders are visited before links, so a link is what is left out."""
+    real_root = os.path.realpath(root)
     seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         try:
@@ -66,13 +69,17 @@ def _folders(root: Path, *, quiet: bool = False) -> Iterator[tuple[str, list[str
         except OSError:  # pragma: no cover - removed while walked
             dirnames[:] = []
             continue
-        if (st.st_dev, st.st_ino) in seen:
+        real = os.path.realpath(dirpath)
+        above = dirpath != str(root) and (real == real_root or real_root.startswith(real.rstrip(os.sep) + os.sep))
+        if (st.st_dev, st.st_ino) in seen or above:
             if not quiet:
-                log.warning("%s: left out: a symlink to a folder already read (its files would be read twice)", dirpath)
+                log.warning("%s: left out: %s", dirpath, "a link to the corpus or a folder holding it" if above else
+                            "the same folder as one already read (its files would be read twice)")
             dirnames[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        names = [d for d in dirnames if not d.startswith(".")]
+        dirnames[:] = sorted(names, key=lambda d: (os.path.islink(os.path.join(dirpath, d)), d))
         yield dirpath, filenames
 
 

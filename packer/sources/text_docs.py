@@ -170,7 +170,7 @@ class ParquetRow(_InFile):
         if isinstance(values, str):
             return TextDoc(self.source, None, values)
         value = values[self.row - self.file.groups[bisect.bisect_right(self.file.groups, self.row) - 1]]
-        return TextDoc(self.source, value) if isinstance(value, str) else TextDoc(self.source, None, f"no string field {self.file.field!r}")
+        return TextDoc(self.source, value) if isinstance(value, str) else TextDoc(self.source, None, f"field {self.file.field!r} is {'null' if value is None else repr(value)}, not a string")
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         document = self.document()

@@ -140,7 +140,9 @@ EXPLAINED = {"inputs": "the interrupted run was made by an earlier packer, which
 def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """Every difference between two fingerprints, for a person (``"; "``-joined; a changed
     ``--size`` also changes the default ``--resize-mode``, and naming only the first, by name,
-    named the one the user did not touch); ``None`` if they agree."""
+    named the one the user did not touch); ``None`` if they agree. A changed listing of inputs
+    is said only when no option changed: a changed --split or --classes changes it too, and
+    "the source folder changed" would blame files that did not."""
     changes = []
     for key in sorted(set(old) | set(new)):
         if key in LEGACY.values():
@@ -151,13 +153,20 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
             if key in EXPLAINED:
                 changes.append(EXPLAINED[key])
             elif key == "listing":
-                changes.append(SOURCE_CHANGED)
+                continue  # said below, unless an option changed: options (--split, --classes) change it too
             elif isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping):  # (a tokenizer): its fields that differ
                 changes.extend(f"{key} {field} was {_shown(old[key].get(field))} in the interrupted run, now {_shown(new[key].get(field))}"
                                for field in sorted(set(old[key]) | set(new[key])) if old[key].get(field) != new[key].get(field))
             else:
                 changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
+    if not changes and old.get("listing") != new.get("listing") and not _legacy_listing(old, new):
+        changes.append(SOURCE_CHANGED)
     return "; ".join(changes) or None
+
+
+def _legacy_listing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether a journal written before paths were made absolute spelled the same listing its way."""
+    return LEGACY["listing"] not in old and old.get("listing") == new.get(LEGACY["listing"])
 
 
 def _shown(value: Any) -> str:
