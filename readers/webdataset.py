@@ -216,7 +216,10 @@ class StreamingShards(IterableDataset):
         natural, shares = self._every_share(0, workers)
         total, yielded = sum(map(sum, natural)), sum(map(sum, shares))
         even = [[total // streams + (w * self.world_size + r < total % streams) for w in range(workers)] for r in range(self.world_size)]
-        baseline = sum(map(sum, rank_shares(even, self.batch_size or 1, self.drop_last))) if total else 0
+        try:
+            baseline = sum(map(sum, rank_shares(even, self.batch_size or 1, self.drop_last))) if total else 0
+        except ValueError:  # split by sample, some rank would have no whole batch: the batch size is the matter, not the shards
+            return
         if total and abs(yielded - baseline) > total / 10:
             what = f"{yielded - total:,} repeated" if yielded > total else f"{total - yielded:,} dropped"
             warnings.warn(
