@@ -78,7 +78,8 @@ def with_class_list(folder: ImageFolder, names: list[str], path: str) -> ImageFo
         more = f" (and {len(missing) - 1:,} more)" if len(missing) > 1 else ""
         raise OptionError(f"--classes {path}: SRC's class {missing[0]!r}{more} is not among its {len(names):,} classes; "
                           "a class list numbers every class of SRC")
-    unused = [name for label, name in enumerate(folder.classes) if name not in index and label not in set(used)]  # (few classes)
+    used_labels = set(used)
+    unused = [name for label, name in enumerate(folder.classes) if name not in index and label not in used_labels]
     if unused:  # (an empty class folder, a label file's class of another split): nothing of it to number
         log.warning("--classes %s: SRC's class %r%s, which has no samples, is not in the list: left out", path, unused[0],
                     f" (and {len(unused) - 1:,} more)" if len(unused) > 1 else "")
