@@ -147,7 +147,7 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
     for key in sorted(set(old) | set(new)):
         if key in LEGACY.values():
             continue  # compared through their keys, below
-        if key in LEGACY and old.get(key) != new.get(key) and LEGACY[key] not in old and old.get(key) == new.get(LEGACY[key]):
+        if key in LEGACY and old.get(key) != new.get(key) and _legacy_same(old, new, key):
             continue  # a journal written before paths were made absolute: the same, as it spelled it
         if old.get(key) != new.get(key):
             if key in EXPLAINED:
@@ -159,14 +159,14 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
                                for field in sorted(set(old[key]) | set(new[key])) if old[key].get(field) != new[key].get(field))
             else:
                 changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
-    if not changes and old.get("listing") != new.get("listing") and not _legacy_listing(old, new):
+    if not changes and old.get("listing") != new.get("listing") and not _legacy_same(old, new, "listing"):
         changes.append(SOURCE_CHANGED)
     return "; ".join(changes) or None
 
 
-def _legacy_listing(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether a journal written before paths were made absolute spelled the same listing its way."""
-    return LEGACY["listing"] not in old and old.get("listing") == new.get(LEGACY["listing"])
+def _legacy_same(old: Mapping[str, Any], new: Mapping[str, Any], key: str) -> bool:
+    """Whether a journal written before paths were made absolute spelled the same ``key`` its way."""
+    return LEGACY[key] not in old and old.get(key) == new.get(LEGACY[key])
 
 
 def _shown(value: Any) -> str:
