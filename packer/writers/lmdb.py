@@ -29,6 +29,13 @@ a reused one (docs/SCALING.md); dropping a clean page costs no durability (the c
 sync, write-protecting each page again (``msync``: ``folio_mkclean``, with a TLB shoot-down to
 the other core), and the map's pages cannot be dropped from the cache.
 
+LMDB copies each transaction's samples into pages it ``malloc``s and frees them when it commits;
+so are the values built for it. Freed at the top of the heap, a few MB is more than glibc keeps
+by default, so each transaction's memory went back to the kernel and came again as fresh pages,
+a fault every 4 KiB. The writer first allocates and frees one block of four transactions
+(``files.keep_freed_heap``), which has glibc keep twice that for reuse (the message of the commit
+that made this change has the driver's faults and CPU time before and after).
+
 A fresh output's map is opened without read-ahead (``readahead=False``: LMDB advises
 ``MADV_RANDOM``): its writer reads only the B-tree pages it appends to, and read-around would
 bring back the pages just dropped. A resumed one is opened with read-ahead to delete what was
@@ -49,7 +56,7 @@ from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import WriteBehind, release_cached
+from .files import WriteBehind, keep_freed_heap, release_cached
 from .journal import Checkpoint
 
 __all__ = ["LMDBWriter"]
@@ -106,6 +113,7 @@ class LMDBWriter(Writer):
     def _open_env(self, map_size: int, *, readahead: bool = False) -> None:
         """Open the environment in ``DST.partial`` with a map of ``map_size`` bytes, blocks reserved;
         ``readahead``: whether a fault reads the pages around it (module docstring)."""
+        keep_freed_heap(4 * TRANSACTION_BYTES)  # module docstring
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._synced_bytes = 0
