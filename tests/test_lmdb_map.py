@@ -2,14 +2,9 @@
 from py-lmdb's own flags (``packer/writers/lmdb.py``): a fresh output's map is read-only (LMDB
 writes its pages with ``pwritev``, so they can be dropped from the page cache once durable) and
 advised random, so that reading a B-tree page brings back none of the dropped pages around it;
-a resumed one reads back what it deletes with read-ahead, then goes on advised random too. And the writer's process reuses the memory each transaction
-frees, counted in page faults."""
+a resumed one reads back what it deletes with read-ahead, then goes on advised random too."""
 
 import mmap
-import os
-import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -94,31 +89,3 @@ def test_a_resumed_writer_deletes_with_read_ahead_then_goes_on_without(tmp_path,
     finally:
         resumed.abort()
 
-
-FAULTS_SCRIPT = """
-import resource, sys
-from packer.preprocess.task import Encoded
-from packer.writers.lmdb import LMDBWriter
-writer = LMDBWriter(sys.argv[1])
-payload = bytes(150_528)  # a 224x224x3 sample
-def add(count):
-    for _ in range(count):
-        writer.add(Encoded(1, (3, 224, 224), payload))
-add(60)  # a few transactions in: the heap has grown to what one needs
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-add(120)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 120)
-writer.abort()
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heap thresholds")
-def test_the_writer_reuses_the_memory_each_transaction_frees(tmp_path):
-    """LMDB mallocs and frees every transaction's pages: without ``keep_freed_heap`` glibc gave
-    them back and each came again as fresh pages, ~47 faults a 150 KB sample (a fresh process:
-    what this one allocated before would hide it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and not k.startswith("GLIBC_TUNABLES")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT, str(tmp_path / "out.lmdb")], env=env, capture_output=True,
-                         text=True, check=True, timeout=60)
-    assert float(out.stdout) < 10, out.stdout  # ~2 with it: the map's B-tree pages and Python's own

@@ -127,7 +127,7 @@ class LMDBWriter(Writer):
             subdir=True,
             sync=False,
             metasync=False,
-            meminit=False,
+            meminit=True,  # unused bytes of a page are zeros, not stale memory (docs/FORMATS.md: nothing but what it says)
             readahead=readahead,
             max_dbs=0,
             **version,
