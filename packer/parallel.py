@@ -108,7 +108,8 @@ def ordered_map(
     or runs longer than ``item_timeout`` seconds gives ``on_crash(item, reason)`` in its place,
     with ``reason`` like ``"crashed the decoder (SIGSEGV)"`` or ``"timed out after 120 s"``.
     A single item runs in a worker too: its timeout and crash isolation hold.
-    A worker runs a chunk's items through ``fn.map(items)`` when ``fn`` has one (it must yield
+    A worker runs a chunk's items through ``fn.map(items)`` when ``fn`` is a
+    :class:`~packer.work_unit.WorkUnit` (it must yield
     ``fn(item)`` for each, in order: :func:`packer.pool_worker.run_items`). ``transport``: how results come back
     (:data:`TRANSPORTS`; "shm" falls back to "pipe" where no shared memory can be reserved).
     """

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, r
 
 from .errors import OutputError
 from .preprocess.task import Encoded, Failed
+from .work_unit import WorkUnit, needs_main
 
 if TYPE_CHECKING:
     from .writers.files import WriteBehind
@@ -146,7 +147,7 @@ class _Entries(Sequence):
         return (self._first + index, self._items[index], at(self._first + index))
 
 
-class PlaceTask:
+class PlaceTask(WorkUnit):
     """Run the conversion task; write a fixed-shape sample at its input's place, or return it."""
 
     def __init__(self, task: Callable[[Any], Encoded | Failed], path: str, stride: int, shape: tuple[int, int, int],
@@ -155,9 +156,7 @@ class PlaceTask:
         #: A worker writes its samples to disk as it goes, this many bytes at a time (``None``:
         #: files.WRITE_BEHIND_STEP): :meth:`files.WriteBehind.wrote_range`.
         self.behind_step = behind_step
-        #: The pool's cue that the task carries something of the script's ``__main__`` (a Python
-        #: dataset's class, packer/sources/datasets.py): passed on from the task it wraps.
-        self.needs_main = bool(getattr(task, "needs_main", False))
+        self.needs_main = needs_main(task)  # passed on (packer/work_unit.py)
         self._fd = -1
         self._behind: WriteBehind | None = None
         self._driver = os.getpid()  # run here (a single input), the descriptor is not kept open

@@ -11,6 +11,8 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from .work_unit import needs_main
+
 __all__ = ["pool_context", "main_not_reimported", "server_running"]
 
 
@@ -67,11 +69,11 @@ def main_not_reimported(fn: Callable) -> Iterator[None]:
     training script that imports torch that costs about a second per conversion, for nothing:
     packer's work units live in packer's own modules. So while a worker starts, ``__main__``
     hides the two attributes that name it (``__file__``, ``__spec__``), unless ``fn`` itself
-    comes from ``__main__`` or says it carries something that does (``fn.needs_main``: a Python
-    dataset whose class the script defines, packer/sources/datasets.py).
+    comes from ``__main__`` or says it carries something that does (``WorkUnit.needs_main``: a
+    Python dataset whose class the script defines, packer/sources/datasets.py).
     """
     main = sys.modules.get("__main__")
-    if main is None or getattr(fn, "__module__", None) == "__main__" or type(fn).__module__ == "__main__" or getattr(fn, "needs_main", False):
+    if main is None or needs_main(fn):
         yield
         return
     saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}

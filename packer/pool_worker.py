@@ -23,6 +23,7 @@ import cv2
 
 from .memory import keep_freed_memory
 from .result_slots import attach_slots, detach_slots, encode_results
+from .work_unit import run_all
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -40,15 +41,11 @@ def encode(message: Any) -> memoryview:
 
 
 def run_items(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-    """``fn(item)`` for each item, in order: through ``fn.map(items)`` where the work unit has
-    one (``ImageTask`` reads remote inputs ahead: packer/preprocess/task.py), checked to give
-    exactly one result per item."""
-    batch = getattr(fn, "map", None)
-    if not callable(batch):
-        yield from map(fn, items)
-        return
+    """``fn(item)`` for each item, in order: through ``fn.map(items)`` for a
+    :class:`~packer.work_unit.WorkUnit` (``ImageTask`` reads remote inputs ahead:
+    packer/preprocess/task.py), checked to give exactly one result per item."""
     count = 0
-    for count, value in enumerate(batch(items), 1):
+    for count, value in enumerate(run_all(fn, items), 1):
         if count > len(items):
             break
         yield value

@@ -14,6 +14,7 @@ import pytest
 
 from packer import parallel, pool_start, result_slots
 from packer.parallel import WorkerCrash, WorkerError, ordered_map
+from packer.work_unit import WorkUnit
 from faulty import LargeSlowToUnpickle, LoadsOnlyInTheParent, crash_on_13, hang_on_5
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def big(x: int) -> bytes:
     return bytes([x % 251]) * 200_000  # larger than a pipe's buffer
 
 
-class SquareInBatches:
+class SquareInBatches(WorkUnit):
     """A work unit with a ``map``: the workers run whole chunks through it."""
 
     def __call__(self, x: int) -> tuple[int, int]:

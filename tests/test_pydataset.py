@@ -235,3 +235,36 @@ def test_arguments_of_the_wrong_type_are_a_clear_error_and_touch_nothing(tmp_pat
                                   (123, "a.blob", "src must be .*, got int"), (image_folder, None, "dst must be a path or URL, got NoneType")):
         with pytest.raises(TypeError, match=rf"^convert: {message}"):
             packer.convert(src, dst_arg)
+
+
+IN_THE_SCRIPT = '''
+import sys
+import numpy as np, packer
+
+class Digits:  # defined in the script: the workers import the script to unpickle it
+    classes = ["a", "b"]
+    def __len__(self): return 40
+    def __getitem__(self, i): return np.full((8, 8, 3), i, np.uint8), i % 2
+
+if __name__ == "__main__":
+    print(packer.convert(Digits(), sys.argv[1], workers=2).written)
+'''
+
+
+@pytest.mark.parametrize("name", ["digits.lmdb", "digits/shard-%06d.tar", "digits.blob"])
+def test_a_dataset_class_defined_in_the_script_converts_to_every_kind_of_writer(tmp_path, name):
+    """The workers must import the script to unpickle the dataset: the task wrapping it says so,
+    and so must a WebDataset piece and a placed sample wrapping that task (the piece dropped it,
+    and every worker failed: "Can't get attribute 'Digits' on <module '__main__'>")."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "convert_digits.py"
+    script.write_text(IN_THE_SCRIPT)
+    dst = tmp_path / name
+    done = subprocess.run([sys.executable, str(script), str(dst)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["40"]
+    from readers import open_dataset
+
+    assert [int(label) for _, label in open_dataset(tmp_path / name.split("/")[0])] == [i % 2 for i in range(40)]

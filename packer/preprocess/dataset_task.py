@@ -15,13 +15,14 @@ from ..options import ImageOptions
 from ..sources.datasets import DatasetItem, DatasetReader, LoadedItem, ParentItem
 from .arrays import encode_pixels, to_pixels
 from .decode import DecodeError, describe_error
+from ..work_unit import WorkUnit
 from .task import Encoded, Failed
 
 __all__ = ["DatasetTask"]
 
 
 @dataclass(frozen=True)
-class DatasetTask:
+class DatasetTask(WorkUnit):
     """Convert sample ``item.index`` of the dataset. ``reader``: the dataset, when the workers
     read it (``None``: samples arrive read). ``labeled``/``classes``: what a label must be.
     ``needs_main``: the dataset's class lives in the program's ``__main__`` (packer/parallel.py

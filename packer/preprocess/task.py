@@ -16,6 +16,7 @@ from readers.checksums import sample_checksum
 from ..options import ImageOptions
 from ..sources.images import ImageItem
 from ..sources.remote import RemoteReadError, is_source_url, read_ahead, read_url_bytes
+from ..work_unit import WorkUnit
 from .decode import DecodeError, describe_error
 from .encode import encode
 from .image import preprocess_image
@@ -74,7 +75,7 @@ class Failed:
 
 
 @dataclass(frozen=True)
-class ImageTask:
+class ImageTask(WorkUnit):
     """Read, preprocess and encode one image file."""
 
     options: ImageOptions

@@ -18,6 +18,7 @@ from readers.schema import Skipped
 from readers.tokenizer import LONG_TEXT, Tokenizer, load_tokenizer
 
 from ..sources.text_docs import Changed, document_texts
+from ..work_unit import WorkUnit
 from .task import Encoded, Failed
 
 __all__ = ["TokenizeTask", "worker_tokenizer", "TEXT_LABEL"]
@@ -37,7 +38,7 @@ def worker_tokenizer(spec: str) -> Tokenizer:
 
 
 @dataclass(frozen=True)
-class TokenizeTask:
+class TokenizeTask(WorkUnit):
     """Tokenise one document: ids (truncated to ``max_tokens``), then ``eos_id``, as ``dtype``."""
 
     tokenizer: str

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ...options import ImageOptions
 from ...pool_worker import run_items
 from ...preprocess.task import Encoded, Failed, ImageTask
+from ...work_unit import WorkUnit, needs_main
 from ..piece_writer import Piece
 from .tar import TMP_PREFIX, ShardFile, ShardPart, is_full
 
@@ -40,7 +41,7 @@ class PieceResult:
 
 
 @dataclass(frozen=True)
-class PieceTask:
+class PieceTask(WorkUnit):
     """Convert the inputs of a :class:`Piece` and write its shard file(s) into ``folder``
     (``None``: return each shard's bytes in its :class:`ShardPart` instead).
 
@@ -53,6 +54,11 @@ class PieceTask:
     shard_size: int | None = None
     shard_bytes: int | None = None
     task: Callable[[Any], Encoded | Failed] | None = None
+
+    @property
+    def needs_main(self) -> bool:  # type: ignore[override]
+        """Passed on from the task it wraps (packer/work_unit.py)."""
+        return needs_main(self.task)
 
     def __call__(self, piece: Piece) -> PieceResult:
         task = self.task if self.task is not None else ImageTask(self.image)
