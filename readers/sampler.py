@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torch.utils.data import Sampler
+from torch.utils.data import IterableDataset, Sampler
 
 from .epoch import EpochCursor, EpochPlan, dataset_fingerprint, position_state, read_position_state, resolve_rank, whole_number
 
@@ -56,6 +56,9 @@ class ResumableSampler(Sampler[int]):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
+        if isinstance(data_source, IterableDataset):
+            raise TypeError(f"ResumableSampler: {type(data_source).__name__} is an IterableDataset, which splits itself across "
+                            "ranks and workers: give it to the DataLoader without a sampler")
         if isinstance(data_source, int) and not isinstance(data_source, bool):
             length = data_source
         elif hasattr(data_source, "__len__"):
@@ -100,7 +103,10 @@ class ResumableSampler(Sampler[int]):
 
     def state_dict(self, batches: int) -> dict[str, Any]:
         """The position after the DataLoader yielded ``batches`` batches of the current iteration
-        (counted from where it started: after a resume, from the resume position)."""
+        (counted from where it started: after a resume, from the resume position). After the
+        iteration's last batch: the next epoch, nothing of it consumed, as
+        :meth:`readers.Loader.state_dict` says, so a checkpoint saved at an epoch's last step
+        resumes with the next one."""
         batches = whole_number(batches, "state_dict: batches", "a count of batches (an int >= 0)")
         if self._started is None or self._started[0] != self.epoch:  # no iteration of this epoch yet
             if batches:
@@ -109,7 +115,10 @@ class ResumableSampler(Sampler[int]):
         epoch, start = self._started
         if batches > self.plan.steps(start):
             raise ValueError(f"state_dict: batches={batches} is more than the {self.plan.steps(start)} batches this iteration has")
-        return position_state(self.plan, epoch, self.plan.position(start, batches), self._fingerprint)
+        position = self.plan.position(start, batches)
+        if position >= self.plan.length:
+            return position_state(self.plan, epoch + 1, 0, self._fingerprint)
+        return position_state(self.plan, epoch, position, self._fingerprint)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration yield the rest of ``state``'s epoch (from :meth:`state_dict` or

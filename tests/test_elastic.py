@@ -138,6 +138,9 @@ def test_sampler_in_a_dataloader_with_workers_resumes_elastically(n, runs, drop_
     seen: list[int] = []
     last = None
     for j, (world, batch, workers, stop) in enumerate(runs):
+        if state is not None and state["epoch"] != epoch:  # saved at the epoch's last step: it says the next one, as the Loader's
+            assert state["epoch"] == epoch + 1 and state["samples_consumed"] == 0
+            break
         samplers = [ResumableSampler(ds, batch, seed=SEED, drop_last=drop_last, rank=r, world_size=world) for r in range(world)]
         start = 0 if state is None else state["samples_consumed"]
         k = None
@@ -196,13 +199,38 @@ def test_sampler_state_before_an_iteration_and_bad_counts():
         sampler.state_dict(6)
     with pytest.raises(ValueError, match="batches must be a count"):
         sampler.state_dict(-1)
-    assert sampler.state_dict(5)["samples_consumed"] == 10
+    assert {k: sampler.state_dict(5)[k] for k in ("epoch", "samples_consumed")} == {"epoch": 1, "samples_consumed": 0}  # as Loader's
     sampler.load_state_dict(sampler.state_dict(2))
     assert len(sampler) == 6 and sampler.state_dict(0)["samples_consumed"] == 4  # loaded, not yet iterated
     sampler.set_epoch(1)  # another epoch: the position is dropped
     assert len(sampler) == 10
     with pytest.raises(TypeError, match="sized dataset or its length"):
         ResumableSampler(iter(range(3)), 2)
+
+
+def test_sampler_and_loader_states_after_an_epochs_last_batch_are_the_same():
+    """A checkpoint at an epoch's last step resumes with the next epoch, from either; the
+    sampler's said the epoch was whole instead, and a loop starting at its epoch ran it again."""
+    data = TensorDataset(torch.zeros(61, 1, 1, 1, dtype=torch.uint8), torch.arange(61))
+    sampler = ResumableSampler(data, 4, seed=3, rank=0, world_size=2)
+    batches = len(list(DataLoader(data, batch_size=4, sampler=sampler)))
+    loader = Loader(data, 4, seed=3, rank=0, world_size=2)
+    for _ in loader:
+        pass
+    assert sampler.state_dict(batches) == loader.state_dict()
+    assert sampler.state_dict(batches)["epoch"] == 1 and sampler.state_dict(batches)["samples_consumed"] == 0
+
+
+def test_an_iterable_dataset_is_refused_by_the_sampler():
+    class Stream(torch.utils.data.IterableDataset):
+        def __len__(self):
+            return 36
+
+        def __iter__(self):
+            return iter(range(36))
+
+    with pytest.raises(TypeError, match="Stream is an IterableDataset, which splits itself"):
+        ResumableSampler(Stream(), 4)
 
 
 # -- refusals --------------------------------------------------------------------------------
