@@ -41,7 +41,7 @@ from .report import ConversionReport, human_bytes
 from .writers import get_writer
 from .writers.base import Writer, partial_path
 from .writers.piece_writer import PieceWriter, Written
-from .writers.journal import journal_path, saved_inputs
+from .writers.journal import foreign_leftover, journal_path, saved_inputs
 
 __all__ = ["run", "Interrupted", "check_unfinished"]
 
@@ -62,6 +62,9 @@ def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
     if holder is not None:
         raise busy_error(str(dst), holder)
     if not partial.exists() and (lock.exists() or journal_path(partial).exists()):  # a run killed between its rename and its cleanup
+        problem = foreign_leftover(partial)
+        if problem is not None:
+            raise OutputExistsError(f"{dst}: {problem}; move it away (packer removes only what its own conversions left)")
         with DestinationLock(lock, str(dst)):  # (removed while held: a conversion starting meanwhile keeps a lock of its own)
             shutil.rmtree(journal_path(partial), ignore_errors=True)
         return

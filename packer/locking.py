@@ -76,6 +76,13 @@ class DestinationLock:
             if same:
                 break
             os.close(fd)
+        try:
+            held = os.pread(fd, 64, 0).strip()
+        except OSError:
+            held = b""
+        if held and not held.isdigit():  # never truncated: what a killed run leaves is its pid
+            os.close(fd)
+            raise OutputError(f"{self.what}: {self.path} holds something other than packer's lock (a process id); move it away")
         self._fd = fd
         try:
             os.ftruncate(fd, 0)

@@ -29,7 +29,7 @@ from . import journal as _journal
 from .checkpoints import Committer
 from .files import fsync_tree, partial_path, publish, remove_path
 from ..destination import write_error
-from ..errors import OptionError, OutputError
+from ..errors import OptionError, OutputError, OutputExistsError
 from ..interrupts import signals_deferred
 from ..locking import DestinationLock, lock_path
 from ..options import StorageOptions
@@ -112,6 +112,8 @@ class Writer:
             except _journal.ResumeRefused as exc:  # nothing is touched: the partial output stays for a correct --resume
                 raise OptionError(f"--resume: {exc}; {exc.advice}, or with --overwrite instead of --resume to "
                                   "discard it and start over") from None
+        if checkpoint is None:
+            self._refuse_foreign_leftover()  # before the try: its clean-up removes DST.partial
         if resume and checkpoint is None:
             logging.getLogger("packer").warning("--resume: no interrupted conversion to %s to resume; starting over", self.dst)
         try:
@@ -128,6 +130,13 @@ class Writer:
             if isinstance(exc, OSError):
                 raise self.output_error(exc) from None
             raise
+
+    def _refuse_foreign_leftover(self) -> None:
+        """Raise :class:`OutputExistsError` where ``DST.partial`` or its journal folder is not
+        packer's leftover: a user's file of that name is never removed."""
+        problem = _journal.foreign_leftover(self.tmp)
+        if problem is not None:
+            raise OutputExistsError(f"{self.dst}: {problem}; move it away (packer removes only what its own conversions left)")
 
     # -- what a format supplies ---------------------------------------------------------
     def _open(self) -> None:

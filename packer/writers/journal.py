@@ -68,11 +68,34 @@ JOURNAL_VERSION = 1
 JOURNAL_FILE = "journal.json"
 #: One JSON string per line: each journaled sample's source name, in sample order.
 NAMES_FILE = "names.jsonl"
+#: The journal's rows (``ROW_DTYPE`` records, appended).
+ROWS_FILE = "samples.i64"
+#: Every name a journal folder ever holds (the checkpoint record is written to ``journal.tmp``,
+#: then renamed).
+JOURNAL_NAMES = frozenset({JOURNAL_FILE, NAMES_FILE, ROWS_FILE, "journal.tmp"})
 
 
 def journal_path(tmp: Path) -> Path:
     """The journal folder of the partial output ``tmp``."""
     return tmp.with_name(tmp.name + "-journal")
+
+
+def foreign_leftover(tmp: Path) -> str | None:
+    """Why ``tmp`` (``DST.partial``) or the journal folder beside it is not what a conversion of
+    packer's leaves behind, so that starting over may not remove it; ``None`` when both are
+    packer's or absent. Every run begins its journal before its partial output, so a partial
+    output with no journal beside it is someone else's, unless it is empty; a link is only a
+    link (removing it loses nothing)."""
+    folder = journal_path(tmp)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return f"{folder} is not a folder packer made"
+    if folder.is_dir():
+        others = sorted(entry.name for entry in folder.iterdir() if entry.name not in JOURNAL_NAMES)
+        if others:
+            return f"{folder} holds {', '.join(map(repr, others[:3]))}{' ...' if len(others) > 3 else ''}, which packer's journal never does"
+    elif tmp.exists() and not tmp.is_symlink() and (any(tmp.iterdir()) if tmp.is_dir() else tmp.stat().st_size):
+        return f"{tmp} is not a conversion packer left (no journal beside it)"
+    return None
 
 
 def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None) -> str:
@@ -200,7 +223,7 @@ class Journal:
     def __init__(self, tmp: Path, fingerprint: Mapping[str, Any]) -> None:
         self.folder = journal_path(tmp)
         self.fingerprint = dict(fingerprint)
-        self._rows_file = self.folder / "samples.i64"
+        self._rows_file = self.folder / ROWS_FILE
         self._names_file = self.folder / NAMES_FILE
         self._json_file = self.folder / JOURNAL_FILE
 

@@ -1,0 +1,61 @@
+"""Files of the user's named like what a conversion leaves beside DST (``DST.partial``, its
+``-journal`` folder, its ``-lock`` file) are never removed or rewritten: a fresh run, --resume
+and --overwrite refuse in one line naming them, and every file stays as it was. packer's own
+leftovers are still cleared (tests/test_overwrite.py, tests/test_resume.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import cli
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {os.path.relpath(os.path.join(d, f), root): hashlib.sha256(Path(d, f).read_bytes()).hexdigest()
+            for d, _, files in os.walk(root) for f in files}
+
+
+def folder_of_mine(path: Path) -> None:
+    path.mkdir()
+    (path / "thesis").mkdir()
+    (path / "thesis" / "ch1.tex").write_text("draft")
+
+
+def file_of_mine(path: Path) -> None:
+    path.write_text("my notes")
+
+
+def journal_of_mine(path: Path) -> None:
+    path.mkdir()
+    (path / "results.csv").write_text("a,b\n")
+
+
+LEFTOVERS = {  # (name beside DST, how the user made it, what the error names)
+    "partial folder": (".partial", folder_of_mine, "no journal beside it"),
+    "partial file": (".partial", file_of_mine, "no journal beside it"),
+    "journal folder": (".partial-journal", journal_of_mine, "'results.csv', which packer's journal never does"),
+    "lock file": (".partial-lock", file_of_mine, "holds something other than packer's lock"),
+}
+
+
+@pytest.mark.parametrize("kind", LEFTOVERS)
+@pytest.mark.parametrize("name, fmt", [("d.lmdb", "lmdb"), ("d.h5", "hdf5"), ("d.blob", "blob"), ("d", "webdataset")])
+@pytest.mark.parametrize("extra", [[], ["--resume"], ["--overwrite"]])
+def test_a_users_file_named_like_a_leftover_is_refused_and_kept(image_folder, tmp_path, kind, name, fmt, extra):
+    """They were removed without a word (the lock file truncated to a pid) by a fresh run, and by
+    --resume with nothing to resume (a data-safety walkthrough)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    suffix, make, named = LEFTOVERS[kind]
+    make(out / (name + suffix))
+    before = tree(out)
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(out / name), "-f", fmt, "--size", "8", "-q", *extra])
+    assert result.exit_code != 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and named in lines[0] and "move it away" in lines[0], result.output
+    assert tree(out) == before and sorted(p.name for p in out.iterdir()) == [name + suffix]
