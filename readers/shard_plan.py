@@ -123,6 +123,29 @@ def rank_shares(counts: Sequence[Sequence[int]], batch_size: int, drop_last: boo
     )
 
 
+def uneven_split(shards: int, natural: Sequence[Sequence[int]], shares: Sequence[Sequence[int]], batch_size: int,
+                 drop_last: bool) -> str | None:
+    """Why equal batches from whole shards are a poor split, or ``None``: where they repeat or
+    drop more than a tenth of an epoch's samples beyond what the same streams split by sample
+    would (whole batches per worker cost that much anyway): too few shards per stream.
+    ``natural``/``shares``: ``[rank][worker]`` samples read and yielded (:func:`rank_shares`)."""
+    world_size, workers = len(natural), len(natural[0]) if natural else 1
+    streams = world_size * workers
+    total, yielded = sum(map(sum, natural)), sum(map(sum, shares))
+    even = [[total // streams + (w * world_size + r < total % streams) for w in range(workers)] for r in range(world_size)]
+    try:
+        baseline = sum(map(sum, rank_shares(even, batch_size, drop_last))) if total else 0
+    except ValueError:  # split by sample, some rank would have no whole batch: the batch size is the matter, not the shards
+        return None
+    if not total or abs(yielded - baseline) <= total / 10:
+        return None
+    what = f"{yielded - total:,} repeated" if yielded > total else f"{total - yielded:,} dropped"
+    return (f"{shards} shards over {streams} stream{'s' if streams != 1 else ''} ({world_size} rank{'s' if world_size != 1 else ''} "
+            f"x {workers} DataLoader worker{'s' if workers > 1 else ''}): equal batches from whole shards leave epoch 0 with "
+            f"{what} of {total:,} samples ({abs(yielded - total) / total:.0%}; split by sample, {abs(baseline - total):,}); use "
+            "about 10 shards per stream (a smaller --shard-size), or read them map-style (Loader(ShardDataset(folder)))")
+
+
 def _round_robin_first(batches: Sequence[int], steps: int) -> list[int]:
     """How many of the first ``steps`` batches of an in-order round robin over workers holding
     ``batches[w]`` batches (an exhausted worker skipped) come from each worker."""

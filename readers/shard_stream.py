@@ -19,7 +19,7 @@ import torch
 from .codecs import decode_image
 from .formats import check_format
 from .formats.base import dataset_path, local_path
-from .formats.webdataset import META_FILE, ShardStore, parse_metadata, parse_npy, read_metadata
+from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
 #: Names of local files taken as shards without reading their first bytes.
@@ -144,3 +144,29 @@ def _check_local(paths: Iterator[str]) -> None:
             raise PackedFormatError(f"{path}: a shard folder among the shards; pass the folder alone, or its .tar shards")
         if os.path.isfile(path) and not (path.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(path)):
             check_format(path, ShardStore.format_name)
+
+
+def shard_samples(urls: Sequence[str], cache: Any = None) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
+    """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded;
+    ``cache``: a :class:`~readers.remote.ShardCache` that keeps the shards read."""
+    from .remote import open_shard
+
+    image_exts = set(EXTENSIONS.values())
+    for url in urls:
+        stream = cache.open(url) if cache is not None else open_shard(url)
+        try:
+            key, image, label = None, None, -1
+            for name, data in iter_tar(stream, url):
+                stem, _, ext = name.partition(".")
+                if stem != key:
+                    if image is not None:
+                        yield image, label
+                    key, image, label = stem, None, -1
+                if ext in image_exts:
+                    image = (data, ext, url, name)
+                elif ext == LABEL_EXTENSION:
+                    label = int(data.tobytes())
+            if image is not None:
+                yield image, label
+        finally:
+            stream.close()

@@ -19,17 +19,16 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .dataset import PackedDataset
 from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, flag,
                     positive_number, resolve_rank, whole_number)
-from .shard_plan import ShardPlan, rank_shares
-from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, ShardStore, iter_tar
+from .shard_plan import ShardPlan, rank_shares, uneven_split
+from .formats.webdataset import ShardStore
 from .schema import PackedFormatError
-from .shard_stream import decode_member, resolve_shards, shard_name, shuffled
+from .shard_stream import decode_member, resolve_shards, shard_name, shard_samples, shuffled
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -67,7 +66,8 @@ class StreamingShards(IterableDataset):
     sample is read once per epoch over all ranks and workers (plus the padding below). With
     ``shuffle``, samples pass through a shuffle buffer of ``buffer`` samples seeded from (seed,
     epoch, rank, worker). Call :meth:`set_epoch` before each epoch (as with
-    ``DistributedSampler``); with ``persistent_workers=True`` the workers do not see it.
+    ``DistributedSampler``); the epoch is kept in shared memory, so ``persistent_workers=True``
+    workers follow it too.
 
     Remote shards (readers/remote.py): http(s) URLs stream through ``gopen``, other fsspec URLs
     (``s3://bucket/data/``, ...) through fsspec; a folder URL (or shards sharing one) has its
@@ -80,7 +80,8 @@ class StreamingShards(IterableDataset):
     whole shards, so their sample counts differ; from the metadata's per-shard counts every rank
     computes every rank's and worker's share (:func:`~readers.shard_plan.rank_shares`). Pass the
     DataLoader's ``batch_size`` and ``num_workers`` (``batch_size=None``: batches of one sample, any
-    ``num_workers``). By default each worker's samples are padded to whole batches by repeating its
+    ``num_workers``; without them, rank 0 warns in a DataLoader with several workers, whose batch
+    counts may then differ by rank). By default each worker's samples are padded to whole batches by repeating its
     own samples from its first shard on, then ranks with fewer batches get whole batches of such
     repeats up to the longest rank (as ``DistributedSampler`` pads; every batch is full); with
     ``drop_last=True`` each rank stops after the shortest rank's number of whole batches (each
@@ -156,6 +157,10 @@ class StreamingShards(IterableDataset):
         self.transform = transform
         # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
         self._cursor = EpochCursor()
+        #: The epoch in shared memory: a DataLoader's persistent workers keep their copy of this
+        #: object from epoch to epoch, and take the epoch :meth:`set_epoch` gave from here at each
+        #: iteration (torch shares the tensor with them, forked or spawned).
+        self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.set_epoch(0)
         if self.meta is not None and self.rank == 0:
             self._warn_uneven()
@@ -184,6 +189,7 @@ class StreamingShards(IterableDataset):
         except ValueError:
             self._cursor.epoch, self._cursor.position = before
             raise
+        self._shared_epoch[0] = self._cursor.epoch
 
     # -- equal steps --------------------------------------------------------------------------
     def _shares(self, num_workers: int) -> tuple[list[int], list[int]]:
@@ -208,26 +214,12 @@ class StreamingShards(IterableDataset):
         return natural, rank_shares(natural, self.batch_size or 1, self.drop_last)
 
     def _warn_uneven(self) -> None:
-        """Warn (rank 0, once, at construction) where equal batches from whole shards repeat or
-        drop more than a tenth of epoch 0's samples beyond what the same streams split by sample
-        would (whole batches cost that much anyway): too few shards per stream (ranks x workers)."""
+        """Warn (rank 0, once, at construction) where too few shards per stream make equal
+        batches repeat or drop much of epoch 0 (:func:`~readers.shard_plan.uneven_split`)."""
         workers = max(1, self.num_workers)
-        streams = self.world_size * workers
-        natural, shares = self._every_share(0, workers)
-        total, yielded = sum(map(sum, natural)), sum(map(sum, shares))
-        even = [[total // streams + (w * self.world_size + r < total % streams) for w in range(workers)] for r in range(self.world_size)]
-        try:
-            baseline = sum(map(sum, rank_shares(even, self.batch_size or 1, self.drop_last))) if total else 0
-        except ValueError:  # split by sample, some rank would have no whole batch: the batch size is the matter, not the shards
-            return
-        if total and abs(yielded - baseline) > total / 10:
-            what = f"{yielded - total:,} repeated" if yielded > total else f"{total - yielded:,} dropped"
-            warnings.warn(
-                f"StreamingShards: {len(self.urls)} shards over {streams} stream{'s' if streams != 1 else ''} ({self.world_size} "
-                f"rank{'s' if self.world_size != 1 else ''} x {workers} DataLoader worker{'s' if self.num_workers > 1 else ''}): equal "
-                f"batches from whole shards leave epoch 0 with {what} of {total:,} samples ({abs(yielded - total) / total:.0%}; "
-                f"split by sample, {abs(baseline - total):,}); use about 10 shards per stream (a smaller --shard-size), or read "
-                "them map-style (Loader(ShardDataset(folder)))", stacklevel=3)
+        message = uneven_split(len(self.urls), *self._every_share(0, workers), self.batch_size or 1, self.drop_last)
+        if message is not None:
+            warnings.warn(f"StreamingShards: {message}", stacklevel=3)
 
     # -- resuming ----------------------------------------------------------------------------
     def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
@@ -278,6 +270,10 @@ class StreamingShards(IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
         stopped; the order-deciding settings must match (a ``ValueError`` names the one that differs)."""
+        self._load_state(state)
+        self._shared_epoch[0] = self._cursor.epoch
+
+    def _load_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or "skip" not in state:
             raise ResumeError(f"load_state_dict: not a StreamingShards state (no 'skip'): {sorted(state) if isinstance(state, dict) else type(state).__name__}")
         if state.get("world_size", self.world_size) != self.world_size:
@@ -355,6 +351,8 @@ class StreamingShards(IterableDataset):
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            self._worker_checks(info.id, info.num_workers)
         if self.batch_size is not None and num_workers != max(1, self.num_workers):
             raise ValueError(
                 f"StreamingShards: equal batches were computed for num_workers={self.num_workers}, this DataLoader has "
@@ -381,6 +379,20 @@ class StreamingShards(IterableDataset):
             sample = decode_member(*encoded, self.meta)
             yield (self.transform(sample) if self.transform is not None else sample), label
 
+    def _worker_checks(self, worker: int, num_workers: int) -> None:
+        """In a DataLoader worker: follow the epoch :meth:`set_epoch` gave since this copy was made
+        (a persistent worker's), and warn (rank 0's first worker) where the ranks' batch counts
+        may differ."""
+        epoch = int(self._shared_epoch[0])
+        if epoch != self._cursor.epoch:
+            self._cursor.set_epoch(epoch)  # (a position loaded for the epoch before goes with it)
+        if worker == 0 and self.rank == 0 and num_workers > 1 and self.world_size > 1 and self.batch_size is None and self.meta is not None:
+            warnings.warn(
+                f"StreamingShards: without batch_size, ranks yield the same number of samples, but split over {num_workers} "
+                "DataLoader workers not always the same number of batches (DDP then waits forever at an epoch's end, and "
+                "len(DataLoader) is not the count): pass the DataLoader's batch_size and num_workers to StreamingShards",
+                stacklevel=3)
+
     def _positions(self, urls: list[str], worker: int, skip: int, own: int | None, share: int | None) -> Iterator[Any]:
         """The worker's encoded samples from position ``skip`` to ``share``: its ``own`` samples
         (shuffled or not; truncated when ``share`` is smaller), then, when ``share`` is larger,
@@ -394,7 +406,7 @@ class StreamingShards(IterableDataset):
                 while rest and n + counts.get(shard_name(rest[0]), skip + 1) <= skip:
                     n += counts[shard_name(rest[0])]
                     rest = rest[1:]
-            samples = self._samples(rest)
+            samples = shard_samples(rest, self.cache)
             if self.shuffle:
                 samples = shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
             for sample in samples:
@@ -406,7 +418,7 @@ class StreamingShards(IterableDataset):
         n = own or 0
         while share is not None and n < share:  # the padding (equal_batches pads only workers with samples)
             before = n
-            for sample in self._samples(urls):
+            for sample in shard_samples(urls, self.cache):
                 if n >= share:
                     break
                 if n >= skip:
@@ -414,30 +426,6 @@ class StreamingShards(IterableDataset):
                 n += 1
             if n == before:
                 raise PackedFormatError(f"{urls[0] if urls else 'StreamingShards'}: no samples to pad with, the metadata counts {own}")
-
-    def _samples(self, urls: list[str]) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
-        """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded."""
-        from .remote import open_shard
-
-        image_exts = set(EXTENSIONS.values())
-        for url in urls:
-            stream = self.cache.open(url) if self.cache is not None else open_shard(url)
-            try:
-                key, image, label = None, None, -1
-                for name, data in iter_tar(stream, url):
-                    stem, _, ext = name.partition(".")
-                    if stem != key:
-                        if image is not None:
-                            yield image, label
-                        key, image, label = stem, None, -1
-                    if ext in image_exts:
-                        image = (data, ext, url, name)
-                    elif ext == LABEL_EXTENSION:
-                        label = int(data.tobytes())
-                if image is not None:
-                    yield image, label
-            finally:
-                stream.close()
 
     def __repr__(self) -> str:
         return (
