@@ -59,7 +59,7 @@ from packer import ImageOptions, StorageOptions, convert
 from packer.parallel import keep_freed_memory, ordered_map
 from packer.preprocess.task import ImageTask
 from packer.sources.images import scan_image_folder
-from packer.writers.files import remove_path
+from packer.files import remove_path
 
 from .work_units import Dropped, WrittenAlone
 from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, presized, save_json, run_main

@@ -46,7 +46,7 @@ from typing import Any
 from packer.parallel import TRANSPORTS, keep_freed_memory, ordered_map
 from packer.preprocess.task import Encoded
 from packer.writers import get_writer
-from packer.writers.files import remove_path
+from packer.files import remove_path
 from readers.schema import Metadata
 
 from .work_units import SHAPE, MakeSample

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OutputError
-from .writers.files import punch_hole
+from .files import punch_hole
 
 __all__ = ["MultipartUpload", "supports_multipart", "state_path", "FIRST_PART", "MIN_PART", "MAX_PART"]
 

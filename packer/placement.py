@@ -40,14 +40,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .errors import OutputError
+from . import files
+from .files import WriteBehind
 from .preprocess.task import Encoded, Failed
 from .work_unit import WorkUnit, needs_main
-
-if TYPE_CHECKING:
-    from .writers.files import WriteBehind
 
 __all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "pwrite_all", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
 
@@ -118,9 +117,7 @@ class Placement:
 
     def task(self, task: Callable[[Any], Encoded | Failed]) -> "PlaceTask":
         """The work unit that runs ``task`` and places its sample (a picklable object)."""
-        from .writers import files  # (here, not above: the writers import this module)
-
-        return PlaceTask(task, self.path, self.stride, self.shape, files.WRITE_BEHIND_STEP)
+        return PlaceTask(task, self.path, self.stride, self.shape, files.WRITE_BEHIND_STEP)  # (looked up now: tests shrink it)
 
     def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, int | None]]:
         """``items`` (input ``first`` on) as ``(index, item, offset)``, ``offset`` the place to
@@ -201,8 +198,6 @@ class PlaceTask(WorkUnit):
             raise
         self._fd = fd
         if os.getpid() != self._driver:
-            from .writers.files import WriteBehind  # (here, not above: the writers import this module)
-
             self._behind = WriteBehind(fd, self.behind_step)  # (the output is not read while it is written)
 
     def _place(self, index: int, result: Encoded | Failed, offset: int | None) -> Encoded | Failed | Placed:

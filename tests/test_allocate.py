@@ -1,5 +1,5 @@
 """The blob and HDF5 writers allocate the disk blocks of every sample their workers will write
-before the first is written (``packer.writers.files.allocate``; docs/SCALING.md says why): the
+before the first is written (``packer.files.allocate``; docs/SCALING.md says why): the
 kernel shows the blocks (``st_blocks``) as the workers start; the output is the same file; what
 skipped inputs left unused is given back; where the filesystem cannot, nothing changes; a full
 disk at that point is the usual one-line error, nothing left, a resumed run's checkpoint kept."""
@@ -23,7 +23,8 @@ from checkpoints import interrupt_at_call
 from imagefiles import gradient, jpeg_bytes, write
 from packer import ImageOptions, convert
 from packer.cli import cli
-from packer.writers import blob as blob_writer, files, hdf5 as hdf5_writer
+from packer import files
+from packer.writers import blob as blob_writer, hdf5 as hdf5_writer
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from readers.formats import open_store

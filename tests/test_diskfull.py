@@ -15,7 +15,7 @@ from imagefiles import write
 from packer import ImageOptions, StorageOptions, convert
 from packer import parallel
 from packer.cli import cli
-from packer.writers import files  # publish() and its syncs
+from packer import files  # publish() and its syncs
 from packer.writers.blob import BlobWriter
 from packer.writers.hdf5 import HDF5Writer
 from packer.writers.lmdb import LMDBWriter

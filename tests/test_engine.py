@@ -262,7 +262,7 @@ def test_ctrl_c_while_the_output_is_renamed_is_reported_as_complete(image_folder
     import os
     import signal
 
-    import packer.writers.files as files  # where publish() renames
+    import packer.files as files  # where publish() renames
     import packer.writers.journal as journal
     from readers.formats import open_store
 

@@ -17,7 +17,7 @@ import pytest
 
 import readers.formats.lmdb as lmdb_format
 from packer import ImageOptions, convert
-from packer.writers.files import fsync_path
+from packer.files import fsync_path
 from readers import open_dataset
 
 pytestmark = pytest.mark.skipif(lmdb_format._RUSAGE_THREAD is None, reason="counts page faults per thread (Linux)")

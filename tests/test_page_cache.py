@@ -1,5 +1,5 @@
 """LMDB's pages and WebDataset's shards leave the page cache once a checkpoint made them
-durable (``packer.writers.files.release_cached``), and a WebDataset worker's shard, or the
+durable (``packer.files.release_cached``), and a WebDataset worker's shard, or the
 samples a blob's or HDF5's workers place, as they are written (``WriteBehind``): read back
 from the kernel (``mincore`` on a map of the file), not from the writer's calls."""
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-import packer.writers.files as files
+import packer.files as files
 import packer.writers.journal as journal
 from packer import ImageOptions, StorageOptions, convert
 from packer.preprocess.task import Encoded
 from packer.sources.images import scan_image_folder
 from packer.writers.piece_writer import Piece
-from packer.writers.files import WriteBehind
+from packer.files import WriteBehind
 from packer.writers.webdataset.pieces import PieceTask, fragments
 from packer.writers.webdataset.tar import Assembly, renumber
 from readers.formats.webdataset import RECORD

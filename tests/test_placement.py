@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import packer.engine
-import packer.writers.files as files
+import packer.files as files
 import packer.writers.journal as journal
 from imagefiles import gradient, jpeg_bytes, write
 from packer import ImageOptions, convert, parallel

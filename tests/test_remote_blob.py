@@ -289,7 +289,7 @@ def test_part_sizes_stay_within_s3_limits():
 
 
 def test_punch_hole_releases_blocks_and_keeps_the_size(tmp_path):
-    from packer.writers.files import punch_hole
+    from packer.files import punch_hole
 
     path = tmp_path / "file"
     path.write_bytes(os.urandom(4 << 20))

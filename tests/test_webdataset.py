@@ -109,7 +109,7 @@ def test_many_workers_on_few_shards_get_a_hint(tmp_path, caplog):
         writer.pieces(items[1000:], image, workers=16)  # type: ignore[arg-type]
     writer.abort()
     assert [r.getMessage() for r in caplog.records] == [
-        "20 shard(s) for 16 workers: this process assembles them from the workers' fragments, about 2,000 img/s at most; "
+        "20 shard(s) for 16 workers: this process assembles them from the workers' fragments, a bound of its own on the rate; "
         "--shard-size 625 lets every worker write shards of its own (docs/SCALING.md)"
     ]
 

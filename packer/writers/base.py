@@ -27,7 +27,7 @@ from readers.schema import Metadata, Skipped
 
 from . import journal as _journal
 from .checkpoints import Committer
-from .files import fsync_tree, partial_path, publish, remove_path
+from ..files import fsync_tree, partial_path, publish, remove_path
 from ..destination import write_error
 from ..errors import OptionError, OutputError, OutputExistsError
 from ..interrupts import signals_deferred

@@ -34,7 +34,7 @@ from readers.schema import FORMAT_VERSION, Metadata
 from ..placement import Placed, Placement, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import allocate
+from ..files import allocate
 from .journal import Checkpoint, record_shapes
 
 __all__ = ["BlobWriter", "BlobSink"]

@@ -36,7 +36,7 @@ from readers.schema import Metadata
 from ..placement import Placed, Placement, pwrite_all, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import allocate, fsync_path, punch_hole
+from ..files import allocate, fsync_path, punch_hole
 from .journal import Checkpoint, record_shapes
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]

@@ -56,7 +56,7 @@ from readers.schema import Metadata
 
 from ..preprocess.task import Encoded
 from .base import Writer
-from .files import WriteBehind, keep_freed_heap, release_cached
+from ..files import WriteBehind, keep_freed_heap, release_cached
 from .journal import Checkpoint
 
 __all__ = ["LMDBWriter"]

@@ -21,7 +21,7 @@ from readers.encodings import get_encoding
 from readers.formats.webdataset import BLOCK, INDEX_DTYPE, LABEL_EXTENSION, RECORD, npy_header, sample_array_shape, sample_key, tar_header
 
 from ...preprocess.task import Encoded
-from ..files import WriteBehind, read_ahead
+from ...files import WriteBehind, read_ahead
 
 __all__ = ["MEMBER_DTYPE", "ShardPart", "ShardFile", "Assembly", "tar_end", "is_full", "renumber", "TMP_PREFIX"]
 
@@ -70,7 +70,7 @@ def is_full(samples: int, member_bytes: int, incoming: int, shard_size: int | No
 class ShardFile:
     """One tar file being written sequentially (to ``folder``, else in memory), with the
     records of its samples; ``write_behind``: a finished shard's file, written to disk as it
-    grows (:class:`~packer.writers.files.WriteBehind`; not a fragment, which the driver reads)."""
+    grows (:class:`~packer.files.WriteBehind`; not a fragment, which the driver reads)."""
 
     def __init__(self, folder: str | None, name: str, encoding: str, *, write_behind: bool = False) -> None:
         self.path = Path(folder) / name if folder is not None else None
@@ -209,7 +209,7 @@ def _close_quietly(handle: Any) -> None:
 def renumber(path: Path, rows: np.ndarray, first: int, encoding: str) -> None:
     """Rewrite the member names of the samples ``rows`` of the shard ``path`` in place, keyed
     from ``first`` (keys are fixed-width: only the 512-byte headers change). The shard was written
-    behind (:class:`~packer.writers.files.WriteBehind`): the pages of its headers are asked for
+    behind (:class:`~packer.files.WriteBehind`): the pages of its headers are asked for
     all at once first, not read one by one as each partial write of a page not cached must."""
     extension = get_encoding(encoding).extension
     fd = os.open(path, os.O_RDWR)

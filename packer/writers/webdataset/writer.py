@@ -35,7 +35,7 @@ from ...options import ImageOptions, StorageOptions
 from ...preprocess.task import Encoded, Failed
 from ..base import remove_path
 from ..piece_writer import Piece, PieceWriter, Written
-from ..files import fsync_path
+from ...files import fsync_path
 from ..journal import ROW_DTYPE, Checkpoint
 from .pieces import PieceResult, PieceTask, fragments
 from .tar import TMP_PREFIX, Assembly, ShardPart, is_full, renumber
@@ -190,8 +190,8 @@ class ShardWriter(PieceWriter):
         if workers >= _ASSEMBLY_BOUND_WORKERS and len(items) >= _ASSEMBLY_BOUND_INPUTS and not self.resumed_inputs:
             # (a resumed run must keep its --shard-size: the journal's fingerprint holds it)
             logging.getLogger("packer").warning(
-                "%d shard(s) for %d workers: this process assembles them from the workers' fragments, about 2,000 img/s "
-                "at most; --shard-size %d lets every worker write shards of its own (docs/SCALING.md)",
+                "%d shard(s) for %d workers: this process assembles them from the workers' fragments, a bound of its own "
+                "on the rate; --shard-size %d lets every worker write shards of its own (docs/SCALING.md)",
                 len(pieces), workers, len(items) // (_PIECES_PER_WORKER * workers),
             )
         return cut
