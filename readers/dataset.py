@@ -18,7 +18,12 @@ from .formats import check_format
 from .formats.base import Store
 from .schema import Metadata
 
-__all__ = ["PackedDataset"]
+__all__ = ["PackedDataset", "store_of"]
+
+
+def store_of(dataset: Any) -> Store | None:
+    """The packer store a dataset reads (a :class:`PackedDataset`'s), or ``None`` for any other."""
+    return dataset.store if isinstance(dataset, PackedDataset) else None
 
 Transform = Callable[[torch.Tensor], Any]
 

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from .dataset import store_of
 from .nvjpeg import GPUDecoder
 from .schema import PackedFormatError
 
@@ -37,8 +38,8 @@ OPTION = "decode='cuda'"
 
 def decodable_store(dataset: Any) -> Any:
     """The store of ``dataset`` if its samples are JPEGs of one shape; else ValueError, one line."""
-    store = getattr(dataset, "store", None)
-    if store is None or not hasattr(store, "records"):
+    store = store_of(dataset)
+    if store is None:
         raise ValueError(f"{OPTION}: reads packer datasets (readers.open_dataset), not a {type(dataset).__name__}")
     store.require_images()
     meta = store.meta

@@ -26,6 +26,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from .dataset import store_of
+
 __all__ = ["DeviceGather", "DeviceGatherUnavailable", "host_arrays"]
 
 _MAPPED, _READ_ONLY = 2, 8  # cudaHostRegisterMapped, cudaHostRegisterReadOnly
@@ -40,18 +42,17 @@ class DeviceGatherUnavailable(RuntimeError):
 def host_arrays(dataset: Any, *, in_memory_only: bool) -> tuple[np.ndarray, np.ndarray]:
     """The (N, C, H, W) uint8 pixel array and (N,) labels of a fixed-shape raw blob, or raise
     :class:`DeviceGatherUnavailable` saying why not."""
-    store = getattr(dataset, "store", None)
-    arrays = getattr(store, "pixel_arrays", None)
-    if arrays is None:
+    store = store_of(dataset)
+    if store is None or not store.has_pixel_arrays:
         raise DeviceGatherUnavailable(f"{type(dataset).__name__}: only a RAM blob (readers.RAMDataset) can be gathered on the device")
-    if in_memory_only and not getattr(store, "in_memory", False):
+    if in_memory_only and not store.in_memory:
         raise DeviceGatherUnavailable(f"{store.path}: opened with in_memory=False (pass gather='device' to page-lock the mapped file)")
-    if getattr(store, "verify", False):
+    if store.verify:
         raise DeviceGatherUnavailable(
             f"{store.path}: opened with verify=True, and a device gather would skip the per-sample checksum "
             "check: open it with verify=False to gather on the GPU, or use gather='host' to keep verifying"
         )
-    found = arrays()
+    found = store.pixel_arrays()
     if found is None:
         raise DeviceGatherUnavailable(f"{store.path}: only fixed-shape raw samples can be gathered on the device")
     return found

@@ -41,7 +41,7 @@ class BatchSource:
         if meta is not None and getattr(meta, "fixed_shape", True) is False and getattr(meta, "kind", "image") == "image":
             raise ValueError(
                 f"{getattr(target, 'path', dataset)}: samples have different shapes, so they cannot fill one batch "
-                "array: convert with --resize-mode center-crop, pad or stretch, or use a DataLoader with a collate_fn"
+                "array: convert with --size N (cropped, padded or stretched to it: --resize-mode), or use a DataLoader with a collate_fn"
             )
         self._read_batch: Callable[..., Any] | None = getattr(target, "read_batch", None)
         self._dataset = dataset

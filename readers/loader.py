@@ -45,6 +45,7 @@ import torch.autograd.profiler as _profiler
 from torch.profiler import record_function
 
 from .cuda import CudaTransfer, resolve_device
+from .dataset import store_of
 from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
 from .epoch import (EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, positive_number, read_position_state,
                     resolve_rank, subset_of)
@@ -73,8 +74,8 @@ def default_threads(dataset: Any = None) -> int:
     read through h5py), where more threads only add contention; that one still fills in the
     background, overlapping training.
     """
-    store = getattr(dataset, "store", dataset)
-    if getattr(store, "serial_reads", False):
+    store = store_of(dataset)
+    if store is not None and store.serial_reads:
         return 1
     try:
         cores = len(os.sched_getaffinity(0))

@@ -95,6 +95,13 @@ class Store:
     format_name: ClassVar[str] = ""
     #: The format's name in messages: "a packer HDF5 dataset, not LMDB".
     label: ClassVar[str] = ""
+    #: Whether :meth:`pixel_arrays` may give the samples as one array (a device-side gather).
+    has_pixel_arrays: ClassVar[bool] = False
+    #: Whether reads serialise on a process-wide lock (h5py's): a second filling thread only adds
+    #: contention (``readers.Loader`` then uses one).
+    serial_reads: bool = False
+    #: Whether the dataset's bytes are a copy in memory rather than read from storage.
+    in_memory: bool = False
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self.path = dataset_path(path)
@@ -192,6 +199,11 @@ class Store:
         valid only until the next record is requested: copy it to keep it.
         """
         return self._records(self.check_indices(indices))
+
+    def pixel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """This process's (N, C, H, W) pixel array and (N,) labels over the stored bytes, where the
+        format has them (:attr:`has_pixel_arrays`) and the samples are fixed-shape raw; else ``None``."""
+        return None
 
     def structure_faults(self) -> Iterator[Fault]:
         """Problems with the format's own structure that opening the store does not check, as

@@ -228,6 +228,8 @@ class BlobStore(Store):
             raw = handle.read(length)
         return decode_source_names(raw, self.meta.count, where=f"{self.path} (sources)")
 
+    has_pixel_arrays = True
+
     def pixel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """This process's (N, C, H, W) pixel array and (N,) labels, straight over the file's bytes
         (for a device-side gather, ``readers.device_gather``); ``None`` unless fixed-shape raw, and
