@@ -152,6 +152,8 @@ def convert(
     if str(dst)[:7].lower() == "file://" and fmt not in REMOTE_FORMATS:  # a local path all the same: written in place
         dst = local_path(str(dst))
     if is_dst_url(str(dst)):
+        if sink is not None:
+            raise OptionError("sink: a URL DST is written through a sink of its own (packer/remote.py); give a local dst, or no sink")
         with remote_destination(str(dst), fmt, overwrite=overwrite, resume=resume) as staging:
             local = staging.local_dst
             check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)

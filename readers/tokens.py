@@ -36,7 +36,7 @@ class TokenDataset(Dataset):
 
     ``expect_tokenizer``: ``"bytes"``, a tokenizer file or its sha256; a dataset made with another
     tokenizer is refused. ``in_memory``: a blob is copied once into shared memory (as
-    :class:`readers.RAMDataset`); other formats ignore it. ``verify=True``: every document a
+    :class:`readers.RAMDataset`); other formats refuse it (``ValueError``). ``verify=True``: every document a
     read touches is checked against its stored checksum, once per process
     (:class:`readers.formats.tokens.TokenStore`); a damaged one raises
     :class:`readers.checksums.CorruptSampleError`. Off by default, as for raw image samples.

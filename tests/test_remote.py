@@ -95,6 +95,13 @@ def test_a_server_that_cannot_be_reached_or_refuses_is_one_line(shards, http_roo
         StreamingShards(f"{http_root}/shards/shard-{{000000..000009}}.tar", batch_size=2)
 
 
+def test_a_sink_beside_a_url_dst_is_refused(s3, image_folder):
+    """A URL DST writes through a sink of its own: a caller's was dropped without a word."""
+    with pytest.raises(OptionError, match="sink: a URL DST is written through a sink of its own"):
+        convert(image_folder, "s3://packer-test/refused", format="webdataset", image=ImageOptions(size=16), workers=1, sink=object())
+    assert not s3.exists("packer-test/refused")
+
+
 def test_webdataset_to_s3_and_streamed_back(s3, image_folder, shards, tmp_path):
     report = convert(image_folder, "s3://packer-test/train", format="webdataset", image=ImageOptions(size=16),
                      storage=StorageOptions(shard_size=4), workers=1)

@@ -86,6 +86,15 @@ def test_open_dataset_gives_the_documents(converted, fmt):
         assert ds.decode(doc[:-1]) == text  # and with the tokenizer the dataset records
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "webdataset"])
+def test_in_memory_is_refused_where_it_cannot_apply(converted, fmt):
+    """Only a blob is copied into shared memory: in_memory=True on another format was ignored
+    without a word (a read of the code)."""
+    with pytest.raises(ValueError, match=f"in_memory=True copies a blob into shared memory, and this is a {fmt} dataset"):
+        TokenDataset(converted(fmt), in_memory=True)
+    assert TokenDataset(converted("blob"), in_memory=True)[0].tolist() == DOCS[0]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_open_dataset_blocks_cross_documents(converted, fmt):
     ds = open_dataset(converted(fmt), block_size=7)

@@ -172,9 +172,12 @@ class TokenStore:
 
 
 def _open(path: Path, in_memory: bool, verify: bool) -> Store:
+    fmt = detect_format(path)
     if in_memory:
         from .blob import BlobStore
 
-        if BlobStore.recognises(path):
-            return BlobStore(path, in_memory=True, verify=verify)
-    return store_class(detect_format(path))(path, verify=verify)
+        if not BlobStore.recognises(path):
+            raise ValueError(f"{path}: in_memory=True copies a blob into shared memory, and this is a {fmt} dataset; "
+                             "leave in_memory out (or convert to .blob)")
+        return BlobStore(path, in_memory=True, verify=verify)
+    return store_class(fmt)(path, verify=verify)
