@@ -248,7 +248,10 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     except BaseException:
         getattr(run_map, "release", lambda: None)()
         raise
-    with run_map(task, pieces, workers=workers, chunksize=1, on_crash=_piece_crash, item_timeout=per_piece) as results:
+    def crashed(piece: Any, reason: str) -> NoReturn:
+        raise InputError(writer.piece_crashed(piece, reason))
+
+    with run_map(task, pieces, workers=workers, chunksize=1, on_crash=crashed, item_timeout=per_piece) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))
 
 
@@ -257,10 +260,3 @@ def _crash_failure(item: Any, reason: str) -> Failed:
     return Failed(item.path, reason)
 
 
-def _piece_crash(piece: Any, reason: str) -> NoReturn:
-    """A whole piece killed or hung its worker: stop, naming where to look."""
-    raise InputError(
-        f"{piece.items[0].path}: the worker converting the WebDataset piece of "
-        f"{len(piece.items):,} inputs that starts with this input {reason} (a piece is converted whole: convert to .lmdb "
-        "to find and skip the input that does it, or raise --timeout)"
-    )

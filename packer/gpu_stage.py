@@ -41,6 +41,8 @@ from .preprocess.encode import encode
 from .preprocess.fetch import Fetched, FetchMemberTask, FetchTask
 from .preprocess.members import MemberTask
 from .preprocess.task import Encoded, Failed, ImageTask
+from .writers import get_writer
+from .writers.piece_writer import PieceWriter
 
 __all__ = ["Fetched", "FetchTask", "FetchMemberTask", "GPUStage", "gpu_job", "check_gpu_conversion", "BATCH", "OPTION"]
 
@@ -56,8 +58,9 @@ def check_gpu_conversion(fmt: str, executor: str, python_dataset: bool) -> None:
     """Refuse, in one line, ``--decode-device cuda`` where it cannot apply."""
     if executor != "local":
         raise OptionError(f"{OPTION}: does not apply with --executor {executor} (it decodes in this machine's conversion process); drop one of them")
-    if fmt == "webdataset":
-        raise OptionError(f"{OPTION}: does not apply to webdataset output (its workers write their own shards); convert to lmdb, hdf5 or blob, or drop it")
+    if issubclass(get_writer(fmt), PieceWriter):
+        raise OptionError(f"{OPTION}: does not apply to {fmt} output (its workers write their own shards); convert to a format "
+                          "written sample by sample (lmdb, hdf5 or blob), or drop it")
     if python_dataset:
         raise OptionError(f"{OPTION}: does not apply to a Python dataset (its images arrive decoded: nothing to decode); drop it")
 

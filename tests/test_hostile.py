@@ -321,7 +321,7 @@ def test_inputs_that_overrun_the_timeout_are_skipped_with_the_reason(image_folde
 def test_a_webdataset_piece_that_overruns_is_a_clear_error(image_folder, tmp_path):
     """2 pieces of 9 for 2 workers: converted in fragments (of 5 and 4), each one task; a task that
     overruns stops the conversion, naming its first input."""
-    with pytest.raises(InputError, match=r"class_0\d/img_\d+.jpg: the worker converting the WebDataset piece of \d+ inputs .* timed out"):
+    with pytest.raises(InputError, match=r"class_0\d/img_\d+.jpg: the worker converting the webdataset piece of \d+ inputs .* timed out"):
         convert(image_folder, tmp_path / "out.shards", format="webdataset", image=ImageOptions(size=8), workers=2,
                 storage=StorageOptions(shard_size=9), timeout=1e-6)
     assert not (tmp_path / "out.shards").exists()

@@ -58,6 +58,13 @@ class PieceWriter(Writer, metaclass=ABCMeta):
     with :meth:`_record_rows`.
     """
 
+    def piece_crashed(self, piece: Piece, reason: str) -> str:
+        """The one line that stops the run when the worker converting ``piece`` crashed or hung
+        (``reason``: ``"crashed the decoder (SIGSEGV)"``, ``"timed out after 120 s"``)."""
+        return (f"{piece.items[0].path}: the worker converting the {self.format_name} piece of {len(piece.items):,} inputs "
+                f"that starts with this input {reason} (a piece is converted whole: convert to a format written sample by "
+                "sample, such as .lmdb, to find and skip the input that does it, or raise --timeout)")
+
     @abstractmethod
     def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
         """``items`` cut into consecutive pieces, in order. Where the pieces begin and end depends
