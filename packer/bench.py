@@ -29,7 +29,6 @@ from readers.schema import Skipped
 
 from .bench_report import RAW_FOLDER, SUFFIX, BenchReport, BenchRow
 from .bench_timing import (
-    DATASET_CLASSES,
     FolderDataset,
     Rate,
     UsualFolder,
@@ -68,7 +67,6 @@ __all__ = [
     "open_packed",
     "loader_rates",
     "disk_bytes",
-    "DATASET_CLASSES",
     "SUFFIX",
     "RAW_FOLDER",
 ]

@@ -11,12 +11,12 @@ from readers.schema import Skipped
 
 from .bench_timing import Rate
 from .options import ImageOptions
-from .writers import format_for_path
+from .writers import SUFFIXES, format_for_path
 
 __all__ = ["BenchReport", "BenchRow", "markdown_table", "RAW_FOLDER", "SUFFIX"]
 
 #: Destination name per format (webdataset: a folder of shards).
-SUFFIX: dict[str, str] = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards"}
+SUFFIX: dict[str, str] = {**{fmt: suffix for suffix, fmt in reversed(SUFFIXES.items())}, "webdataset": ".shards"}  # (a folder)
 
 #: The pipeline name of the unpacked folder, the baseline every packed format is compared with.
 RAW_FOLDER = "raw folder"

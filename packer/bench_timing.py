@@ -38,12 +38,7 @@ __all__ = [
     "open_packed",
     "loader_rates",
     "disk_bytes",
-    "DATASET_CLASSES",
 ]
-
-#: Format name -> the ``readers`` class that reads it (used when ``readers.open_dataset`` is missing).
-DATASET_CLASSES: dict[str, str] = {"lmdb": "LMDBDataset", "hdf5": "HDF5Dataset", "blob": "RAMDataset", "webdataset": "ShardDataset"}
-
 
 # --------------------------------------------------------------------------------------- timing
 
@@ -206,14 +201,13 @@ def folder_baseline(items: Sequence[tuple[str, int]], image: ImageOptions) -> Da
 
 
 def open_packed(path: str | Path, format_name: str) -> Dataset:
-    """The map-style ``readers`` dataset of a packed ``path`` (``readers.open_dataset`` when it exists)."""
-    import readers
+    """The map-style ``readers`` dataset of a packed ``path`` (``format_name``: what it must be)."""
+    from readers import open_dataset
 
-    try:
-        opener = readers.open_dataset
-    except (ImportError, AttributeError):
-        return getattr(readers, DATASET_CLASSES[format_name])(path)
-    return opener(path)
+    dataset = open_dataset(path)
+    if dataset.meta.format != format_name:
+        raise ValueError(f"{path}: a {dataset.meta.format} dataset, not {format_name}")
+    return dataset
 
 
 def quiet_handle_sharing(_worker_id: int = 0) -> None:
