@@ -42,7 +42,7 @@ R = TypeVar("R")
 
 #: The skip reason of an input whose Ray worker process died (Ray does not report the signal).
 RAY_CRASH_REASON = "crashed the decoder (Ray worker died)"
-#: Largest default chunk: a Ray task costs ~1 ms of scheduling, a photo a few ms to convert.
+#: Largest default chunk: a Ray task's scheduling costs about as much as converting a photo or two.
 _MAX_CHUNK = 64
 
 #: Times a chunk lost with its node (``NodeDiedError``) is run again before it counts as a crash.

@@ -18,8 +18,8 @@ __all__ = ["CHUNK_INFO_LIMIT", "H5_ERRORS", "MappedRows", "chunk_starts"]
 H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError)
 
 #: Without ``DatasetID.chunk_iter`` (h5py built against HDF5 < 1.12.3), chunks are located one by
-#: one with ``get_chunk_info``, and each call walks the chunk index (measured: 75 us a chunk at
-#: 2,000 chunks, 7 ms at 200,000). Only files of up to this many samples are mapped that way;
+#: one with ``get_chunk_info``, and each call walks the chunk index (its cost grows with the
+#: number of chunks). Only files of up to this many samples are mapped that way;
 #: larger ones are read through h5py.
 CHUNK_INFO_LIMIT = 4096
 
