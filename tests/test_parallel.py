@@ -57,6 +57,10 @@ def sigint_ignored(_x: int) -> bool:
     return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
+def parent_pid(_x: int) -> int:
+    return os.getppid()
+
+
 def big(x: int) -> bytes:
     return bytes([x % 251]) * 200_000  # larger than a pipe's buffer
 
@@ -411,6 +415,9 @@ def test_workers_always_come_from_a_fork_server():
         with ordered_map(crash_on_13, list(range(20)), workers=2, on_crash=crashed) as results:
             out = list(results)
         assert out[:13] == list(range(13)) and out[13][2] == "crashed the decoder (SIGSEGV)"
+        with ordered_map(parent_pid, list(range(4)), workers=2) as results:
+            parents = set(results)
+        assert os.getpid() not in parents and len(parents) == 1  # the fork server's children, not this process's
     finally:
         stop.set()
         thread.join()
