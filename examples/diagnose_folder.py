@@ -98,13 +98,15 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=300, help="JPEGs generated (500x375), in 3 classes")
     parser.add_argument("--size", type=int, default=224, help="training resolution")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=24, help="batches per measurement, over 3 rounds")
+    parser.add_argument("--batches", type=int, default=24, help="batches per measurement, over 3 rounds (at least 3)")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="DataLoader worker processes for the folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", choices=("small", "resnet"), help="default: resnet on CUDA, the model-free step on the CPU")
     parser.add_argument("--step-ms", type=float, help="use the model-free step of this cost (ms a batch; default on the CPU: 25)")
     parser.add_argument("--json", type=Path, help="also write both diagnoses, the command, date and machine to this file")
     args = parser.parse_args()
+    if args.batches < 3:
+        parser.error(f"--batches {args.batches}: at least 3, a batch for each of the 3 rounds")
     device = torch.device(args.device)
 
     if args.step_ms is not None or (args.model is None and device.type != "cuda"):

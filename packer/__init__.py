@@ -49,6 +49,11 @@ def __getattr__(name: str) -> Any:
         except ModuleNotFoundError as exc:
             if exc.name != f"{__name__}.{name}":
                 raise
+    import readers  # (torch, numpy and the formats' libraries only: the training side)
+
+    if name in getattr(readers, "__all__", ()):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: the reading side is the top-level package "
+                             f"'readers' (from readers import {name})")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -42,6 +42,8 @@ def doctor(src: Path, step: str | None, step_ms: float, batch_size: int, size: i
     """
     from .doctor import plot as draw, run_doctor
 
+    if batches < rounds:  # refused before converting the sample, in the options' own terms
+        raise click.BadParameter(f"{batches} is fewer than --rounds ({rounds}): each round times at least one batch", param_hint="--batches")
     if plot is not None:  # refuse before measuring for a minute
         try:
             import matplotlib  # noqa: F401

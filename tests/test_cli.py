@@ -123,7 +123,7 @@ def test_progress_bar_and_summary(tmp_path, image_folder, monkeypatch):
     "args, message, code",
     [
         (["convert", "{tmp}/missing", "{tmp}/o.lmdb"], "no such folder", 1),
-        (["convert", "{tmp}/empty", "{tmp}/o.lmdb"], "no images found", 1),
+        (["convert", "{tmp}/empty", "{tmp}/o.lmdb"], "is empty", 1),
         (["convert", "{src}", "{tmp}/o.zip"], "cannot tell the format", 2),
         (["convert", "{src}", "{tmp}/e.lmdb", "--format", "hdf5"], "the name says lmdb but --format is hdf5", 2),
         (["convert", "{src}", "{tmp}/x-%06d.tar", "--format", "blob"], "the name says webdataset but --format is blob", 2),

@@ -294,3 +294,14 @@ def test_figures_too_noisy_to_act_on_are_said_first():
     first = advise(wide)[0]
     assert first.startswith("these figures are noise, not a finding: the rounds of alternative blob differ x67.2;")
     assert "more --batches or --rounds" in first
+
+
+def test_doctor_refuses_fewer_batches_than_rounds_before_converting(image_folder, tmp_path):
+    """It converted the sample first, then said 'batches=2, rounds=3, warmup=2: need ...', with
+    exit code 1 and a name the CLI has no option for (a walkthrough)."""
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    result = CliRunner().invoke(cli, ["doctor", str(image_folder), "--batches", "2", "-q"])
+    assert result.exit_code == 2 and "--batches: 2 is fewer than --rounds (3)" in result.output, result.output

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 CONVERSION_ONLY = ["click", "cv2", "packer"]  # (torch itself imports tqdm when installed)
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("packer", "readers")
@@ -222,3 +224,12 @@ def test_importing_readers_is_lazy():
 def test_the_cli_does_not_import_torch():
     modules = loaded_after("from packer.cli import cli\nimport packer.info")
     assert "torch" not in modules
+
+
+def test_a_reader_asked_of_packer_names_the_readers_package():
+    """``packer.LMDBDataset`` (a newcomer's guess) said only "no attribute"."""
+    import packer
+
+    with pytest.raises(AttributeError, match=r"the reading side is the top-level package 'readers' \(from readers import LMDBDataset\)"):
+        packer.LMDBDataset
+    assert not hasattr(packer, "no_such_name")

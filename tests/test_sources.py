@@ -124,7 +124,7 @@ def test_a_link_farm_converts(tmp_path):
     "setup, message",
     [
         (lambda p: None, "no such folder"),
-        (lambda p: p.mkdir(), "no images found at its top level"),
+        (lambda p: p.mkdir(), "is empty; SRC must be a folder of images"),
         (lambda p: (p.mkdir(), (p / "cat").mkdir()), "no images found in its class sub-folders"),
         (lambda p: p.write_bytes(JPEG), "is a file"),
     ],
@@ -168,7 +168,7 @@ def test_a_url_is_scanned_by_the_same_rules(tmp_path):
     "setup, message",
     [
         (lambda p: None, "no such folder"),
-        (lambda p: p.mkdir(), "no images found at its top level"),
+        (lambda p: p.mkdir(), "is empty; SRC must be a folder of images"),
         (lambda p: (p.mkdir(), (p / "cat").mkdir(), write(p / "cat" / "a.txt", b"")), "no images found in its class sub-folders"),
         (lambda p: p.write_bytes(JPEG), "is a file"),
     ],
@@ -190,3 +190,18 @@ def test_a_local_folders_names_are_what_relpath_says(root, path):
     other path goes through os.path.relpath; both must give relpath's answer."""
     folder = ImageFolder(root=Path(root), items=[], classes=(), labeled=False, skipped=[], empty_classes=[])
     assert folder.relative(path) == os.path.relpath(path, Path(root))
+
+
+def test_an_empty_folder_and_a_packed_dataset_are_named_as_such(image_folder, tmp_path):
+    """A newcomer's SRC mistakes: the empty folder was 'no images found at its top level', a
+    packer LMDB 'no images found' too (a walkthrough)."""
+    from packer import ImageOptions, convert
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match=r"empty: is empty; SRC must be a folder of images"):
+        scan_image_folder(tmp_path / "empty")
+    for name in ("t.lmdb", "t.blob"):
+        convert(image_folder, tmp_path / name, image=ImageOptions(size=8), workers=1)
+        fmt = name.split(".")[1]
+        with pytest.raises(SourceError, match=rf"t.{fmt}: is a packer {fmt} dataset, not a source: convert the images it was made from"):
+            scan_image_folder(tmp_path / name)

@@ -129,11 +129,30 @@ def scan_image_folder(root: str | os.PathLike[str]) -> ImageFolder:
     return _scan(_LocalTree(Path(root)))
 
 
+def _packed_format(root: object) -> str | None:
+    """The packer format of a local ``root`` that is a packer dataset, finished or not; else ``None``."""
+    if not isinstance(root, Path):
+        return None
+    from readers.formats import detect_format
+
+    try:
+        return detect_format(root)
+    except PackedFormatError as exc:
+        return "unfinished" if "unfinished" in str(exc) else None
+    except OSError:
+        return None
+
+
 def _scan(tree: FolderTree) -> ImageFolder:
     """The labelling rules, over any :class:`FolderTree`."""
     kind = tree.kind()
     if kind is None:
         raise SourceError(f"{tree.name}: no such folder; SRC must be a folder of images (class sub-folders = labels)")
+    packed = _packed_format(tree.root)
+    if packed is not None:  # (a folder of WebDataset shards is read as a source before this scan)
+        what = "an unfinished packer conversion" if packed == "unfinished" else f"a packer {packed} dataset"
+        raise SourceError(f"{tree.name}: is {what}, not a source: convert the images it was made from "
+                          "(packer info shows its source), or read it with readers.open_dataset")
     if kind != "dir":
         raise SourceError(f"{tree.name}: is a file; SRC must be a folder of images (class sub-folders = labels), an archive "
                           "(.tar, .tar.gz, .zip), a text corpus (.txt, .jsonl, .parquet) or a folder of them")
@@ -166,6 +185,8 @@ def _scan(tree: FolderTree) -> ImageFolder:
         first = set(refused)
         skipped = refused + [entry for entry in skipped if entry not in first]
         folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps(), refused=refused)
+    if not entries:
+        raise SourceError(f"{tree.name}: is empty; SRC must be a folder of images (class sub-folders = labels)")
     if not folder.items:
         from .text import TEXT_EXTENSIONS
 
