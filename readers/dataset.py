@@ -22,7 +22,10 @@ __all__ = ["PackedDataset", "store_of"]
 
 
 def store_of(dataset: Any) -> Store | None:
-    """The packer store a dataset reads (a :class:`PackedDataset`'s), or ``None`` for any other."""
+    """The packer store a dataset reads (a :class:`PackedDataset`'s, or the store itself), or
+    ``None`` for any other."""
+    if isinstance(dataset, Store):
+        return dataset
     return dataset.store if isinstance(dataset, PackedDataset) else None
 
 Transform = Callable[[torch.Tensor], Any]
