@@ -43,7 +43,15 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
         return
     from multiprocessing import resource_tracker
 
-    resource_tracker.ensure_running()  # first: its start unblocks SIGINT when it is done (CPython's own blocking)
+    # First: its start unblocks SIGINT when it is done (CPython's own blocking). SIGHUP blocked
+    # too, which the tracker inherits: a hang-up to the whole job (a closed terminal) killed it,
+    # and each shared-memory block the run then released printed a traceback; it now outlives
+    # the signal and cleans up at the end, as after a Ctrl-C.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()

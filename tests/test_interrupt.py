@@ -107,3 +107,18 @@ def test_an_existing_output_survives_a_failed_overwrite(tmp_path, image_folder, 
         convert(image_folder, dst, image=ImageOptions(size=12), workers=1, overwrite=True)
     assert LMDBDataset(dst).meta.shape == (3, 8, 8)
     assert sorted(os.listdir(tmp_path)) == ["keep.lmdb"]
+
+
+def test_a_hang_up_to_the_whole_process_group_ends_in_one_line(tmp_path, slow_folder):
+    """A closed terminal sends SIGHUP to every process of the job, multiprocessing's resource
+    tracker included: it died and printed a traceback per shared-memory block at the run's end
+    (a data-safety walkthrough). It now starts with SIGHUP blocked and cleans up as usual."""
+    dst = tmp_path / "out.lmdb"
+    proc = subprocess.Popen([sys.executable, "-m", "packer", "convert", str(slow_folder), str(dst), "--size", "64", "-j", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_until_writing(dst, proc)
+    os.killpg(proc.pid, signal.SIGHUP)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "resource_tracker" not in err, err
+    assert [line for line in err.splitlines() if line.strip()][-1].startswith("Error: interrupted"), err
