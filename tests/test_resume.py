@@ -194,9 +194,47 @@ def test_a_refused_resume_names_every_option_that_changed():
     assert fingerprint_difference(old, new) == ("--grayscale was off in the interrupted run, now on; --resize-mode was center-crop in "
                                                 "the interrupted run, now shorter; --size was 224x224 in the interrupted run, now 128x128")
     assert fingerprint_difference(old, dict(old)) is None
-    tokenizer = {"kind": "huggingface", "vocab_size": 300, "sha256": "ab12"}  # a dict was shown whole, as Python writes it
-    assert fingerprint_difference({"--tokenizer": tokenizer}, {"--tokenizer": {**tokenizer, "vocab_size": 500, "sha256": "cd34"}}) == (
-        "--tokenizer sha256 was ab12 in the interrupted run, now cd34; --tokenizer vocab_size was 300 in the interrupted run, now 500")
+    tokenizer = {"kind": "huggingface", "vocab_size": 300, "eos_id": 1, "sha256": "ab12", "name": "tok2.json"}
+    other = {"kind": "bytes", "vocab_size": 257, "eos_id": 256, "sha256": "", "name": "bytes"}
+    # another file: one phrase naming both (every field of the record was listed, a sha256 "now" empty)
+    assert fingerprint_difference({"--tokenizer": tokenizer}, {"--tokenizer": other}) == (
+        "--tokenizer was tok2.json in the interrupted run, now bytes (another file)")
+    # the same bytes under another name are the same tokenizer (a copy was refused for its name)
+    assert fingerprint_difference({"--tokenizer": tokenizer}, {"--tokenizer": {**tokenizer, "name": "tok.json"}}) is None
+
+
+def test_a_run_that_failed_at_a_bad_input_resumes_skipping(tmp_path, image_folder):
+    """The failure said 'pass --on-error skip', and --resume then refused the changed option, so
+    only --overwrite went on, discarding the checkpoint (a data-safety walkthrough). A fail-mode
+    checkpoint skipped nothing, so skip mode would have saved the same: it resumes, and the
+    result is what one skip-mode run makes; the other way round stays refused."""
+    from packer.writers.journal import fingerprint_difference
+
+    assert fingerprint_difference({"--on-error": "fail"}, {"--on-error": "skip"}) is None
+    assert fingerprint_difference({"--on-error": "skip"}, {"--on-error": "fail"}) == (
+        "--on-error was skip in the interrupted run, now fail")
+    import shutil
+
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    (src / "class_02" / "zzz.jpg").write_bytes(b"not a jpeg")  # the last input
+    dst = tmp_path / "d.lmdb"
+    args = ["convert", str(src), str(dst), "--size", "8", "-j", "1", "-q", "--on-error", "fail"]
+    slow = "import time, packer.writers.base as b; add = b.Writer.add; b.Writer.add = lambda s, x: (time.sleep(0.05), add(s, x))[1]"
+    assert convert_until_checkpoint(args, journal_path(tmp_path / "d.lmdb.partial") / "journal.json", setup=slow) < 19
+    failed = CliRunner().invoke(cli, [*args, "--resume"])  # it meets the bad input, and keeps its checkpoint
+    assert failed.exit_code == 1 and "zzz.jpg" in failed.output and "--on-error skip" in failed.output, failed.output
+    done = CliRunner().invoke(cli, [*args[:-1], "skip", "--resume"])
+    assert done.exit_code == 0, done.output
+    convert(src, tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1, on_error="skip")
+    a, b = open_store(dst), open_store(tmp_path / "f.lmdb")
+    assert len(a) == len(b) == 18 and [s.path for s in a.meta.skipped] == [s.path for s in b.meta.skipped] == ["class_02/zzz.jpg"]
+    assert [a.read(i)[1] for i in range(18)] == [b.read(i)[1] for i in range(18)]
+    assert all((a.read(i)[0] == b.read(i)[0]).all() for i in range(18)) and a.stored_checksums().tolist() == b.stored_checksums().tolist()
 
 
 def test_flags_take_booleans_only():

@@ -172,19 +172,31 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
             continue  # compared through their keys, below
         if key in LEGACY and old.get(key) != new.get(key) and _legacy_same(old, new, key):
             continue  # a journal written before paths were made absolute: the same, as it spelled it
+        if key == "--on-error" and (old.get(key), new.get(key)) == ("fail", "skip"):
+            continue  # a run that fails at a bad input skipped nothing before it: skipping would have saved the same
+        if isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping) and "sha256" in old[key]:
+            changes.extend(_file_difference(key, old[key], new[key]))  # (a tokenizer)
+            continue
         if old.get(key) != new.get(key):
             if key in EXPLAINED:
                 changes.append(EXPLAINED[key])
             elif key == "listing":
                 continue  # said below, unless an option changed: options (--split, --classes) change it too
-            elif isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping):  # (a tokenizer): its fields that differ
-                changes.extend(f"{key} {field} was {_shown(old[key].get(field))} in the interrupted run, now {_shown(new[key].get(field))}"
-                               for field in sorted(set(old[key]) | set(new[key])) if old[key].get(field) != new[key].get(field))
             else:
                 changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
     if not changes and old.get("listing") != new.get("listing") and not _legacy_same(old, new, "listing"):
         changes.append(SOURCE_CHANGED)
     return "; ".join(changes) or None
+
+
+def _file_difference(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """How an option naming a file (a tokenizer: its kind, size, name, ``sha256``) changed: the
+    same bytes under another name or path are the same file; other bytes, one phrase naming both."""
+    if old.get("sha256") != new.get("sha256"):
+        return [f"{key} was {old.get('name') or old.get('kind')} in the interrupted run, now {new.get('name') or new.get('kind')} "
+                "(another file)"]
+    return [f"{key} {field} was {_shown(old.get(field))} in the interrupted run, now {_shown(new.get(field))}"
+            for field in sorted(set(old) | set(new)) if field not in ("name", "path") and old.get(field) != new.get(field)]
 
 
 def _legacy_same(old: Mapping[str, Any], new: Mapping[str, Any], key: str) -> bool:
