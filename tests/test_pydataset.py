@@ -148,11 +148,16 @@ class Records:
         return {"img": Image.fromarray(pixels), "fine": label, "note": "x"}
 
 
-def test_records_by_column_name(reference, tmp_path):
+def test_records_by_column_name(reference, tmp_path, caplog):
     dst = tmp_path / "out.lmdb"
-    packer.convert(Records(), dst, image=ImageOptions(size=16), workers=1, source=SourceOptions(image_column="img", label_column="fine"))
+    with caplog.at_level("WARNING", logger="packer"):
+        packer.convert(Records(), dst, image=ImageOptions(size=16), workers=1, source=SourceOptions(image_column="img", label_column="fine"))
     samples, meta = lmdb_samples(dst)
     assert samples == reference[0] and meta["classes"] == ["zero", "one", "two"]
+    # the field not stored is named, with the fields that are (it was dropped without a word: a walkthrough)
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records if "not stored" in r.getMessage()] == [
+        "the records' 'note' is not stored (packer keeps the image from 'img' and the label from 'fine'; --image-column and "
+        "--label-column choose others)"]
     with pytest.raises(OptionError, match="image_column: the dataset has no image, img"):
         image_job(_NoImage(), ImageOptions(), SourceOptions())
     with pytest.raises(OptionError, match="--labels: does not apply to a Python dataset"):

@@ -139,6 +139,7 @@ def scan_dataset(dataset: Any, options: SourceOptions) -> tuple[ImageFolder, Dat
     if count == 0:
         raise SourceError(f"{_describe(dataset)}: the dataset is empty")
     reader = DatasetReader(dataset, *_columns(dataset, options))
+    _warn_unstored(dataset, reader)
     try:
         first = reader.sample(0)
     except Exception as exc:  # noqa: BLE001
@@ -175,20 +176,46 @@ def dataset_identity(dataset: Any, reader: DatasetReader) -> str:
         return f"samples:{digest.hexdigest()}"
 
 
+def _record_fields(dataset: Any) -> list[str] | None:
+    """The field names of a dataset of records (Hugging Face columns, or the first dict's keys);
+    ``None`` for a dataset of tuples or images (or one whose first sample cannot be read)."""
+    names = list(getattr(dataset, "column_names", None) or [])
+    if names:
+        return names
+    try:
+        first = dataset[0]
+    except Exception:  # noqa: BLE001 - reported by scan_dataset
+        return None
+    return list(first) if isinstance(first, dict) else None
+
+
+def _warn_unstored(dataset: Any, reader: "DatasetReader") -> None:
+    """Say which fields of a dataset's records are not stored, and which field gave the label:
+    packer keeps an image and a label per sample (a caption or a mask was dropped without a word)."""
+    names = _record_fields(dataset)
+    if not names or reader.image_column is None:
+        return
+    used = {reader.image_column, reader.label_column}
+    others = [name for name in names if name not in used]
+    if others:
+        label = f"the label from {reader.label_column!r}" if reader.label_column else "no label"
+        log.warning("%s: the records' %s %s not stored (packer keeps the image from %r and %s; --image-column and "
+                    "--label-column choose others)", _describe(dataset), ", ".join(map(repr, others)),
+                    "is" if len(others) == 1 else "are", reader.image_column, label)
+
+
 def _columns(dataset: Any, options: SourceOptions) -> tuple[str | None, str | None]:
     """The image and label fields of a dataset of records (``None, None`` for tuples)."""
-    names = list(getattr(dataset, "column_names", None) or [])
-    if not names:
-        try:
-            first = dataset[0]
-        except Exception:  # noqa: BLE001 - reported by scan_dataset
-            return None, None
-        if not isinstance(first, dict):
-            if options.image_column or options.label_column:
-                given = "--image-column" if options.image_column else "--label-column"
-                raise OptionError(f"{given}: applies to a dataset of records (dicts); this one gives {type(first).__name__}s")
-            return None, None
-        names = list(first)
+    names = _record_fields(dataset)
+    if names is None:
+        if options.image_column or options.label_column:
+            given = "--image-column" if options.image_column else "--label-column"
+            try:
+                kind = f"{type(dataset[0]).__name__}s"
+            except Exception:  # noqa: BLE001 - reported by scan_dataset
+                kind = "other samples"
+            raise OptionError(f"{given}: applies to a dataset of records (dicts); this one gives {kind}")
+        return None, None
     image = _field(names, options.image_column, IMAGE_FIELDS, "image_column")
     if options.label_column is not None:
         label = _field(names, options.label_column, LABEL_FIELDS, "label_column")
