@@ -17,7 +17,7 @@ from readers.schema import PackedFormatError
 
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
-from .errors import OptionError, OutputExistsError
+from .errors import OptionError, OutputExistsError, SourceError
 from .jobs import Job, changed_fields, check_source_options, image_job, resolve_kind
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
@@ -133,6 +133,9 @@ def convert(
             raise TypeError(f"convert: {name} must be {what}, got {type(value).__name__}")
     options = RunOptions(on_error=on_error, workers=workers, timeout=timeout, executor=executor, ray_address=ray_address,
                          resume=resume, progress=progress)
+    if (isinstance(src, (str, os.PathLike)) and not is_source_url(str(src)) and not os.path.lexists(src)
+            and isinstance(dst, (str, os.PathLike)) and os.path.lexists(dst)):  # before DST's checks, which would blame DST
+        raise SourceError(f"{src}: no such folder or file, and DST {dst} exists: SRC comes first (packer convert SRC DST)")
     fmt = resolve_format(dst, format)
     storage = storage if storage is not None else StorageOptions()
     unused = [name for name in changed_fields(storage) if name[2:].replace("-", "_") not in get_writer(fmt).storage_fields]

@@ -123,6 +123,7 @@ def test_progress_bar_and_summary(tmp_path, image_folder, monkeypatch):
     "args, message, code",
     [
         (["convert", "{tmp}/missing", "{tmp}/o.lmdb"], "no such folder", 1),
+        (["convert", "{tmp}/e6.lmdb", "{src}"], "no such folder or file, and DST", 1),  # SRC and DST swapped
         (["convert", "{tmp}/empty", "{tmp}/o.lmdb"], "is empty", 1),
         (["convert", "{src}", "{tmp}/o.zip"], "cannot tell the format", 2),
         (["convert", "{src}", "{tmp}/e.lmdb", "--format", "hdf5"], "the name says lmdb but --format is hdf5", 2),
