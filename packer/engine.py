@@ -28,12 +28,12 @@ from readers.schema import Metadata, Skipped
 from ._version import __version__
 from .destination import is_packer_dataset
 from .errors import InputError, OutputExistsError
-from .executors import get_executor
+from .executors import Executor, get_executor
 from .jobs import Job
 from .locking import DestinationLock, busy_error, lock_holder, lock_path
 from .memory import available_memory
 from .options import RunOptions, StorageOptions
-from .parallel import default_workers, ordered_map
+from .parallel import default_workers
 from .placement import Placed, Placement, PlacingWriter
 from .preprocess.task import Encoded, Failed
 from .progress import progress_bar
@@ -148,13 +148,13 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     )
 
 
-def _used_workers(workers: int | None, run_map: Any, units: int) -> int:
+def _used_workers(workers: int | None, run_map: Executor, units: int) -> int:
     """How many worker processes the report names: as many as ran, no more than there were work units."""
-    started = workers if workers is not None else getattr(run_map, "workers", None) or 1
+    started = workers if workers is not None else run_map.workers or 1
     return max(1, min(started, units))
 
 
-def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Any,
+def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Executor,
            units: list[int], *, in_memory: bool) -> None:
     """Every remaining input's outcome into the writer, in order; skips recorded, checkpoints taken;
     ``units`` gets how many work units were mapped."""
@@ -208,7 +208,7 @@ def _placement(writer: Writer, job: Job, options: RunOptions, first: int, inputs
 
 
 @contextmanager
-def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | None, timeout: float, run_map: Any = ordered_map, *,
+def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | None, timeout: float, run_map: Executor, *,
               in_memory: bool = False, placement: Placement | None = None,
               units: list[int] | None = None) -> Iterator[Iterator[Encoded | Placed | Failed | Written | None]]:
     """Each input's outcome, in input order, computed by ``workers`` processes.
@@ -238,7 +238,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
                      item_timeout=timeout) as results:
             yield results if job.stage is None else iter(job.stage(results))  # the GPU stage of --decode-device cuda
         return
-    planned = workers if workers is not None or not hasattr(run_map, "planned_workers") else run_map.planned_workers()
+    planned = workers if workers is not None else run_map.planned_workers()
     try:  # Ray joined by planned_workers() is left by the map, or here if there is none
         pieces = writer.pieces(items, job.image, workers=planned)  # few pieces: fragments
         if units is not None:
@@ -246,7 +246,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
         per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)
         task = writer.piece_task(job.image, job.task, in_memory=in_memory)
     except BaseException:
-        getattr(run_map, "release", lambda: None)()
+        run_map.release()
         raise
     def crashed(piece: Any, reason: str) -> NoReturn:
         raise InputError(writer.piece_crashed(piece, reason))
