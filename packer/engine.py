@@ -229,7 +229,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     """
     if placement is not None:  # items as (index, item, offset) entries: packer/placement.py
         with run_map(placement.task(job.task), placement.items(items, writer.resumed_inputs), workers=workers,
-                     chunksize=job.chunksize(workers), on_crash=lambda entry, reason: _crash_failure(entry[1], reason),
+                     chunksize=job.chunksize(workers), on_crash=lambda entry, reason: _crash_failure(entry.item, reason),
                      item_timeout=timeout) as results:
             yield results
         return

@@ -40,7 +40,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from .errors import OutputError
 from . import files
@@ -48,7 +48,7 @@ from .files import WriteBehind
 from .preprocess.task import Encoded, Failed
 from .work_unit import WorkUnit, needs_main
 
-__all__ = ["Placed", "Placement", "PlacingWriter", "PlaceTask", "pwrite_all", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
+__all__ = ["PlaceEntry", "Placed", "Placement", "PlacingWriter", "PlaceTask", "pwrite_all", "wait_for_writers", "WRITERS_WAIT_SECONDS"]
 
 #: How long a resumed run waits for the workers of a killed run to stop writing into its output.
 WRITERS_WAIT_SECONDS = 60.0
@@ -119,14 +119,23 @@ class Placement:
         """The work unit that runs ``task`` and places its sample (a picklable object)."""
         return PlaceTask(task, self.path, self.stride, self.shape, files.WRITE_BEHIND_STEP)  # (looked up now: tests shrink it)
 
-    def items(self, items: Sequence[Any], first: int) -> Sequence[tuple[int, Any, int | None]]:
+    def items(self, items: Sequence[Any], first: int) -> Sequence[PlaceEntry]:
         """``items`` (input ``first`` on) as ``(index, item, offset)``, ``offset`` the place to
         write the sample at, or ``None`` once placing stopped (read when a chunk is handed out)."""
         return _Entries(items, first, self)
 
 
+class PlaceEntry(NamedTuple):
+    """What a :class:`PlaceTask` is given per input: its sample index, the input, and where its
+    sample goes in the file (``None``: not placed, the driver writes it)."""
+
+    index: int
+    item: Any
+    offset: int | None
+
+
 class _Entries(Sequence):
-    """``(index, item, offset or None)`` for each item; slicing (how the pool hands out a chunk)
+    """A :class:`PlaceEntry` for each item; slicing (how the pool hands out a chunk)
     reads :attr:`Placement.placing` at that moment."""
 
     def __init__(self, items: Sequence[Any], first: int, placement: Placement) -> None:
@@ -139,9 +148,9 @@ class _Entries(Sequence):
         placement = self._placement
         at = placement.offset if placement.placing else lambda index: None
         if isinstance(where, slice):
-            return [(self._first + i, self._items[i], at(self._first + i)) for i in range(*where.indices(len(self._items)))]
+            return [PlaceEntry(self._first + i, self._items[i], at(self._first + i)) for i in range(*where.indices(len(self._items)))]
         index = range(len(self._items))[where]
-        return (self._first + index, self._items[index], at(self._first + index))
+        return PlaceEntry(self._first + index, self._items[index], at(self._first + index))
 
 
 class PlaceTask(WorkUnit):
@@ -161,20 +170,20 @@ class PlaceTask(WorkUnit):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": -1, "_behind": None}  # each process opens the file for itself
 
-    def __call__(self, entry: tuple[int, Any, int | None]) -> Encoded | Failed | Placed:
+    def __call__(self, entry: PlaceEntry) -> Encoded | Failed | Placed:
         index, item, offset = entry
         if offset is not None:
             self._hold()
         return self._place(index, self.task(item), offset)
 
-    def map(self, entries: Sequence[tuple[int, Any, int | None]]) -> Iterator[Encoded | Failed | Placed]:
+    def map(self, entries: Sequence[PlaceEntry]) -> Iterator[Encoded | Failed | Placed]:
         """As ``__call__`` for each entry, through the task's own ``map`` where it has one (remote
         inputs read ahead: packer/preprocess/task.py)."""
         from .pool_worker import run_items  # the pool's rule for a work unit's map
 
-        if any(entry[2] is not None for entry in entries):
+        if any(entry.offset is not None for entry in entries):
             self._hold()
-        for (index, _item, offset), result in zip(entries, run_items(self.task, [entry[1] for entry in entries])):
+        for (index, _item, offset), result in zip(entries, run_items(self.task, [entry.item for entry in entries])):
             yield self._place(index, result, offset)
 
     def _hold(self) -> None:

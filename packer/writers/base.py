@@ -200,7 +200,7 @@ class Writer:
         crc = sample.checksum  # computed in the worker
         self.checksums.append(crc)
         if self._journal is not None:
-            self._new_rows.append((0, 0, sample.nbytes, sample.label, *sample.shape, crc))
+            self._new_rows.append(_journal.sample_row(sample.nbytes, sample.label, sample.shape, crc))
             self._bytes_since_checkpoint += sample.nbytes
         self.count += 1
         self.payload_bytes += sample.nbytes

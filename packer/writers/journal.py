@@ -43,6 +43,7 @@ __all__ = [
     "ROW_COLUMNS",
     "ROW_DTYPE",
     "record_shapes",
+    "sample_row",
     "CHECKPOINT_SECONDS",
     "CHECKPOINT_BYTES",
     "BACKGROUND_CHECKPOINT_BYTES",
@@ -58,11 +59,20 @@ CHECKPOINT_BYTES = 256 << 20
 #: has less left to write, and the pages it made durable are dropped from the page cache sooner
 #: (``files.release_cached``).
 BACKGROUND_CHECKPOINT_BYTES = 64 << 20
-#: One row per sample written: the WebDataset index record (``readers/formats/webdataset.py``;
-#: ``shard``/``offset``: WebDataset only, else 0) and the sample's checksum. Read by name.
-ROW_DTYPE = np.dtype([*INDEX_DTYPE.descr, ("crc32", "<i8")])
-ROW_COLUMNS: tuple[str, ...] = tuple(ROW_DTYPE.names or ())
+#: One row per sample written, its columns the journal's own (``samples.i64`` holds them in this
+#: order: another order is another :data:`JOURNAL_VERSION`): where the sample is (``shard``,
+#: ``offset``: WebDataset only, else 0), its size, label and shape, and its checksum. Everyone
+#: reads them by name; the WebDataset index takes its fields from them by name.
+ROW_COLUMNS: tuple[str, ...] = ("shard", "offset", "nbytes", "label", "channels", "height", "width", "crc32")
+ROW_DTYPE = np.dtype([(name, "<i8") for name in ROW_COLUMNS])
 _ROW_BYTES = ROW_DTYPE.itemsize
+if not set(INDEX_DTYPE.names or ()) <= set(ROW_COLUMNS):  # pragma: no cover - a change to the index's fields
+    raise ImportError("the journal's rows lack fields of the WebDataset index: add them (and bump JOURNAL_VERSION)")
+
+
+def sample_row(nbytes: int, label: int, shape: tuple[int, int, int], crc: int) -> tuple[int, ...]:
+    """The row of a sample a format's driver wrote (no shard, offset 0), in :data:`ROW_COLUMNS` order."""
+    return (0, 0, nbytes, label, *shape, crc)
 JOURNAL_VERSION = 1
 #: The checkpoint record inside the journal folder.
 JOURNAL_FILE = "journal.json"
