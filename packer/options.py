@@ -177,6 +177,21 @@ class ImageOptions:
             record["resample"] = "antialiased (bicubic, torch, on the GPU)"
         return record
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any], encoding: str = "raw") -> "ImageOptions":
+        """The options :meth:`describe` recorded (``encoding``: the metadata's, for records
+        without one); fields added later read as their defaults where a record lacks them."""
+        return cls(
+            size=tuple(record["size"]) if record.get("size") else None,
+            resize_mode=record.get("resize_mode"),
+            resize=record.get("resize"),  # absent before --resize existed: the crop of --size alone
+            grayscale=bool(record.get("grayscale")),
+            encoding=record.get("encoding", encoding),
+            quality=record.get("quality"),
+            max_pixels=record.get("max_pixels", DEFAULT_MAX_PIXELS),
+            decode_device=record.get("decode_device", "cpu"),
+        )
+
 
 @dataclass(frozen=True)
 class StorageOptions:
@@ -235,6 +250,15 @@ class TextOptions:
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
         return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], tokenizer: dict[str, Any]) -> "TextOptions":
+        """The options :meth:`describe` recorded, with the metadata's ``tokenizer`` record (its
+        ``path``, and its ``eos_id``: ``None`` recorded ``--eos none``)."""
+        eos = tokenizer.get("eos_id")
+        return cls(tokenizer=tokenizer.get("path") or "bytes", lines=bool(record.get("lines")),
+                   text_field=record.get("text_field", "text"), eos=NO_EOS if eos is None else eos,
+                   max_tokens=record.get("max_tokens"))
 
 
 def _is_int(value: Any) -> bool:

@@ -89,15 +89,7 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     pre = meta.preprocessing
     remote = is_source_url(str(source))
     try:
-        image = ImageOptions(
-            size=tuple(pre["size"]) if pre.get("size") else None,
-            resize_mode=pre.get("resize_mode"),
-            resize=pre.get("resize"),  # absent before --resize existed: the crop of --size alone
-            grayscale=bool(pre.get("grayscale")),
-            encoding=pre.get("encoding", meta.encoding),
-            quality=pre.get("quality"),
-            max_pixels=pre.get("max_pixels", ImageOptions().max_pixels),
-        )
+        image = dataclasses.replace(ImageOptions.from_record(pre, meta.encoding), decode_device="cpu")  # redone here, on the CPU
         job = image_job(str(source) if remote else Path(source), image, options, workers=workers, advise=False)  # (the conversion's advice: not again)
     except (PackerError, KeyError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded preprocessing: {exc}")
@@ -135,15 +127,13 @@ def _compare_corpus(store: Store, source: str | Path, report: Report, workers: i
     tokenised with the recorded tokenizer (its file must be the one the conversion used), and
     matched to the samples by their recorded source names (``file:line``), as images are."""
     from .errors import PackerError
-    from .options import NO_EOS, TextOptions
+    from .options import TextOptions
     from .text import text_job
 
     meta, recorded = store.meta, None
     pre, tokenizer = meta.preprocessing or {}, dict(meta.tokenizer or {})
     try:
-        eos = tokenizer.get("eos_id")
-        options = TextOptions(tokenizer=tokenizer.get("path") or "bytes", lines=bool(pre.get("lines")),
-                              text_field=pre.get("text_field", "text"), eos=NO_EOS if eos is None else eos, max_tokens=pre.get("max_tokens"))
+        options = TextOptions.from_record(pre, tokenizer)
         job = text_job(source, options)
     except (PackerError, OSError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded tokenisation: {exc}")

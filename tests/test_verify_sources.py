@@ -18,7 +18,7 @@ from PIL import Image
 
 from packer.cli import cli
 from packer.errors import OptionError
-from packer.options import SourceOptions
+from packer.options import ImageOptions, SourceOptions, TextOptions
 from packer.verify import verify
 from readers.formats.blob import LABEL_DTYPE, BlobStore
 from test_archives import make_archives, tar_bytes
@@ -187,3 +187,21 @@ def test_a_label_moved_to_a_class_the_dataset_lacks_says_so(flat, tmp_path):
     assert result.exit_code == 1
     assert f"<- {pairs[0][0]}: changed: label 0, the source gives a class the dataset does not have" in result.output
     assert not re.search(r"(?<![\w/.-])-2\b", result.output)  # no internal code (-2) for the missing class (paths like pytest-206 aside)
+
+
+@pytest.mark.parametrize("image", [
+    ImageOptions(), ImageOptions(size=32), ImageOptions(size=(24, 32), resize_mode="pad", grayscale=True),
+    ImageOptions(size=224, resize=256, encoding="jpeg", quality=80, max_pixels=10**6), ImageOptions(resize_mode="shorter", size=64),
+    ImageOptions(encoding="png"), ImageOptions(size=64, decode_device="cuda"),
+])
+def test_recorded_image_options_read_back_as_given(image):
+    """What verify --source redoes is what the metadata recorded: one reader beside the writer
+    (it was rebuilt field by field in verify_source, and dropped decode_device)."""
+    assert ImageOptions.from_record(image.describe()) == image
+
+
+@pytest.mark.parametrize("text", [TextOptions(), TextOptions(lines=True, max_tokens=7), TextOptions(text_field="body", eos="none")])
+def test_recorded_text_options_read_back_as_given(text):
+    tokenizer = {"path": "", "eos_id": None if text.eos == "none" else 256}
+    back = TextOptions.from_record(text.describe(), tokenizer)
+    assert (back.lines, back.text_field, back.max_tokens, back.eos == "none") == (text.lines, text.text_field, text.max_tokens, text.eos == "none")
