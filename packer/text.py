@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
-from readers.schema import TOKEN_LAYOUT
+from readers.schema import TOKEN_LAYOUT, Skipped
 from readers.tokenizer import Tokenizer, TokenizerError, load_tokenizer, token_dtype
 
 from .errors import OptionError
@@ -26,7 +26,7 @@ from .options import NO_EOS, TextOptions
 from .preprocess.tokenize import TokenizeTask
 from .report import ConversionReport, TextConversionReport
 from .sources.text import scan_text
-from .sources.text_docs import DocSpan, ParquetRow, StreamRow, TextDoc
+from .sources.text_docs import DocSpan, ParquetRow, StreamRow, TextDoc, document_texts
 from .writers.base import Writer
 
 log = logging.getLogger("packer")
@@ -121,6 +121,24 @@ class TextJob(Job):
         )
 
 
+#: Records read before the conversion starts to see that ``--text-field`` names a field they have.
+FIELD_PROBE = 20
+
+
+def _check_text_field(docs: Any, field: str) -> None:
+    """Refuse ``--text-field`` in one line when none of the corpus's first :data:`FIELD_PROBE`
+    records has it as a string (a typo was one skipped document and one warning per record, then
+    'none of the documents could be converted'); corpora without records pass."""
+    probe = [doc for doc in docs[:FIELD_PROBE] if getattr(getattr(doc, "file", None), "kind", None) in ("json", "parquet")]
+    if not probe:
+        return
+    texts = document_texts(probe)
+    if all(isinstance(text, Skipped) and "string field" in text.reason for text in texts):
+        first = texts[0]
+        raise OptionError(f"--text-field {field!r}: none of the first {len(texts)} records has it as a string "
+                          f"({first.path}: {first.reason})")
+
+
 def text_job(src: str | Path, text: TextOptions) -> TextJob:
     """The job of tokenising the corpus ``src`` (a local file or folder) with ``text`` options."""
     try:
@@ -131,6 +149,7 @@ def text_job(src: str | Path, text: TextOptions) -> TextJob:
     dtype = token_dtype(tokenizer.vocab_size)
     spec = "bytes" if tokenizer.kind == "bytes" else str(Path(tokenizer.path).resolve())
     corpus = scan_text(src, lines=text.lines, text_field=text.text_field)
+    _check_text_field(corpus.docs, text.text_field)
     if corpus.images:
         log.warning("%s: %s left out: a text corpus converts its .txt, .jsonl, .ndjson and .parquet files only", src,
                     f"{corpus.images:,} images are" if corpus.images != 1 else "1 image is")

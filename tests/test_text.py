@@ -421,3 +421,20 @@ def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, c
     assert [r.getMessage() for r in caplog.records if "compressed" in r.getMessage()] == [
         f"{beside}: 2 compressed files are left out: packer reads .txt, .jsonl and .ndjson files compressed with gzip, bzip2, xz "
         "or zstd (Parquet compresses inside the file); decompress others first (lz4 -d, gunzip...)"]
+
+
+def test_a_text_field_no_record_has_is_refused_before_converting(tmp_path):
+    """A typo in --text-field was a skipped document and a warning per record, then 'none of the
+    documents could be converted' (a newcomer walkthrough); a field only some records lack still
+    converts, those records skipped."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i}", "id": i}) + "\n" for i in range(50)))
+    result = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "t.blob"), "--text-field", "txt"])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "Error: --text-field 'txt': none of the first 20 records has it as a string (a.jsonl:1: no string field 'txt' "
+        "(its string fields: 'text'; pass --text-field))"], result.output
+    assert not list(tmp_path.glob("t.blob*"))
+    (corpus / "a.jsonl").write_text(json.dumps({"id": 0}) + "\n" + "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))
+    report = packer.convert(corpus, tmp_path / "u.blob", workers=1)
+    assert report.written == 5 and [s.path for s in report.skipped] == ["a.jsonl:1"]
