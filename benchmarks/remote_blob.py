@@ -88,12 +88,13 @@ def main() -> None:
     import s3fs
 
     import packer.remote as remote
+    from packer.writers.blob import BlobWriter
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
     fs.mkdir("bench")
     image = ImageOptions(size=224)
     results: dict[str, tuple[Rate, int]] = {}
-    real = remote.REMOTE["blob"]  # how a blob DST at a URL is written (packer/remote.py)
+    real = BlobWriter.remote  # how a blob DST at a URL is written (packer/writers/blob.py, RemoteBlob)
 
     class StagedWhole(real):  # type: ignore[misc, valid-type]
         """(c): no multipart sink, so the blob is staged whole and uploaded at the end."""
@@ -111,7 +112,7 @@ def main() -> None:
             }
             for name, (dst, watch, kind) in cases.items():
                 watch.mkdir(parents=True, exist_ok=True)
-                remote.REMOTE["blob"] = kind
+                BlobWriter.remote = kind
                 peaks: list[int] = []
 
                 def one_pass() -> int:
@@ -125,7 +126,7 @@ def main() -> None:
         size = fs.size("bench/streamed.blob")
         assert fs.size("bench/staged.blob") == size
     finally:
-        remote.REMOTE["blob"] = real
+        BlobWriter.remote = real
         proc.kill()
     rows = [[name, str(rate), f"{rate.median / results['(a) local blob'][0].median:.2f}x", f"{peak / 1e6:,.0f} MB ({peak / size:.0%})"]
             for name, (rate, peak) in results.items()]

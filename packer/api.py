@@ -150,14 +150,19 @@ def convert(
         check_gpu_conversion(fmt, executor, pyobject)
     if executor != "local" and not pyobject and not is_source_url(str(src)):
         src = Path(src).resolve()  # tasks elsewhere see absolute paths
-    from .remote import REMOTE_FORMATS, is_dst_url, remote_destination
+    from .remote import is_dst_url, remote_destination
+    from .writers import WRITERS
 
-    if str(dst)[:7].lower() == "file://" and fmt not in REMOTE_FORMATS:  # a local path all the same: written in place
+    remote = get_writer(fmt).remote
+    if str(dst)[:7].lower() == "file://" and remote is None:  # a local path all the same: written in place
         dst = local_path(str(dst))
     if is_dst_url(str(dst)):
+        if remote is None:
+            written = [name for name in WRITERS if get_writer(name).remote is not None]
+            raise OptionError(f"{dst}: a remote DST must be one of {', '.join(written)} (got {fmt}); convert locally and copy")
         if sink is not None:
             raise OptionError("sink: a URL DST is written through a sink of its own (packer/remote.py); give a local dst, or no sink")
-        with remote_destination(str(dst), fmt, overwrite=overwrite, resume=resume) as staging:
+        with remote_destination(str(dst), remote, overwrite=overwrite, resume=resume) as staging:
             local = staging.local_dst
             check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)
             report = run(_job(src, kind, image, text, source, workers), fmt, local, storage=storage, options=options, sink=staging.sink)

@@ -42,19 +42,16 @@ import tempfile
 import threading
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
-from readers.formats.blob import MAGIC as BLOB_MAGIC
-from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, parse_metadata
 from readers.remote import is_url
 
 from .destination import nothing_to_resume
-from .errors import OptionError, OutputError, OutputExistsError
+from .errors import OutputError
 from .locking import DestinationLock, lock_path
-from .multipart import MultipartUpload, supports_multipart
 from .sources.remote import url_filesystem
 
-__all__ = ["is_url", "is_dst_url", "remote_destination", "Staging", "upload", "staging_folder", "Uploader", "REMOTE", "REMOTE_FORMATS", "MAX_PENDING"]
+__all__ = ["is_url", "is_dst_url", "dst_filesystem", "remote_destination", "RemoteDestination", "Staging", "upload", "staging_folder", "Uploader", "MAX_PENDING"]
 
 #: Published files that may wait for (or be in) upload before the conversion waits for them.
 MAX_PENDING = 4
@@ -64,8 +61,9 @@ UPLOAD_THREADS = 2
 log = logging.getLogger("packer")
 
 
-def _filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem of a DST URL (one helper for SRC and DST; tests replace this name)."""
+def dst_filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of a DST URL and the path in it (one helper for SRC and DST; tests
+    replace this name)."""
     return url_filesystem(url)
 
 
@@ -101,7 +99,7 @@ class Uploader:
         if max_pending < 1 or threads < 1:
             raise ValueError(f"max_pending and threads must be positive, got {max_pending}, {threads}")
         self.url = url.rstrip("/")
-        self.fs, root = _filesystem(self.url)
+        self.fs, root = dst_filesystem(self.url)
         self.root = root.rstrip("/")
         self.max_pending = max_pending
         self._local = _is_local(self.fs)  # a local folder must exist before files go in (object stores: no folders)
@@ -205,7 +203,7 @@ def upload(local: Path, url: str) -> None:
     """Copy the finished single-file output ``local`` (a blob) to ``url``, then delete it locally.
 
     A failed upload is removed again (a partial file would be refused as truncated anyway)."""
-    fs, root = _filesystem(url)
+    fs, root = dst_filesystem(url)
     root = root.rstrip("/")
     try:
         if _is_local(fs):
@@ -221,78 +219,49 @@ def upload(local: Path, url: str) -> None:
     local.unlink()
 
 
-class _RemoteShards:
-    """A WebDataset DST at a URL: shards uploaded one by one as they are published (:class:`Uploader`)."""
+class RemoteDestination(Protocol):
+    """What a format that can be written to a URL tells the staging here (its writer's
+    ``remote``: packer/writers/webdataset/remote.py, packer/writers/blob.py)."""
 
     @staticmethod
-    def sink(url: str) -> Uploader:
-        return Uploader(url)
-
-    @staticmethod
-    def unfinished(fs: Any, root: str) -> bool:
-        """An upload without its metadata record (stored last): ``--resume`` may carry it on."""
-        return not fs.exists(f"{root}/{META_FILE}")
-
-    @staticmethod
-    def is_ours(fs: Any, root: str, *, staged: bool) -> bool:
-        """A finished dataset (its metadata record), or an unfinished upload of this machine's
-        (``staged``: its staging folder is here) holding only shards and packer's own files."""
-        if fs.exists(f"{root}/{META_FILE}"):
-            return True
-        names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
-        return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE) for name in names)
-
-
-class _RemoteBlob:
-    """A blob DST at a URL: streamed by S3 multipart upload where the store has it, else staged whole."""
-
-    @staticmethod
-    def sink(url: str) -> MultipartUpload | None:
-        fs, root = _filesystem(url)
-        return MultipartUpload(fs, root.rstrip("/"), url) if supports_multipart(fs) else None
+    def sink(url: str) -> Any:
+        """The writer's sink for ``url`` (``None``: the finished file is uploaded whole)."""
+        ...
 
     @staticmethod
     def unfinished(fs: Any, root: str) -> bool:
-        return False  # a blob object appears only whole
+        """Whether what is at ``root`` is an unfinished upload (``--resume`` may carry it on)."""
+        ...
 
     @staticmethod
     def is_ours(fs: Any, root: str, *, staged: bool) -> bool:
-        try:
-            with fs.open(root, "rb") as handle:
-                return handle.read(len(BLOB_MAGIC)) == BLOB_MAGIC
-        except (OSError, IsADirectoryError):
-            return False
+        """Whether what is at ``root`` is packer's (``--overwrite`` may replace it); ``staged``:
+        this machine's staging folder for it exists."""
+        ...
+
+    @staticmethod
+    def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
+        """Whether what is at ``root`` may be written over as it is (an empty folder); raises
+        :class:`~packer.errors.OutputExistsError` where even ``--overwrite`` must leave it."""
+        ...
 
 
-#: Formats that can be written to a URL (self-contained files a reader can stream or fetch), and how.
-REMOTE: dict[str, Any] = {"webdataset": _RemoteShards, "blob": _RemoteBlob}
-REMOTE_FORMATS = tuple(REMOTE)
-
-
-def _check_remote_dst(url: str, dst: str, fmt: str, *, overwrite: bool, resume: bool) -> None:
+def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> None:
     """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's (then remove it),
     or ``resume`` of an unfinished upload (its writer keeps what its journal lists)."""
-    fs, root = _filesystem(url)
+    fs, root = dst_filesystem(url)
     root = root.rstrip("/")
-    if not fs.exists(root):
+    if not fs.exists(root) or remote.nothing_to_lose(fs, root, url, dst):
         return
-    if fmt == "webdataset" and fs.isdir(root) and not fs.ls(root, detail=False):
-        return  # an empty folder: nothing to lose (a local DST's rule too)
-    if fmt == "webdataset" and "%" in dst.rstrip("/").rsplit("/", 1)[-1] and fs.exists(f"{root}/{META_FILE}"):
-        from .writers.webdataset import pattern_refusal  # (here: the writers are not needed for blobs)
-
-        refusal = pattern_refusal(url, dst.rstrip("/").rsplit("/", 1)[-1], parse_metadata(fs.cat(f"{root}/{META_FILE}"), url))
-        if refusal is not None:  # other shard names: --overwrite would delete them with the folder
-            raise OutputExistsError(refusal)
-    unfinished = REMOTE[fmt].unfinished(fs, root)
+    unfinished = remote.unfinished(fs, root)
     if resume and unfinished:
         return
     if not overwrite:
-        if resume and REMOTE[fmt].is_ours(fs, root, staged=False):
+        if resume and remote.is_ours(fs, root, staged=False):
             raise OutputError(nothing_to_resume(dst))
         hint = " (an unfinished upload: --resume carries it on)" if unfinished else ""
         raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
-    if not REMOTE[fmt].is_ours(fs, root, staged=staging_folder(url).exists()):
+    if not remote.is_ours(fs, root, staged=staging_folder(url).exists()):
         raise OutputError(f"{dst}: is not a packer dataset; --overwrite replaces only a packer dataset: remove it yourself or choose another DST")
     fs.rm(root, recursive=True)
 
@@ -307,12 +276,11 @@ class Staging:
 
 
 @contextmanager
-def remote_destination(dst: str, fmt: str, *, overwrite: bool, resume: bool) -> Iterator[Staging]:
-    """The staging of a conversion to the URL ``dst``: checks and locks the DST, yields where to
-    convert and the sink, and after the body uploads a file left whole and removes the staging
-    folder (kept when a journal stays in it for ``--resume``)."""
-    if fmt not in REMOTE:
-        raise OptionError(f"{dst}: a remote DST must be one of {', '.join(REMOTE_FORMATS)} (got {fmt}); convert locally and copy")
+def remote_destination(dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> Iterator[Staging]:
+    """The staging of a conversion to the URL ``dst``, for a format that can be written there
+    (``remote``: its writer's): checks and locks the DST, yields where to convert and the sink,
+    and after the body uploads a file left whole and removes the staging folder (kept when a
+    journal stays in it for ``--resume``)."""
     if "%" in str(dst).rstrip("/").rsplit("/", 1)[-1]:
         # a shard name pattern (s3://b/train/train-%06d.tar): the folder URL holds the output
         folder_url, pattern = str(dst).rstrip("/").rsplit("/", 1)
@@ -322,10 +290,10 @@ def remote_destination(dst: str, fmt: str, *, overwrite: bool, resume: bool) -> 
     staging = staging_folder(folder_url)
     # before the DST is checked or removed: another conversion on this machine may be uploading it
     with DestinationLock(lock_path(staging), str(dst)):
-        _check_remote_dst(folder_url, str(dst), fmt, overwrite=overwrite, resume=resume)
+        _check_remote_dst(folder_url, str(dst), remote, overwrite=overwrite, resume=resume)
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
-        sink = REMOTE[fmt].sink(folder_url)
+        sink = remote.sink(folder_url)
         try:
             yield Staging(local_dst, sink)
             if sink is None:

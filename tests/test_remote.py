@@ -143,7 +143,7 @@ def test_shards_are_uploaded_while_converting(s3, image_folder, monkeypatch):
         order.append(rpath.rsplit("/", 1)[-1])
         return real_put(lpath, rpath, *args, **kwargs)
 
-    monkeypatch.setattr(remote, "_filesystem", lambda url: (s3, url.split("://", 1)[1]))
+    monkeypatch.setattr(remote, "dst_filesystem", lambda url: (s3, url.split("://", 1)[1]))
     monkeypatch.setattr(s3, "put_file", put_file)
     import time
 
@@ -549,7 +549,7 @@ def test_local_disk_holds_only_the_shards_waiting_for_upload(s3, many_images, tm
         seen.append(staged_files(url))
         return real_queue(self, path)
 
-    monkeypatch.setattr(remote, "_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
     monkeypatch.setattr(s3, "put_file", slow_put)
     monkeypatch.setattr(remote.Uploader, "put", put)
     options = dict(format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=2), workers=1)
@@ -615,7 +615,7 @@ def test_a_failed_upload_stops_the_conversion_and_removes_the_rest(s3, many_imag
             raise ConnectionError("connection reset by peer")
         return real_put(lpath, rpath, *args, **kwargs)
 
-    monkeypatch.setattr(remote, "_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
     monkeypatch.setattr(s3, "put_file", flaky_put)
     url = "s3://packer-test/flaky"
     with pytest.raises(OutputError, match="upload failed .connection reset by peer.*readers refuse"):

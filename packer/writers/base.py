@@ -43,6 +43,9 @@ class Writer:
     """Base writer: counts samples, tracks whether all share one shape, publishes atomically."""
 
     format_name: ClassVar[str] = ""
+    #: How the format is written to a URL DST (a :class:`~packer.remote.RemoteDestination`);
+    #: ``None``: it is not (convert locally and copy).
+    remote: ClassVar[Any] = None
     #: Whether the output is a folder (True) or a single file (False).
     is_directory: ClassVar[bool] = False
     #: Whether the writer can hand its output to a *sink* (a URL DST: packer/remote.py)

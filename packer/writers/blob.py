@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from readers.formats.blob import (
+    MAGIC,
     ALIGNMENT,
     LABEL_DTYPE,
     OFFSET_DTYPE,
@@ -31,6 +32,8 @@ from readers.formats.blob import (
 )
 from readers.schema import FORMAT_VERSION, Metadata
 
+from .. import remote as remote_urls
+from ..multipart import MultipartUpload, supports_multipart
 from ..placement import Placed, Placement, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
@@ -64,12 +67,39 @@ class BlobSink(Protocol):
         """The conversion failed: drop whatever was stored."""
 
 
+class RemoteBlob:
+    """:class:`~packer.remote.RemoteDestination` of a blob: streamed by S3 multipart upload where
+    the store has it, else staged whole and uploaded at the end."""
+
+    @staticmethod
+    def sink(url: str) -> MultipartUpload | None:
+        fs, root = remote_urls.dst_filesystem(url)
+        return MultipartUpload(fs, root.rstrip("/"), url) if supports_multipart(fs) else None
+
+    @staticmethod
+    def unfinished(fs: Any, root: str) -> bool:
+        return False  # a blob object appears only whole
+
+    @staticmethod
+    def is_ours(fs: Any, root: str, *, staged: bool) -> bool:
+        try:
+            with fs.open(root, "rb") as handle:
+                return handle.read(len(MAGIC)) == MAGIC
+        except (OSError, IsADirectoryError):
+            return False
+
+    @staticmethod
+    def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
+        return False
+
+
 class BlobWriter(Writer):
     """Streams samples into ``DST.partial``; sections, metadata and finally the header at the end."""
 
     format_name = "blob"
     is_directory = False
     takes_sink = True
+    remote = RemoteBlob
 
     def __init__(self, dst: Path, storage: Any = None, *, sink: BlobSink | None = None, **journal: Any) -> None:
         """``sink``: where the file goes (see :class:`BlobSink`); ``None``: renamed to ``DST``."""

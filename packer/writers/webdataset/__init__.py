@@ -35,6 +35,7 @@ the worker count: the output is identical whatever the worker count (and whether
 """
 
 from .pieces import Piece, PieceResult, PieceTask
-from .writer import DEFAULT_SHARD_SIZE, ShardSink, ShardWriter, pattern_refusal, split_destination
+from .destination import pattern_refusal
+from .writer import DEFAULT_SHARD_SIZE, ShardSink, ShardWriter, split_destination
 
 __all__ = ["ShardWriter", "ShardSink", "PieceTask", "Piece", "PieceResult", "split_destination", "pattern_refusal", "DEFAULT_SHARD_SIZE"]

@@ -37,10 +37,11 @@ from ..base import remove_path
 from ..piece_writer import Piece, PieceWriter, Written
 from ...files import fsync_path
 from ..journal import ROW_DTYPE, Checkpoint
+from .destination import RemoteShards, pattern_refusal
 from .pieces import PieceResult, PieceTask, fragments
 from .tar import TMP_PREFIX, Assembly, ShardPart, is_full, renumber
 
-__all__ = ["ShardWriter", "ShardSink", "split_destination", "pattern_refusal", "DEFAULT_SHARD_SIZE"]
+__all__ = ["ShardWriter", "ShardSink", "split_destination", "DEFAULT_SHARD_SIZE"]
 
 #: Inputs per piece (and so at most samples per shard) when neither bound is given.
 DEFAULT_SHARD_SIZE = 1000
@@ -91,19 +92,6 @@ class ShardSink(Protocol):
 
 
 
-def pattern_refusal(folder: str, pattern: str, meta: Metadata) -> str | None:
-    """Why shards named ``pattern`` must not replace the dataset ``meta`` of ``folder`` (a local
-    path or a URL): its shards have another name; ``None`` when they do not."""
-    old = meta.extra.get("shard_pattern") if meta.format == "webdataset" else None
-    if not isinstance(old, str) or old == pattern:
-        return None
-    stem = pattern.split("%", 1)[0].rstrip("-_.") or "shards"
-    parent, _, name = folder.rstrip("/").rpartition("/")
-    beside = f"{parent}/{stem if stem != name else f'{name}-{stem}'}" if parent else (stem if stem != name else f"{name}-{stem}")
-    return (f"{folder}: holds a WebDataset of shards named {old}, not {pattern}; a folder holds one dataset, so writing "
-            f"{pattern} there would delete those shards: write it to a folder of its own, for example {beside}/{pattern}")
-
-
 def _tail_fragmented(pieces: list[Piece], workers: int) -> list[Piece]:
     """``pieces`` with the last round's cut into fragments for every worker.
 
@@ -128,6 +116,7 @@ class ShardWriter(PieceWriter):
 
     format_name = "webdataset"
     storage_fields = ("shard_size", "shard_bytes")
+    remote = RemoteShards
     is_directory = True
     takes_sink = True
 

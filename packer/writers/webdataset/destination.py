@@ -1,0 +1,64 @@
+"""Where a WebDataset may be written: a folder holds one dataset (:func:`pattern_refusal`), and a
+DST at a URL (:class:`RemoteShards`; packer/remote.py stages the conversion and calls it) gets
+its shards uploaded one by one as they are published (:class:`~packer.remote.Uploader`), the
+metadata last."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, parse_metadata
+from readers.schema import Metadata
+
+from ...errors import OutputExistsError
+from ...remote import Uploader
+
+__all__ = ["RemoteShards", "pattern_refusal"]
+
+
+def pattern_refusal(folder: str, pattern: str, meta: Metadata) -> str | None:
+    """Why shards named ``pattern`` must not replace the dataset ``meta`` of ``folder`` (a local
+    path or a URL): its shards have another name; ``None`` when they do not."""
+    old = meta.extra.get("shard_pattern") if meta.format == "webdataset" else None
+    if not isinstance(old, str) or old == pattern:
+        return None
+    stem = pattern.split("%", 1)[0].rstrip("-_.") or "shards"
+    parent, _, name = folder.rstrip("/").rpartition("/")
+    beside = f"{parent}/{stem if stem != name else f'{name}-{stem}'}" if parent else (stem if stem != name else f"{name}-{stem}")
+    return (f"{folder}: holds a WebDataset of shards named {old}, not {pattern}; a folder holds one dataset, so writing "
+            f"{pattern} there would delete those shards: write it to a folder of its own, for example {beside}/{pattern}")
+
+
+class RemoteShards:
+    """:class:`~packer.remote.RemoteDestination` of WebDataset shards."""
+
+    @staticmethod
+    def sink(url: str) -> Uploader:
+        return Uploader(url)
+
+    @staticmethod
+    def unfinished(fs: Any, root: str) -> bool:
+        """An upload without its metadata record (stored last): ``--resume`` may carry it on."""
+        return not fs.exists(f"{root}/{META_FILE}")
+
+    @staticmethod
+    def is_ours(fs: Any, root: str, *, staged: bool) -> bool:
+        """A finished dataset (its metadata record), or an unfinished upload of this machine's
+        (``staged``: its staging folder is here) holding only shards and packer's own files."""
+        if fs.exists(f"{root}/{META_FILE}"):
+            return True
+        names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
+        return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE) for name in names)
+
+    @staticmethod
+    def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
+        """An empty folder (a local DST's rule too); shards of another name beside a shard
+        pattern are refused, even with ``--overwrite``, which would delete them with the folder."""
+        if fs.isdir(root) and not fs.ls(root, detail=False):
+            return True
+        pattern = dst.rstrip("/").rsplit("/", 1)[-1]
+        if "%" in pattern and fs.exists(f"{root}/{META_FILE}"):
+            refusal = pattern_refusal(url, pattern, parse_metadata(fs.cat(f"{root}/{META_FILE}"), url))
+            if refusal is not None:
+                raise OutputExistsError(refusal)
+        return False
