@@ -146,7 +146,7 @@ def cli() -> None:
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
 @click.option("--quality", type=click.IntRange(1, 100), help="JPEG quality, with --encoding jpeg only (default: 90).")
-@click.option("--decode-device", type=click.Choice(DECODE_DEVICES), default="cpu", show_default=True, help="cuda: decode JPEGs with nvJPEG and resize on the GPU, in one process (pip install 'packer[gpu]'); other images on the CPU.")
+@click.option("--decode-device", type=click.Choice(DECODE_DEVICES), default="cpu", show_default=True, help="cuda: decode JPEGs with nvJPEG and resize on the GPU, in one process (the 'gpu' extra); other images on the CPU.")
 @click.option("--max-pixels", type=click.IntRange(1), default=DEFAULT_MAX_PIXELS, show_default=True, help="Skip images with more pixels.")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Worker processes (default: all cores).")
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True, help="Skip and record undecodable inputs, or stop at the first.")
@@ -163,7 +163,7 @@ def cli() -> None:
 @label_file_options
 @click.option("--overwrite", is_flag=True, help="Replace DST if it is a packer dataset (never another file or folder).")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (pip install 'packer[ray]'; SRC and DST on shared storage, or URLs).")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (the 'ray' extra; SRC and DST on shared storage, or URLs).")
 @click.option("--ray-address", metavar="ADDR", help="With --executor ray: the cluster to join (default: a running one, else a local instance).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or warnings.")
 def convert(

@@ -233,7 +233,9 @@ def plot(diagnosis: Diagnosis, path: str | Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise OptionError("--plot needs matplotlib: pip install 'packer[bench]'") from None
+        from readers.extras import install_hint
+
+        raise OptionError(f"--plot needs matplotlib: {install_hint('bench')}") from None
     d = diagnosis
     bars = [("loader alone", d.loader), ("step alone", d.step), ("training loop", d.together)]
     bars += [(alt.label, alt.measured) for alt in d.alternatives]

@@ -48,7 +48,9 @@ def doctor(src: Path, step: str | None, step_ms: float, batch_size: int, size: i
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise click.ClickException("--plot needs matplotlib: pip install 'packer[bench]'") from None
+            from readers.extras import install_hint
+
+            raise click.ClickException(f"--plot needs matplotlib: {install_hint('bench')}") from None
     say = None if quiet else (lambda message: click.echo(message, err=True))
     report = run_doctor(src, step=step, step_ms=step_ms, batch_size=batch_size, size=size, workers=workers, device=device,
                         batches=batches, rounds=rounds, sample=sample, trace=trace, log=say)

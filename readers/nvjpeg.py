@@ -26,10 +26,12 @@ from typing import Any, Sequence
 
 import torch
 
+from .extras import install_hint
+
 __all__ = ["GPUDecoder", "GPUDecodeUnavailable", "GPU_EXTRA", "first_then", "load_nvimgcodec", "require_cuda"]
 
 #: What to install for GPU decoding (named in every error that lacks it).
-GPU_EXTRA = "pip install 'packer[gpu]'"
+GPU_EXTRA = install_hint("gpu")
 #: The pip distribution and the module it provides.
 NVIMGCODEC_PACKAGE = "nvidia-nvimgcodec-cu12"
 NVIMGCODEC_MODULE = "nvidia.nvimgcodec"

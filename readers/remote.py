@@ -37,7 +37,9 @@ def _fsspec() -> object:
     try:
         import fsspec
     except ImportError:
-        raise ImportError("reading fsspec URLs needs fsspec (and s3fs for s3://): pip install 'packer[remote]'") from None
+        from .extras import install_hint
+
+        raise ImportError(f"reading fsspec URLs needs fsspec (and s3fs for s3://): {install_hint('remote')}") from None
     return fsspec
 
 

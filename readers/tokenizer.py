@@ -37,6 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .extras import install_hint
+
 __all__ = ["Tokenizer", "load_tokenizer", "file_sha256", "token_dtype", "TokenizerError", "BYTES_EOS", "BYTES_VOCAB", "EOS_NAMES",
            "LONG_TEXT", "PIECE_CHARS", "CUT_CONTEXT"]
 
@@ -236,7 +238,7 @@ def _load_sentencepiece(path: Path) -> Tokenizer:
         import sentencepiece
     except ImportError:
         raise TokenizerError(
-            f"{path}: SentencePiece models need the 'sentencepiece' package: pip install 'packer[text]'"
+            f"{path}: SentencePiece models need the 'sentencepiece' package: {install_hint('text')}"
         ) from None
     try:
         backend = sentencepiece.SentencePieceProcessor(model_file=str(path))

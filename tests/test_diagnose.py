@@ -215,7 +215,9 @@ def test_doctor_device_errors_are_one_line(packed_32, device, message):
 def test_doctor_plot_without_matplotlib_names_the_extra(packed_32, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *FAST])
-    assert result.exit_code == 1 and result.output == "Error: --plot needs matplotlib: pip install 'packer[bench]'\n"
+    from readers.extras import install_hint
+
+    assert result.exit_code == 1 and result.output == f"Error: --plot needs matplotlib: {install_hint('bench')}\n"
     assert not (tmp_path / "p.png").exists()
 
 

@@ -233,3 +233,13 @@ def test_a_reader_asked_of_packer_names_the_readers_package():
     with pytest.raises(AttributeError, match=r"the reading side is the top-level package 'readers' \(from readers import LMDBDataset\)"):
         packer.LMDBDataset
     assert not hasattr(packer, "no_such_name")
+
+
+def test_an_extras_install_hint_names_this_checkout():
+    """``pip install 'packer[gpu]'`` outside the checkout installs PyPI's 'packer', another
+    project (a newcomer walkthrough): the hints name the checkout, editable."""
+    from readers.extras import install_hint
+    from readers.nvjpeg import GPU_EXTRA
+
+    root = Path(__file__).resolve().parents[1]
+    assert install_hint("ray") == f"pip install -e '{root}[ray]'" and GPU_EXTRA == install_hint("gpu")

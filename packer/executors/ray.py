@@ -60,7 +60,9 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise OptionError("--executor ray needs Ray: pip install 'packer[ray]'") from None
+        from readers.extras import install_hint
+
+        raise OptionError(f"--executor ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

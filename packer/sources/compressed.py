@@ -43,7 +43,7 @@ def open_decompressed(path: str | os.PathLike[str], codec: str) -> BinaryIO:
     if codec == "xz":
         return lzma.open(path, "rb")
     if importlib.util.find_spec("zstandard") is None:
-        raise SourceError(f"{path}: reading zstd needs the zstandard package: pip install zstandard (or 'packer[text]')") from None
+        raise SourceError(f"{path}: reading zstd needs the zstandard package: pip install zstandard") from None
     return _ZstdReader(path)  # type: ignore[return-value]
 
 

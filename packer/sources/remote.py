@@ -67,11 +67,15 @@ def url_filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError:
-        raise OptionError(f"{url}: remote SRC/DST needs fsspec (and s3fs for s3://): pip install 'packer[remote]'") from None
+        from readers.extras import install_hint
+
+        raise OptionError(f"{url}: remote SRC/DST needs fsspec (and s3fs for s3://): {install_hint('remote')}") from None
     try:
         return fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
-        raise OptionError(f"{url}: {exc} (pip install 'packer[remote]')") from None
+        from readers.extras import install_hint
+
+        raise OptionError(f"{url}: {exc} ({install_hint('remote')})") from None
 
 
 class FsspecTree:
