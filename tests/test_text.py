@@ -182,6 +182,17 @@ def test_cli_convert_info_head_and_errors(corpus: Path, bpe: Path, tmp_path: Pat
     assert "tokenizer" in info.output and "huggingface" in info.output
     head = runner.invoke(cli, ["head", str(dst), "-n", "2"])
     assert head.exit_code == 0 and head.output.count("--- document") == 2
+    moved = tmp_path / "moved.json"  # the tokenizer file moved: the error says how to give it (it said only "pass the file")
+    moved.write_bytes(bpe.read_bytes())
+    import shutil
+
+    shutil.move(str(bpe), str(tmp_path / "away.json"))
+    try:
+        lost = runner.invoke(cli, ["head", str(dst), "-n", "1"])
+        assert lost.exit_code == 1 and "packer head --tokenizer PATH" in lost.output, lost.output
+        assert runner.invoke(cli, ["head", str(dst), "-n", "1", "--tokenizer", str(moved)]).exit_code == 0
+    finally:
+        shutil.move(str(tmp_path / "away.json"), str(bpe))
     missing = runner.invoke(cli, ["convert", str(corpus), str(tmp_path / "m.blob"), "--tokenizer", str(tmp_path / "nope.json")])
     assert missing.exit_code != 0 and "nope.json" in missing.output and len(missing.output.strip().splitlines()) == 1
     lines = runner.invoke(cli, ["convert", str(corpus), str(tmp_path / "l.lmdb"), "--lines", "--eos", "none", "-q"])

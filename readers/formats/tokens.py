@@ -153,7 +153,8 @@ class TokenStore:
             spec = "bytes" if record.get("kind") == "bytes" else record.get("path")
             if spec != "bytes" and (not spec or not Path(spec).is_file()):
                 raise TokenizerError(
-                    f"{self.path}: its tokenizer {record.get('name')!r} is not at {spec}; pass the tokenizer file"
+                    f"{self.path}: its tokenizer {record.get('name')!r} is not at {spec}; pass the tokenizer file (packer head "
+                    "--tokenizer PATH; in Python, dataset.decode(ids, tokenizer=PATH))"
                 )
         check_tokenizer(self.meta, spec, where=str(self.path))
         tokenizer = load_tokenizer(spec)
