@@ -9,6 +9,7 @@ import errno
 import mmap
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -122,12 +123,16 @@ def fsync_tree(path: Path) -> None:
 
 
 def publish(tmp: Path, dst: Path) -> None:
-    """Sync ``tmp`` and rename it to ``dst`` (replacing an existing one), then sync the folder."""
+    """Sync ``tmp`` and rename it to ``dst`` (replacing an existing one, whose permissions it
+    takes: a private folder or file stays private), then sync the folder."""
     fsync_tree(tmp)
     old = None
     if dst.exists() or dst.is_symlink():
-        old = dst.with_name(dst.name + ".replaced")
-        remove_path(old)
+        if not dst.is_symlink():
+            os.chmod(tmp, stat.S_IMODE(os.stat(dst).st_mode))
+        old = dst.with_name(f"{dst.name}.replaced-{os.getpid()}")
+        while old.exists() or old.is_symlink():  # never a name of the user's
+            old = old.with_name(old.name + "x")
         os.replace(dst, old)
     os.replace(tmp, dst)
     fsync_path(dst.parent if str(dst.parent) else Path("."))

@@ -59,3 +59,21 @@ def test_a_users_file_named_like_a_leftover_is_refused_and_kept(image_folder, tm
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and named in lines[0] and "move it away" in lines[0], result.output
     assert tree(out) == before and sorted(p.name for p in out.iterdir()) == [name + suffix]
+
+
+@pytest.mark.parametrize("name, fmt, overwrite", [("d.lmdb", "lmdb", False), ("d", "webdataset", False), ("d.blob", "blob", True), ("d.h5", "hdf5", True)])
+def test_the_users_permissions_on_dst_are_kept(image_folder, tmp_path, name, fmt, overwrite):
+    """An empty private folder taken as DST, or a private file replaced with --overwrite, came
+    back readable by everyone (755/644: a data-safety walkthrough)."""
+    from packer import ImageOptions, convert
+
+    dst = tmp_path / name
+    if overwrite:
+        convert(image_folder, dst, format=fmt, image=ImageOptions(size=8), workers=1)
+        dst.chmod(0o600)
+    else:
+        dst.mkdir(mode=0o700)
+        dst.chmod(0o700)
+    convert(image_folder, dst, format=fmt, image=ImageOptions(size=8), workers=1, overwrite=overwrite)
+    assert oct(dst.stat().st_mode & 0o777) == oct(0o600 if overwrite else 0o700)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing left beside it
