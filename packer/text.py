@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
+import numpy as np
+
 from readers.schema import TOKEN_LAYOUT, Skipped
 from readers.tokenizer import Tokenizer, TokenizerError, load_tokenizer, token_dtype
 
@@ -121,21 +123,26 @@ class TextJob(Job):
         )
 
 
-#: Records read before the conversion starts to see that ``--text-field`` names a field they have.
-FIELD_PROBE = 20
+#: Before the conversion starts, the first records of this many files, this many of each, are
+#: read to see that ``--text-field`` names a field the corpus has.
+FIELD_PROBE_FILES, FIELD_PROBE_RECORDS = 20, 5
 
 
 def _check_text_field(docs: Any, field: str) -> None:
-    """Refuse ``--text-field`` in one line when none of the corpus's first :data:`FIELD_PROBE`
-    records has it as a string (a typo was one skipped document and one warning per record, then
-    'none of the documents could be converted'); corpora without records pass."""
-    probe = [doc for doc in docs[:FIELD_PROBE] if getattr(getattr(doc, "file", None), "kind", None) in ("json", "parquet")]
+    """Refuse ``--text-field`` in one line when none of the records probed (the first of each
+    of the corpus's first files) has it as a string: a typo was one skipped document and one
+    warning per record, then 'none of the documents could be converted'. A file whose records
+    lack it beside one whose records have it converts as before; corpora without records pass."""
+    rows = getattr(docs, "rows", None)
+    starts = np.flatnonzero(np.diff(rows["file"], prepend=-1))[:FIELD_PROBE_FILES] if rows is not None else [0]
+    probe = [docs[int(i)] for start in starts for i in range(start, min(start + FIELD_PROBE_RECORDS, len(docs)))]
+    probe = [doc for doc in probe if getattr(getattr(doc, "file", None), "kind", None) in ("json", "parquet")]
     if not probe:
         return
     texts = document_texts(probe)
     if all(isinstance(text, Skipped) and "string field" in text.reason for text in texts):
         first = texts[0]
-        raise OptionError(f"--text-field {field!r}: none of the first {len(texts)} records has it as a string "
+        raise OptionError(f"--text-field {field!r}: none of the {len(texts)} records read first has it as a string "
                           f"({first.path}: {first.reason})")
 
 

@@ -205,3 +205,12 @@ def test_an_empty_folder_and_a_packed_dataset_are_named_as_such(image_folder, tm
         fmt = name.split(".")[1]
         with pytest.raises(SourceError, match=rf"t.{fmt}: is a packer {fmt} dataset, not a source: convert the images it was made from"):
             scan_image_folder(tmp_path / name)
+    # names alone are not a dataset: an image folder holding a .tar, a data.mdb or a packer.json of its own,
+    # or named *.partial, is scanned as images (a review found them refused)
+    import shutil
+
+    mine = tmp_path / "mine.partial"
+    shutil.copytree(image_folder, mine)
+    for extra in ("backup.tar", "data.mdb", "packer.json"):
+        (mine / extra).write_bytes(b"{}")
+    assert len(scan_image_folder(mine).items) == 18

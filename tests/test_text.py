@@ -443,9 +443,15 @@ def test_a_text_field_no_record_has_is_refused_before_converting(tmp_path):
     (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i}", "id": i}) + "\n" for i in range(50)))
     result = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "t.blob"), "--text-field", "txt"])
     assert result.exit_code == 2 and result.output.strip().splitlines() == [
-        "Error: --text-field 'txt': none of the first 20 records has it as a string (a.jsonl:1: no string field 'txt' "
+        "Error: --text-field 'txt': none of the 5 records read first has it as a string (a.jsonl:1: no string field 'txt' "
         "(its string fields: 'text'; pass --text-field))"], result.output
     assert not list(tmp_path.glob("t.blob*"))
     (corpus / "a.jsonl").write_text(json.dumps({"id": 0}) + "\n" + "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))
     report = packer.convert(corpus, tmp_path / "u.blob", workers=1)
     assert report.written == 5 and [s.path for s in report.skipped] == ["a.jsonl:1"]
+    # a first file without the field, a second with it: converts, the first's records skipped (the probe read the
+    # first file only and refused it: a review)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"title": f"t {i}"}) + "\n" for i in range(25)))
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(30)))
+    report = packer.convert(corpus, tmp_path / "v.blob", workers=1)
+    assert report.written == 30 and len(report.skipped) == 25

@@ -130,16 +130,16 @@ def scan_image_folder(root: str | os.PathLike[str]) -> ImageFolder:
 
 
 def _packed_format(root: object) -> str | None:
-    """The packer format of a local ``root`` that is a packer dataset, finished or not; else ``None``."""
+    """The format of a local ``root`` that opens as a finished packer dataset (its metadata
+    read, not only its names: a folder of images may hold a .tar, a data.mdb or a packer.json of
+    its own, and an HDF5 file need not be packer's); else ``None``."""
     if not isinstance(root, Path):
         return None
-    from readers.formats import detect_format
+    from readers.formats import open_store
 
     try:
-        return detect_format(root)
-    except PackedFormatError as exc:
-        return "unfinished" if "unfinished" in str(exc) else None
-    except OSError:
+        return open_store(root).meta.format
+    except (PackedFormatError, OSError, ValueError, KeyError):
         return None
 
 
@@ -150,8 +150,7 @@ def _scan(tree: FolderTree) -> ImageFolder:
         raise SourceError(f"{tree.name}: no such folder; SRC must be a folder of images (class sub-folders = labels)")
     packed = _packed_format(tree.root)
     if packed is not None:  # (a folder of WebDataset shards is read as a source before this scan)
-        what = "an unfinished packer conversion" if packed == "unfinished" else f"a packer {packed} dataset"
-        raise SourceError(f"{tree.name}: is {what}, not a source: convert the images it was made from "
+        raise SourceError(f"{tree.name}: is a packer {packed} dataset, not a source: convert the images it was made from "
                           "(packer info shows its source), or read it with readers.open_dataset")
     if kind != "dir":
         raise SourceError(f"{tree.name}: is a file; SRC must be a folder of images (class sub-folders = labels), an archive "
