@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .dataset import PackedDataset
-from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, flag,
+from .epoch import (EpochCursor, ResumeError, SharedCursor, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, flag,
                     positive_number, resolve_rank, whole_number)
 from .shard_plan import ShardPlan, rank_shares, uneven_split
 from .formats.webdataset import ShardStore
@@ -157,10 +157,8 @@ class StreamingShards(IterableDataset):
         self.transform = transform
         # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
         self._cursor = EpochCursor()
-        #: The epoch in shared memory: a DataLoader's persistent workers keep their copy of this
-        #: object from epoch to epoch, and take the epoch :meth:`set_epoch` gave from here at each
-        #: iteration (torch shares the tensor with them, forked or spawned).
-        self._shared_epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        #: The same in shared memory, which a DataLoader's persistent workers follow.
+        self._shared = SharedCursor()
         self.set_epoch(0)
         if self.meta is not None and self.rank == 0:
             self._warn_uneven()
@@ -189,7 +187,7 @@ class StreamingShards(IterableDataset):
         except ValueError:
             self._cursor.epoch, self._cursor.position = before
             raise
-        self._shared_epoch[0] = self._cursor.epoch
+        self._shared.publish(self._cursor)
 
     # -- equal steps --------------------------------------------------------------------------
     def _shares(self, num_workers: int) -> tuple[list[int], list[int]]:
@@ -271,7 +269,7 @@ class StreamingShards(IterableDataset):
         """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
         stopped; the order-deciding settings must match (a ``ValueError`` names the one that differs)."""
         self._load_state(state)
-        self._shared_epoch[0] = self._cursor.epoch
+        self._shared.publish(self._cursor)
 
     def _load_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or "skip" not in state:
@@ -380,18 +378,16 @@ class StreamingShards(IterableDataset):
             yield (self.transform(sample) if self.transform is not None else sample), label
 
     def _worker_checks(self, worker: int, num_workers: int) -> None:
-        """In a DataLoader worker: follow the epoch :meth:`set_epoch` gave since this copy was made
-        (a persistent worker's), and warn (rank 0's first worker) where the ranks' batch counts
-        may differ."""
-        epoch = int(self._shared_epoch[0])
-        if epoch != self._cursor.epoch:
-            self._cursor.set_epoch(epoch)  # (a position loaded for the epoch before goes with it)
+        """In a DataLoader worker: follow the epoch and position :meth:`set_epoch` and
+        :meth:`load_state_dict` gave since this copy was made (a persistent worker's), and warn
+        (rank 0's first worker) where the ranks' batch counts may differ."""
+        self._shared.follow(self._cursor)
         if worker == 0 and self.rank == 0 and num_workers > 1 and self.world_size > 1 and self.batch_size is None and self.meta is not None:
             warnings.warn(
-                f"StreamingShards: without batch_size, ranks yield the same number of samples, but split over {num_workers} "
-                "DataLoader workers not always the same number of batches (DDP then waits forever at an epoch's end, and "
-                "len(DataLoader) is not the count): pass the DataLoader's batch_size and num_workers to StreamingShards",
-                stacklevel=3)
+                f"StreamingShards: without batch_size, ranks yield the same number of samples, but if the DataLoader batches "
+                f"them, split over {num_workers} workers, not always the same number of batches (DDP then waits forever at an "
+                "epoch's end, and len(DataLoader) is not the count): pass the DataLoader's batch_size and num_workers to "
+                "StreamingShards (batch_size=1 for a DataLoader with batch_size=None or 1)", stacklevel=3)
 
     def _positions(self, urls: list[str], worker: int, skip: int, own: int | None, share: int | None) -> Iterator[Any]:
         """The worker's encoded samples from position ``skip`` to ``share``: its ``own`` samples
