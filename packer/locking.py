@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from readers.formats.inprogress import lock_holder, lock_path
+from readers.formats.inprogress import is_lock_text, lock_holder, lock_path, lock_pid, lock_text
 
 from .destination import write_error
 from .errors import OutputError
@@ -63,7 +63,7 @@ class DestinationLock:
             try:
                 _lock_soon(fd)
             except BlockingIOError:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                holder = lock_pid(os.read(fd, 64))
                 os.close(fd)
                 raise busy_error(self.what, holder) from None
             except OSError as exc:
@@ -77,16 +77,16 @@ class DestinationLock:
                 break
             os.close(fd)
         try:
-            held = os.pread(fd, 64, 0).strip()
+            held = os.pread(fd, 64, 0)
         except OSError:
             held = b""
-        if held and not held.isdigit():  # never truncated: what a killed run leaves is its pid
+        if not is_lock_text(held):  # never truncated: a file of the user's by this name
             os.close(fd)
-            raise OutputError(f"{self.what}: {self.path} holds something other than packer's lock (a process id); move it away")
+            raise OutputError(f"{self.what}: {self.path} holds something other than packer's lock ('packer-lock PID'); move it away")
         self._fd = fd
         try:
             os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
+            os.write(fd, lock_text(os.getpid()))
         except OSError as exc:  # a full disk: the lock file goes again, and the error is one line
             self.release()
             raise write_error(self.what, exc) from None

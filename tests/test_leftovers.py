@@ -40,6 +40,7 @@ LEFTOVERS = {  # (name beside DST, how the user made it, what the error names)
     "partial file": (".partial", file_of_mine, "no journal beside it"),
     "journal folder": (".partial-journal", journal_of_mine, "'results.csv', which packer's journal never does"),
     "lock file": (".partial-lock", file_of_mine, "holds something other than packer's lock"),
+    "lock file of digits": (".partial-lock", lambda path: path.write_text("2024\n"), "holds something other than packer's lock"),
 }
 
 
@@ -77,3 +78,14 @@ def test_the_users_permissions_on_dst_are_kept(image_folder, tmp_path, name, fmt
     convert(image_folder, dst, format=fmt, image=ImageOptions(size=8), workers=1, overwrite=overwrite)
     assert oct(dst.stat().st_mode & 0o777) == oct(0o600 if overwrite else 0o700)
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing left beside it
+
+
+def test_an_empty_or_zeroed_lock_file_is_a_stale_lock_taken_over(image_folder, tmp_path):
+    """A crash can leave the lock file empty, or zeros where its write never reached the disk:
+    packer's, taken over (a review saw zeros refused as the user's)."""
+    from packer import ImageOptions, convert
+
+    for content in (b"", b"\0\0\0\0\n"):
+        (tmp_path / "d.lmdb.partial-lock").write_bytes(content)
+        assert convert(image_folder, tmp_path / "d.lmdb", image=ImageOptions(size=8), workers=1, overwrite=True).written == 18
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.lmdb"]

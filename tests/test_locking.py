@@ -113,12 +113,12 @@ def test_a_probe_of_the_lock_is_not_taken_for_a_running_conversion(tmp_path):
     import threading
 
     path = tmp_path / "x.partial-lock"
-    path.write_text("4242\n")  # a killed run's pid
+    path.write_text("packer-lock 4242\n")  # a killed run's pid
     fd = os.open(path, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe, caught in its moment
     threading.Timer(0.03, lambda: os.close(fd)).start()
     lock = DestinationLock(path, "x").acquire()
-    assert path.read_text() == f"{os.getpid()}\n" and lock_holder(path) == str(os.getpid())
+    assert path.read_text() == f"packer-lock {os.getpid()}\n" and lock_holder(path) == str(os.getpid())
     lock.release()
 
 

@@ -229,7 +229,7 @@ def test_leftovers_of_a_run_killed_after_it_published_are_removed_by_the_next_co
     by (a fault sweep, 18 of 37 such kills)."""
     dst = tmp_path / "d.lmdb"
     convert(src, dst, image=ImageOptions(size=8), workers=1)
-    (tmp_path / "d.lmdb.partial-lock").write_text("999999\n")  # as the killed run left them
+    (tmp_path / "d.lmdb.partial-lock").write_text("packer-lock 999999\n")  # as the killed run left them
     (tmp_path / "d.lmdb.partial-journal").mkdir()
     for name in ("names.jsonl", "samples.i64"):
         (tmp_path / "d.lmdb.partial-journal" / name).write_bytes(b"")
