@@ -129,15 +129,40 @@ def publish(tmp: Path, dst: Path) -> None:
     old = None
     if dst.exists() or dst.is_symlink():
         if not dst.is_symlink():
-            os.chmod(tmp, stat.S_IMODE(os.stat(dst).st_mode))
+            os.chmod(tmp, _mode_for(tmp, os.stat(dst).st_mode))
         old = dst.with_name(f"{dst.name}.replaced-{os.getpid()}")
         while old.exists() or old.is_symlink():  # never a name of the user's
             old = old.with_name(old.name + "x")
         os.replace(dst, old)
-    os.replace(tmp, dst)
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        if old is not None:
+            os.replace(old, dst)  # the dataset that was there, back in its place
+        raise
     fsync_path(dst.parent if str(dst.parent) else Path("."))
     if old is not None:
         remove_path(old)
+        if old.exists():  # a read-only copy (its owner's 555 folder): writable, then removed
+            for folder, _, names in os.walk(old):
+                os.chmod(folder, 0o700)
+            remove_path(old)
+        if old.exists() or old.is_symlink():
+            import logging
+
+            logging.getLogger("packer").warning("%s: the dataset it replaced is left at %s (it could not be removed)", dst, old)
+
+
+def _mode_for(path: Path, mode: int) -> int:
+    """The permission bits of ``mode`` (a replaced DST's) for ``path``: as they were for the same
+    kind; a folder's for a file without its execute bits, a file's for a folder with an execute
+    bit wherever it has a read bit. Never the set-id or sticky bits."""
+    bits = stat.S_IMODE(mode) & 0o777
+    if path.is_dir() == stat.S_ISDIR(mode):
+        return bits
+    if path.is_dir():
+        return bits | ((bits & 0o444) >> 2)
+    return bits & 0o666
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:

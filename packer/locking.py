@@ -80,7 +80,9 @@ class DestinationLock:
             held = os.pread(fd, 64, 0)
         except OSError:
             held = b""
-        if not is_lock_text(held):  # never truncated: a file of the user's by this name
+        legacy = held.strip().isdigit() and self.path.with_name(self.path.name.removesuffix("-lock") + "-journal").is_dir()
+        if not is_lock_text(held) and not legacy:  # never truncated: a file of the user's by this name
+            # (legacy: the bare pid an older packer wrote, beside the journal of the run it was killed in)
             os.close(fd)
             raise OutputError(f"{self.what}: {self.path} holds something other than packer's lock ('packer-lock PID'); move it away")
         self._fd = fd

@@ -221,7 +221,7 @@ def upload(local: Path, url: str) -> None:
 
 class RemoteDestination(Protocol):
     """What a format that can be written to a URL tells the staging here (its writer's
-    ``remote``: packer/writers/webdataset/remote.py, packer/writers/blob.py)."""
+    ``remote``: packer/writers/webdataset/destination.py, packer/writers/blob.py)."""
 
     @staticmethod
     def sink(url: str) -> Any:

@@ -136,7 +136,7 @@ def _check_text_field(docs: Any, field: str) -> None:
     rows = getattr(docs, "rows", None)
     starts = np.flatnonzero(np.diff(rows["file"], prepend=-1))[:FIELD_PROBE_FILES] if rows is not None else [0]
     probe = [docs[int(i)] for start in starts for i in range(start, min(start + FIELD_PROBE_RECORDS, len(docs)))]
-    probe = [doc for doc in probe if getattr(getattr(doc, "file", None), "kind", None) in ("json", "parquet")]
+    probe = [doc for doc in probe if getattr(getattr(doc, "file", None), "kind", None) == "json"]  # (Parquet: checked at the scan)
     if not probe:
         return
     texts = document_texts(probe)

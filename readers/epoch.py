@@ -286,6 +286,15 @@ class SharedCursor:
     SLOTS = 1024
     __slots__ = ("tensor", "seen")
 
+    def __getstate__(self) -> tuple[torch.Tensor, int]:
+        return self.tensor, self.seen
+
+    def __setstate__(self, state: tuple[torch.Tensor, int]) -> None:
+        tensor, self.seen = state
+        # torch's own pickling (a DataLoader starting workers) shares the memory; a plain pickle
+        # or a deepcopy brings a private copy: shared again, between this copy and its workers
+        self.tensor = tensor if tensor.is_shared() else tensor.share_memory_()
+
     def __init__(self) -> None:
         # generation, epoch, position (0: none, 1: here, 2: too large to share), first worker, worker count, skips...
         self.tensor = torch.zeros(5 + self.SLOTS, dtype=torch.int64).share_memory_()

@@ -188,7 +188,7 @@ class Metadata:
         if version > FORMAT_VERSION:
             raise UnsupportedVersionError(
                 f"{where} uses packer format version {version}, but this reader understands up to "
-                f"version {FORMAT_VERSION}: upgrade packer (pip install -U packer)"
+                f"version {FORMAT_VERSION}: update packer (git pull in its checkout, then pip install -e .)"
             )
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}

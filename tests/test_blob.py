@@ -110,10 +110,10 @@ def test_newer_versions_are_refused(tmp_path, packed_32):
     data = path.read_bytes()
     assert data.count(b'"format_version": 1') == 1
     (tmp_path / "meta.blob").write_bytes(data.replace(b'"format_version": 1', b'"format_version": 2'))
-    with pytest.raises(UnsupportedVersionError, match="upgrade packer"):
+    with pytest.raises(UnsupportedVersionError, match="update packer"):
         RAMDataset(tmp_path / "meta.blob")
     version = int.from_bytes(data[8:12], "little")
-    with pytest.raises(UnsupportedVersionError, match="upgrade packer"):
+    with pytest.raises(UnsupportedVersionError, match="update packer"):
         BlobStore(copy_with(path, tmp_path / "head.blob", 8, (version + 1).to_bytes(4, "little")))
 
 

@@ -124,7 +124,7 @@ def test_newer_format_version_is_refused(tmp_path, lmdb_32):
         txn.put(META_KEY, json.dumps(meta).encode())
 
     path = _rewrite_lmdb(lmdb_32, tmp_path / "new.lmdb", bump)
-    with pytest.raises(UnsupportedVersionError, match="upgrade packer"):
+    with pytest.raises(UnsupportedVersionError, match="update packer"):
         LMDBDataset(path)
 
 

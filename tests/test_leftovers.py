@@ -89,3 +89,55 @@ def test_an_empty_or_zeroed_lock_file_is_a_stale_lock_taken_over(image_folder, t
         (tmp_path / "d.lmdb.partial-lock").write_bytes(content)
         assert convert(image_folder, tmp_path / "d.lmdb", image=ImageOptions(size=8), workers=1, overwrite=True).written == 18
         assert sorted(p.name for p in tmp_path.iterdir()) == ["d.lmdb"]
+
+
+def test_a_dst_of_another_kind_gives_sensible_permissions(image_folder, tmp_path):
+    """A file output where the user's empty 700 folder was: 600, not an executable 700 file;
+    a folder output replacing a 644 file: 755, enterable (a review)."""
+    from packer import ImageOptions, convert
+
+    (tmp_path / "out.blob").mkdir(mode=0o700)
+    (tmp_path / "out.blob").chmod(0o700)
+    convert(image_folder, tmp_path / "out.blob", image=ImageOptions(size=8), workers=1)
+    assert oct((tmp_path / "out.blob").stat().st_mode & 0o777) == oct(0o600)
+    convert(image_folder, tmp_path / "x.data", format="blob", image=ImageOptions(size=8), workers=1)
+    (tmp_path / "x.data").chmod(0o644)
+    convert(image_folder, tmp_path / "x.data", format="lmdb", image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert oct((tmp_path / "x.data").stat().st_mode & 0o777) == oct(0o755)
+
+
+def test_a_failed_rename_puts_the_replaced_dataset_back(image_folder, tmp_path, monkeypatch):
+    """Between moving the old DST aside and the new one in, a failure left DST missing and the
+    old dataset under another name (a review)."""
+    import packer.files as files
+    from packer import ImageOptions, convert
+    from packer.errors import OutputError
+    from readers.formats import open_store
+
+    dst = tmp_path / "d.blob"
+    convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
+    before = dst.read_bytes()
+    real = os.replace
+
+    def failing(src, target):
+        if str(src).endswith(".partial"):
+            raise OSError(5, "Input/output error")
+        return real(src, target)
+
+    monkeypatch.setattr(files.os, "replace", failing)
+    with pytest.raises(OutputError):
+        convert(image_folder, dst, image=ImageOptions(size=16), workers=1, overwrite=True)
+    monkeypatch.undo()
+    assert dst.read_bytes() == before and open_store(dst).meta.count == 18
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.blob"]
+
+
+def test_an_older_packers_lock_beside_its_journal_is_taken_over(image_folder, tmp_path):
+    """A run killed under an older packer left its bare pid in the lock file: with its journal
+    beside it, it is packer's and a rerun goes on (a review saw --resume refused)."""
+    from packer import ImageOptions, convert
+
+    (tmp_path / "d.lmdb.partial-lock").write_text("999999\n")
+    (tmp_path / "d.lmdb.partial-journal").mkdir()
+    assert convert(image_folder, tmp_path / "d.lmdb", image=ImageOptions(size=8), workers=1).written == 18
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.lmdb"]

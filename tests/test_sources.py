@@ -214,3 +214,5 @@ def test_an_empty_folder_and_a_packed_dataset_are_named_as_such(image_folder, tm
     for extra in ("backup.tar", "data.mdb", "packer.json"):
         (mine / extra).write_bytes(b"{}")
     assert len(scan_image_folder(mine).items) == 18
+    (mine / "packer-index.npy").write_bytes(b"")  # a damaged packer index: np.load raised EOFError through the probe
+    assert len(scan_image_folder(mine).items) == 18

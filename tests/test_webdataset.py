@@ -308,7 +308,7 @@ def test_newer_format_version_is_refused(tmp_path, small_shards):
         (p / META_FILE).write_text(json.dumps(meta))
 
     path = damaged(small_shards, tmp_path / "new", bump)
-    with pytest.raises(UnsupportedVersionError, match="upgrade packer"):
+    with pytest.raises(UnsupportedVersionError, match="update packer"):
         ShardDataset(path)
     with pytest.raises(UnsupportedVersionError):
         StreamingShards(path)

@@ -362,3 +362,14 @@ def test_without_batch_size_rank_zero_warns_when_several_workers_may_unbalance_t
         warnings.simplefilter("error")
         for stream, workers in quiet:
             run(stream, table, 2, workers)
+
+
+def test_a_copied_or_unpickled_stream_shares_its_cursor_again(folders):
+    """copy.deepcopy and plain pickle brought the shared tensor back private, so persistent
+    forked workers of the copy kept its first epoch (a review)."""
+    import copy
+    import pickle
+
+    stream = StreamingShards(folders[5], shuffle=True, seed=1, batch_size=2, num_workers=2)
+    for twin in (copy.deepcopy(stream), pickle.loads(pickle.dumps(stream))):
+        assert twin._shared.tensor.is_shared()

@@ -139,7 +139,7 @@ def _packed_format(root: object) -> str | None:
 
     try:
         return open_store(root).meta.format
-    except (PackedFormatError, OSError, ValueError, KeyError):
+    except Exception:  # noqa: BLE001 - a probe: whatever does not open as a dataset is scanned as a folder
         return None
 
 

@@ -124,7 +124,7 @@ class BlobHeader:
         if version > FORMAT_VERSION:
             raise UnsupportedVersionError(
                 f"{where} uses packer format version {version}, but this reader understands up to "
-                f"version {FORMAT_VERSION}: upgrade packer (pip install -U packer)"
+                f"version {FORMAT_VERSION}: update packer (git pull in its checkout, then pip install -e .)"
             )
         sections = {name: (pairs[2 * k], pairs[2 * k + 1]) for k, name in enumerate(SECTIONS)}
         sources = SOURCES_HEADER.unpack_from(raw, HEADER.size) if len(raw) >= HEADER.size + SOURCES_HEADER.size else (0, 0)
