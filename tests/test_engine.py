@@ -101,8 +101,9 @@ def test_a_resume_after_the_corpus_changed_says_to_put_it_back(tmp_path):
     with open(src / "a.txt", "a", encoding="utf-8") as more:
         more.write("late\n")
     refused = CliRunner().invoke(cli, [*args, "--resume"])
-    assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified); put the "
-                                       "source back as it was to finish it, or with --overwrite instead of --resume") in refused.stderr
+    assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified): its top "
+                                       "folder has files modified; put the source back as it was to finish it, or with --overwrite "
+                                       "instead of --resume") in refused.stderr
 
 
 def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):

@@ -282,3 +282,25 @@ def test_a_journal_from_before_absolute_paths_still_resumes(tmp_path, source, mo
     report = convert(Path("src"), Path("out.blob"), workers=2, resume=True, **kwargs)
     assert report.resumed == data["inputs"] > 0
     assert _samples(tmp_path / "out.blob") == _samples(convert(source, tmp_path / "ref.blob", workers=2, **kwargs).dst)
+
+
+def test_a_refused_resume_names_the_folders_that_changed(tmp_path, image_folder):
+    """'the source folder changed' named nothing to put back (a data-safety walkthrough): each
+    folder's inputs are fingerprinted too, and the refusal names those that differ."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    dst = tmp_path / "d.lmdb"
+    args = ["convert", str(src), str(dst), "--size", "8", "-j", "1", "-q"]
+    slow = "import time, packer.writers.base as b; add = b.Writer.add; b.Writer.add = lambda s, x: (time.sleep(0.05), add(s, x))[1]"
+    convert_until_checkpoint(args, journal_path(tmp_path / "d.lmdb.partial") / "journal.json", setup=slow)
+    shutil.copy(src / "class_01" / sorted(os.listdir(src / "class_01"))[0], src / "class_01" / "zz_copy.jpg")
+    (src / "class_02" / sorted(os.listdir(src / "class_02"))[0]).unlink()
+    refused = CliRunner().invoke(cli, [*args, "--resume"])
+    assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified): "
+                                       "class_01 has 1 input more, class_02 has 1 input fewer; put the source back") in refused.output

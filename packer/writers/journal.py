@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from readers.formats.webdataset import INDEX_DTYPE, record_shapes
+from readers.remote import is_url
 from readers.schema import Skipped
 
 __all__ = [
@@ -116,10 +117,13 @@ def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str]
     return listing_digests(entries, stamps)[0]
 
 
-def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None) -> tuple[str, str]:
+def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None,
+                    folders: dict[str, Any] | None = None) -> tuple[str, str]:
     """:func:`listing_digest`, and the digest with each path as given (how journals written before
-    paths were made absolute have it: such an interrupted run still resumes)."""
+    paths were made absolute have it: such an interrupted run still resumes). ``folders``, when
+    given, gets each folder's ``[inputs, digest]`` (:data:`FOLDERS_KEY`)."""
     digest, given = hashlib.sha256(), hashlib.sha256()
+    parts: dict[str, Any] = {}
     for path, label in entries:
         if stamps is not None:
             stamp = stamps.get(path, "missing")
@@ -131,9 +135,46 @@ def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str
             except OSError:
                 stamp = "missing"
             absolute = os.path.abspath(path)
-        digest.update(f"{absolute}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
+        line = f"{absolute}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape")
+        digest.update(line)
         given.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))
+        if folders is not None:
+            part = parts.get(folder := os.path.dirname(absolute))
+            if part is None:
+                part = parts[folder] = [0, hashlib.sha256()]
+            part[0] += 1
+            part[1].update(line)
+    if folders is not None and len(parts) <= MAX_FOLDERS:
+        folders.update({folder: [count, part.hexdigest()[:16]] for folder, (count, part) in parts.items()})
     return digest.hexdigest(), given.hexdigest()
+
+
+#: The fingerprint's record of each folder's inputs (``{folder: [count, digest]}``), which names
+#: what changed in a changed source; left out past :data:`MAX_FOLDERS` folders (the journal's
+#: record is rewritten at every checkpoint).
+FOLDERS_KEY = "listing by folder"
+MAX_FOLDERS = 2000
+
+
+def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str) -> str:
+    """Which folders of a changed source differ, for a person ("" when a record lacks them)."""
+    before, after = old.get(FOLDERS_KEY) or {}, new.get(FOLDERS_KEY) or {}
+    if not before or not after:
+        return ""
+    changes = []
+    for folder in sorted(set(before) | set(after)):
+        name = os.path.relpath(folder, source) if source and not is_url(source) else folder
+        name = "its top folder" if name == "." else name
+        if folder not in after:
+            changes.append(f"{name} is gone ({before[folder][0]:,} inputs)")
+        elif folder not in before:
+            changes.append(f"{name} is new ({after[folder][0]:,} inputs)")
+        elif before[folder] != after[folder]:
+            more = after[folder][0] - before[folder][0]
+            changes.append(f"{name} has {abs(more):,} input{'s' if abs(more) != 1 else ''} {'more' if more > 0 else 'fewer'}" if more
+                           else f"{name} has files modified")
+    shown = ", ".join(changes[:5]) + (f", and {len(changes) - 5:,} more folders" if len(changes) > 5 else "")
+    return f": {shown}" if shown else ""
 
 
 def conversion_fingerprint(
@@ -145,9 +186,10 @@ def conversion_fingerprint(
     ``listing as given`` and ``dst as given`` are what journals written before paths were made
     absolute recorded instead (:func:`fingerprint_difference` accepts either)."""
     options = {f"--{k.replace('_', '-')}": v for k, v in {**dict(image), **dict(storage)}.items()}
-    listing, given = listing_digests(items, stamps)
+    folders: dict[str, Any] = {}
+    listing, given = listing_digests(items, stamps, folders)
     return {"format": format, "source": source, "dst": os.path.abspath(dst), "--on-error": on_error,
-            "listing": listing, LEGACY["listing"]: given, LEGACY["dst"]: str(dst), **options}
+            "listing": listing, LEGACY["listing"]: given, LEGACY["dst"]: str(dst), FOLDERS_KEY: folders, **options}
 
 
 #: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
@@ -178,8 +220,8 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
     "the source folder changed" would blame files that did not."""
     changes = []
     for key in sorted(set(old) | set(new)):
-        if key in LEGACY.values():
-            continue  # compared through their keys, below
+        if key in LEGACY.values() or key == FOLDERS_KEY:
+            continue  # compared through their keys, below; the folders only name what changed
         if key in LEGACY and old.get(key) != new.get(key) and _legacy_same(old, new, key):
             continue  # a journal written before paths were made absolute: the same, as it spelled it
         if key == "--on-error" and (old.get(key), new.get(key)) == ("fail", "skip"):
@@ -195,7 +237,7 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
             else:
                 changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
     if not changes and old.get("listing") != new.get("listing") and not _legacy_same(old, new, "listing"):
-        changes.append(SOURCE_CHANGED)
+        changes.append(SOURCE_CHANGED + _folder_changes(old, new, str(new.get("source", ""))))
     return "; ".join(changes) or None
 
 
@@ -278,7 +320,7 @@ class Journal:
         if difference is not None:
             if any(old.get(key) != self.fingerprint.get(key) for key in EXPLAINED):
                 advice = "finish it with that packer"
-            elif difference == SOURCE_CHANGED:
+            elif difference.startswith(SOURCE_CHANGED):
                 advice = "put the source back as it was to finish it"
             else:
                 advice = "run with the same options to finish it"
