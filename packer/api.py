@@ -18,7 +18,7 @@ from readers.schema import PackedFormatError
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
 from .errors import OptionError, OutputExistsError, SourceError
-from .jobs import Job, changed_fields, check_source_options, image_job, resolve_kind
+from .jobs import Job, changed_fields, check_source_options, image_job, images_only, resolve_kind
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
 from .sources.remote import is_source_url
@@ -196,11 +196,11 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
 
         return gpu_job(job, device=job.image.decode_device)
     if source != SourceOptions():
-        raise OptionError(f"{changed_fields(source)[0]}: applies to images only, and {src} is a text corpus; drop it")
+        raise images_only(changed_fields(source)[0], src, kind)
     from .text import text_job
 
     if image is not None:  # given, even at its defaults: used or refused, never dropped
-        raise OptionError(f"{(changed_fields(image) or ['image=ImageOptions()'])[0]}: applies to images only, and {src} is a text corpus; drop it")
+        raise images_only((changed_fields(image) or ["image=ImageOptions()"])[0], src, kind)
     if is_source_url(str(src)):
         raise OptionError(f"{src}: text corpora are read from local folders only so far; copy it locally first")
     return text_job(src, text if text is not None else TextOptions())

@@ -352,7 +352,16 @@ def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (),
         if text:
             raise OptionError(f"{src}: text options ({', '.join(text)}) do not apply to an image folder; drop them, or pass --kind text")
     elif image:
-        raise OptionError(f"{image[0]}: applies to images only, and {src} is a text corpus; drop it")
+        raise images_only(image[0], src, kind)
+
+
+def images_only(option: str, src: Any, kind: str | None) -> OptionError:
+    """The refusal of an image option for the text corpus ``src``: saying why it is one when
+    that was found, not asked (a folder of a labels.txt and a CSV is one: it holds no images)."""
+    if kind == "text":
+        return OptionError(f"{option}: applies to images only, and --kind text reads {src} as a text corpus; drop it")
+    return OptionError(f"{option}: applies to images only, and {src} holds no images, only text files, so it is read as a "
+                       "text corpus; drop it, or give a folder of images")
 
 
 def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:

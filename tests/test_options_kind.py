@@ -53,7 +53,8 @@ def test_every_option_of_one_kind_is_listed():
 def test_an_image_option_typed_for_a_text_corpus_is_refused_at_any_value(tmp_path, sources, name):
     _, corpus = sources
     line = one_line_error(run("convert", corpus, tmp_path / "t.blob", *IMAGE_TYPED[name], "-q"))
-    assert line == f"Error: --{name.replace('_', '-')}: applies to images only, and {corpus} is a text corpus; drop it"
+    assert line == (f"Error: --{name.replace('_', '-')}: applies to images only, and {corpus} holds no images, only text files, "
+                    "so it is read as a text corpus; drop it, or give a folder of images")
     assert not (tmp_path / "t.blob").exists()
 
 
@@ -109,7 +110,7 @@ def test_python_options_of_the_other_kind_are_refused_at_their_defaults(sources,
     from packer import ImageOptions, convert
 
     images, corpus = sources
-    with pytest.raises(OptionError, match=r"^image=ImageOptions\(\): applies to images only, and .* is a text corpus; drop it"):
+    with pytest.raises(OptionError, match=r"^image=ImageOptions\(\): applies to images only, and .* holds no images, only text files, so it is read as a text corpus"):
         convert(corpus, tmp_path / "t.blob", image=ImageOptions(), workers=1)
     with pytest.raises(OptionError, match=r"text options \(text=TextOptions\(\)\) do not apply to an image folder"):
         convert(images, tmp_path / "i.blob", text=TextOptions(), workers=1)
