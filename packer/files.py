@@ -334,7 +334,10 @@ def keep_freed_heap(size: int) -> None:
     ``size`` from its heap and trims the heap only when more than twice ``size`` lies free at its
     top. A writer whose library mallocs and frees a few MB at every commit (LMDB) otherwise gets
     the same memory back from the kernel each time as fresh pages, a fault for every 4 KiB. The
-    block is never touched; up to 32 MiB counts; other C libraries just allocate and free it."""
+    block is never touched; up to 32 MiB counts; other C libraries just allocate and free it.
+    The gentle form, for a process packer does not own (a program calling ``packer.convert``):
+    the ``packer`` command's own process and every worker set glibc's thresholds outright
+    (:func:`packer.memory.keep_freed_memory`), which this then leaves as they are."""
     malloc = _libc("malloc", (ctypes.c_size_t,), ctypes.c_void_p)
     free = _libc("free", (ctypes.c_void_p,), None)
     if malloc is not None and free is not None:

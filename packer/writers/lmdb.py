@@ -34,7 +34,9 @@ so are the values built for it. Freed at the top of the heap, a few MB is more t
 by default, so each transaction's memory went back to the kernel and came again as fresh pages,
 a fault every 4 KiB. The writer first allocates and frees one block of four transactions
 (``files.keep_freed_heap``), which has glibc keep twice that for reuse (the message of the commit
-that made this change has the driver's faults and CPU time before and after).
+that made this change has the driver's faults and CPU time before and after). The ``packer``
+command's process kept it already (``memory.keep_freed_memory``); a program calling
+``packer.convert``, as the benchmarks do, did not.
 
 A fresh output's map is opened without read-ahead (``readahead=False``: LMDB advises
 ``MADV_RANDOM``): its writer reads only the B-tree pages it appends to, and read-around would
