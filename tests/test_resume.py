@@ -304,3 +304,16 @@ def test_a_refused_resume_names_the_folders_that_changed(tmp_path, image_folder)
     refused = CliRunner().invoke(cli, [*args, "--resume"])
     assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified): "
                                        "class_01 has 1 input more, class_02 has 1 input fewer; put the source back") in refused.output
+
+
+def test_the_folders_named_in_a_refusal_cover_every_kind_of_change():
+    from packer.writers.journal import FOLDERS_KEY, fingerprint_difference
+
+    old = {"listing": "a", FOLDERS_KEY: {"/d/c1": [10, "x"], "/d/c2": [3, "z"]}, "source": "/d"}
+    new = {"listing": "b", FOLDERS_KEY: {"/d/c1": [10, "y"], "/d/c3": [2, "q"]}, "source": "/d"}
+    assert fingerprint_difference(old, new).endswith(": c1 has files modified, c2 is gone (3 inputs), c3 is new (2 inputs)")
+    # a Python dataset's items have no folder (they crashed the naming: os.path.relpath(""))
+    flat = {"listing": "a", FOLDERS_KEY: {"": [10, "x"]}, "source": "python:m.C"}
+    assert fingerprint_difference(flat, {**flat, "listing": "b", FOLDERS_KEY: {"": [11, "y"]}}).endswith(": its top folder has 1 input more")
+    # a journal of an older packer has no folders: the change is said as before
+    assert fingerprint_difference({"listing": "a", "source": "/d"}, new).endswith("(files added, removed or modified)")

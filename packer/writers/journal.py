@@ -163,8 +163,8 @@ def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str)
         return ""
     changes = []
     for folder in sorted(set(before) | set(after)):
-        name = os.path.relpath(folder, source) if source and not is_url(source) else folder
-        name = "its top folder" if name == "." else name
+        name = os.path.relpath(folder, source) if folder and source and not is_url(source) else folder
+        name = "its top folder" if name in (".", "") else name  # ("": a Python dataset's items, dataset[i])
         if folder not in after:
             changes.append(f"{name} is gone ({before[folder][0]:,} inputs)")
         elif folder not in before:
