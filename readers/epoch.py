@@ -102,11 +102,7 @@ def check_batch_size(batch_size: Any) -> int:
 def whole_number(value: Any, name: str, what: str = "an integer >= 0") -> int:
     """``value`` as an ``int`` when it is an integer >= 0 (a numpy integer too, never a bool);
     else a ``TypeError`` (not an integer) or ``ValueError`` (negative) saying ``name must be what``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be {what}, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-    return int(value)
+    return _integer_from(value, value, 0, f"{name} must be {what}")
 
 
 def positive_number(value: Any, name: str) -> int:
@@ -114,10 +110,15 @@ def positive_number(value: Any, name: str) -> int:
     number such as ``1e4`` or ``cores / 2``, too; never a bool, or a float such as 2.5, which would
     be cut silently); else a ``TypeError`` or ``ValueError``."""
     number = int(value) if isinstance(value, float) and value.is_integer() else value
+    return _integer_from(number, value, 1, f"{name} must be a positive integer")
+
+
+def _integer_from(number: Any, given: Any, minimum: int, must: str) -> int:
+    """``number`` as an ``int`` of at least ``minimum``, else the error ``must``, naming ``given``."""
     if isinstance(number, bool) or not isinstance(number, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if number < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise TypeError(f"{must}, got {given!r}")
+    if number < minimum:
+        raise ValueError(f"{must}, got {given!r}")
     return int(number)
 
 
