@@ -8,6 +8,12 @@ with one line, before anything is done. Once the command has ended, its outcome 
 printed, or an error), a Ctrl-C while Python shuts down is ignored, a second one ending it at
 once: it ended a finished conversion by SIGINT after its summary (a fault sweep, 13 of 40
 Ctrl-Cs as DST appeared). Only where the command is the process, not a call from a program.
+
+The command's processes also keep OpenBLAS (numpy's) to one thread, unless the user chose a
+count (``OPENBLAS_NUM_THREADS``): packer computes no matrices, and each process that imported
+numpy otherwise started a thread per core that spun a while at import, in the command's process
+and in its fork server alike, taking cores from the workers as they started. Set before anything
+imports numpy, so the fork server and the workers inherit it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ __all__ = ["main"]
 
 def main() -> None:
     """Import the command with Ctrl-C held, then run it (or stop, if one came)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import: the module docstring
     came: list[int] = []
 
     def hold(signum: int, _frame: object) -> None:
