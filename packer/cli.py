@@ -237,6 +237,8 @@ def convert(
                                      classes=classes),
             )
         click.echo(report.summary())  # (a Ctrl-C as it prints: the output is complete, as below says)
+        if not quiet:
+            click.echo(report.next_steps())
     except Interrupted as exc:
         raise _UserError(str(exc), EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from readers.formats import DATASETS
 from readers.schema import Skipped
 
 __all__ = ["ConversionReport", "TextConversionReport", "human_bytes"]
@@ -63,10 +64,23 @@ class ConversionReport:
             f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.images_per_second:,.0f} img/s {self._tail()}"
         )
 
+    #: The class of ``readers`` that reads the output, and the command that shows its samples.
+    reader_class = ""
+    look_command = "preview"
+
+    def next_steps(self) -> str:
+        """One line for a person who has just converted: the Python that reads the output, and
+        the command that shows some of it (the path as given, so the line can be pasted)."""
+        reader = self.reader_class or DATASETS[self.format][1]
+        return f"read it: readers.{reader}({str(self.dst)!r}); see it: packer {self.look_command} {shlex.quote(str(self.dst))}"
+
 
 @dataclass
 class TextConversionReport(ConversionReport):
     """A text conversion's report: documents written, and tokens."""
+
+    reader_class = "TokenDataset"
+    look_command = "head"
 
     tokens: int = 0
     tokenizer: str = ""

@@ -116,7 +116,7 @@ def test_progress_bar_and_summary(tmp_path, image_folder, monkeypatch):
     result = run("convert", image_folder, tmp_path / "p.lmdb", "--size", "8", "-j", "1")
     assert result.exit_code == 0
     assert "/18 [" in result.stderr and "img/s" in result.stderr  # the bar, on stderr
-    assert result.stdout.count("\n") == 1  # one summary line
+    assert result.stdout.count("\n") == 2 and result.stdout.startswith("wrote 18 images")  # the summary, then what to do next
 
 
 @pytest.mark.parametrize(
@@ -321,3 +321,28 @@ def test_a_remote_url_is_named_with_what_reads_it(url):
         open_dataset(url)
     result = run("info", url)
     assert result.exit_code == 1 and result.output.strip().startswith(f"Error: {url}: a "), result.output
+
+
+@pytest.mark.parametrize("dst_name", ["out.lmdb", "out.h5", "out.blob", "shards/s-%03d.tar", "words.blob"])
+def test_the_line_after_the_summary_reads_and_shows_the_output(tmp_path, image_folder, dst_name) -> None:
+    """What a newcomer does next, from the output's own line: the Python reads every sample and
+    the command shows some (its summary said how many, but not how to read them)."""
+    import readers
+
+    src = image_folder
+    if dst_name.startswith("words"):
+        src = tmp_path / "corpus"
+        src.mkdir()
+        (src / "a.txt").write_text("one document\n\nanother one\n")
+    dst = tmp_path / dst_name
+    result = run("convert", src, dst, "--workers", "1", *(["--size", "8"] if src == image_folder else ["--lines"]))
+    assert result.exit_code == 0, result.output
+    summary, steps = result.stdout.splitlines()[-2:]
+    written = int(re.search(r"wrote (\d+)", summary).group(1))
+    code, command = re.fullmatch(r"read it: (readers\.\w+\(.*\)); see it: packer (.*)", steps).groups()
+    assert len(eval(code, {"readers": readers})) == written  # noqa: S307 - the line is meant to be pasted
+    words = command.split()
+    shown = run(words[0], *words[1:], *(["-o", tmp_path / "sheet.png"] if words[0] == "preview" else []))
+    assert shown.exit_code == 0, shown.output
+    assert "read it:" not in run("convert", src, dst, "--overwrite", "-q", "--workers", "1",
+                                 *(["--size", "8"] if src == image_folder else ["--lines"])).stdout
