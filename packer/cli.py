@@ -165,7 +165,7 @@ def cli() -> None:
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (the 'ray' extra; SRC and DST on shared storage, or URLs).")
 @click.option("--ray-address", metavar="ADDR", help="With --executor ray: the cluster to join (default: a running one, else a local instance).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or warnings.")
+@click.option("--quiet", "-q", is_flag=True, help="Only the summary: no progress bar, warnings or next-step line.")
 def convert(
     src: str,
     dst: str,
