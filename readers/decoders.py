@@ -44,14 +44,17 @@ _scratch = threading.local()  # each thread's (H, W) RGBX buffer, reused across 
 def pillow_decode(payload: bytes | memoryview | np.ndarray, channels: int) -> np.ndarray:
     """Decode an image file's bytes (jpeg, png) to ``(channels, H, W)`` uint8 pixels with Pillow.
 
-    Raises what Pillow raises on bad data (``OSError``, ``ValueError``, ``SyntaxError``):
-    ``readers.codecs.decode_image`` turns that into a ``PackedFormatError``.
+    A new, writable, contiguous array: Pillow's own (``np.asarray``) is read-only, and a gray
+    sample was returned as a view of it, so ``StreamingShards`` yielded tensors over read-only
+    memory (torch warned; writing to them is undefined). Raises what Pillow raises on bad data
+    (``OSError``, ``ValueError``, ``SyntaxError``): ``readers.codecs.decode_image`` turns that
+    into a ``PackedFormatError``.
     """
     from PIL import Image
 
     with Image.open(io.BytesIO(payload)) as image:
         pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"))
-    return pixels[np.newaxis] if channels == 1 else pixels.transpose(2, 0, 1)
+    return np.array(pixels[np.newaxis]) if channels == 1 else np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
 @functools.lru_cache(maxsize=None)

@@ -133,7 +133,11 @@ def test_each_kind_of_file_decodes_as_pillow_does(name, channels):
     assert decoders.turbo_decode_into(payload, out) is (HAVE_SIMPLEJPEG and fast and (channels == 3 or stored_gray))
     decode_into(payload, out)
     assert np.array_equal(out, want)
-    assert np.array_equal(decode_image(payload, channels), want)
+    decoded = decode_image(payload, channels)
+    assert np.array_equal(decoded, want)
+    assert decoded.flags.writeable and decoded.flags.c_contiguous  # a view of Pillow's read-only array was not
+    png = decode_image(encode(np.ascontiguousarray(want.transpose(1, 2, 0)), "png"), channels)  # Pillow's other file type
+    assert np.array_equal(png, want) and png.flags.writeable and png.flags.c_contiguous
     batch = np.zeros((2, *want.shape), np.uint8)  # into a row of a batch, as the Loader does
     decode_into(memoryview(payload), batch[1])
     assert np.array_equal(batch[1], want) and not batch[0].any()

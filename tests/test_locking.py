@@ -80,6 +80,10 @@ def test_a_second_command_is_refused_and_the_first_finishes(image_folder, tmp_pa
     assert str(raised.value) == f"{dst.parent}/{busy}"
     info = CliRunner().invoke(cli, ["info", str(dst)])
     assert info.exit_code == 1 and info.stderr == f"Error: {dst.parent}/{busy}\n"
+    with pytest.raises(IncompleteDatasetError) as raised:  # opened by its .partial name: running too, not to be resumed
+        open_dataset(partial_path(dst))
+    assert str(raised.value) == (f"{partial_path(dst)}: a conversion in progress: packer (pid {first.pid}) is writing it now; "
+                                 "wait for it to finish and open out.lmdb")
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert len(open_dataset(dst)) == 18 and not lock.exists()

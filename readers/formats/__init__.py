@@ -118,6 +118,10 @@ def _existing(path: str | Path) -> Path:
             raise IncompleteDatasetError(f"{p}: does not exist; {partial.name} is an unfinished conversion: {_FINISH}")
         raise FileNotFoundError(f"{p}: no such packed dataset")
     if p.name.endswith(PARTIAL_SUFFIX):
+        holder = lock_holder(lock_path(p))
+        if holder is not None:  # as for DST above: it said 'run it again with --resume' of a running one
+            raise IncompleteDatasetError(f"{p}: a conversion in progress: packer (pid {holder}) is writing it now; wait for it "
+                                         f"to finish and open {p.name[:-len(PARTIAL_SUFFIX)]}")
         raise IncompleteDatasetError(f"{p}: an unfinished conversion (its name ends in {PARTIAL_SUFFIX}): {_FINISH}")
     return p
 
