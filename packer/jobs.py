@@ -188,7 +188,8 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
 
     if is_python_dataset(src):
         return _dataset_job(src, image, source)
-    from .sources.archives import is_archive, is_shard_folder, scan_archive, scan_shards
+    from .sources.archives import is_archive, scan_archive
+    from .sources.shards import is_shard_folder, scan_shards
     from .sources.labels import read_label_rows
 
     table = read_label_rows(source) if source.labels is not None else None
@@ -298,20 +299,13 @@ def _labeled_folder(src: Any, table: Any) -> ImageFolder:
     """The images of the local folder ``src`` that the label file ``table`` names, with its labels."""
     from .errors import SourceError
     from .sources.images import ImageItem, image_files
-    from .sources.labels import match_rows
+    from .sources.labels import labeled_items, match_rows
 
     root = Path(src)
     if is_source_url(str(src)) or not root.is_dir():
         raise SourceError(f"{src}: with --labels, SRC must be a local folder of images or an archive (.tar, .tar.gz, .zip)")
     matched = match_rows(table, image_files(root), lambda path, label: ImageItem(path, label), str(src))
-    if matched.unlisted:
-        many = matched.unlisted != 1
-        log.warning("%s in %s %s not in %s (not converted)", f"{matched.unlisted:,} images" if many else "1 image", src,
-                    "are" if many else "is", table.identity["labels"])
-    if not matched.items:
-        first = f" (first: {matched.skipped[0].path}: {matched.skipped[0].reason})" if matched.skipped else ""
-        raise SourceError(f"{src}: no image of it is named by a usable row of {table.identity['labels']}{first}")
-    return ImageFolder(root, matched.items, table.classes, True, matched.skipped)
+    return ImageFolder(root, labeled_items(matched, table, src), table.classes, True, matched.skipped)
 
 
 def _dataset_job(dataset: Any, image: ImageOptions, source: SourceOptions) -> ImageJob:

@@ -19,6 +19,7 @@ from .encodings import ENCODINGS as _ENCODING_TABLE
 __all__ = [
     "FORMAT_VERSION",
     "FORMATS",
+    "MAX_LABEL",
     "ENCODINGS",
     "LAYOUT",
     "KINDS",
@@ -37,6 +38,10 @@ FORMAT_VERSION = 1
 
 #: Format names, as recorded in metadata and accepted by ``packer convert --format``.
 FORMATS = ("lmdb", "hdf5", "webdataset", "blob")
+
+#: The largest label (class index) a sample may have, in every format: LMDB's sample header
+#: holds it as an int32 (docs/FORMATS.md), and a dataset converts to any format.
+MAX_LABEL = 2**31 - 1
 
 #: How image samples are stored: ``raw`` uint8 pixels, or one encoded file per sample. The
 #: names of the one encoding table, ``readers/encodings.py`` (extension, decoder, ...).

@@ -140,3 +140,15 @@ def test_a_bad_list_is_refused_before_verify_checks_anything(splits, tmp_path):
         verify(splits / "train.lmdb", source=splits / "train", source_options=SourceOptions(classes=str(tmp_path / "nothere.txt")))
     with pytest.raises(OptionError, match=r"^--classes: a path, got list"):
         SourceOptions(classes=["class_00", "class_01"])
+
+
+def test_a_webdataset_list_is_taken_by_its_shard_pattern(splits, tmp_path):
+    """--classes OUT/tr-%06d.tar, the DST exactly as converted, said 'no such file or dataset'
+    (packer info and verify take the pattern)."""
+    pattern = tmp_path / "shards" / "tr-%06d.tar"
+    (tmp_path / "shards").mkdir()
+    assert CliRunner().invoke(cli, ["convert", str(splits / "train"), str(pattern), "--size", "8", "-q"]).exit_code == 0
+    out = tmp_path / "v.lmdb"
+    result = CliRunner().invoke(cli, ["convert", str(splits / "val"), str(out), "--size", "8", "--classes", str(pattern), "-q"])
+    assert result.exit_code == 0, result.output
+    assert open_dataset(out).classes == ["class_00", "class_01", "class_02"]

@@ -273,3 +273,12 @@ def test_a_dataset_class_defined_in_the_script_converts_to_every_kind_of_writer(
     from readers import open_dataset
 
     assert [int(label) for _, label in open_dataset(tmp_path / name.split("/")[0])] == [i % 2 for i in range(40)]
+
+
+def test_a_label_over_the_largest_class_index_is_skipped(tmp_path):
+    """LMDB's sample header holds an int32 label: 2**31 broke it in a struct.error traceback."""
+    images = torch.zeros((3, 3, 8, 8), dtype=torch.uint8)
+    dataset = torch.utils.data.TensorDataset(images, torch.tensor([0, 2**31, 2**31 - 1]))
+    report = packer.convert(dataset, tmp_path / "out.lmdb", image=ImageOptions(size=8), workers=1)
+    assert [(s.path, s.reason) for s in report.skipped] == [("dataset[1]", "unknown label 2147483648 (not a class index from 0 to 2,147,483,647)")]
+    assert report.written == 2

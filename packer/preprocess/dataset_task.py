@@ -11,7 +11,10 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from readers.schema import MAX_LABEL
+
 from ..options import ImageOptions
+from ..sources.labels import LABEL_RANGE
 from ..sources.datasets import DatasetItem, DatasetReader, LoadedItem, ParentItem
 from .arrays import encode_pixels, to_pixels
 from .decode import DecodeError, describe_error
@@ -62,6 +65,6 @@ class DatasetTask(WorkUnit):
             return -1
         if raw is None or isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
             return "no label" if raw is None else f"unknown label {raw!r} (give an integer class index)"
-        if raw < 0 or (self.classes and raw >= self.classes):
-            return f"unknown label {int(raw)} (not a class index" + (f" of its {self.classes} classes)" if self.classes else ")")
+        if raw < 0 or raw > MAX_LABEL or (self.classes and raw >= self.classes):
+            return f"unknown label {int(raw)} (not a class index" + (f" of its {self.classes} classes)" if self.classes else f"{LABEL_RANGE})")
         return int(raw)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sources.archives import Member, read_member
+from ..sources.members import Member, read_member
 from .arrays import encode_pixels, to_pixels
 from .decode import DecodeError
 from .task import Encoded, Failed, ImageTask
@@ -19,7 +19,7 @@ __all__ = ["MemberTask"]
 
 @dataclass(frozen=True)
 class MemberTask(ImageTask):
-    """Read one archive member (:func:`~packer.sources.archives.read_member`) and convert it."""
+    """Read one archive member (:func:`~packer.sources.members.read_member`) and convert it."""
 
     def __call__(self, item: Member) -> Encoded | Failed:  # type: ignore[override]
         try:

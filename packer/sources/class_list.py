@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 from readers.formats import detect_format, open_store
-from readers.formats.base import local_path
+from readers.formats.base import dataset_path
 from readers.schema import PackedFormatError
 
 from ..errors import OptionError
@@ -33,7 +32,7 @@ log = logging.getLogger("packer")
 def read_class_list(path: str) -> list[str]:
     """The class names ``path`` lists, in label order: a packer dataset's classes, or a UTF-8
     text file's non-blank lines (each stripped)."""
-    p = Path(local_path(path))
+    p = dataset_path(path)  # (a WebDataset DST given as its shard pattern, as it was converted: its folder)
     if not p.exists():
         raise OptionError(f"--classes {path}: no such file or dataset")
     try:

@@ -5,8 +5,11 @@
 ``--label-column``; by default the first of :data:`PATH_COLUMNS` / :data:`LABEL_COLUMNS`
 present, any case, then ignoring ``_``, ``-`` and spaces). Labels are integers when every label is one (used as the class index), else
 class names, numbered by sorted name over the *whole* file (every split), so a train and a val
-conversion of one file agree on the indices; the names are the dataset's ``classes``. A
-negative integer is an unknown label (some sets mark unlabeled rows ``-1``): that row is skipped.
+conversion of one file agree on the indices; the names are the dataset's ``classes``. An
+integer is written in ASCII digits, ``3`` or ``3.0`` (pandas writes an integer column with an
+empty cell as floats); ``1.5`` or ``²`` makes every label a name. A negative integer is an
+unknown label (some sets mark unlabeled rows ``-1``), and so is one over
+``readers.schema.MAX_LABEL``: that row is skipped.
 ``--split val`` keeps the rows whose split column (``--split-column``, default ``split``) is
 ``val``.
 
@@ -24,22 +27,25 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-from readers.schema import Skipped
+from readers.schema import MAX_LABEL, Skipped
 
 from ..errors import OptionError, SourceError
 from ..options import SourceOptions
 from .rules import IMAGE_EXTENSIONS, image_order
 
-__all__ = ["LISTED_AGAIN", "PATH_COLUMNS", "LABEL_COLUMNS", "SPLIT_COLUMNS", "LabelRow", "LabelTable", "Matched", "read_label_rows", "match_rows",
+__all__ = ["LISTED_AGAIN", "LABEL_RANGE", "PATH_COLUMNS", "LABEL_COLUMNS", "SPLIT_COLUMNS", "LabelRow", "LabelTable", "Matched", "read_label_rows", "match_rows", "labeled_items",
            "safe_relative", "file_digest"]
 
 T = TypeVar("T")
+log = logging.getLogger("packer")
 
 #: The start of the skip reason of a row naming a path an earlier row named (verify tells it from a skipped input).
 LISTED_AGAIN = "listed again at"
@@ -49,6 +55,9 @@ PATH_COLUMNS = ("path", "filepath", "file_path", "filename", "file_name", "file"
 LABEL_COLUMNS = ("label", "labels", "class", "class_name", "category", "target", "y")
 #: ... and for the split, with ``--split``.
 SPLIT_COLUMNS = ("split", "subset", "set", "fold")
+#: What a skip reason of a label out of range adds (the row, a WebDataset source's ``.cls``).
+LABEL_RANGE = f" from 0 to {MAX_LABEL:,}"
+_INTEGER = re.compile(r"(-?[0-9]+)(?:\.0*)?")
 #: Label-file suffixes and how each is read.
 _FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -113,7 +122,7 @@ def read_label_rows(options: SourceOptions) -> LabelTable:
     label_key = _column(path, columns, options.label_column, LABEL_COLUMNS, "--label-column", "label")
     split_key = _column(path, columns, options.split_column, SPLIT_COLUMNS, "--split-column", "split") if options.split else None
     values = [_text(record.get(label_key)) for _, record in records]
-    integers = all(v is None or _is_integer(v) for v in values) and any(v is not None for v in values)
+    integers = all(v is None or _integer(v) is not None for v in values) and any(v is not None for v in values)
     classes = [] if integers else sorted({v for v in values if v is not None})
     index = {name: i for i, name in enumerate(classes)}
     rows: list[LabelRow] = []
@@ -129,10 +138,10 @@ def read_label_rows(options: SourceOptions) -> LabelTable:
             skipped.append(Skipped(where, f"no {path_key!r} value"))
         elif label is None:
             skipped.append(Skipped(image, f"no {label_key!r} value ({where})"))
-        elif integers and int(label) < 0:
-            skipped.append(Skipped(image, f"unknown label {label} (not a class index; {where})"))
+        elif integers and not 0 <= _integer(label) <= MAX_LABEL:
+            skipped.append(Skipped(image, f"unknown label {label} (not a class index{LABEL_RANGE}; {where})"))
         else:
-            rows.append(LabelRow(where, image, int(label) if integers else index[label]))
+            rows.append(LabelRow(where, image, _integer(label) if integers else index[label]))
     if split_key is not None and not rows and not skipped:
         found = sorted({v for v in (_text(r.get(split_key)) for _, r in records) if v is not None})
         raise OptionError(f"--split {options.split}: no row of {path} has it in column {split_key!r} (it has: {', '.join(found[:10])})")
@@ -175,6 +184,19 @@ def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, in
     keyed.sort(key=lambda entry: (entry[0], entry[1]))
     other_splits = {name for path in table.elsewhere if (name := named(path)) in inputs and name not in first}
     return Matched([item for _, _, item in keyed], skipped, len(inputs) - len(first) - len(other_splits))
+
+
+def labeled_items(matched: Matched, table: LabelTable, src: Any) -> list[Any]:
+    """The items ``matched`` gives (a folder's or an archive's alike): the images of ``src`` no row
+    names are said in one warning, and none matched is an error naming the first reason."""
+    if matched.unlisted:
+        many = matched.unlisted != 1
+        log.warning("%s in %s %s not in %s (not converted)", f"{matched.unlisted:,} images" if many else "1 image", src,
+                    "are" if many else "is", table.identity["labels"])
+    if not matched.items:
+        first = f" (first: {matched.skipped[0].path}: {matched.skipped[0].reason})" if matched.skipped else ""
+        raise SourceError(f"{src}: no image of it is named by a usable row of {table.identity['labels']}{first}")
+    return matched.items
 
 
 def safe_relative(name: str) -> str | None:
@@ -239,8 +261,11 @@ def _column(path: Path, columns: list[str], given: str | None, aliases: tuple[st
     raise OptionError(f"--labels {path}: no {what} column (looked for {', '.join(aliases)}; it has: {', '.join(columns)}); pass {option} NAME")
 
 
-def _is_integer(text: str) -> bool:
-    return text.lstrip("-").isdigit() and text.count("-") <= 1
+def _integer(text: str) -> int | None:
+    """The integer a label cell's text writes in ASCII digits (``3``, ``-1``, ``3.0``), else ``None``
+    (``"²".isdigit()`` is true, and ``int`` raised on it)."""
+    match = _INTEGER.fullmatch(text)
+    return int(match.group(1)) if match else None
 
 
 def _text(value: Any) -> str | None:

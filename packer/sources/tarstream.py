@@ -27,7 +27,7 @@ from typing import Callable, Generator, Iterator
 from readers.formats.tar import BLOCK, read_header
 from readers.schema import PackedFormatError
 
-__all__ = ["Entry", "list_tar", "stream_tar", "gzip_inflater", "READ_BYTES"]
+__all__ = ["Entry", "Listing", "list_tar", "stream_tar", "gzip_inflater", "READ_BYTES"]
 
 #: Compressed bytes read (and inflated) per step.
 READ_BYTES = 1 << 20
@@ -88,36 +88,51 @@ class _Names:
         return Entry(name, link=True) if kind in (b"1", b"2") else None
 
 
-def list_tar(path: str, base: int = 0, size: int | None = None) -> list[Entry]:
+class Listing(list):
+    """A tar's members (:class:`Entry`), and whether it ended as a tar does: with its zero blocks
+    (``ended``). One that just stops after a member is read, as GNU tar and Python's tarfile read
+    it, but an uncompressed tar has no other check of its length: cut short at a member's end (a
+    copy or download that stopped), it lists fewer members without an error."""
+
+    ended = True
+
+
+def list_tar(path: str, base: int = 0, size: int | None = None) -> Listing:
     """The members of the uncompressed tar at ``path`` (or of the one inside it at ``base``,
     ``size`` bytes long): one pass over the headers of a memory map, never the member data."""
     with open(path, "rb") as handle:
         if os.fstat(handle.fileno()).st_size == 0:
-            return []
+            return Listing()
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
+            part = view[base : base + size if size is not None else len(view)]
             try:
-                return _headers(view[base : base + size if size is not None else len(view)], base)
-            finally:
+                return _headers(part, base)
+            finally:  # both, or the map cannot close: an error's traceback holds the slice (BufferError hid the error)
+                part.release()
                 view.release()
 
 
-def _headers(view: memoryview, base: int) -> list[Entry]:
-    entries: list[Entry] = []
+def _headers(view: memoryview, base: int) -> Listing:
+    entries = Listing()
     names = _Names()
     position = 0
+    entries.ended = False
     while position + BLOCK <= len(view):
         block = bytes(view[position : position + BLOCK])
         if block == _ZERO_BLOCK:
+            entries.ended = True
             break
         name, size, kind = names.header(block, base + position)
         start = position + BLOCK
-        if start + size > len(view):
+        if start + size + (-size % BLOCK) > len(view):  # its padding too: tarfile and GNU tar call that truncated
             raise tarfile.TarError(f"ends inside the member {name!r} (truncated)")
         entry = names.entry(name, kind, base + start, size, lambda: bytes(view[start : start + size]))
         if entry is not None:
             entries.append(entry)
         position = start + size + (-size % BLOCK)
+    if not entries.ended and position < len(view):
+        raise tarfile.TarError(f"ends inside a header at byte {base + position} (truncated)")
     return entries
 
 

@@ -1,0 +1,96 @@
+"""A folder of WebDataset shards as SRC: each sample is the members sharing a key (the path up
+to the first dot of the file name), its image the member with an image or ``.npy`` extension and
+its label the ``.cls`` member; order is the shards' (sorted by name), then the members'. Shards
+packer wrote keep their class names (their ``packer.json``). Nothing is unpacked: workers read
+each member by offset (packer/sources/members.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import tarfile
+from pathlib import Path
+from typing import Iterable
+
+from readers.schema import MAX_LABEL, Skipped
+
+from ..errors import SourceError
+from .images import ImageFolder
+from .members import Member, member_of, pread, safe_entries, stamp, warn_unended
+from .rules import is_hidden, is_image_name
+from .tarstream import Entry, list_tar
+
+__all__ = ["is_shard_folder", "scan_shards"]
+
+_PAYLOAD_EXTENSIONS = (".npy",)
+
+
+def is_shard_folder(src: str | os.PathLike[str]) -> bool:
+    """Whether SRC is a folder of WebDataset shards: ``.tar`` files and no sub-folders."""
+    path = Path(src)
+    if not path.is_dir():
+        return False
+    entries = [e for e in os.scandir(path) if not is_hidden(e.name)]
+    return any(e.name.endswith(".tar") and e.is_file() for e in entries) and not any(e.is_dir() for e in entries)
+
+
+def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
+    """The samples of the WebDataset shards in the folder ``src``, in shard then member order."""
+    folder = Path(src).resolve()
+    shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tar") and not is_hidden(p.name))
+    classes: list[str] = []
+    layout = None
+    meta = folder / "packer.json"
+    if meta.is_file():  # packer's own shards: class names, and (C, H, W) .npy payloads
+        try:
+            record = json.loads(meta.read_text(encoding="utf-8"))
+            classes, layout = list(record.get("classes") or []), "chw"
+        except (OSError, ValueError, AttributeError):
+            pass
+    items: list[Member] = []
+    skipped: list[Skipped] = []
+    labeled = False
+    for shard in shards:
+        try:
+            entries = list_tar(str(shard))
+        except (tarfile.TarError, OSError) as exc:
+            raise SourceError(f"{shard}: cannot read the shard ({getattr(exc, 'strerror', None) or exc})") from None
+        if not entries.ended:
+            warn_unended(shard)
+        for key, group in _samples(safe_entries(entries, skipped, prefix=f"{shard.name}/")):
+            where = f"{shard.name}/{key}"
+            payload = next((e for e in group if is_image_name(posixpath.basename(e.name)) or e.name.lower().endswith(_PAYLOAD_EXTENSIONS)), None)
+            if payload is None:
+                skipped.append(Skipped(where, "no image member in this sample"))
+                continue
+            label = -1
+            cls = next((e for e in group if e.name.endswith(".cls")), None)
+            if cls is not None:
+                text = pread(str(shard), cls.offset, cls.size).decode("ascii", "replace").strip()
+                number = re.fullmatch(r"-?[0-9]+", text) and int(text)  # (not isdigit: '²' is a digit to it, and int raised)
+                if number is None or not -1 <= number <= min(MAX_LABEL, len(classes) - 1 if classes else MAX_LABEL):
+                    skipped.append(Skipped(where, f"unknown label {text[:20]!r} in {posixpath.basename(cls.name)}"))
+                    continue
+                label, labeled = number, labeled or number >= 0
+            items.append(member_of(str(shard), payload, label, name=f"{shard.name}/{payload.name}", root=str(folder), layout=layout))
+    if not items:
+        raise SourceError(f"{src}: no samples with an image found in its {len(shards)} shards")
+    stamps = {item.path: stamp(item) for item in items}
+    return ImageFolder(str(folder), items, classes if labeled else [], labeled, skipped, [], stamps=stamps)
+
+
+def _samples(entries: list[Entry]) -> Iterable[tuple[str, list[Entry]]]:
+    """WebDataset samples: consecutive members sharing a key (path up to the file name's first dot)."""
+    key, group = None, []
+    for entry in entries:
+        folder, base = posixpath.split(entry.name)
+        this = posixpath.join(folder, base.split(".", 1)[0])
+        if this != key and group:
+            yield key, group
+            group = []
+        key = this
+        group.append(entry)
+    if group:
+        yield key, group
