@@ -156,6 +156,8 @@ _WRITE_ERRORS = {
     errno.EACCES: "cannot write ({}); check the folder's permissions, or choose another DST",
     errno.EPERM: "cannot write ({}); check the folder's permissions, or choose another DST",
     errno.EFBIG: "a file grew past what this file system or your file-size limit allows; choose another DST",
+    errno.ENOMEM: "out of memory or address space ({}); raise the limit (ulimit -v: an LMDB maps its whole file) or free some memory",
+    errno.EMFILE: "too many open files ({}); raise the limit (ulimit -n) and run it again",
 }
 
 

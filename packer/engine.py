@@ -27,7 +27,7 @@ from readers.schema import Metadata, Skipped
 
 from ._version import __version__
 from .destination import is_packer_dataset
-from .errors import InputError, OutputExistsError
+from .errors import InputError, OutputError, OutputExistsError
 from .executors import Executor, get_executor
 from .jobs import Job
 from .locking import DestinationLock, busy_error, lock_holder, lock_path
@@ -140,6 +140,13 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
         if saved is None:
             raise Interrupted(f"interrupted before the first checkpoint; nothing was written to {dst}") from None
         raise Interrupted(f"interrupted: {saved:,} of {total:,} inputs are saved; run the same command with --resume to finish") from None
+    except (OutputError, InputError) as exc:  # its checkpoint kept (Writer.__exit__): said, or the user starts over elsewhere
+        saved = saved_inputs(writer.tmp) if not writer.finished and writer.tmp.exists() else None
+        if saved is None:
+            raise
+        total = len(job.items) + len(job.skipped)
+        raise type(exc)(f"{exc}; {saved:,} of {total:,} inputs are saved in {writer.tmp.name}: once that is fixed, run the same "
+                        "command with --resume to finish (or with --overwrite to start over)") from None
     return job.report(
         dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
         payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started, resumed_written=resumed_at[0], resumed_bytes=resumed_at[1],
@@ -200,7 +207,10 @@ def _placement(writer: Writer, job: Job, options: RunOptions, first: int, inputs
     shape = job.fixed_shape()
     if shape is None or not isinstance(writer, PlacingWriter):
         return None
-    placement = writer.placement(shape, first, inputs)
+    try:
+        placement = writer.placement(shape, first, inputs)  # (it writes: the blob's buffered header page, a full disk's)
+    except OSError as exc:
+        raise writer.output_error(exc) from None
     if placement is not None and options.executor != "local":
         placement.stop()
         return None

@@ -38,6 +38,8 @@ LOW_LEVEL = {
 ERRORS = {
     errno.ENOSPC: "no space left on the device",
     errno.EACCES: "check the folder's permissions",
+    errno.ENOMEM: "out of memory or address space (Cannot allocate memory); raise the limit (ulimit -v",  # it said: choose a DST
+    errno.EMFILE: "too many open files (Too many open files); raise the limit (ulimit -n)",
 }
 
 
@@ -104,3 +106,40 @@ def test_every_input_is_written_or_listed_as_skipped(tmp_path, image_folder, fmt
     assert meta.count + len(meta.skipped) == found and meta.count == 18
     assert {s.path for s in meta.skipped} == {"class_00/broken.jpg", "class_01/empty.png", "stray.jpg"}
     assert not journal_path(report.dst.with_name(report.dst.name + ".partial")).exists()
+
+
+@pytest.mark.parametrize("disk, converts", [(1 << 20, True), (64 << 10, False)])
+def test_lmdb_reserves_what_its_commits_need_not_its_map(tmp_path, image_folder, monkeypatch, disk, converts):
+    """LMDB reserved its whole map (64 MiB at the start, then each half it grew by): a 420 KB
+    dataset failed on a 60 MB disk with 'no space left'. A disk of ``disk`` bytes, as
+    posix_fallocate sees it: the ~230 KB dataset converts on 1 MiB, and on 64 KiB fails in one line."""
+    real = os.posix_fallocate
+
+    def disk_of(fd: int, offset: int, length: int) -> None:
+        if offset + length > disk:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", disk_of)
+    dst = tmp_path / "out.lmdb"
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--size", "64", "-q", "-j", "1"])
+    if converts:
+        assert result.exit_code == 0, result.output
+        assert len(open_store(dst)) == 18 and CliRunner().invoke(cli, ["verify", str(dst)]).exit_code == 0
+    else:
+        assert result.exit_code == 1 and ERRORS[errno.ENOSPC] in result.stderr and "Traceback" not in result.output, result.output
+        assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("writer", [BlobWriter, HDF5Writer])
+def test_a_write_error_as_workers_are_given_their_places_is_one_line(tmp_path, image_folder, monkeypatch, writer):
+    """The blob flushed its header page there, outside any error handling: a disk with 4 KiB
+    left gave a 43-line traceback."""
+    def full(self, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, "placement", full)
+    dst = tmp_path / f"out{'.blob' if writer is BlobWriter else '.h5'}"
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--size", "8", "-q", "-j", "1"])
+    assert result.exit_code == 1 and ERRORS[errno.ENOSPC] in result.stderr and "Traceback" not in result.output, result.output
+    assert os.listdir(tmp_path) == []

@@ -29,7 +29,7 @@ from . import journal as _journal
 from .checkpoints import Committer
 from ..files import fsync_tree, partial_path, publish, remove_path
 from ..destination import write_error
-from ..errors import OptionError, OutputError, OutputExistsError
+from ..errors import InputError, OptionError, OutputError, OutputExistsError
 from ..interrupts import signals_deferred
 from ..locking import DestinationLock, lock_path
 from ..options import StorageOptions
@@ -379,9 +379,11 @@ class Writer:
             self._lock.release()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """On an interruption (Ctrl-C; SIGTERM/SIGHUP in the CLI), or any error in a resumed run:
-        keep the last checkpoint if there is one, so ``--resume`` finishes the run and a resumed run
-        never loses its predecessor's work. Otherwise (a fresh run that failed) drop everything."""
+        """On an interruption (Ctrl-C; SIGTERM/SIGHUP in the CLI), any error in a resumed run, or a
+        fresh run's failure at its output or an input (a full disk, ``--on-error fail``) once it has
+        written samples: keep the last checkpoint if there is one, so ``--resume`` finishes the run
+        (the error says so: packer/engine.py). A full disk at 90% dropped every checkpoint. Otherwise
+        (a bug, or nothing written) drop everything."""
         if exc_type is None:
             return
         self._settle(raise_error=False)  # the journal a whole commit left is the one to go by
@@ -389,7 +391,8 @@ class Writer:
             if self._journal is not None:
                 self._journal.remove()
             self._lock.release()
-        elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0) and self._journal is not None \
+        elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0
+              or (issubclass(exc_type, (OutputError, InputError)) and self.count > 0)) and self._journal is not None \
                 and _journal.saved_inputs(self.tmp) is not None:
             self.suspend()
         else:

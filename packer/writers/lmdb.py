@@ -4,11 +4,14 @@ Samples are appended in write transactions of a few MB (keys are increasing, so 
 skips B-tree searches). LMDB copies each transaction's pages into buffers of its own and hands
 them to the kernel with ``pwritev`` when it commits (its default, buffered mode); its map of the
 file is read-only, for the few B-tree pages it reads back. The map grows by half whenever it
-fills, and the file's blocks are reserved with ``posix_fallocate`` before it grows over them: a
-full disk is then, on most filesystems, an ordinary ``ENOSPC`` from that call rather than from
-LMDB's write (which reports a write cut short as an I/O error; a copy-on-write filesystem may
-still fail a write into reserved blocks). The file is cut back to the pages in use when the
-dataset is finished.
+fills. The file's blocks are reserved with ``posix_fallocate`` before each commit writes over
+them, in steps of 16 MiB ahead of the pages in use (the last step only what the commit needs,
+where a step does not fit): a full disk is then, on most filesystems, an ordinary ``ENOSPC`` from
+that call rather than from LMDB's write (which reports a write cut short as an I/O error; a
+copy-on-write filesystem may still fail a write into reserved blocks). The map is only address
+space (LMDB writes with ``pwritev``), so it is not reserved: reserving it whole, 64 MiB at the
+start and then each half it grew by, failed conversions on a disk that held their dataset
+many times over. The file is cut back to the pages in use when the dataset is finished.
 
 Every checkpoint is made durable (``fdatasync``) in a thread beside the writing, and the pages it
 made durable are then dropped from the page cache (``files.release_cached``; first from LMDB's
@@ -135,7 +138,7 @@ class LMDBWriter(Writer):
             **version,
         )
         self._fd = os.open(self.tmp / DATA_FILE, os.O_RDWR)  # to reserve blocks and drop durable pages
-        self._reserve(self._map_size)  # before the first commit writes into the map's range
+        self._reserved = os.fstat(self._fd).st_size  # (a resumed file's blocks: reserved by the run that wrote it)
         # through a descriptor opened before any write (it reports their errors); dropping pages takes them out of the map
         # first; a resumed output's pages so far are left to the checkpoints
         self._behind = WriteBehind(self._fd, map_size=self._map_size, start=self._used_bytes())
@@ -151,6 +154,8 @@ class LMDBWriter(Writer):
     def _flush(self) -> None:
         if not self._pending:
             return
+        page = self._env.stat()["psize"]  # each value rounds up to whole pages; a few B-tree pages besides
+        self._reserve(self._used_bytes() + self._pending_bytes + (len(self._pending) + 16) * page)
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -169,13 +174,23 @@ class LMDBWriter(Writer):
         self._settle(raise_error=True)  # no sync may run while the map is replaced
         wanted = max(int(self._map_size * GROWTH), self._map_size + 2 * self._pending_bytes)
         wanted = -(-wanted // _ALIGN) * _ALIGN
-        self._reserve(wanted)  # blocks first: a full disk is ENOSPC here, not a cut-short write
-        _lmdb_call(self._env.set_mapsize, wanted)
+        _lmdb_call(self._env.set_mapsize, wanted)  # address space only: the blocks are reserved as commits need them
         self._map_size = self._behind.map_size = wanted
 
-    def _reserve(self, size: int) -> None:
-        if self._preallocate:
-            os.posix_fallocate(self._fd, 0, size)
+    def _reserve(self, needed: int) -> None:
+        """Reserve the file's blocks up to ``needed`` bytes: a step of ``_ALIGN`` ahead, or just
+        ``needed`` where the step does not fit (the data may; module docstring)."""
+        if not self._preallocate or needed <= self._reserved:
+            return
+        step = -(-needed // _ALIGN) * _ALIGN
+        try:
+            os.posix_fallocate(self._fd, 0, step)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or step == needed:
+                raise
+            os.posix_fallocate(self._fd, 0, needed)  # a full disk: ENOSPC from here, not from LMDB's write
+            step = needed
+        self._reserved = step
 
     def _used_bytes(self) -> int:
         """The bytes of the file that hold LMDB's pages (the rest is reserved blocks)."""
