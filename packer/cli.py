@@ -7,6 +7,7 @@ single ``Error: ...`` line on stderr and exit non-zero, without a traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import re
 import sys
@@ -61,8 +62,22 @@ class _Group(click.Group):
             raise _UserError(str(exc), exc.exit_code) from None
         except (PackedFormatError, FileNotFoundError) as exc:
             raise _UserError(str(exc)) from None
+        except OSError as exc:
+            if exc.errno not in _LIMITS:  # anything else is a bug: its traceback says where
+                raise
+            raise _UserError(f"{exc.strerror or exc}: {_LIMITS[exc.errno]}") from None
+        except MemoryError:
+            raise _UserError(f"out of memory: {_LIMITS[errno.ENOMEM]}") from None
         except KeyboardInterrupt:  # outside a command's own handling (click would say "Aborted!", exit 1)
             raise _UserError("interrupted", EXIT_INTERRUPTED) from None
+
+
+#: Limits a command can run into anywhere (starting workers, importing a library), and what to do.
+_LIMITS = {
+    errno.EMFILE: "the open-file limit (ulimit -n) is too low for this; raise it",
+    errno.ENFILE: "the system has too many files open; close some programs, or pass fewer --workers",
+    errno.ENOMEM: "raise the memory limit (ulimit -v), free some memory, or pass fewer --workers",
+}
 
 
 class _WarningPrinter(logging.Handler):
@@ -75,13 +90,14 @@ class _WarningPrinter(logging.Handler):
         self.quiet = quiet
         self.count = 0
         self.closed = False
+        from tqdm import tqdm  # now: imported at a warning under a memory limit, it failed there, in logging's traceback
+
+        self._write = tqdm.write
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
         if self.count <= self.limit:
-            from tqdm import tqdm
-
-            tqdm.write(f"warning: {record.getMessage()}", file=sys.stderr)
+            self._write(f"warning: {record.getMessage()}", file=sys.stderr)
 
     def close(self) -> None:
         """Say how many warnings were not printed, once (logging closes every handler still

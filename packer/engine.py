@@ -15,7 +15,9 @@ finishes it; a run that never reached one leaves nothing behind.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -100,7 +102,34 @@ def _workers(run: RunOptions, job: Job) -> int | None:
         log.warning("%d workers could each need %s (a %s at its largest); %s of memory is available: using %d",
                     workers, human_bytes(job.worker_bytes()), job.noun, human_bytes(available), fits)
         workers = fits
+    spare = _spare_descriptors()
+    if spare is not None and workers > max(0, spare) // _DESCRIPTORS_PER_WORKER:
+        if spare < _DESCRIPTORS_PER_WORKER:  # (it failed while a worker started, and the fork server printed a traceback)
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        log.warning("--workers %d: the open-file limit (ulimit -n) leaves room for %d; using %d", workers,
+                    spare // _DESCRIPTORS_PER_WORKER, spare // _DESCRIPTORS_PER_WORKER)
+        workers = spare // _DESCRIPTORS_PER_WORKER
     return workers
+
+
+#: File descriptors the driver holds per worker (its pipes, its slots, the fork server's
+#: connection as it starts), and those kept for the writer, its journal and lock besides.
+_DESCRIPTORS_PER_WORKER = 6
+_DESCRIPTORS_KEPT = 8
+
+
+def _spare_descriptors() -> int | None:
+    """How many more files this process may open beside those it keeps for writing (``None``
+    where it cannot tell: no ``/proc``, no limit)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return None
+        return soft - len(os.listdir("/proc/self/fd")) - _DESCRIPTORS_KEPT
+    except (ImportError, OSError):  # pragma: no cover - not Linux
+        return None
 
 
 def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, options: RunOptions, sink: Any = None) -> ConversionReport:

@@ -12,6 +12,7 @@ the pickle; the parent's :func:`decode_results` copies each back out once, as it
 from __future__ import annotations
 
 import copy
+import errno
 import logging
 import os
 import secrets
@@ -60,6 +61,8 @@ class ResultSlots:
         if not hasattr(os, "posix_fallocate"):
             return None
         try:
+            if _file_size_limit() < 2 * SLOT_BYTES:  # (SharedMemory's own failure then made the resource tracker print a KeyError)
+                raise OSError(errno.EFBIG, "the file-size limit (ulimit -f) is smaller")
             return ResultSlots()
         except OSError as error:
             log.warning("results of a worker come through its pipe (slower): no %d MB of shared memory (%s); "
@@ -204,3 +207,13 @@ def _unmap(block: SharedMemory) -> None:
     except BufferError:
         block._buf = block._mmap = None  # (stdlib internals, as for _fd above: no public way)
         block.close()  # its descriptor
+
+
+def _file_size_limit() -> float:
+    """This process's limit on a file's size in bytes (``RLIMIT_FSIZE``), infinite where there is none."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return float("inf")
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return float("inf") if soft == resource.RLIM_INFINITY else soft
