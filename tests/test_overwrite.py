@@ -88,6 +88,13 @@ def test_overwrite_refuses_a_folder_of_user_files(src, tmp_path, image_folder):
     plain = run("convert", src, user, "-f", "webdataset", "--size", "8", "-q")
     assert plain.exit_code == 1 and "is not a packer dataset (a folder holding 6 files" in plain.stderr and "pass --overwrite" not in plain.stderr
     assert tree(user) == before
+    # A shard pattern into it: the shards need a folder of their own (it spoke of --overwrite; a fault sweep)
+    for flags in ([], ["--overwrite"]):
+        pattern = run("convert", src, user / "train-%06d.tar", "--size", "8", "-q", *flags)
+        assert pattern.exit_code == 1 and pattern.stderr == (
+            f"Error: {user}: holds files that are not a packer dataset (a folder holding 6 files, for example 'img_00000.jpg'); "
+            f"WebDataset shards are written into a folder of their own, new or empty: for example {user}/shards/train-%06d.tar\n"), pattern.stderr
+        assert tree(user) == before
 
 
 @pytest.mark.parametrize("name", ["data.lmdb", "data.blob", "data.h5"])

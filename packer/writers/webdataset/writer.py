@@ -30,6 +30,7 @@ from readers.formats.webdataset import (
 from readers.formats import open_store
 from readers.schema import Metadata, PackedFormatError
 
+from ...destination import describe_path, is_packer_dataset
 from ...errors import OptionError
 from ...options import ImageOptions, StorageOptions
 from ...preprocess.task import Encoded, Failed
@@ -139,6 +140,9 @@ class ShardWriter(PieceWriter):
         if "%" not in Path(dst).name:
             return None
         folder, pattern = split_destination(Path(dst))
+        if folder.is_dir() and not is_packer_dataset(folder) and any(os.scandir(folder)):  # (it said --overwrite would not help)
+            return (f"{folder}: holds files that are not a packer dataset ({describe_path(folder)}); WebDataset shards are "
+                    f"written into a folder of their own, new or empty: for example {folder / 'shards' / pattern}")
         try:
             meta = open_store(folder).meta
         except (PackedFormatError, OSError, ValueError):
