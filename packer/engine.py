@@ -279,7 +279,7 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
         return
     planned = workers if workers is not None else run_map.planned_workers()
     try:  # Ray joined by planned_workers() is left by the map, or here if there is none
-        pieces = writer.pieces(items, job.image, workers=planned)  # few pieces: fragments
+        pieces = writer.pieces(items, job.image, workers=planned, sample_bytes=job.expected_sample_bytes())  # few pieces: fragments
         if units is not None:
             units[:] = [len(pieces)]  # (fewer than the inputs: what the workers get)
         per_piece = timeout * max((len(piece.items) for piece in pieces), default=1)

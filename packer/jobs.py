@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
+from readers.encodings import get_encoding
 from readers.schema import KINDS, Skipped
 
 from .errors import OptionError
@@ -106,6 +107,11 @@ class Job:
         (packer/placement.py)."""
         return None
 
+    def expected_sample_bytes(self) -> int | None:
+        """About how many bytes a stored sample's payload takes (``None``: no telling), for a
+        writer that cuts its output by bytes (WebDataset's ``--shard-bytes``) to plan by."""
+        return None
+
     def report(self, **counts: Any) -> ConversionReport:
         """The report, from the driver's counts."""
         return ConversionReport(**counts)
@@ -160,6 +166,13 @@ class ImageJob(Job):
         if size is None or self.image.encoding != "raw" or self.stage is not None:  # a GPU stage makes them in the driver
             return None
         return (self.image.channels, *size)
+
+    def expected_sample_bytes(self) -> int | None:
+        """Raw: the pixels; jpeg/png: a typical file of that size (the encoding's ratio)."""
+        size = self.image.output_size
+        if size is None:
+            return None
+        return size[0] * size[1] * self.image.channels // get_encoding(self.image.encoding).ratio
 
     def metadata_fields(self, writer: Writer) -> dict[str, Any]:
         assert self.folder is not None

@@ -70,6 +70,10 @@ _PREFETCH_BYTES = 16 << 10
 TRANSPORTS = ("shm", "pipe")
 
 
+#: The longest single wait for a worker's answer, in seconds (a deadline further off is waited for again).
+_LONGEST_WAIT = 86400.0
+
+
 class WorkerError(RuntimeError):
     """``fn`` raised instead of returning a value: a bug, reported with the worker's traceback."""
 
@@ -276,7 +280,8 @@ class _Pool(Generic[T, R]):
         if not busy:
             assert not block, "internal error: waiting for a result with no work in flight"
             return
-        timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic()) if block else 0.0
+        # at most a day at a time (then waited again): --timeout times a WebDataset piece's inputs overflowed poll()'s int of ms
+        timeout = min(_LONGEST_WAIT, max(0.0, min(w.deadline for w in busy) - time.monotonic())) if block else 0.0
         ready = set(wait([w.results for w in busy] + [w.process.sentinel for w in busy], timeout=timeout))
         now = time.monotonic()
         for worker in busy:

@@ -86,6 +86,16 @@ class TextJob(Job):
     def chunksize(self, workers: int | None) -> int | None:
         return max(1, min(BATCH_DOCS, len(self.items) // max(1, (workers or 1) * 4)))
 
+    def expected_sample_bytes(self) -> int | None:
+        """The corpus's bytes per document (its files' sizes: a compressed one's, so less) as token
+        ids: one a byte with ``bytes``, one per 4 bytes with a trained tokenizer (English text's
+        usual), ``dtype``'s size each. An estimate: an output cut by bytes stays within them."""
+        sizes = {item.file.path: item.file.size for item in self.items if hasattr(item, "file")}
+        if not self.items or not sizes:
+            return None
+        per_byte = 1.0 if self.spec == "bytes" else 0.25
+        return max(1, int(sum(sizes.values()) / len(self.items) * per_byte)) * np.dtype(self.dtype).itemsize
+
     def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
         assert self.tokenizer is not None
         options = {**self.text.describe(), "tokenizer": self.tokenizer.identity(), "eos": self.eos, "dtype": self.dtype}
@@ -135,7 +145,8 @@ def _check_text_field(docs: Any, field: str) -> None:
     lack it beside one whose records have it converts as before; corpora without records pass."""
     rows = getattr(docs, "rows", None)
     starts = np.flatnonzero(np.diff(rows["file"], prepend=-1))[:FIELD_PROBE_FILES] if rows is not None else [0]
-    probe = [docs[int(i)] for start in starts for i in range(start, min(start + FIELD_PROBE_RECORDS, len(docs)))]
+    indices = sorted({i for start in starts for i in range(start, min(start + FIELD_PROBE_RECORDS, len(docs)))})  # (windows overlap
+    probe = [docs[int(i)] for i in indices]  # into the next files where files are short: each record once, or it counted them twice)
     probe = [doc for doc in probe if getattr(getattr(doc, "file", None), "kind", None) == "json"]  # (Parquet: checked at the scan)
     if not probe:
         return

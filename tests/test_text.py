@@ -455,3 +455,28 @@ def test_a_text_field_no_record_has_is_refused_before_converting(tmp_path):
     (corpus / "b.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(30)))
     report = packer.convert(corpus, tmp_path / "v.blob", workers=1)
     assert report.written == 30 and len(report.skipped) == 25
+
+
+def test_the_text_field_probe_counts_each_record_once(tmp_path):
+    """Short files: each file's probe window ran into the next files, and 3 records were '9'."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a", "b", "d"):
+        (corpus / f"{name}.txt").write_text(f"text {name}\n")
+    (corpus / "c.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(3)))
+    result = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "t.blob"), "--text-field", "body"])
+    assert result.exit_code == 2 and "none of the 3 records read first" in result.output, result.output
+
+
+def test_shard_bytes_alone_sizes_text_shards(tmp_path):
+    """--shard-bytes on a corpus: pieces were always 1,000 documents, so no shard held more,
+    whatever the bytes allowed; each now holds about what --shard-bytes does."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n" for i in range(3000)))
+    report = packer.convert(corpus, tmp_path / "s" / "p-%06d.tar", storage=packer.StorageOptions(shard_bytes=1 << 30), workers=2)
+    meta = json.loads((tmp_path / "s" / "packer.json").read_text())
+    assert report.written == 3000 and meta["extra"]["shard_counts"] == [3000]
+    small = packer.convert(corpus, tmp_path / "t" / "p-%06d.tar", storage=packer.StorageOptions(shard_bytes=20_000), workers=2)
+    counts = json.loads((tmp_path / "t" / "packer.json").read_text())["extra"]["shard_counts"]
+    assert small.written == 3000 and len(counts) > 3 and max(counts) > 1 and sum(counts) == 3000

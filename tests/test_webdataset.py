@@ -389,6 +389,6 @@ def test_the_summary_names_the_workers_that_had_a_piece(image_folder, tmp_path, 
     """Workers get whole pieces: with one piece, one worker runs, whatever --workers says (the
     summary said "with 2 workers", capped by the inputs, not by the pieces)."""
     real_pieces = ShardWriter.pieces
-    monkeypatch.setattr(ShardWriter, "pieces", lambda self, items, image, workers=None: real_pieces(self, items, image))  # no fragments
+    monkeypatch.setattr(ShardWriter, "pieces", lambda self, items, image, workers=None, **kw: real_pieces(self, items, image, **kw))  # no fragments
     report = convert(image_folder, tmp_path / "one", format="webdataset", image=ImageOptions(size=8), workers=2)
     assert report.written == 18 and report.workers == 1 and "with 1 worker" in report.summary()

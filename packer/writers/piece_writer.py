@@ -66,10 +66,12 @@ class PieceWriter(Writer, metaclass=ABCMeta):
                 "sample, such as .lmdb, to find and skip the input that does it, or raise --timeout)")
 
     @abstractmethod
-    def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
+    def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None,
+               sample_bytes: int | None = None) -> list[Piece]:
         """``items`` cut into consecutive pieces, in order. Where the pieces begin and end depends
-        only on the options, never on ``workers`` (the output is the same for any worker count);
-        with ``workers`` given a writer may cut pieces into fragments to keep every worker busy."""
+        only on the options and the source, never on ``workers`` (the output is the same for any
+        worker count); with ``workers`` given a writer may cut pieces into fragments to keep every
+        worker busy. ``sample_bytes``: the job's estimate of a stored payload, to plan pieces by bytes."""
 
     @abstractmethod
     def piece_task(

@@ -15,7 +15,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from readers.encodings import get_encoding
 from readers.formats.webdataset import (
     CHECKSUM_FILE,
     DEFAULT_PATTERN,
@@ -150,18 +149,20 @@ class ShardWriter(PieceWriter):
         return pattern_refusal(str(folder), pattern, meta)
 
     # -- the parallel path -----------------------------------------------------------------
-    def piece_inputs(self, image: ImageOptions) -> int:
-        """Inputs per piece: ``shard_size``, else as many expected samples as fit ``shard_bytes``."""
+    def piece_inputs(self, sample_bytes: int | None = None) -> int:
+        """Inputs per piece: ``shard_size``, else as many samples of about ``sample_bytes`` (the
+        job's estimate of a payload, ``Job.expected_sample_bytes``) as fit ``shard_bytes``, each
+        with its ``.npy`` header and ``.cls`` member; else :data:`DEFAULT_SHARD_SIZE`. A text
+        corpus's pieces were always the default, so its shards never held more documents than
+        that, whatever ``--shard-bytes`` allowed."""
         if self.storage.shard_size is not None:
             return self.storage.shard_size
-        if self.storage.shard_bytes is not None and image.output_size is not None:
-            height, width = image.output_size
-            shape = (image.channels, height, width)
-            expected = len(npy_header(shape)) + height * width * image.channels // get_encoding(image.encoding).ratio + 2
-            return max(1, self.storage.shard_bytes // expected)
+        if self.storage.shard_bytes is not None and sample_bytes is not None:
+            return max(1, self.storage.shard_bytes // (len(npy_header((1, 1, 1))) + sample_bytes + 2))
         return DEFAULT_SHARD_SIZE
 
-    def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None) -> list[Piece]:
+    def pieces(self, items: Sequence[Any], image: ImageOptions, *, workers: int | None = None,
+               sample_bytes: int | None = None) -> list[Piece]:
         """The inputs cut into consecutive pieces (depends on the options only, never on workers).
 
         After a resume, ``items`` are the inputs left (from :attr:`resumed_inputs`, always a piece
@@ -169,7 +170,7 @@ class ShardWriter(PieceWriter):
         fewer pieces than ``2 * workers``, each is cut into fragments to keep every worker busy
         (the output is the same: the parent assembles the shards); with more, only the last
         round's pieces are (:func:`_tail_fragmented`)."""
-        size = self.piece_inputs(image)
+        size = self.piece_inputs(sample_bytes)
         done = self.resumed_inputs
         pieces = [
             Piece((done + start) // size, done + start, items[start : start + size]) for start in range(0, len(items), size)
