@@ -11,6 +11,7 @@ a contact sheet (:data:`SHEET_OPTIONS`: :func:`refuse_sheet_options`), never dro
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from pathlib import Path
 from typing import Iterable
@@ -23,6 +24,7 @@ from readers.formats.base import Store
 from readers.formats.tokens import TokenStore
 from readers.tokenizer import TokenizerError
 
+from .destination import is_packer_dataset
 from .errors import OptionError, OutputError, PackerError
 
 __all__ = ["contact_sheet", "preview", "document_preview", "refuse_sheet_options", "SHEET_OPTIONS"]
@@ -69,16 +71,36 @@ def contact_sheet(path: str | Path, *, count: int = 16, seed: int = 0, tile: int
 
 def preview(path: str | Path, out: str | Path, *, count: int = 16, seed: int = 0, tile: int = 128) -> Path:
     """Write :func:`contact_sheet` of ``path`` to the image file ``out`` (its type by suffix:
-    .png, .jpg, or any other Pillow writes)."""
+    .png, .jpg, or any other Pillow writes). Written beside ``out`` under a temporary name, then
+    renamed: Pillow opens the file before its writer can fail (``.h5``: a stub that cannot write),
+    and an existing file of that name, a packer dataset too, was left empty. ``out`` naming a
+    packer dataset, or the dataset previewed, is refused."""
     out = Path(out)
+    image_type = _image_type(out)
+    if is_packer_dataset(out) or (out.exists() and out.resolve() == Path(path).resolve()):
+        raise OptionError(f"-o {out}: a packer dataset, not an image file; choose another name (.png or .jpg)")
     sheet = contact_sheet(path, count=count, seed=seed, tile=tile)
+    staged = out.with_name(f".{out.name}.packer-preview")
     try:
-        sheet.save(out)
-    except ValueError:
-        raise OptionError(f"{out}: unknown image type; use a .png or .jpg name") from None
+        sheet.save(staged, format=image_type)
+        os.replace(staged, out)
     except OSError as exc:
         raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if staged.exists():
+            staged.unlink()
     return out
+
+
+def _image_type(out: Path) -> str:
+    """Pillow's name of the image type ``out``'s suffix names, if Pillow can write it (else one line)."""
+    Image.init()
+    image_type = Image.registered_extensions().get(out.suffix.lower())
+    writer = Image.SAVE.get(image_type or "")
+    if writer is None or writer.__module__.endswith("StubImagePlugin"):  # (HDF5, GRIB, BUFR: Pillow identifies, cannot write)
+        what = f"Pillow cannot write {image_type} images" if image_type else "unknown image type"
+        raise OptionError(f"-o {out}: {what}; use a .png or .jpg name")
+    return image_type
 
 
 def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None = None, chars: int = 2000) -> str:

@@ -5,6 +5,7 @@ Every test runs over ``readers.schema.FORMATS`` (the formats the metadata admits
 writer, store or dataset is missing or does not load fails the suite, it is never skipped."""
 
 import importlib
+import shutil
 
 import numpy as np
 import pytest
@@ -89,3 +90,26 @@ def test_preview_bad_input(tmp_path, packed_32):
     assert missing.exit_code == 1 and "no such packed dataset" in missing.output and "Traceback" not in missing.output
     bad = runner.invoke(cli, ["preview", str(packed_32("lmdb")), "-o", str(tmp_path / "grid.xyz")])
     assert bad.exit_code != 0 and "use a .png or .jpg name" in bad.output
+
+
+def test_preview_never_empties_a_file_it_cannot_write(tmp_path, packed_32):
+    """-o victim.h5: Pillow opened (emptied) the file, then its HDF5 stub could not write; a
+    packer dataset of that name, even the one previewed, was lost (a commands walkthrough)."""
+    runner = CliRunner()
+    for fmt in ("hdf5", "lmdb"):
+        dataset = tmp_path / f"copy-{fmt}"
+        shutil.copytree(packed_32(fmt), dataset) if packed_32(fmt).is_dir() else shutil.copy(packed_32(fmt), dataset)
+        before = sorted((p.name, p.read_bytes()) for p in ([dataset] if dataset.is_file() else dataset.iterdir()))
+        for source in (packed_32("blob"), dataset):
+            result = runner.invoke(cli, ["preview", str(source), "-o", str(dataset)])
+            assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+            assert sorted((p.name, p.read_bytes()) for p in ([dataset] if dataset.is_file() else dataset.iterdir())) == before
+    mine = tmp_path / "notes.h5"
+    mine.write_bytes(b"my own HDF5 file, not packer's")
+    result = runner.invoke(cli, ["preview", str(packed_32("blob")), "-o", str(mine)])
+    assert result.exit_code == 2 and result.stderr == f"Error: -o {mine}: Pillow cannot write HDF5 images; use a .png or .jpg name\n"
+    assert mine.read_bytes() == b"my own HDF5 file, not packer's"
+    sheet = tmp_path / "sheet.png"
+    sheet.write_bytes(b"old")
+    assert runner.invoke(cli, ["preview", str(packed_32("blob")), "-o", str(sheet)]).exit_code == 0
+    assert Image.open(sheet).size[0] > 0 and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
