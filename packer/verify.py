@@ -182,6 +182,10 @@ def _check_metadata(meta: Metadata, report: VerifyReport) -> None:
     paths = [s.path for s in meta.skipped]
     if len(set(paths)) != len(paths):
         report.add("metadata", "an input is listed as skipped more than once")
+    steps = meta.preprocessing
+    size, mode = steps.get("size"), steps.get("resize_mode")
+    if meta.kind == "image" and mode in ("center-crop", "stretch", "pad") and meta.shape is not None and list(meta.shape[1:]) != size:
+        report.add("metadata", f"its preprocessing says size {size} ({mode}), its samples are {meta.shape[1]}x{meta.shape[2]}")
 
 
 def _check_structure(store: Store, report: VerifyReport) -> None:

@@ -137,6 +137,8 @@ def test_a_flipped_label_is_found(packed, fmt):
     report = verify(path)
     assert not report.ok
     assert any(f.where.startswith(f"sample {VICTIM}") and "checksum mismatch" in f.message for f in report.faults), report.faults
+    if fmt == "webdataset":  # the .cls member as text, not a bytes repr (b'0')
+        assert any(re.fullmatch(r"its \.cls member says '\d', the index says \d", f.message) for f in report.faults), report.faults
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "blob", "webdataset"])
@@ -341,3 +343,43 @@ def test_verify_source_prints_the_scans_warnings_as_convert_does(image_folder, t
     assert result.exit_code == 0, result.output
     assert "warning: class folder 'zz_empty' has no images (its label is kept)" in result.stderr
     assert not any(line.startswith("class folder") for line in result.stderr.splitlines())
+
+
+def _edit_meta(path: Path, edit) -> None:
+    import json
+
+    meta = path / "packer.json"
+    record = json.loads(meta.read_text())
+    edit(record)
+    meta.write_text(json.dumps(record))
+
+
+def test_metadata_edits_a_reader_relies_on_are_faults(image_folder, tmp_path):
+    """Found by a commands walkthrough, each passed verify: a WebDataset whose metadata says no
+    checksums beside its checksum file (its damaged pixels then passed), per-shard counts that
+    disagree with the index (StreamingShards plans ranks by them: one rank came up short), and a
+    preprocessing size that is not the samples'. A wrong 'count' now says so."""
+    path = _convert(image_folder, tmp_path / "a.shards", "webdataset")
+    file, offset = _payload_location(path, "webdataset", VICTIM)
+    _flip(file, offset + 100)
+    _edit_meta(path, lambda r: r.update(checksum=""))
+    report = verify(path)
+    assert not report.ok and "says no checksums are stored, but packer-crc32.npy is there" in str(report.faults), report.faults
+    path = _convert(image_folder, tmp_path / "b.shards", "webdataset")
+    _edit_meta(path, lambda r: r["extra"].update(shard_counts=[5, 5, 6, 2]))  # 18 samples: 5, 5, 5, 3
+    report = verify(path)
+    assert [(f.where, f.message) for f in report.faults] == [
+        ("shard shard-000002.tar", "the metadata says it holds 6 samples, the index 5"),
+        ("shard shard-000003.tar", "the metadata says it holds 2 samples, the index 3")], report.faults
+    path = _convert(image_folder, tmp_path / "c.shards", "webdataset")
+    _edit_meta(path, lambda r: r.update(count=17))
+    assert "metadata 'count' is 17, its shards' sample counts add up to 18" in str(verify(path).faults)
+    path = _convert(image_folder, tmp_path / "d.blob", "blob")
+    blob = open_store(path)
+    assert blob.meta.preprocessing["size"] == [16, 16]
+    raw = path.read_bytes()
+    start = raw.index(b'"size": [')  # (the blob's metadata JSON, edited in place: 16 -> 32 keeps its length)
+    path.write_bytes(raw[:start] + raw[start:start + 60].replace(b"16", b"32", 2) + raw[start + 60:])
+    report = verify(path)
+    assert ("metadata", "its preprocessing says size [32, 32] (center-crop), its samples are 16x16") in [
+        (f.where, f.message) for f in report.faults], report.faults

@@ -229,9 +229,11 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         and isinstance(sizes, list)
         and len(shards) == len(counts) == len(sizes)
         and all(isinstance(s, str) and "/" not in s for s in shards)
-        and sum(counts) == meta.count
+        and all(isinstance(c, int) for c in counts)
     ):
         raise PackedFormatError(f"{folder}: metadata 'extra' does not list the shards and their sample counts")
+    if sum(counts) != meta.count:
+        raise PackedFormatError(f"{folder}: metadata 'count' is {meta.count:,}, its shards' sample counts add up to {sum(counts):,}")
     return meta
 
 
@@ -290,7 +292,9 @@ class ShardStore(Store):
             raise PackedFormatError(faults[0])
 
     def stored_checksums(self) -> np.ndarray | None:
-        if not self.meta.checksum:
+        if not self.meta.checksum:  # (a checksum file beside it: the metadata was edited, and verify passed damaged pixels)
+            if (self.path / CHECKSUM_FILE).exists():
+                raise PackedFormatError(f"{self.path / META_FILE}: says no checksums are stored, but {CHECKSUM_FILE} is there")
             return None
         try:
             values = np.load(self.path / CHECKSUM_FILE, allow_pickle=False)
@@ -349,6 +353,8 @@ class ShardStore(Store):
         extension, dtype, shapes = EXTENSIONS[self.meta.encoding], self.meta.dtype, record_shapes(index).tolist()
         for number, name in enumerate(self.shards):
             where, rows = f"shard {name}", np.flatnonzero(index["shard"] == number)
+            if len(rows) != self.meta.extra["shard_counts"][number]:  # (StreamingShards plans ranks by the metadata's counts)
+                yield where, f"the metadata says it holds {self.meta.extra['shard_counts'][number]} samples, the index {len(rows)}"
             try:
                 data = self._files.get().map(number)
             except (OSError, PackedFormatError) as exc:
@@ -371,7 +377,7 @@ class ShardStore(Store):
                     yield sample, f"the index puts its payload at {offset}+{nbytes}, the tar member is at {at}+{size}"
                 text = data[label_at : label_at + label_size]
                 if text != str(int(row["label"])).encode("ascii"):
-                    yield sample, f"its .{LABEL_EXTENSION} member says {text[:20]!r}, the index says {int(row['label'])}"
+                    yield sample, f"its .{LABEL_EXTENSION} member says {bytes(text[:20]).decode('ascii', 'replace')!r}, the index says {int(row['label'])}"
                 if extension == EXTENSIONS["raw"]:
                     yield from _npy_faults(data[at:offset], sample_array_shape(tuple(shapes[i]), dtype), dtype, sample)
 
