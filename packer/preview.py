@@ -112,16 +112,20 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
         raise OptionError(f"-n: must be at least 1, got {count}")
     if chars < 0:
         raise OptionError(f"--chars: must be 0 (whole documents) or more, got {chars}")
+    if tokenizer is not None and str(tokenizer) != "bytes" and not Path(tokenizer).is_file():  # (it said '[Errno 2] ...')
+        raise OptionError(f"--tokenizer {tokenizer}: no such file (the tokenizer.json or .model the dataset was converted with)")
     meta = open_store(path).meta
     if meta.kind != "text":
         raise PackerError(f"{path}: an {meta.kind} dataset ({meta.count:,} samples) has no documents to print: "
                           f"see a contact sheet of its samples with: packer preview {path}")
     try:
         store = TokenStore(path)
+        eos = (meta.tokenizer or {}).get("eos_id")
         parts = []
         for i in range(min(count, len(store))):
             ids = store.document(i)
-            text = store.decode(ids, tokenizer)
+            ends = eos is not None and len(ids) > 0 and int(ids[-1]) == eos  # its end-of-document id: not text (bytes showed a newline)
+            text = store.decode(ids[:-1] if ends else ids, tokenizer)
             if chars and len(text) > chars:
                 text = f"{text[:chars]}\n[... {len(text) - chars:,} more characters; --chars 0 prints whole documents]"
             parts.append(f"--- document {i} ({len(ids):,} tokens)\n{text}")

@@ -78,7 +78,12 @@ def test_head_cuts_a_long_document_and_says_how_much_is_left(tmp_path: Path) -> 
     packer.convert(src, dst, workers=1)
     result = CliRunner().invoke(cli, ["head", str(dst)])
     assert result.exit_code == 0, result.output
-    assert "x" * 2000 + "\n[... 3,004 more characters; --chars 0 prints whole documents]" in result.output  # (the bytes EOS decodes too)
+    assert "x" * 2000 + "\n[... 3,003 more characters; --chars 0 prints whole documents]" in result.output  # (its EOS was counted too)
     assert "END" not in result.output and "short one" in result.output
     whole = CliRunner().invoke(cli, ["head", str(dst), "--chars", "0"])
     assert "x" * 5000 + "END" in whole.output and "more characters" not in whole.output
+
+
+def test_head_names_a_missing_tokenizer_file(corpus_blob: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["head", str(corpus_blob), "--tokenizer", str(tmp_path / "nope.json")])
+    assert result.exit_code == 2 and result.stderr.startswith(f"Error: --tokenizer {tmp_path / 'nope.json'}: no such file"), result.output
