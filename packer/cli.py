@@ -404,6 +404,8 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
         raise click.UsageError(f"{given[0]}: only with --source (the label file or class list of the source it compares with)")
     with _printed_warnings(), interruptible():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its workers are stopped, "interrupted", exit 130
         report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
+    for note in report.notes:
+        click.echo(f"note: {note}")
     for fault in report.faults:
         click.echo(f"fault: {fault}")
     if report.fault_count > len(report.faults):

@@ -88,6 +88,8 @@ class VerifyReport:
     faults: list[Fault] = field(default_factory=list)
     fault_count: int = 0
     seconds: float = 0.0
+    #: What is worth saying that is not a fault (files in the dataset's folder packer did not write).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +162,7 @@ def verify(
     report.opened, report.count, report.checksums_recorded = True, meta.count, bool(meta.checksum)
     _check_metadata(meta, report)
     _check_structure(store, report)
+    _check_foreign(store, report)
     try:
         stored = store.stored_checksums()
     except PackedFormatError as exc:
@@ -186,6 +189,21 @@ def _check_metadata(meta: Metadata, report: VerifyReport) -> None:
     size, mode = steps.get("size"), steps.get("resize_mode")
     if meta.kind == "image" and mode in ("center-crop", "stretch", "pad") and meta.shape is not None and list(meta.shape[1:]) != size:
         report.add("metadata", f"its preprocessing says size {size} ({mode}), its samples are {meta.shape[1]}x{meta.shape[2]}")
+
+
+def _check_foreign(store: Store, report: VerifyReport) -> None:
+    """Files in the dataset's folder that packer did not write (a commands walkthrough: verify
+    said nothing of them): a ``.tar`` among shards is a fault, as a glob or brace pattern over the
+    folder reads it as one; anything else a note (readers ignore it; ``--overwrite`` refuses it)."""
+    foreign = store.foreign_content()
+    tars = [name for name in foreign if name.endswith(".tar")] if store.meta.format == "webdataset" else []
+    for name in tars:
+        report.add(name, "a .tar packer did not write, among the shards: a pattern over the folder's .tar files reads it too")
+    others = [name for name in foreign if name not in tars]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3:,} more" if len(others) > 3 else "")
+        report.notes.append(f"{store.path} also holds files packer did not write ({shown}): readers ignore them; "
+                            "--overwrite will not replace the dataset until they are moved out")
 
 
 def _check_structure(store: Store, report: VerifyReport) -> None:

@@ -383,3 +383,17 @@ def test_metadata_edits_a_reader_relies_on_are_faults(image_folder, tmp_path):
     report = verify(path)
     assert ("metadata", "its preprocessing says size [32, 32] (center-crop), its samples are 16x16") in [
         (f.where, f.message) for f in report.faults], report.faults
+
+
+def test_files_packer_did_not_write_are_said(image_folder, tmp_path):
+    """A stray shard-named .tar in a shard folder is a fault (a pattern over the folder reads it);
+    another file in a dataset's folder is a note (verify said nothing of either)."""
+    shards = _convert(image_folder, tmp_path / "a.shards", "webdataset")
+    shutil.copy(shards / "shard-000000.tar", shards / "shard-000004.tar")
+    report = verify(shards)
+    assert [(f.where, f.message[:40]) for f in report.faults] == [("shard-000004.tar", "a .tar packer did not write, among the s")]
+    folder = _convert(image_folder, tmp_path / "b.lmdb", "lmdb")
+    (folder / "README.txt").write_text("my notes")
+    result = CliRunner().invoke(cli, ["verify", str(folder)])
+    assert result.exit_code == 0 and result.stdout.startswith(
+        f"note: {folder} also holds files packer did not write (README.txt): readers ignore them"), result.output
