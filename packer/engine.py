@@ -213,8 +213,7 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
                 if placement is not None:  # samples after a skip are no longer at their inputs' places
                     placement.stop()
                 if result.stop:
-                    raise InputError(f"{item.path}: {result.reason}; the conversion stopped: run it again once the source is no longer "
-                                     "written to")
+                    raise InputError(f"{item.path}: {result.reason}; the conversion stopped: {result.stop}")
                 if options.on_error == "fail":  # the full path (or URL), to find the file
                     raise InputError(f"{item.path}: {result.reason} (pass --on-error skip to skip such inputs)")
                 name = job.name(item)

@@ -373,9 +373,15 @@ def test_remote_reads_retry_transient_errors_only(monkeypatch, image_folder):
     monkeypatch.setattr(remote_src, "RETRY_DELAY", 0.0)
     task = ImageTask(ImageOptions(size=8))
     item = ImageItem("s3://bucket/src/a/1.jpg", 0)
+    from botocore.exceptions import EndpointConnectionError
+    from packer.preprocess.task import UNREACHABLE
+
+    unreached = EndpointConnectionError(endpoint_url="http://127.0.0.1:9")  # (botocore's: not an OSError; it was no retry)
     for error, failures, calls, outcome in [
         (ConnectionResetError(104, "Connection reset by peer"), 2, 3, "sample"),
-        (TimeoutError("read timed out"), 5, 3, "cannot read after 3 attempts (TimeoutError: read timed out)"),
+        (TimeoutError("read timed out"), 5, 3, ("cannot read after 3 attempts (TimeoutError: read timed out)", UNREACHABLE)),
+        (unreached, 5, 3, (f"cannot read after 3 attempts (EndpointConnectionError: {unreached})", UNREACHABLE)),
+        (OSError(5, "odd object"), 5, 3, "cannot read after 3 attempts (OSError: [Errno 5] odd object)"),  # (its own: skipped)
         (FileNotFoundError("bucket/src/a/1.jpg"), 5, 1, "cannot read (FileNotFoundError: bucket/src/a/1.jpg)"),
         (RuntimeError("odd backend\nsecond line"), 5, 1, "cannot read (RuntimeError: odd backend)"),
     ]:
@@ -386,7 +392,7 @@ def test_remote_reads_retry_transient_errors_only(monkeypatch, image_folder):
         if outcome == "sample":
             assert isinstance(result, Encoded) and result.shape == (3, 8, 8)
         else:
-            assert result == Failed(item.path, outcome)
+            assert result == Failed(item.path, *((outcome,) if isinstance(outcome, str) else outcome)), result
 
 
 @pytest.mark.parametrize(

@@ -63,15 +63,22 @@ class Encoded:
             object.__setattr__(self, "checksum", sample_checksum(self.label, self.shape, self.payload))
 
 
+#: What to do, said when a conversion stops at an input (:attr:`Failed.stop`): its source changed under it ...
+SOURCE_CHANGED = "run it again once the source is no longer written to"
+#: ... or a remote SRC's store stopped answering (every read would fail: not the input's fault).
+UNREACHABLE = "the store did not answer; once it does, run the same command with --resume"
+
+
 @dataclass(frozen=True)
 class Failed:
     """An input that could not be converted, and why. ``stop``: whatever ``--on-error`` says, the
-    conversion stops here (the source changed under it: skipping would drop inputs that are
-    fine, by the thousand, and report success)."""
+    conversion stops here, and this is what to do (the source changed under it, or its store
+    cannot be reached: skipping would drop inputs that are fine, by the thousand, and report
+    success)."""
 
     path: str
     reason: str
-    stop: bool = False
+    stop: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,4 +137,4 @@ def _read_url(url: str) -> bytes | Failed:
     try:
         return read_url_bytes(url)
     except RemoteReadError as exc:
-        return Failed(url, str(exc))
+        return Failed(url, str(exc), stop=UNREACHABLE if exc.unreachable else "")

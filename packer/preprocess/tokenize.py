@@ -19,7 +19,7 @@ from readers.tokenizer import LONG_TEXT, Tokenizer, load_tokenizer
 
 from ..sources.text_docs import Changed, document_texts
 from ..work_unit import WorkUnit
-from .task import Encoded, Failed
+from .task import SOURCE_CHANGED, Encoded, Failed
 
 __all__ = ["TokenizeTask", "worker_tokenizer", "TEXT_LABEL"]
 
@@ -61,7 +61,7 @@ class TokenizeTask(WorkUnit):
             batch = dict(zip(short, worker_tokenizer(self.tokenizer).encode_batch([texts[i] for i in short])))
         except Exception:  # noqa: BLE001 - find the failing document one by one
             batch = {}
-        return [Failed(text.path, text.reason, stop=isinstance(text, Changed)) if isinstance(text, Skipped) else
+        return [Failed(text.path, text.reason, stop=SOURCE_CHANGED if isinstance(text, Changed) else "") if isinstance(text, Skipped) else
                 self.encoded(doc.source, batch[i]) if i in batch else self.tokenised(doc.source, text)
                 for i, (doc, text) in enumerate(zip(docs, texts))]
 

@@ -53,7 +53,11 @@ _VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified
 
 
 class RemoteReadError(OSError):
-    """An object could not be read; the message is the reason recorded for the skipped input."""
+    """An object could not be read; the message is the reason recorded for the skipped input.
+    ``unreachable``: the store itself did not answer, every try (not this object's fault: the
+    conversion stops, as the next reads would fail too)."""
+
+    unreachable = False
 
 
 def is_source_url(value: str) -> bool:
@@ -252,6 +256,23 @@ def _transient() -> tuple[type[BaseException], ...]:
     aiohttp = sys.modules.get("aiohttp")  # http(s) and s3 backends raise its errors, when it is in use
     if aiohttp is not None:
         errors += (aiohttp.ClientError,)
+    botocore = sys.modules.get("botocore.exceptions")  # s3fs's: an endpoint that cannot be reached is not an OSError
+    if botocore is not None:
+        errors += (botocore.ConnectionError, botocore.HTTPClientError)
+    return errors
+
+
+def _unanswered() -> tuple[type[BaseException], ...]:
+    """Errors that say the store did not answer at all (a connection refused or lost, a timeout)."""
+    import asyncio
+
+    errors: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, asyncio.TimeoutError)
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None:
+        errors += (aiohttp.ClientConnectionError,)
+    botocore = sys.modules.get("botocore.exceptions")
+    if botocore is not None:
+        errors += (botocore.ConnectionError, botocore.HTTPClientError)
     return errors
 
 
@@ -274,7 +295,9 @@ def read_url_bytes(url: str, *, attempts: int = READ_ATTEMPTS) -> bytes:
             raise RemoteReadError(f"cannot read ({type(exc).__name__}: {_first_line(exc)})") from None
         except transient as exc:
             if attempt == attempts:
-                raise RemoteReadError(f"cannot read after {attempts} attempts ({type(exc).__name__}: {_first_line(exc)})") from None
+                error = RemoteReadError(f"cannot read after {attempts} attempts ({type(exc).__name__}: {_first_line(exc)})")
+                error.unreachable = isinstance(exc, _unanswered())  # (another OSError may be this object's own: skipped)
+                raise error from None
             time.sleep(RETRY_DELAY * 2 ** (attempt - 1))
         except Exception as exc:  # noqa: BLE001 - a backend's own error type: recorded with the input, as decode errors are
             raise RemoteReadError(f"cannot read ({type(exc).__name__}: {_first_line(exc)})") from None
