@@ -82,15 +82,19 @@ class ShardCache:
     and evicting a file another process is reading does not disturb that read (POSIX).
     """
 
-    def __init__(self, folder: str | Path, max_bytes: int) -> None:
+    def __init__(self, folder: str | Path, max_bytes: int, version: str = "") -> None:
+        """``version``: what tells this dataset from another at the same URLs (its metadata
+        record): a dataset replaced at its URL was read from the cache as it was (3-channel
+        samples under 1-channel metadata; an S3 walkthrough)."""
         if max_bytes < 1:
             raise ValueError(f"cache_bytes must be positive, got {max_bytes!r}")
         self.folder = Path(folder)
         self.max_bytes = int(max_bytes)
+        self.version = version
 
     def path(self, url: str) -> Path:
-        """Where ``url`` is cached: a digest of the URL and its file name."""
-        digest = hashlib.sha1(url.encode()).hexdigest()[:16]
+        """Where ``url`` is cached: a digest of the URL (and the dataset's version) and its file name."""
+        digest = hashlib.sha1(f"{self.version}\n{url}".encode() if self.version else url.encode()).hexdigest()[:16]
         return self.folder / f"{digest}-{url.rstrip('/').rsplit('/', 1)[-1]}"
 
     def open(self, url: str) -> BinaryIO:

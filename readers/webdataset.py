@@ -147,7 +147,8 @@ class StreamingShards(IterableDataset):
         if cache_dir is not None:
             from .remote import ShardCache
 
-            self.cache = ShardCache(cache_dir, cache_bytes)
+            version = "" if self.meta is None else self.meta.to_json()  # (its options, source, counts and time of creation)
+            self.cache = ShardCache(cache_dir, cache_bytes, version)
         if not self.urls:
             raise ValueError(f"{urls_or_path!r}: names no shards")
         buffer = positive_number(buffer, "buffer")  # samples

@@ -758,3 +758,18 @@ def test_remote_inputs_are_read_ahead_while_decoding(local_source, monkeypatch):
     releaser.join()
     assert most == READ_AHEAD  # the window filled, and never more
     assert ahead == one_at_a_time and ahead[5] == Failed("s3://fake/5.jpg", "cannot read (gone)")
+
+
+def test_a_dataset_replaced_at_its_url_is_not_read_from_the_cache(image_folder, tmp_path):
+    """The cache was keyed by URL alone: after --overwrite with --grayscale, every sample came
+    back with 3 channels under 1-channel metadata (an S3 walkthrough)."""
+    root = tmp_path / "served"
+    root.mkdir()
+    dst = root / "ds"
+    convert(image_folder, dst, format="webdataset", image=ImageOptions(size=8), storage=StorageOptions(shard_size=8), workers=1)
+    with served(root) as url:
+        first = [x.shape for x, _ in StreamingShards(f"{url}/ds/", cache_dir=tmp_path / "cache")]
+        convert(image_folder, dst, format="webdataset", image=ImageOptions(size=8, grayscale=True), storage=StorageOptions(shard_size=8),
+                workers=1, overwrite=True)
+        again = [x.shape for x, _ in StreamingShards(f"{url}/ds/", cache_dir=tmp_path / "cache")]
+    assert {tuple(s) for s in first} == {(3, 8, 8)} and {tuple(s) for s in again} == {(1, 8, 8)} and len(again) == 18
