@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Callable, Sequence
 
 from readers.schema import Skipped
 
-from .bench_report import RAW_FOLDER, SUFFIX, BenchReport, BenchRow
+from .bench_report import RAW_FOLDER, SUFFIX, BenchReport, BenchRow, cpu_model
 from .bench_timing import (
     FolderDataset,
     Rate,
@@ -52,6 +53,9 @@ __all__ = [
     "run_bench",
     "sample_folder",
     "scan_folder_of_images",
+    "local_source",
+    "scratch_folder",
+    "unfinished_conversion",
     "undecodable",
     "BenchReport",
     "BenchRow",
@@ -85,7 +89,50 @@ def scan_folder_of_images(src: str | Path) -> ImageFolder:
     if Path(src).is_file() and is_archive(src):  # (what else is not a folder: the folder scan says what it is)
         raise SourceError(f"{src}: packer bench and packer doctor read a folder of images (they time a sample of its files); "
                           "extract part of the archive into a folder, or convert it and point packer doctor at the dataset")
-    return scan_image_folder(src)
+    try:
+        return scan_image_folder(src)
+    except SourceError as exc:  # no images: an unfinished conversion is said as packer info says it (--resume)
+        raise SourceError(unfinished_conversion(src) or str(exc)) from None
+
+
+def unfinished_conversion(src: str | Path) -> str | None:
+    """What ``packer info`` says of ``src`` when it is an unfinished conversion (``NAME.partial``,
+    or NAME missing beside one), else ``None``."""
+    from readers.formats import detect_format
+    from readers.schema import IncompleteDatasetError
+
+    try:
+        detect_format(src)
+    except IncompleteDatasetError as exc:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - anything else is not an unfinished conversion: the caller says what it is
+        return None
+    return None
+
+
+def local_source(src: str | Path, reads: str) -> Path:
+    """``src`` as a local path (a ``file://`` URL: its path); any other URL is refused in one
+    line naming it as given (``Path`` would fold its ``//`` into one). ``reads``: what the
+    command reads, for that line (``"packer bench reads a local folder of images"``)."""
+    from readers.formats.base import local_path
+
+    if isinstance(src, str):
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", src)
+        if scheme is not None and scheme.group(1).lower() != "file":
+            raise SourceError(f"{src}: a {scheme.group(1)}:// URL; {reads}: copy it (or a part of it) to a local disk first")
+    return Path(local_path(src))
+
+
+def scratch_folder(tmp_dir: str | Path | None, prefix: str) -> Path:
+    """A new temporary folder under ``tmp_dir`` (``--tmp-dir``; default: the system's); a
+    missing or unwritable ``tmp_dir`` is refused in one line naming the option."""
+    where = f"--tmp-dir {tmp_dir}" if tmp_dir is not None else f"the temporary folder {tempfile.gettempdir()} (set --tmp-dir)"
+    if tmp_dir is not None and not Path(tmp_dir).is_dir():
+        raise OptionError(f"{where}: {'not a folder' if Path(tmp_dir).exists() else 'no such folder'}")
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=tmp_dir))
+    except OSError as exc:
+        raise OptionError(f"{where}: cannot create a folder there ({exc.strerror or exc})") from None
 
 
 def sample_folder(src: str | Path, dst: Path, sample: int) -> list[tuple[str, int]]:
@@ -168,14 +215,16 @@ def run_bench(
         raise OptionError(f"--sample: must be a positive integer, got {sample!r}")
     if not seconds > 0:
         raise OptionError(f"--seconds: must be positive, got {seconds!r}")
+    src = local_source(src, "packer bench reads a local folder of images")
     cores = default_workers() if workers is None else workers
     settings = sorted({0, cores})
     say = log or (lambda message: None)
 
-    tmp = Path(tempfile.mkdtemp(prefix="packer-bench-", dir=tmp_dir))
+    tmp = scratch_folder(tmp_dir, "packer-bench-")
     try:
         items = sample_folder(src, tmp / "sample", sample)
-        report = BenchReport(Path(src), len(items), image, cores, batch_size)
+        report = BenchReport(src, len(items), image, cores, batch_size, seconds=seconds, repeats=repeats,
+                             machine=cpu_model(), usable_cores=default_workers())
         # Every conversion first: the raw-folder timing runs packer's OpenCV preprocessing in this
         # process, and a process pool forked after OpenCV's own thread pool has run can hang in
         # the child (seen here: cv2.setNumThreads blocking in pthread_cond_destroy).

@@ -13,7 +13,7 @@ from .bench_timing import Rate
 from .options import ImageOptions
 from .writers import SUFFIXES, format_for_path
 
-__all__ = ["BenchReport", "BenchRow", "markdown_table", "RAW_FOLDER", "SUFFIX"]
+__all__ = ["BenchReport", "BenchRow", "markdown_table", "cpu_model", "RAW_FOLDER", "SUFFIX"]
 
 #: Destination name per format (webdataset: a folder of shards).
 SUFFIX: dict[str, str] = {**{fmt: suffix for suffix, fmt in reversed(SUFFIXES.items())}, "webdataset": ".shards"}  # (a folder)
@@ -47,6 +47,19 @@ class BenchReport:
     #: Pipeline (``RAW_FOLDER`` or a converted format's row name) -> the sampled inputs it skipped
     #: as undecodable; the raw folder leaves out what the conversions skipped (the same images on both sides).
     skipped: dict[str, list[Skipped]] = field(default_factory=dict)
+    #: The timing settings (``--seconds``: the shortest timed pass; ``--repeats``: timed passes per figure).
+    seconds: float = 2.0
+    repeats: int = 3
+    #: Where it was measured: the CPU model (:func:`cpu_model`) and the cores this process may use.
+    machine: str = ""
+    usable_cores: int = 0
+
+    def setup(self) -> str:
+        """One line: the machine measured on and the settings that shape the figures."""
+        workers = " and ".join(map(str, sorted({0, self.cores})))
+        return (f"Measured on {self.machine or 'an unknown CPU'}, {self.usable_cores:,} usable cores; {self.images:,} sampled images, "
+                f"batch size {self.batch_size}, num_workers {workers}; each figure: {self.repeats} timed pass(es) of at least "
+                f"{self.seconds:g} s after a warm-up (--repeats, --seconds)")
 
     @property
     def measured(self) -> list[BenchRow]:
@@ -117,9 +130,28 @@ class BenchReport:
             "image": self.image.describe(),
             "cores": self.cores,
             "batch_size": self.batch_size,
+            "seconds": self.seconds,
+            "repeats": self.repeats,
+            "machine": self.machine,
+            "usable_cores": self.usable_cores,
             "rows": [asdict(row) for row in self.rows],
             "skipped": {pipeline: [entry.to_dict() for entry in entries] for pipeline, entries in self.skipped.items()},
         }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s ``model name``), else what ``platform`` says."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or ""
 
 
 def markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:

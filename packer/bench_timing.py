@@ -149,6 +149,8 @@ class FolderDataset(Dataset):
         path, label = self.items[index]
         with open(path, "rb") as handle:
             pixels = preprocess_image(handle.read(), self.image)
+        if not pixels.flags.writeable:  # (a decoder's read-only view: torch warns on those)
+            pixels = pixels.copy()
         return torch.from_numpy(pixels).permute(2, 0, 1), label
 
 
@@ -256,6 +258,9 @@ def loader_rates(
         except (ImportError, AttributeError) as exc:
             out["readers.Loader"] = f"not available ({type(exc).__name__}: {exc})"
         else:
+            if getattr(getattr(dataset, "meta", None), "fixed_shape", True) is False:  # (its own error was a raw exception)
+                out["readers.Loader"] = "not measured: readers.Loader needs one shape per dataset; these images have variable shapes"
+                return out
             try:
                 threaded = Loader(dataset, batch_size=batch_size, shuffle=True)
                 out["readers.Loader"] = measure(timed_pass(threaded, seconds), repeats=repeats, warmup=warmup)

@@ -340,7 +340,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 
 
 @cli.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=click.Path())  # as typed: a URL is refused naming it, not folded to one slash
 @click.option("--sample", type=click.IntRange(1), default=2000, show_default=True, help="Images of SRC to convert and time (evenly spaced).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size, as in packer convert.")
 @click.option("--resize", type=click.IntRange(1), metavar="N", help="As in packer convert (the raw folder is read with the same crop).")
@@ -355,7 +355,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True, help="Timed passes per figure (after a warm-up).")
 @click.option("--tmp-dir", type=click.Path(path_type=Path, file_okay=False), help="Where the temporary conversions go (removed afterwards).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int | None,
+def bench(src: str, sample: int, size: str | None, resize: int | None, resize_mode: str | None, grayscale: bool, encoding: str, quality: int | None,
           formats: tuple[str, ...], batch_size: int, workers: int | None, seconds: float, repeats: int, tmp_dir: Path | None, quiet: bool) -> None:
     """Time reading a sample of SRC packed in each format against the raw folder, on this machine.
 
@@ -372,6 +372,7 @@ def bench(src: Path, sample: int, size: str | None, resize: int | None, resize_m
                                seconds=seconds, repeats=repeats, tmp_dir=tmp_dir, log=None if quiet else lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:
         raise _UserError("interrupted; temporary files removed", EXIT_INTERRUPTED) from None
+    click.echo(report.setup())
     click.echo(report.table())
     click.echo()
     click.echo(report.recommendation())

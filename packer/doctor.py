@@ -18,7 +18,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +29,22 @@ from torch.utils.data import DataLoader
 from readers.diagnose_loop import DiagnoseError, Diagnosis, diagnose
 from readers.schema import PackedFormatError, Skipped
 
-from .bench import sample_folder, scan_folder_of_images
+from .bench import local_source, sample_folder, scan_folder_of_images, scratch_folder, unfinished_conversion
 from .bench_timing import UsualFolder, collate
 from .errors import OptionError, PackerError, SourceError
 from .options import ImageOptions
 from .parallel import default_workers
 
-__all__ = ["run_doctor", "CostStep", "PILFolder", "load_step", "plot", "DoctorError", "DEFAULT_STEP_MS"]
+__all__ = ["run_doctor", "CostStep", "PILFolder", "load_step", "plot", "DoctorError", "DEFAULT_STEP_MS", "DEFAULT_SIZE", "DEFAULT_SAMPLE"]
 
 #: Cost of the built-in step per batch, ms: a stand-in for a GPU step, not a measurement of one
 #: (``--step module:function`` times the real thing).
 DEFAULT_STEP_MS = 25.0
+
+#: A folder SRC's defaults: the side its images are resized and cropped to, and the images
+#: converted to time the packed alternative. Given for a packed SRC, they are refused.
+DEFAULT_SIZE = 224
+DEFAULT_SAMPLE = 500
 
 
 class DoctorError(PackerError):
@@ -134,14 +138,14 @@ def run_doctor(
     src: str | Path,
     *,
     step: str | None = None,
-    step_ms: float = DEFAULT_STEP_MS,
+    step_ms: float | None = None,
     batch_size: int = 64,
-    size: int = 224,
+    size: int | None = None,
     workers: int | None = None,
     device: str | None = None,
     batches: int = 30,
     rounds: int = 3,
-    sample: int = 500,
+    sample: int | None = None,
     trace: str | Path | None = None,
     tmp_dir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
@@ -149,14 +153,18 @@ def run_doctor(
     """Diagnose a training loop over ``src`` (an image folder or a packed dataset).
 
     ``step``: ``"module:function"`` (``function(images, labels)``), else :class:`CostStep` of
-    ``step_ms``. A folder is read by :class:`PILFolder` (``size``) in a ``DataLoader`` with
-    ``workers`` processes (default: all cores), and a ``sample`` of it is converted to a
-    temporary blob (removed on return) whose ``readers.Loader`` is the measured alternative.
+    ``step_ms`` (default :data:`DEFAULT_STEP_MS`; refused with ``step``). A folder is read by
+    :class:`PILFolder` (``size``, default :data:`DEFAULT_SIZE`) in a ``DataLoader`` with
+    ``workers`` processes (default: all cores), and a ``sample`` of it (default
+    :data:`DEFAULT_SAMPLE`) is converted to a temporary blob (removed on return) whose
+    ``readers.Loader`` is the measured alternative. A packed dataset is read as it was
+    converted: ``size``, ``workers`` and ``sample`` are refused for it. ``src`` may be a local
+    path or a ``file://`` URL; another URL is refused.
     """
     say = log or (lambda message: None)
-    src = Path(src)
-    if not src.exists():
-        raise SourceError(f"{src}: no such file or folder")
+    src = local_source(src, "packer doctor reads a local image folder or packed dataset")
+    if step is not None and step_ms is not None:
+        raise OptionError("--step-ms: the cost of the built-in step, used only without --step (which times your step)")
     if device is not None:
         try:
             kind = torch.device(device).type
@@ -166,16 +174,28 @@ def run_doctor(
             raise OptionError(f"--device {device}: the step runs on cpu or cuda[:N]")
         if kind == "cuda" and not torch.cuda.is_available():
             raise OptionError(f"--device {device}: CUDA is not available here; use --device cpu")
-    user_step = load_step(step) if step is not None else CostStep(step_ms)
-    fmt = _is_packed(src)
-    tmp = Path(tempfile.mkdtemp(prefix="packer-doctor-", dir=tmp_dir))
+    fmt = _is_packed(src)  # (an unfinished conversion is a folder here: the folder scan says what it is)
+    if fmt is None and not src.exists():
+        raise SourceError(unfinished_conversion(src) or f"{src}: no such file or folder")
+    if fmt is not None:
+        given = [option for option, value in (("--size", size), ("--workers", workers), ("--sample", sample)) if value is not None]
+        if given:
+            raise OptionError(f"{', '.join(given)}: only for an image folder; {src} is a packed {fmt} dataset, read as it was converted")
+    user_step = load_step(step) if step is not None else CostStep(DEFAULT_STEP_MS if step_ms is None else step_ms)
+    size = DEFAULT_SIZE if size is None else size
+    sample = DEFAULT_SAMPLE if sample is None else sample
+    tmp = scratch_folder(tmp_dir, "packer-doctor-")
     try:
         from readers.loader import Loader
 
         if fmt is not None:
             from readers.open import open_dataset
 
-            loader: Any = Loader(open_dataset(src), batch_size, device=device if device and device.startswith("cuda") else None)
+            dataset = open_dataset(src)
+            if not dataset.meta.fixed_shape:  # Loader fills one batch array: the error said so in a traceback
+                raise DoctorError(f"{src}: its images have different shapes, and packer doctor times readers.Loader, which needs "
+                                  "one shape per dataset: convert with --size N (--resize-mode center-crop, pad or stretch)")
+            loader: Any = Loader(dataset, batch_size, device=device if device and device.startswith("cuda") else None)
             report = DoctorReport(None, str(src), fmt)  # type: ignore[arg-type]
             alternatives: dict[str, tuple[Any, str]] = {}
         else:

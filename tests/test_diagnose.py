@@ -129,6 +129,9 @@ def test_trace_holds_the_loops_and_the_loaders_ranges(packed_32, tmp_path):
 
 # -- packer doctor ---------------------------------------------------------------------------
 FAST = ["--batch-size", "4", "--batches", "3", "--rounds", "3", "--step-ms", "1", "--size", "32", "-q"]
+#: A packed SRC: --size (a folder's) is refused; with --step, so is --step-ms.
+WITH_STEP = ["--batch-size", "4", "--batches", "3", "--rounds", "3", "-q"]
+PACKED = [*WITH_STEP, "--step-ms", "1"]
 
 
 def test_doctor_on_a_folder_measures_the_packed_alternative(image_folder, tmp_path):
@@ -153,7 +156,7 @@ def test_doctor_refuses_a_text_dataset(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("hello world\n" * 20)
     convert(tmp_path / "corpus", tmp_path / "text.blob", kind="text", workers=1)
-    result = CliRunner().invoke(cli, ["doctor", str(tmp_path / "text.blob"), *FAST])
+    result = CliRunner().invoke(cli, ["doctor", str(tmp_path / "text.blob"), *PACKED])
     assert result.exit_code == 1 and result.output == (
         f"Error: {tmp_path / 'text.blob'}: a text dataset; packer doctor measures loaders of (images, labels) batches\n")
 
@@ -177,7 +180,7 @@ def test_doctor_on_a_blob_with_a_user_step(packed_32, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "mysteps", raising=False)
     out = tmp_path / "doctor.json"
-    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", "mysteps:step", "--json", str(out), *FAST])
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", "mysteps:step", "--json", str(out), *WITH_STEP])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("diagnosis of Loader(RAMDataset, batch_size=4)") and "\nverdict: " in result.output
     d = json.loads(out.read_text())["diagnosis"]
@@ -198,7 +201,7 @@ def test_doctor_step_errors_are_one_line(packed_32, tmp_path, monkeypatch, step,
     (tmp_path / "mysteps.py").write_text(STEPS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "mysteps", raising=False)
-    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", step, *FAST])
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--step", step, *WITH_STEP])
     assert result.exit_code in (1, 2) and result.output.startswith(message), result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
@@ -208,13 +211,13 @@ def test_doctor_step_errors_are_one_line(packed_32, tmp_path, monkeypatch, step,
 ] + ([] if torch.cuda.is_available() else [("cuda", "Error: --device cuda: CUDA is not available here; use --device cpu")]))
 def test_doctor_device_errors_are_one_line(packed_32, device, message):
     """--device mps and --device gpu ended in torch's traceback (a walkthrough)."""
-    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--device", device, *FAST])
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--device", device, *PACKED])
     assert result.exit_code == 2 and result.output.strip() == message, result.output
 
 
 def test_doctor_plot_without_matplotlib_names_the_extra(packed_32, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *FAST])
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *PACKED])
     from readers.extras import install_hint
 
     assert result.exit_code == 1 and result.output == f"Error: --plot needs matplotlib: {install_hint('bench')}\n"
@@ -225,7 +228,7 @@ def test_doctor_plot_draws_a_png(packed_32, tmp_path):
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *FAST])
+    result = CliRunner().invoke(cli, ["doctor", str(packed_32("blob")), "--plot", str(tmp_path / "p.png"), *PACKED])
     assert result.exit_code == 0, result.output
     with Image.open(tmp_path / "p.png") as image:
         assert image.format == "PNG" and image.size == (1100, 380)

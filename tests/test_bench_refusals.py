@@ -1,0 +1,85 @@
+"""``packer bench``'s one-line refusals and its report's first line, found by a walkthrough: an
+unfinished conversion (said to have no images), a URL (folded to one slash), a missing
+``--tmp-dir`` (a raw ``[Errno 2]``), the ``readers.Loader`` row of variable-shape images (a raw
+exception), the machine and settings the figures were taken with (not said), and torch's
+"not writable" warning (printed even with ``-q``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from packer import ImageOptions
+from packer.bench_report import cpu_model
+from packer.bench_timing import FolderDataset
+from packer.cli import cli
+from packer.parallel import default_workers
+
+QUICK = ["--sample", "8", "-f", "blob", "--seconds", "0.05", "--repeats", "1", "-j", "1", "-q"]
+
+
+def one_line_error(args: list[str]) -> tuple[int, str]:
+    """Run ``packer ARGS``; its exit code and its one output line (asserted to be one, no traceback)."""
+    result = CliRunner().invoke(cli, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code in (1, 2) and len(lines) == 1 and "Traceback" not in result.output, (result.exit_code, result.output)
+    assert lines[0].startswith("Error: "), result.output
+    return result.exit_code, lines[0]
+
+
+def varied_folder(root: Path) -> Path:
+    """Two classes of PNGs of different shapes (without --size, packed with their own shapes)."""
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i, (w, h) in enumerate([(20, 30), (30, 20), (24, 24), (40, 18)]):
+            Image.new("RGB", (w, h), (i * 40, 90, 160)).save(root / label / f"{i}.png")
+    return root
+
+
+def test_bench_says_an_unfinished_conversion_as_packer_info_does(lmdb_32: Path, tmp_path: Path) -> None:
+    partial = tmp_path / "unf.lmdb.partial"
+    shutil.copytree(lmdb_32, partial)
+    code, line = one_line_error(["bench", str(partial), *QUICK])
+    assert code == 1 and line.startswith(f"Error: {partial}: an unfinished conversion") and "--resume" in line, line
+
+
+def test_bench_refuses_a_url_naming_it_as_given() -> None:
+    code, line = one_line_error(["bench", "https://example.invalid/x", *QUICK])
+    assert code == 1 and line.startswith("Error: https://example.invalid/x: a https:// URL; packer bench reads a local folder"), line
+
+
+def test_bench_names_a_missing_tmp_dir(image_folder: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nonexist"
+    code, line = one_line_error(["bench", str(image_folder), "--size", "16", "--tmp-dir", str(missing), *QUICK])
+    assert code == 2 and line == f"Error: --tmp-dir {missing}: no such folder", line
+    assert not missing.exists()
+
+
+def test_bench_says_the_machine_and_settings_and_why_the_loader_row_is_empty(tmp_path: Path) -> None:
+    """No --size: the sample keeps its images' shapes, which readers.Loader cannot batch; its row
+    said "failed (ValueError: ...)"."""
+    result = CliRunner().invoke(cli, ["bench", str(varied_folder(tmp_path / "src")), "--batch-size", "4", *QUICK])
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first.startswith(f"Measured on {cpu_model()}, {default_workers():,} usable cores; 8 sampled images, batch size 4, "), first
+    assert "num_workers 0 and 1" in first and "1 timed pass(es) of at least 0.05 s" in first, first
+    (row,) = [line for line in result.output.splitlines() if line.startswith("| blob (raw) | readers.Loader |")]
+    assert "not measured: readers.Loader needs one shape per dataset; these images have variable shapes" in row, row
+    assert "Error" not in row and "failed" not in row, row
+
+
+def test_the_folder_baseline_gives_torch_writable_pixels(tmp_path: Path, monkeypatch) -> None:
+    """torch warned "The given NumPy array is not writable" (twice, -q or not) on a decoder's
+    read-only view: it gets a writable array."""
+    src = varied_folder(tmp_path / "src")
+    handed: list[bool] = []
+    real = torch.from_numpy
+    monkeypatch.setattr(torch, "from_numpy", lambda array: handed.append(array.flags.writeable) or real(array))
+    image, label = FolderDataset([(str(src / "a" / "0.png"), 3)], ImageOptions())[0]
+    assert handed == [True] and label == 3 and tuple(image.shape) == (3, 30, 20)
+    assert np.array_equal(image.permute(1, 2, 0).numpy(), np.asarray(Image.open(src / "a" / "0.png").convert("RGB")))
