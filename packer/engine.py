@@ -174,8 +174,8 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
         if saved is None:
             raise
         total = len(job.items) + len(job.skipped)
-        raise type(exc)(f"{exc}; {saved:,} of {total:,} inputs are saved in {writer.tmp.name}: once that is fixed, run the same "
-                        "command with --resume to finish (or with --overwrite to start over)") from None
+        raise type(exc)(f"{exc}; {saved:,} of {total:,} inputs are saved: once that is fixed, run the same command with --resume "
+                        "to finish (or with --overwrite to start over)") from None  # (not where: a URL DST's is a staging folder)
     return job.report(
         dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
         payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started, resumed_written=resumed_at[0], resumed_bytes=resumed_at[1],

@@ -47,7 +47,7 @@ from typing import Any, Iterator, Protocol, Sequence
 from readers.remote import is_url
 
 from .destination import nothing_to_resume
-from .errors import OutputError
+from .errors import OutputError, PackerError
 from .locking import DestinationLock, lock_path
 from .sources.remote import url_filesystem
 
@@ -245,14 +245,25 @@ class RemoteDestination(Protocol):
         :class:`~packer.errors.OutputExistsError` where even ``--overwrite`` must leave it."""
         ...
 
+    @staticmethod
+    def foreign_content(fs: Any, root: str) -> list[str]:
+        """What packer's dataset at ``root`` holds that its conversion did not write (``--overwrite`` refuses it)."""
+        ...
+
 
 def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> None:
     """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's (then remove it),
     or ``resume`` of an unfinished upload (its writer keeps what its journal lists)."""
     fs, root = dst_filesystem(url)
     root = root.rstrip("/")
-    if not fs.exists(root) or remote.nothing_to_lose(fs, root, url, dst):
-        return
+    try:
+        if not fs.exists(root) or remote.nothing_to_lose(fs, root, url, dst):
+            return
+    except PackerError:  # (an OutputExistsError of its own)
+        raise
+    except Exception as exc:  # noqa: BLE001 - a backend's own errors (credentials: PermissionError; a bad URL): one line
+        said = (str(exc).splitlines() or [repr(exc)])[0]
+        raise OutputError(f"{dst}: cannot look there ({type(exc).__name__}: {said}); check the URL and the credentials") from None
     unfinished = remote.unfinished(fs, root)
     if resume and unfinished:
         return
@@ -263,6 +274,11 @@ def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrit
         raise OutputError(f"{dst}: already exists{hint}; pass --overwrite to replace it")
     if not remote.is_ours(fs, root, staged=staging_folder(url).exists()):
         raise OutputError(f"{dst}: is not a packer dataset; --overwrite replaces only a packer dataset: remove it yourself or choose another DST")
+    foreign = remote.foreign_content(fs, root)
+    if foreign:  # as a local DST: replacing the dataset would delete them with it
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
+        raise OutputError(f"{dst}: a packer dataset that also holds files packer did not write ({shown}); --overwrite would "
+                          "delete them with it: move them out, or choose another DST")
     fs.rm(root, recursive=True)
 
 

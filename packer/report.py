@@ -53,7 +53,8 @@ class ConversionReport:
     def _tail(self) -> str:
         workers = f"with {self.workers} worker{'s' if self.workers != 1 else ''}"
         resumed = f" (resumed after {self.resumed:,} inputs)" if self.resumed else ""
-        skipped = f"; skipped {len(self.skipped):,} (listed by: packer info {shlex.quote(str(self.dst))})" if self.skipped else ""
+        listed = "listed in its metadata" if _is_url(self.dst) else f"listed by: packer info {shlex.quote(str(self.dst))}"  # (info reads local paths)
+        skipped = f"; skipped {len(self.skipped):,} ({listed})" if self.skipped else ""
         return f"{workers}{resumed}{skipped}"
 
     def summary(self) -> str:
@@ -72,6 +73,11 @@ class ConversionReport:
         """One line for a person who has just converted: the Python that reads the output, and
         the command that shows some of it (the path as given, so the line can be pasted)."""
         reader = self.reader_class or DATASETS[self.format][1]
+        if _is_url(self.dst):  # packer's commands and the map-style readers open local paths
+            folder = str(self.dst).rstrip("/")
+            if self.format == "webdataset":  # (streamed from its folder's URL: the shard pattern is not a URL it takes)
+                return f"read it: readers.StreamingShards({(folder.rsplit('/', 1)[0] if '%' in folder.rsplit('/', 1)[-1] else folder)!r})"
+            return f"read it: copy it to a local disk, then readers.{reader}(its local path)"
         return f"read it: readers.{reader}({str(self.dst)!r}); see it: packer {self.look_command} {shlex.quote(str(self.dst))}"
 
 
@@ -97,6 +103,10 @@ class TextConversionReport(ConversionReport):
             f"wrote {_count(self.written, 'document')}, {_count(self.tokens, 'token')} ({self.tokenizer}) to {self.dst}: "
             f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.tokens_per_second:,.0f} tokens/s {self._tail()}"
         )
+
+
+def _is_url(dst: object) -> bool:
+    return isinstance(dst, str) and "://" in dst and not dst.lower().startswith("file://")
 
 
 def _count(n: int, noun: str) -> str:

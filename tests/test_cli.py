@@ -346,3 +346,18 @@ def test_the_line_after_the_summary_reads_and_shows_the_output(tmp_path, image_f
     assert shown.exit_code == 0, shown.output
     assert "read it:" not in run("convert", src, dst, "--overwrite", "-q", "--workers", "1",
                                  *(["--size", "8"] if src == image_folder else ["--lines"])).stdout
+
+
+def test_the_lines_after_a_url_dst_name_what_reads_a_url() -> None:
+    """They named readers.ShardDataset('s3://.../train-%06d.tar'), packer preview and packer info
+    of the URL, which all refuse URLs (an S3 walkthrough)."""
+    from packer.report import ConversionReport
+    from readers.schema import Skipped
+
+    for dst, fmt, steps in [
+        ("s3://b/out/train-%06d.tar", "webdataset", "read it: readers.StreamingShards('s3://b/out')"),
+        ("s3://b/out", "webdataset", "read it: readers.StreamingShards('s3://b/out')"),
+        ("s3://b/x.blob", "blob", "read it: copy it to a local disk, then readers.RAMDataset(its local path)"),
+    ]:
+        report = ConversionReport(dst, fmt, 3, 2, [Skipped("a.jpg", "bad")])
+        assert report.next_steps() == steps and report.summary().endswith("skipped 1 (listed in its metadata)")

@@ -224,6 +224,25 @@ def test_overwrite_of_a_remote_dst_refuses_user_objects(s3, src):
     convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=8), workers=1)
     report = convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=12), workers=1, overwrite=True)
     assert report.shape == (3, 12, 12)
+    # a packer dataset the user put a file into: kept, as a local DST is (it was removed with the folder; an S3 walkthrough)
+    s3.pipe({"packer-test/ours/README.txt": b"user readme"})
+    with pytest.raises(Exception, match=r"s3://packer-test/ours: a packer dataset that also holds files packer did not write \(README.txt\)"):
+        convert(src, "s3://packer-test/ours", format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert s3.cat("packer-test/ours/README.txt") == b"user readme" and s3.exists("packer-test/ours/packer.json")
+
+
+def test_a_remote_dst_that_cannot_be_looked_at_is_one_line(s3, src, monkeypatch):
+    """Wrong credentials: a 40-line traceback ending in PermissionError (an S3 walkthrough)."""
+    import packer.remote as remote
+
+    class Forbidden:
+        def exists(self, path):
+            raise PermissionError("Forbidden")
+
+    monkeypatch.setattr(remote, "dst_filesystem", lambda url: (Forbidden(), "packer-test/x"))
+    result = CliRunner().invoke(cli, ["convert", str(src), "s3://packer-test/x/train-%06d.tar", "--size", "8", "-q"])
+    assert result.exit_code == 1 and result.stderr == (
+        "Error: s3://packer-test/x/train-%06d.tar: cannot look there (PermissionError: Forbidden); check the URL and the credentials\n"), result.output
 
 
 SLOW_ADD = "import time, packer.writers.base as b; add = b.Writer.add; b.Writer.add = lambda s, x: (time.sleep(0.05), add(s, x))[1]"

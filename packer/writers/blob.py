@@ -89,6 +89,10 @@ class RemoteBlob:
             return False
 
     @staticmethod
+    def foreign_content(fs: Any, root: str) -> list[str]:
+        return []  # (one file: nothing of anyone else's inside)
+
+    @staticmethod
     def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
         return False
 

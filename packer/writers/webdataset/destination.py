@@ -51,6 +51,15 @@ class RemoteShards:
         return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE) for name in names)
 
     @staticmethod
+    def foreign_content(fs: Any, root: str) -> list[str]:
+        """Names in a finished dataset's folder that its conversion did not write (a user's
+        README): ``--overwrite`` removed them with the folder, where a local DST refuses."""
+        if not fs.exists(f"{root}/{META_FILE}"):
+            return []
+        written = set(parse_metadata(fs.cat(f"{root}/{META_FILE}"), root).extra["shards"]) | {META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE}
+        return sorted(name for name in (str(n).rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)) if name not in written)
+
+    @staticmethod
     def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
         """An empty folder (a local DST's rule too); shards of another name beside a shard
         pattern are refused, even with ``--overwrite``, which would delete them with the folder."""
