@@ -29,7 +29,7 @@ from readers.schema import Metadata, Skipped
 
 from ._version import __version__
 from .destination import is_packer_dataset
-from .errors import InputError, OutputError, OutputExistsError
+from .errors import InputError, OutputError, OutputExistsError, SourceChangedError
 from .executors import Executor, get_executor
 from .jobs import Job
 from .locking import DestinationLock, busy_error, lock_holder, lock_path
@@ -37,7 +37,7 @@ from .memory import available_memory
 from .options import RunOptions, StorageOptions
 from .parallel import default_workers
 from .placement import Placed, Placement, PlacingWriter
-from .preprocess.task import Encoded, Failed
+from .preprocess.task import SOURCE_CHANGED, Encoded, Failed
 from .progress import progress_bar
 from .report import ConversionReport, human_bytes
 from .writers import get_writer
@@ -174,8 +174,9 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
         if saved is None:
             raise
         total = len(job.items) + len(job.skipped)
-        raise type(exc)(f"{exc}; {saved:,} of {total:,} inputs are saved: once that is fixed, run the same command with --resume "
-                        "to finish (or with --overwrite to start over)") from None  # (not where: a URL DST's is a staging folder)
+        advice = getattr(exc, "resume_advice", "once that is fixed, run the same command with --resume to finish")
+        raise type(exc)(f"{exc}; {saved:,} of {total:,} inputs are saved" + (f": {advice} (or with --overwrite to start over)" if advice else "")
+                        ) from None  # (not where: a URL DST's is a staging folder)
     return job.report(
         dst=writer.dst, format=fmt, inputs=len(job.items) + len(job.skipped), written=writer.count, skipped=skipped,
         payload_bytes=writer.payload_bytes, seconds=time.perf_counter() - started, resumed_written=resumed_at[0], resumed_bytes=resumed_at[1],
@@ -213,9 +214,14 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
                 if placement is not None:  # samples after a skip are no longer at their inputs' places
                     placement.stop()
                 if result.stop:
-                    raise InputError(f"{item.path}: {result.reason}; the conversion stopped: {result.stop}")
+                    stopped = (SourceChangedError if result.stop == SOURCE_CHANGED else InputError)(
+                        f"{item.path}: {result.reason}; the conversion stopped: {result.stop}")
+                    stopped.resume_advice = ""  # (its own says what to do)
+                    raise stopped
                 if options.on_error == "fail":  # the full path (or URL), to find the file
-                    raise InputError(f"{item.path}: {result.reason} (pass --on-error skip to skip such inputs)")
+                    failed = InputError(f"{item.path}: {result.reason} (pass --on-error skip to skip such inputs)")
+                    failed.resume_advice = "run the same command with --resume --on-error skip to finish without it"  # (fixed, it
+                    raise failed  # would be a changed source: --resume refuses it)
                 name = job.name(item)
                 skipped.append(Skipped(name, result.reason))
                 log.warning("skipped %s: %s", name, result.reason)

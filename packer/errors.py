@@ -3,7 +3,7 @@ message as one line (no traceback) and exits with :attr:`PackerError.exit_code`.
 
 from __future__ import annotations
 
-__all__ = ["PackerError", "OptionError", "SourceError", "OutputExistsError", "OutputError", "InputError"]
+__all__ = ["PackerError", "OptionError", "SourceError", "OutputExistsError", "OutputError", "InputError", "SourceChangedError"]
 
 
 class PackerError(Exception):
@@ -34,3 +34,8 @@ class OutputError(PackerError):
 
 class InputError(PackerError):
     """An input could not be converted and ``on_error='fail'`` was asked for."""
+
+
+class SourceChangedError(InputError):
+    """The source changed under the conversion: it stops, and its checkpoint is not kept (a
+    ``--resume`` would be refused: the source is not the one it converted)."""

@@ -90,7 +90,8 @@ class TextJob(Job):
         """The corpus's bytes per document (its files' sizes: a compressed one's, so less) as token
         ids: one a byte with ``bytes``, one per 4 bytes with a trained tokenizer (English text's
         usual), ``dtype``'s size each. An estimate: an output cut by bytes stays within them."""
-        sizes = {item.file.path: item.file.size for item in self.items if hasattr(item, "file")}
+        files = getattr(self.items, "files", None)  # (the corpus's files: not each document made, for millions)
+        sizes = {file.path: file.size for file in files} if files is not None else {}
         if not self.items or not sizes:
             return None
         per_byte = 1.0 if self.spec == "bytes" else 0.25

@@ -128,7 +128,7 @@ def test_interrupted_write_leaves_no_destination(tmp_path):
     writer = BlobWriter(dst)  # as a killed conversion leaves it: data written, header still zero
     writer.add(sample)
     writer._file.flush()
-    with pytest.raises(IncompleteDatasetError, match="unfinished conversion"):
+    with pytest.raises(IncompleteDatasetError, match="a conversion in progress: packer"):  # (its writer is alive here, holding the lock)
         open_store(writer.tmp)
     shutil.copy(writer.tmp, tmp_path / "renamed.blob")
     with pytest.raises(IncompleteDatasetError, match="did not finish"):

@@ -128,8 +128,8 @@ def test_webdataset_on_ray_fragments_few_shards_by_the_cluster_cpus(tmp_path, wi
     cut: list[int] = []
     real_pieces = ShardWriter.pieces
 
-    def spy(self, items, image, *, workers=None):
-        pieces = real_pieces(self, items, image, workers=workers)
+    def spy(self, items, image, *, workers=None, **kw):
+        pieces = real_pieces(self, items, image, workers=workers, **kw)
         cut.append(len(pieces))
         return pieces
 
@@ -155,7 +155,7 @@ def test_a_ray_started_for_the_pieces_is_left_when_cutting_them_fails(tmp_path, 
     """Ray joined to count the cluster's CPUs, then a failure before the map: shut down again."""
     from packer.writers.webdataset import ShardWriter
 
-    def interrupted(self, items, image, *, workers=None):
+    def interrupted(self, items, image, *, workers=None, **kw):
         raise KeyboardInterrupt
 
     ray.shutdown()

@@ -176,6 +176,22 @@ def test_a_source_changed_under_a_conversion_stops_it(tmp_path: Path) -> None:
                                          "the conversion stopped"):
         run(job, "blob", tmp_path / "o.blob", storage=None, options=RunOptions(workers=2))
     assert not (tmp_path / "o.blob").exists()
+    # after a checkpoint too, nothing is kept: a --resume would be refused, the source not being the one converted (a review)
+    import packer.writers.journal as journal
+
+    (src / "b.jsonl").write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(50)), encoding="utf-8")
+    (src / "a.jsonl").write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(50)), encoding="utf-8")
+    job = text_job(src, TextOptions())
+    with open(src / "b.jsonl", "a", encoding="utf-8") as more:
+        more.write('{"text": "late"}\n')
+    saved, journal.CHECKPOINT_SECONDS = journal.CHECKPOINT_SECONDS, 0.0
+    try:
+        with pytest.raises(InputError, match=r"b.jsonl:1: the file changed since it was scanned .*the conversion stopped: run it again "
+                                             r"once the source is no longer written to$"):
+            run(job, "blob", tmp_path / "p.blob", storage=None, options=RunOptions(workers=1))
+    finally:
+        journal.CHECKPOINT_SECONDS = saved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
 def test_ndjson_is_read_and_json_files_are_named_not_dropped(tmp_path: Path, caplog) -> None:

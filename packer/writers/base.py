@@ -29,7 +29,7 @@ from . import journal as _journal
 from .checkpoints import Committer
 from ..files import fsync_tree, partial_path, publish, remove_path
 from ..destination import write_error
-from ..errors import InputError, OptionError, OutputError, OutputExistsError
+from ..errors import InputError, OptionError, OutputError, OutputExistsError, SourceChangedError
 from ..interrupts import signals_deferred
 from ..locking import DestinationLock, lock_path
 from ..options import StorageOptions
@@ -371,12 +371,24 @@ class Writer:
 
     def suspend(self) -> None:
         """Stop without finishing, keeping ``DST.partial`` and its journal for ``--resume``:
-        what an interrupted run does once it has a checkpoint (nothing a sink stored is removed)."""
+        what an interrupted run does once it has a checkpoint (nothing a sink stored is removed).
+        A close that fails (a flush into a full disk) is ignored, as :meth:`abort` ignores it: what
+        follows the checkpoint is dropped on resuming, and the error that stopped the run is the one
+        to report (it was replaced by the close's, in a traceback)."""
         try:
             self._settle(raise_error=False)
             self._close()
+        except OSError:
+            pass
         finally:
             self._lock.release()
+
+    def _keeps(self, exc_type: type[BaseException]) -> bool:
+        """Whether a fresh run's failure keeps its checkpoint: at its output or an input, once it has
+        written samples, writing locally (a sink's upload is aborted as it closes), and not because
+        the source changed (a ``--resume`` would be refused)."""
+        return (issubclass(exc_type, (OutputError, InputError)) and not issubclass(exc_type, SourceChangedError)
+                and self.count > 0 and getattr(self, "sink", None) is None)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """On an interruption (Ctrl-C; SIGTERM/SIGHUP in the CLI), any error in a resumed run, or a
@@ -391,8 +403,7 @@ class Writer:
             if self._journal is not None:
                 self._journal.remove()
             self._lock.release()
-        elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0
-              or (issubclass(exc_type, (OutputError, InputError)) and self.count > 0)) and self._journal is not None \
+        elif (issubclass(exc_type, KeyboardInterrupt) or self.resumed_inputs > 0 or self._keeps(exc_type)) and self._journal is not None \
                 and _journal.saved_inputs(self.tmp) is not None:
             self.suspend()
         else:
