@@ -87,3 +87,25 @@ def test_nothing_written_still_leaves_nothing(tmp_path, monkeypatch):
     failed = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), str(tmp_path / "o.lmdb"), "--size", "8", "-j", "1", "-q"])
     assert failed.exit_code == 1 and "none of the 3 images could be converted" in failed.output, failed.output
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_a_close_that_fails_as_the_run_is_kept_leaves_the_one_line(tmp_path, image_folder, monkeypatch):
+    """The blob's buffered close flushed into the full disk: its OSError replaced the one-line
+    error in a 45-line traceback (a review)."""
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    original, calls = BlobWriter._write, {"n": 0}
+
+    def full(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(self, *args, **kwargs)
+
+    def close_into_a_full_disk(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(BlobWriter, "_write", full)
+    monkeypatch.setattr(BlobWriter, "_close", close_into_a_full_disk)
+    failed = CliRunner().invoke(cli, ["convert", str(image_folder), str(tmp_path / "o.blob"), "--size", "8", "-q", "-j", "1", "--encoding", "png"])
+    assert failed.exit_code == 1 and "Traceback" not in failed.output, failed.output
+    assert " of 18 inputs are saved: once that is fixed" in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
