@@ -17,7 +17,7 @@ from readers.schema import PackedFormatError
 
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
-from .errors import OptionError, OutputExistsError, SourceError
+from .errors import OptionError, OutputExistsError, PackerError, SourceError
 from .jobs import Job, changed_fields, check_source_options, image_job, images_only, resolve_kind
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
@@ -164,8 +164,13 @@ def convert(
             raise OptionError("sink: a URL DST is written through a sink of its own (packer/remote.py); give a local dst, or no sink")
         with remote_destination(str(dst), remote, overwrite=overwrite, resume=resume) as staging:
             local = staging.local_dst
-            check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)
-            report = run(_job(src, kind, image, text, source, workers), fmt, local, storage=storage, options=options, sink=staging.sink)
+            try:
+                check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)
+                report = run(_job(src, kind, image, text, source, workers), fmt, local, storage=storage, options=options, sink=staging.sink)
+            except PackerError as exc:  # said of the DST as given, and where it is staged (a full disk there is this machine's)
+                if str(local) not in str(exc):
+                    raise
+                raise type(exc)(str(exc).replace(str(local), f"{dst} (staged in {local.parent})", 1)) from None
         return dataclasses.replace(report, dst=str(dst))
     given = Path(dst)
     dst = given if executor == "local" else given.resolve()  # (tasks elsewhere see absolute paths)

@@ -109,8 +109,10 @@ def test_a_failed_blob_conversion_aborts_its_upload(s3, big_source, monkeypatch,
         return real_write(self, index, sample)
 
     monkeypatch.setattr(BlobWriter, "_write", failing_write)
-    with pytest.raises(OutputError, match="simulated I/O error"):
+    with pytest.raises(OutputError, match="simulated I/O error") as raised:
         convert(big_source, url, format="blob", image=IMAGE, workers=1)
+    # said of the DST as given, with where it was staged (it named only the staging path: an S3 walkthrough)
+    assert str(raised.value).startswith(f"{url} (staged in {staging_folder(url)}): "), raised.value
     s3.invalidate_cache()
     assert not s3.exists("packer-test/failed.blob") and open_uploads(s3) == []
     assert not staging_folder(url).exists()
