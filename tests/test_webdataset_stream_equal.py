@@ -373,3 +373,12 @@ def test_a_copied_or_unpickled_stream_shares_its_cursor_again(folders):
     stream = StreamingShards(folders[5], shuffle=True, seed=1, batch_size=2, num_workers=2)
     for twin in (copy.deepcopy(stream), pickle.loads(pickle.dumps(stream))):
         assert twin._shared.tensor.is_shared()
+
+
+def test_a_whole_shard_split_better_than_by_sample_is_not_warned_of():
+    """One shard of 40 over 2 workers, batches of 8: the shards lose nothing, a split by sample
+    would repeat 8; it warned of '0 dropped of 40 samples (0%)' (a newcomer walkthrough)."""
+    from readers.shard_plan import rank_shares, uneven_split
+
+    assert uneven_split(1, [[40, 0]], rank_shares([[40, 0]], 8, False), 8, False) is None
+    assert "6 repeated of 18" in uneven_split(4, [[5, 5], [5, 3]], rank_shares([[5, 5], [5, 3]], 2, False), 2, False)
