@@ -107,6 +107,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.batches < 3:
         parser.error(f"--batches {args.batches}: at least 3, a batch for each of the 3 rounds")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():  # (torch's "not compiled with CUDA" assertion said it)
+        parser.error(f"--device {args.device}: CUDA is not available here; use --device cpu")
     device = torch.device(args.device)
 
     if args.step_ms is not None or (args.model is None and device.type != "cuda"):

@@ -71,8 +71,13 @@ def train(
     as the steps need, or 1 without ``steps``), carrying on from ``checkpoint`` if it exists and
     saving it after every step; returns the last loss."""
     dataset = open_dataset(data)
+    if dataset.meta.kind != "image":  # (a TokenDataset has no classes: it ended in an AttributeError)
+        raise SystemExit(f"{data}: a {dataset.meta.kind} dataset; this example trains an image classifier: pass a packed image dataset")
     classes = max(len(dataset.classes) or label_count(dataset), 2)
-    loader = Loader(dataset, batch_size, shuffle=True, seed=0, drop_last=True, device=device)
+    try:
+        loader = Loader(dataset, batch_size, shuffle=True, seed=0, drop_last=True, device=device)
+    except ValueError as exc:  # (a batch larger than the dataset, varying shapes, no GPU: its one line, not a traceback)
+        raise SystemExit(f"{data}: {exc}") from None
     augment = nn.Sequential(RandomResizedCrop(size, scale=(0.35, 1.0)), RandomHorizontalFlip()).to(device)
     cuda = device.type == "cuda"
     channels = dataset.meta.channels  # 1 for a --grayscale conversion: one mean and std, the mean of ImageNet's
@@ -147,6 +152,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--checkpoint", type=Path, help="save after every step; carry on from it if it exists")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here; use --device cpu")
     device = torch.device(args.device)
     options = dict(epochs=args.epochs, batch_size=args.batch_size, size=args.size, device=device, lr=args.lr, checkpoint=args.checkpoint)
     if args.data is not None:

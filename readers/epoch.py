@@ -93,10 +93,11 @@ def resolve_rank(rank: int | None, world_size: int | None, owner: str = "reader"
 
 
 def check_batch_size(batch_size: Any) -> int:
-    """``batch_size``; raises ``ValueError`` unless it is a positive integer."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    """``batch_size`` as an ``int`` (a numpy integer too, as ``seed`` and ``set_epoch`` take it:
+    ``np.int64(8)`` was refused as not a positive integer); raises ``ValueError`` unless it is one >= 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    return batch_size
+    return int(batch_size)
 
 
 def whole_number(value: Any, name: str, what: str = "an integer >= 0") -> int:
@@ -355,7 +356,7 @@ class EpochPlan:
     world_size: int = 1
 
     def __post_init__(self) -> None:
-        check_batch_size(self.batch_size)
+        object.__setattr__(self, "batch_size", check_batch_size(self.batch_size))  # (frozen: a numpy integer kept as an int)
         if self.length < 0:
             raise ValueError(f"length must be at least 0, got {self.length!r}")
         object.__setattr__(self, "seed", whole_number(self.seed, "seed"))  # a plain int: states are JSON

@@ -164,7 +164,7 @@ class Loader:
         decode: DecodeMode = "cpu",
         indices: Any = None,
     ) -> None:
-        check_batch_size(batch_size)
+        batch_size = check_batch_size(batch_size)
         _check_dataset(dataset)
         if decode not in DECODE_MODES:
             raise ValueError(f"decode={decode!r}: choose from {', '.join(DECODE_MODES)}")

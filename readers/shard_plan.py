@@ -79,7 +79,7 @@ def equal_batches(counts: Sequence[Sequence[int]], batch_size: int, drop_last: b
 
     The result depends only on ``counts``: every process computes every rank's share alike.
     Raises ``ValueError`` when padding is needed on a rank without samples."""
-    check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     if drop_last:
         whole = [[int(c) // batch_size for c in rank] for rank in counts]
         steps = min((sum(rank) for rank in whole), default=0)

@@ -133,7 +133,7 @@ class StreamingShards(IterableDataset):
     ) -> None:
         self.urls, self.meta = resolve_shards(urls_or_path)
         if batch_size is not None:
-            check_batch_size(batch_size)
+            batch_size = check_batch_size(batch_size)
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"num_workers must be a DataLoader's worker count (an integer >= 0), got {num_workers!r}")
         drop_last = flag(drop_last, "drop_last")

@@ -427,3 +427,16 @@ def test_resumable_sampler_refuses_a_flag_that_is_a_string():
     with pytest.raises(TypeError, match=r"^drop_last must be True or False, got 'yes'$"):
         ResumableSampler(10, batch_size=2, drop_last="yes")
     assert ResumableSampler(10, batch_size=2, shuffle=0).shuffle is False
+
+
+def test_a_numpy_batch_size_is_taken_as_seed_and_set_epoch_are(four_shards):
+    """np.int64(8) was refused as 'not a positive integer' where seed and set_epoch took numpy
+    integers (a newcomer walkthrough); a numpy bool or float still is not."""
+    import numpy as np
+
+    stream = StreamingShards(four_shards, batch_size=np.int64(2))
+    assert stream.batch_size == 2 and type(stream.batch_size) is int
+    assert EpochPlan(10, np.int32(4)).batch_size == 4 and type(EpochPlan(10, np.int32(4)).batch_size) is int
+    for bad in (np.float64(2.0), np.bool_(True), 0):
+        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+            EpochPlan(10, bad)

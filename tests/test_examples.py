@@ -91,3 +91,38 @@ def test_train_classifier_counts_the_classes_of_a_dataset_without_class_names(tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stopped after 2 steps" in result.stdout
+
+
+def test_train_classifier_says_what_it_cannot_train_on_in_one_line(tmp_path):
+    """A text dataset (an AttributeError traceback), a batch larger than the data and a missing
+    GPU (tracebacks ending in the library's own line): each one line (a newcomer walkthrough)."""
+    import packer
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("one document\n")
+    packer.convert(corpus, tmp_path / "text.blob", workers=1)
+    packer.convert(_tiny_images(tmp_path), tmp_path / "img.blob", image=packer.ImageOptions(size=16), workers=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, str(ROOT / "examples" / "train_classifier.py")]
+    for extra, said in [
+        (["--data", "text.blob", "--device", "cpu"], "text.blob: a text dataset; this example trains an image classifier"),
+        (["--data", "img.blob", "--batch-size", "999", "--device", "cpu"], "img.blob: Loader: drop_last=True drops all"),
+        (["--device", "cuda:0"] if not _cuda() else None, "--device cuda:0: CUDA is not available here; use --device cpu"),
+    ]:
+        if extra is None:
+            continue
+        result = subprocess.run([*script, *extra], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+        assert result.returncode != 0 and "Traceback" not in result.stderr and said in result.stderr, result.stderr[-3000:]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _tiny_images(tmp_path: Path) -> Path:
+    from packer.samples import make_image_folder
+
+    return make_image_folder(tmp_path / "images", classes=2, per_class=4, size=(24, 24))
