@@ -282,3 +282,49 @@ def test_a_label_over_the_largest_class_index_is_skipped(tmp_path):
     report = packer.convert(dataset, tmp_path / "out.lmdb", image=ImageOptions(size=8), workers=1)
     assert [(s.path, s.reason) for s in report.skipped] == [("dataset[1]", "unknown label 2147483648 (not a class index from 0 to 2,147,483,647)")]
     assert report.written == 2
+
+
+class _Listed:
+    """``dataset[i]`` is ``samples[i]`` (module level: it pickles to the workers)."""
+
+    def __init__(self, samples, classes=None) -> None:
+        self.samples = samples
+        if classes is not None:
+            self.classes = classes
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def test_a_16_bit_image_converts_as_its_png_file_does(tmp_path):
+    """convert('RGB') clipped an I;16 image to 0 and 255; a PNG of it was scaled (a walkthrough)."""
+    picture = Image.fromarray(np.arange(120, dtype=np.uint16).reshape(12, 10) * 500)
+    folder = tmp_path / "files" / "a"
+    folder.mkdir(parents=True)
+    picture.save(folder / "x.png")
+    from readers import open_dataset
+
+    for name, source in [("from.blob", _Listed([(picture, 0)])), ("files.blob", tmp_path / "files")]:
+        packer.convert(source, tmp_path / name, image=ImageOptions(grayscale=True), workers=1)
+    mine, theirs = open_dataset(tmp_path / "from.blob")[0][0], open_dataset(tmp_path / "files.blob")[0][0]
+    assert torch.equal(mine, theirs) and len(torch.unique(mine)) == 120
+
+
+def test_minus_one_is_an_unlabeled_sample_and_a_label_after_none_is_not_dropped(tmp_path):
+    """-1 (STL10's unlabeled split, a Hugging Face ClassLabel's missing label) was 'unknown label
+    -1'; labels after a first sample without one were stored as -1 without a word; a numpy 0-d
+    label was refused where torch's was taken (a walkthrough)."""
+    from readers import open_dataset
+
+    image = np.zeros((4, 4, 3), np.uint8)
+    report = packer.convert(_Listed([(image, -1)] * 3, classes=["a", "b"]), tmp_path / "u.blob", workers=1)
+    assert report.written == 3 and [open_dataset(tmp_path / "u.blob")[i][1] for i in range(3)] == [-1, -1, -1]
+    report = packer.convert(_Listed([(image, 1), (image, -1), (image, np.array(0)), (image, np.array([1]))]), tmp_path / "m.blob",
+                            workers=1)
+    assert report.skipped == [] and [open_dataset(tmp_path / "m.blob")[i][1] for i in range(4)] == [1, -1, 0, 1]
+    report = packer.convert(_Listed([(image, None), (image, 1), (image, None)]), tmp_path / "n.blob", workers=1)
+    assert [(s.path, s.reason) for s in report.skipped] == [
+        ("dataset[1]", "label 1, but dataset[0] has none, so the dataset converts unlabeled (give dataset[0] its label)")]

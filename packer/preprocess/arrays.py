@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..options import ImageOptions
-from .decode import DecodeError, too_many_pixels
+from .decode import DecodeError, to_uint8, too_many_pixels
 from .encode import encode
 from .image import preprocess_pixels
 
@@ -34,9 +34,8 @@ def to_pixels(image: Any, *, grayscale: bool, max_pixels: int, layout: str | Non
     if isinstance(image, Image.Image):
         if image.width * image.height > max_pixels:
             raise DecodeError(too_many_pixels(image.width, image.height, max_pixels))
-        picture = ImageOps.exif_transpose(image)
-        if picture.mode not in ("L", "RGB", "RGBA"):
-            picture = picture.convert("RGBA" if "A" in picture.mode or "transparency" in picture.info else "RGB")
+        # as a file of it decodes: 16-bit and float modes scaled to 8 bits (convert("RGB") clipped an I;16 image to 0 and 255)
+        return to_uint8(ImageOps.exif_transpose(image), grayscale)
     else:
         array = _as_array(image)
         array = _hwc(array, layout or ("chw" if _is_tensor(image) else "hwc"))

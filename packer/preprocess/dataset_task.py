@@ -60,8 +60,15 @@ class DatasetTask(WorkUnit):
         return Encoded(label, shape, payload)
 
     def label(self, raw: Any) -> int | str:
-        """The class index of ``raw``, or why it is not one."""
+        """The class index of ``raw`` (-1: this sample is unlabeled, as torchvision's STL10 and a
+        Hugging Face ClassLabel mark it), or why it is not one. In a dataset whose ``dataset[0]``
+        has no label, a sample with one is refused, not stored as -1 (it was, without a word)."""
+        plain = isinstance(raw, numbers.Integral) and not isinstance(raw, bool)
         if not self.labeled:
+            if plain and raw >= 0:
+                return f"label {int(raw)}, but dataset[0] has none, so the dataset converts unlabeled (give dataset[0] its label)"
+            return -1
+        if plain and raw == -1:
             return -1
         if raw is None or isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
             return "no label" if raw is None else f"unknown label {raw!r} (give an integer class index)"

@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["decode", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly"]
+__all__ = ["decode", "to_uint8", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -134,14 +134,15 @@ def _decode_pillow(image: Image.Image, grayscale: bool, factor: int) -> np.ndarr
         image.seek(0)  # first frame of animations
         image.load()
         image = ImageOps.exif_transpose(image)
-        pixels = _to_uint8(image, grayscale)
+        pixels = to_uint8(image, grayscale)
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise DecodeError(f"cannot decode ({describe_error(exc)})") from None
     return pixels
 
 
-def _to_uint8(image: Image.Image, grayscale: bool) -> np.ndarray:
-    """Any Pillow mode -> (H, W, 3) RGB or (H, W, 1) L uint8; alpha is dropped."""
+def to_uint8(image: Image.Image, grayscale: bool) -> np.ndarray:
+    """Any Pillow mode -> (H, W, 3) RGB or (H, W, 1) L uint8; alpha is dropped (a file's image, and a
+    Python dataset's: packer/preprocess/arrays.py)."""
     mode = image.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         # 16-bit (or 32-bit integer) grayscale: scale to 8 bits instead of clipping.

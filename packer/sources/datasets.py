@@ -120,6 +120,8 @@ class DatasetReader:
             image, layout = image.detach().cpu().numpy(), "chw"
         if type(label).__module__.startswith("torch"):
             label = label.item() if label.numel() == 1 else label.tolist()
+        elif type(label).__module__ == "numpy" and getattr(label, "size", 0) == 1:  # np.array(3), np.array([3]): as torch's
+            label = label.item()
         return LoadedItem(path, -1, index, image, label, layout)
 
 
