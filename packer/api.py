@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,10 @@ def _refuse_inside_a_worker_start() -> None:
     crash. Said plainly here, in the worker, where multiprocessing marks its start-up."""
     import multiprocessing.process
 
-    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
-        raise RuntimeError("packer.convert was called while a worker process was importing your script (workers import it to "
-                           "find the classes it defines): put the script's code under `if __name__ == \"__main__\":`")
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):  # its line alone: a traceback hid it in 46 lines
+        print("packer.convert was called while a worker process was importing your script (workers import it to find the "
+              "classes it defines): put the script's code under `if __name__ == \"__main__\":`", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
 
 def convert(

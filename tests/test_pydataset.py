@@ -328,3 +328,33 @@ def test_minus_one_is_an_unlabeled_sample_and_a_label_after_none_is_not_dropped(
     report = packer.convert(_Listed([(image, None), (image, 1), (image, None)]), tmp_path / "n.blob", workers=1)
     assert [(s.path, s.reason) for s in report.skipped] == [
         ("dataset[1]", "label 1, but dataset[0] has none, so the dataset converts unlabeled (give dataset[0] its label)")]
+
+
+NO_GUARD = """
+import numpy as np, packer
+
+class Tiny:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return np.zeros((4, 4, 3), np.uint8), 0
+
+packer.convert(Tiny(), {dst!r}, workers=2)
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_in_one_line_per_worker(tmp_path):
+    """The worker printed a traceback around the advice, then the parent its own (a walkthrough):
+    the worker now says the advice alone."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "noguard.py"
+    script.write_text(NO_GUARD.format(dst=str(tmp_path / "out.blob")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[1])})
+    assert done.returncode != 0
+    advice = [line for line in done.stderr.splitlines() if "put the script's code under" in line]
+    assert advice and all(line.startswith("packer.convert was called while a worker process") for line in advice), done.stderr
+    assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr  # the script's own, from the parent
