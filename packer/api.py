@@ -195,6 +195,10 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
     if resolve_kind(src, kind) == "image":
         if text is not None:
             named = ", ".join(changed_fields(text)) or "text=TextOptions()"
+            from .sources.datasets import describe_dataset, is_python_dataset
+
+            if is_python_dataset(src):  # (it named the object's repr, an "image folder" and --kind text, which is refused for it)
+                raise OptionError(f"{describe_dataset(src)}: text options ({named}) do not apply: a Python dataset converts as images; drop text=")
             raise OptionError(f"{src}: text options ({named}) do not apply to an image folder; drop them, or pass --kind text")
         job = image_job(src, image if image is not None else ImageOptions(), source, workers=workers)
         if job.image.decode_device == "cpu":

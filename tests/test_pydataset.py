@@ -358,3 +358,12 @@ def test_a_script_without_a_main_guard_is_told_in_one_line_per_worker(tmp_path):
     advice = [line for line in done.stderr.splitlines() if "put the script's code under" in line]
     assert advice and all(line.startswith("packer.convert was called while a worker process") for line in advice), done.stderr
     assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr  # the script's own, from the parent
+
+
+def test_text_options_for_a_dataset_name_it_and_say_what_to_drop(tmp_path):
+    """It named the object's repr, called it an image folder and advised --kind text, which a
+    Python dataset refuses (a walkthrough)."""
+    with pytest.raises(OptionError) as raised:
+        packer.convert(_Listed([(np.zeros((4, 4, 3), np.uint8), 0)]), tmp_path / "t.blob", text=packer.TextOptions(), workers=1)
+    assert str(raised.value) == ("python:test_pydataset._Listed: text options (text=TextOptions()) do not apply: a Python dataset "
+                                 "converts as images; drop text=")

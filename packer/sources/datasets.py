@@ -35,7 +35,7 @@ from ..errors import OptionError, SourceError
 from ..options import SourceOptions
 from .images import ImageFolder, ImageItem
 
-__all__ = ["is_python_dataset", "DatasetItem", "LoadedItem", "ParentItem", "DatasetReader", "scan_dataset", "dataset_identity",
+__all__ = ["is_python_dataset", "describe_dataset", "DatasetItem", "LoadedItem", "ParentItem", "DatasetReader", "scan_dataset", "dataset_identity",
            "IMAGE_FIELDS", "LABEL_FIELDS", "MAX_PICKLE"]
 
 log = logging.getLogger("packer")
@@ -139,13 +139,13 @@ def scan_dataset(dataset: Any, options: SourceOptions) -> tuple[ImageFolder, Dat
     except TypeError as exc:
         raise SourceError(f"the dataset has no length ({exc}); give a map-style dataset (len() and [i])") from None
     if count == 0:
-        raise SourceError(f"{_describe(dataset)}: the dataset is empty")
+        raise SourceError(f"{describe_dataset(dataset)}: the dataset is empty")
     reader = DatasetReader(dataset, *_columns(dataset, options))
     _warn_unstored(dataset, reader)
     try:
         first = reader.sample(0)
     except Exception as exc:  # noqa: BLE001
-        raise SourceError(f"{_describe(dataset)}: dataset[0] could not be read ({reading_error(exc)})") from None
+        raise SourceError(f"{describe_dataset(dataset)}: dataset[0] could not be read ({reading_error(exc)})") from None
     classes = _classes(dataset, reader.label_column)
     labeled = first[1] is not None or bool(classes)
     portable, needs_main = _pickles(dataset)
@@ -153,7 +153,7 @@ def scan_dataset(dataset: Any, options: SourceOptions) -> tuple[ImageFolder, Dat
         items: list[Any] = [DatasetItem(f"dataset[{i}]", -1, i) for i in range(count)]
     else:
         items = [ParentItem(i, reader) for i in range(count)]
-    folder = ImageFolder(_describe(dataset), items, classes if labeled else [], labeled, stamps={})
+    folder = ImageFolder(describe_dataset(dataset), items, classes if labeled else [], labeled, stamps={})
     return folder, reader, portable, needs_main
 
 
@@ -162,7 +162,7 @@ def dataset_identity(dataset: Any, reader: DatasetReader) -> str:
     own = getattr(dataset, "_fingerprint", None)
     if isinstance(own, str) and own:
         return f"datasets:{own}"
-    digest = hashlib.sha256(_describe(dataset).encode())
+    digest = hashlib.sha256(describe_dataset(dataset).encode())
     try:
         from multiprocessing.reduction import ForkingPickler  # between our processes only, never in a file
 
@@ -202,7 +202,7 @@ def _warn_unstored(dataset: Any, reader: "DatasetReader") -> None:
     if others:
         label = f"the label from {reader.label_column!r}" if reader.label_column else "no label"
         log.warning("%s: the records' %s %s not stored (packer keeps the image from %r and %s; --image-column and "
-                    "--label-column choose others)", _describe(dataset), ", ".join(map(repr, others)),
+                    "--label-column choose others)", describe_dataset(dataset), ", ".join(map(repr, others)),
                     "is" if len(others) == 1 else "are", reader.image_column, label)
 
 
@@ -270,7 +270,7 @@ def _pickles(dataset: Any) -> tuple[bool, bool]:
     return False, False
 
 
-def _describe(dataset: Any) -> str:
+def describe_dataset(dataset: Any) -> str:
     """The source as the metadata records it: ``python:module.Class``."""
     kind = type(dataset)
     return f"python:{kind.__module__}.{kind.__qualname__}"
