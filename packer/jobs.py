@@ -36,7 +36,7 @@ from .errors import OptionError
 from .options import ImageOptions, SourceOptions
 from .preprocess.task import Encoded, Failed, ImageTask
 from .report import ConversionReport
-from .sources.images import ImageFolder, scan_image_folder
+from .sources.images import ImageFolder, scan_image_folder, warn_one_class_of_class_folders
 from .sources.remote import is_source_url, remote_chunksize
 from .writers.base import Writer
 from .writers.journal import conversion_fingerprint
@@ -240,16 +240,11 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
 
 
 def _warn_if_one_class_of_class_folders(folder: ImageFolder, src: Any) -> None:
-    """SRC given one level too high (``imagenet/`` holding ``train/``, whose sub-folders are the
-    classes) converts without an error into one class, label 0 for every sample: said at once,
-    not found when training does not learn."""
+    """A folder SRC one level too high (:func:`~packer.sources.images.warn_one_class_of_class_folders`)."""
     if folder.labeled and len(folder.classes) == 1:
         [name] = folder.classes
-        subfolders = sorted({relative.split("/")[1] for item in folder.items if (relative := folder.relative(item.path)).count("/") >= 2})
-        if len(subfolders) >= 2:
-            log.warning("every image is in one class folder, %r, so every sample gets label 0; its images are in %d sub-folders "
-                        "(%s): if those are the classes, convert %s instead", name, len(subfolders),
-                        ", ".join(subfolders[:3]) + (", ..." if len(subfolders) > 3 else ""), f"{str(src).rstrip('/')}/{name}")
+        subfolders = {relative.split("/")[1] for item in folder.items if (relative := folder.relative(item.path)).count("/") >= 2}
+        warn_one_class_of_class_folders("every image", name, subfolders, f"convert {str(src).rstrip('/')}/{name} instead")
 
 
 def _warn_of_text_beside_images(folder: ImageFolder, src: Any) -> None:

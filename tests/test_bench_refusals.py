@@ -20,25 +20,9 @@ from packer.bench_timing import FolderDataset
 from packer.cli import cli
 from packer.parallel import default_workers
 
+from cli_checks import one_line_error, varied_folder
+
 QUICK = ["--sample", "8", "-f", "blob", "--seconds", "0.05", "--repeats", "1", "-j", "1", "-q"]
-
-
-def one_line_error(args: list[str]) -> tuple[int, str]:
-    """Run ``packer ARGS``; its exit code and its one output line (asserted to be one, no traceback)."""
-    result = CliRunner().invoke(cli, args)
-    lines = result.output.strip().splitlines()
-    assert result.exit_code in (1, 2) and len(lines) == 1 and "Traceback" not in result.output, (result.exit_code, result.output)
-    assert lines[0].startswith("Error: "), result.output
-    return result.exit_code, lines[0]
-
-
-def varied_folder(root: Path) -> Path:
-    """Two classes of PNGs of different shapes (without --size, packed with their own shapes)."""
-    for label in ("a", "b"):
-        (root / label).mkdir(parents=True)
-        for i, (w, h) in enumerate([(20, 30), (30, 20), (24, 24), (40, 18)]):
-            Image.new("RGB", (w, h), (i * 40, 90, 160)).save(root / label / f"{i}.png")
-    return root
 
 
 def test_bench_says_an_unfinished_conversion_as_packer_info_does(lmdb_32: Path, tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ from readers.schema import Skipped
 
 from ..errors import SourceError
 from ..memory import available_memory
-from .images import ImageFolder
+from .images import ImageFolder, warn_one_class_of_class_folders
 from .labels import LabelTable, Matched, labeled_items, match_rows
 from .members import Member, member_of, safe_entries, stamp, warn_unended
 from .rules import ARCHIVE_SUFFIXES, image_order, is_image_name
@@ -119,7 +119,8 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
     keyed.sort(key=lambda pair: pair[0])
     found = {member.label for _, member in keyed}
     if len(classes) == 1:
-        _warn_if_one_class_of_class_folders(src, root + classes[0], {n.split("/")[1] for n in relative if n.count("/") >= 2})
+        warn_one_class_of_class_folders(f"every image of {src}", classes[0], {n.split("/")[1] for n in relative if n.count("/") >= 2},
+                                        f"convert {root + classes[0]} unpacked, or an archive of it")
     return _folder(archive, [m for _, m in keyed], classes, True, skipped, [c for i, c in enumerate(classes) if i not in found])
 
 
@@ -137,16 +138,6 @@ def _labeled(src: str | os.PathLike[str], archive: str, images: list[Entry], lab
         root = max((root, ""), key=lambda prefix: len(matched(prefix, first).items))  # (a tie: the top folder, as before)
     found = matched(root, labels)
     return _folder(archive, labeled_items(found, labels, src), labels.classes, True, skipped + found.skipped, [])
-
-
-def _warn_if_one_class_of_class_folders(src: str | os.PathLike[str], folder: str, subfolders: set[str]) -> None:
-    """An archive of a folder one level too high (``imagenet/train/CLASS/``): one class, label 0
-    for every sample, said at once (as packer/jobs.py says it of a folder)."""
-    if len(subfolders) >= 2:
-        names = sorted(subfolders)
-        log.warning("every image of %s is in one class folder, %r, so every sample gets label 0; its images are in %d "
-                    "sub-folders (%s): if those are the classes, convert %s unpacked, or an archive of it", src,
-                    folder.rsplit("/", 1)[-1], len(names), ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""), folder)
 
 
 # -- listing ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from readers.schema import PackedFormatError, Skipped
 
@@ -24,7 +24,7 @@ from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "image_files", "is_hidden", "is_image_name",
-    "image_order",
+    "image_order", "warn_one_class_of_class_folders",
 ]
 
 log = logging.getLogger("packer")
@@ -392,3 +392,14 @@ def _is_file(entry: os.DirEntry) -> bool:
         return entry.is_file()
     except OSError:  # pragma: no cover
         return False
+
+
+def warn_one_class_of_class_folders(where: str, name: str, subfolders: Iterable[str], advice: str) -> None:
+    """SRC given one level too high (``imagenet/`` holding ``train/``, whose sub-folders are the
+    classes) converts without an error into one class, label 0 for every sample: said at once, not
+    found when training does not learn. ``where``: whose images (a folder's, an archive's);
+    ``advice``: what to convert instead. Nothing where ``subfolders`` are fewer than two."""
+    names = sorted(set(subfolders))
+    if len(names) >= 2:
+        log.warning("%s is in one class folder, %r, so every sample gets label 0; its images are in %d sub-folders (%s): if "
+                    "those are the classes, %s", where, name, len(names), ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""), advice)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, parse_metadata
+from readers.formats.webdataset import META_FILE, ShardStore, parse_metadata
 from readers.schema import Metadata
 
 from ...errors import OutputExistsError
@@ -48,7 +48,7 @@ class RemoteShards:
         if fs.exists(f"{root}/{META_FILE}"):
             return True
         names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
-        return staged and all(name.endswith(".tar") or name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE) for name in names)
+        return staged and all(name.endswith(".tar") or name in ShardStore.own_names for name in names)
 
     @staticmethod
     def foreign_content(fs: Any, root: str) -> list[str]:
@@ -56,7 +56,7 @@ class RemoteShards:
         README): ``--overwrite`` removed them with the folder, where a local DST refuses."""
         if not fs.exists(f"{root}/{META_FILE}"):
             return []
-        written = set(parse_metadata(fs.cat(f"{root}/{META_FILE}"), root).extra["shards"]) | {META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE}
+        written = set(parse_metadata(fs.cat(f"{root}/{META_FILE}"), root).extra["shards"]) | ShardStore.own_names  # (as a local folder's)
         return sorted(name for name in (str(n).rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)) if name not in written)
 
     @staticmethod
