@@ -14,10 +14,16 @@ count (``OPENBLAS_NUM_THREADS``): packer computes no matrices, and each process 
 numpy otherwise started a thread per core that spun a while at import, in the command's process
 and in its fork server alike, taking cores from the workers as they started. Set before anything
 imports numpy, so the fork server and the workers inherit it.
+
+A reader of its output that goes away (``packer convert ... 2>&1 | head``, a ``tee`` or pager
+closed, a terminal gone) no longer ends the command: its warnings, progress and summary then go
+nowhere and the work goes on to its end (:class:`_Unread`). A conversion piped to ``head`` had
+stopped at its next warning, exit code 1, its output and progress thrown away, nothing said.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -48,11 +54,22 @@ def main() -> None:
     if came:
         print("Error: interrupted while starting; nothing was done", file=sys.stderr)
         sys.exit(130)
+    streams = []
+    if _entry_point() and sys.stdout is not None and sys.stderr is not None:
+        sys.stdout, sys.stderr = streams = [_Unread(sys.stdout, "stdout"), _Unread(sys.stderr, "stderr")]
     try:
         command()
+    except SystemExit as exc:
+        if exc.code not in (None, 0) or not any(stream.failed for stream in streams):
+            raise
     finally:  # its outcome is decided and said: a Ctrl-C in Python's shutdown (the fork server's) must not end it by SIGINT
         if held and _entry_point():
             signal.signal(signal.SIGINT, _exit_at_the_second)
+    for stream in streams:  # (the command succeeded: what it printed was lost, so it did not)
+        if stream.failed:
+            print(f"Error: could not write to {stream.name} ({stream.failed}); the command ran to its end, "
+                  f"what it printed there is lost", file=sys.__stderr__)
+            sys.exit(1)
 
 
 def _entry_point() -> bool:
@@ -69,3 +86,43 @@ def _exit_at_the_second(signum: int, _frame: object, came: list[int] = []) -> No
     came.append(signum)
     if len(came) > 1:
         os._exit(130)
+
+
+class _Unread:
+    """``sys.stdout`` or ``sys.stderr`` of the command, which goes on when its output cannot be
+    written: the descriptor is pointed at ``/dev/null`` (what is buffered, and what is written
+    later, goes there, and Python's last flush at exit raises nothing) and the command goes on.
+    A reader gone (``EPIPE``: a closed pipe; ``EIO``: a terminal hung up) is no failure: no one
+    reads. Any other (``ENOSPC``: ``packer info --json > full-disk/x.json``) is kept in
+    :attr:`failed`, and a command that succeeded fails with one line saying so at its end (a
+    traceback before, or a truncated JSON with exit code 0)."""
+
+    def __init__(self, stream, name: str) -> None:
+        self._stream = stream
+        self.name = name
+        self.failed: str | None = None
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._unread(exc)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._unread(exc)
+
+    def _unread(self, exc: OSError) -> None:
+        if exc.errno not in (errno.EPIPE, errno.EIO) and self.failed is None:
+            self.failed = exc.strerror or str(exc)
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, self._stream.fileno())
+        finally:
+            os.close(null)
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding...: the stream's own
+        return getattr(self._stream, name)
