@@ -16,6 +16,7 @@ targets ``w[:, 1:]``) for :class:`readers.Loader`; its labels are each window's 
 
 from __future__ import annotations
 
+import operator
 import os
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .epoch import positive_number
 from .formats.tokens import TokenStore
 from .schema import Metadata
 
@@ -53,8 +55,8 @@ class TokenDataset(Dataset):
         in_memory: bool = False,
         verify: bool = False,
     ) -> None:
-        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if block_size is not None:  # (a numpy integer from a config too; never True, which was one-token blocks)
+            block_size = positive_number(block_size, "block_size")
         if random_windows and block_size is None:
             raise ValueError("random_windows needs a block_size")
         self.tokens = TokenStore(path, expect_tokenizer=expect_tokenizer, in_memory=in_memory, verify=verify)
@@ -76,6 +78,10 @@ class TokenDataset(Dataset):
     def window_start(self, index: int) -> int:
         """First token of block ``index`` in the flat stream."""
         n = len(self)
+        try:
+            index = operator.index(index)
+        except TypeError:  # (as the datasets say it: 1.5 and '3' were TypeErrors of numpy's and of a comparison)
+            raise TypeError(f"TokenDataset indices must be integers, not {type(index).__name__}") from None
         if not -n <= index < n:
             raise IndexError(f"block {index} is out of range for {n} blocks")
         index %= n

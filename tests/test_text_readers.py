@@ -22,6 +22,7 @@ from packer.verify import verify
 from readers import HDF5Dataset, LMDBDataset, PackedFormatError, RAMDataset, ShardDataset, TokenDataset, open_dataset
 from readers.formats import open_store
 from readers.formats.tokens import TokenStore
+from readers.tokenizer import TokenizerError
 from readers.schema import FORMATS
 from corpora import write_texts
 
@@ -240,3 +241,30 @@ def test_verify_finds_a_wrong_npy_header_in_a_text_shard(fresh):
     shard.write_bytes(data.replace(old, new))  # the payload and its checksum are untouched
     report = verify(path)
     assert [(f.where, f.message.split(" says")[0]) for f in report.faults] == [(f"sample 0 ({shard.name})", "its .npy header")]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_file_url_opens_a_text_dataset_as_its_path(converted, fmt):
+    """``file://`` paths, as every reader takes them (README): a text dataset's became
+    ``file:/...`` and 'no such packed dataset' (a walkthrough)."""
+    url = "file://" + str(converted(fmt).resolve())
+    assert TokenDataset(url)[1].tolist() == DOCS[1]
+    assert open_dataset(url, block_size=7)[2][0].tolist() == STREAM[14:21].tolist()
+    assert TokenStore("file://localhost" + str(converted(fmt).resolve())).document(2).tolist() == DOCS[2]
+
+
+def test_block_indices_and_sizes_are_integers(converted):
+    blocks = TokenDataset(converted("blob"), block_size=np.int64(7))  # (a config's numpy integer was refused)
+    assert blocks.block_size == 7 and blocks[np.int64(1)][0].tolist() == STREAM[7:14].tolist()
+    for index in (1.5, "3", slice(0, 2)):
+        with pytest.raises(TypeError, match=f"^TokenDataset indices must be integers, not {type(index).__name__}$"):
+            blocks[index]
+    for size in (True, 2.5):  # (True was one-token blocks)
+        with pytest.raises(TypeError, match="^block_size must be a positive integer, got"):
+            TokenDataset(converted("blob"), block_size=size)
+
+
+def test_an_expected_tokenizer_that_is_no_file_is_one_line(converted):
+    with pytest.raises(TokenizerError, match=r"expect_tokenizer='gpt2' is no file: give the tokenizer file it was made with"):
+        TokenDataset(converted("blob"), expect_tokenizer="gpt2")
+    assert len(TokenDataset(converted("blob"), expect_tokenizer="bytes")) == len(DOCS)

@@ -32,7 +32,7 @@ import numpy as np
 from ..schema import Metadata, PackedFormatError
 from ..tokenizer import Tokenizer, TokenizerError, file_sha256, load_tokenizer
 from . import detect_format, reader_hint, store_class
-from .base import Store
+from .base import Store, dataset_path
 
 __all__ = ["TokenStore", "check_tokenizer"]
 
@@ -46,6 +46,9 @@ def check_tokenizer(meta: Metadata, expect: str | os.PathLike[str], *, where: st
     if text == "bytes":
         ok, got = record.get("kind") == "bytes", "bytes"
     else:
+        if not _SHA256.match(text.lower()) and not os.path.isfile(text):
+            raise TokenizerError(f"{where}: expect_tokenizer={text!r} is no file: give the tokenizer file it was made with "
+                                 f"(tokenizer.json, a SentencePiece .model), its sha256, or 'bytes'")
         got = text.lower() if _SHA256.match(text.lower()) else file_sha256(text)
         ok = got == record.get("sha256")
     if not ok:
@@ -61,7 +64,7 @@ class TokenStore:
     def __init__(
         self, path: str | Path, *, expect_tokenizer: str | os.PathLike[str] | None = None, in_memory: bool = False, verify: bool = False
     ) -> None:
-        self.path = Path(path)
+        self.path = dataset_path(path)  # (a file:// URL: its local path; Path() alone made it file:/x)
         self.store: Store = _open(self.path, in_memory, bool(verify))
         self.meta: Metadata = self.store.meta
         if self.meta.kind != "text":
