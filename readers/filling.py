@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import operator
 import sys
 import threading
 from typing import Any, Callable
@@ -71,7 +72,7 @@ class BatchSource:
         for j, sample in enumerate(samples):
             image, label = _pair(sample, int(indices[j]))
             out[j] = _as_numpy(image)
-            labels[j] = int(label)
+            labels[j] = _class_label(label, int(indices[j]))
 
 
 def _pair(sample: Any, index: int) -> tuple[Any, Any]:
@@ -80,6 +81,24 @@ def _pair(sample: Any, index: int) -> tuple[Any, Any]:
         return sample[0], sample[1]
     what = f"a {type(sample).__name__} of {len(sample)}" if isinstance(sample, (tuple, list)) else f"a {type(sample).__name__}"
     raise TypeError(f"Loader: dataset[{index}] must be an (image, label) pair, got {what}")
+
+
+def _class_label(label: Any, index: int) -> int:
+    """``label`` as the integer class label the batch holds (an int, a numpy or torch integer,
+    or a one-element array of one); else one line saying what ``dataset[index]`` gave. A float
+    was cut to an integer without a word (0.5 became 0), a multi-label tensor was torch's error."""
+    value = label
+    if isinstance(label, (torch.Tensor, np.ndarray)):
+        if label.size == 1 if isinstance(label, np.ndarray) else label.numel() == 1:
+            value = label.item()
+        else:
+            raise TypeError(f"Loader: dataset[{index}]'s label has {tuple(label.shape)} values: Loader batches one integer "
+                            "class label per sample; for other targets use a DataLoader")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"Loader: dataset[{index}]'s label {value!r} is a {type(value).__name__}: Loader batches one integer "
+                        "class label per sample; for other targets use a DataLoader") from None
 
 
 def _as_numpy(value: Any) -> np.ndarray:

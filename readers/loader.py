@@ -89,8 +89,9 @@ class Loader:
     """Batches ``(images, labels)`` of a map-style dataset: uint8 ``(N, C, H, W)`` and int64 ``(N,)``.
 
     ``dataset`` is any packer reader (anything with ``.store`` or ``read_batch(indices, out)``;
-    a path is refused: open it with ``readers.open_dataset(path)``); a plain torch Dataset
-    works too, slowly, through ``__getitems__``/``__getitem__``.
+    a path is refused: open it with ``readers.open_dataset(path)``); a plain torch Dataset of
+    ``(image, integer label)`` pairs works too, slowly, through ``__getitems__``/``__getitem__``
+    (a label that is no class index, a float or several values, is refused: use a DataLoader).
 
     * Order: a permutation drawn from ``(seed, epoch)`` when ``shuffle`` (same seed and epoch,
       same order), else index order. An iteration that runs out moves the loader on to the

@@ -260,6 +260,36 @@ def test_plain_torch_dataset_fallback():
     assert batches[2][1].tolist() == [0]
 
 
+@pytest.mark.parametrize("label, says", [
+    (lambda i: 0.5 + i, "label 0.5 is a float"),  # (regression targets were cut to 0, 1, 2 without a word)
+    (lambda i: torch.tensor([i, 1]), r"label has \(2,\) values"),  # (torch's 'only one element tensors' before)
+    (lambda i: "cat", "label 'cat' is a str"),
+])
+def test_a_plain_dataset_label_that_is_no_class_index_is_refused(label, says):
+    class Targets(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int):
+            return np.zeros((2, 3), np.uint8), label(i)
+
+    with pytest.raises(TypeError, match=rf"^Loader: dataset\[0\]'s {says}: Loader batches one integer class label per sample; "
+                                        "for other targets use a DataLoader$"):
+        next(iter(Loader(Targets(), 4, shuffle=False)))
+
+
+@pytest.mark.parametrize("label", [np.int64, torch.tensor, lambda i: torch.tensor([i]), lambda i: np.array([i]), bool])
+def test_a_plain_dataset_label_of_any_integer_kind_is_taken(label):
+    class Labeled(Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int):
+            return np.zeros((2, 3), np.uint8), label(i)
+
+    assert next(iter(Loader(Labeled(), 2, shuffle=False)))[1].tolist() == [0, 1]
+
+
 def test_any_read_batch_source(ds):
     """A source that is only ``read_batch(indices, out)`` (tokens later): the store itself."""
     images, labels = next(iter(Loader(ds.store, 4, shuffle=False)))
