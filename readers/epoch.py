@@ -226,6 +226,9 @@ def read_position_state(state: Any, plan: "EpochPlan", fingerprint: Mapping[str,
     world_size`` positions of the same global order. Anything else: one :class:`ResumeError`."""
     if not isinstance(state, Mapping) or "epoch" not in state:
         raise ResumeError(f"load_state_dict: {type(state).__name__} is not a saved {owner} state (no 'epoch')")
+    if "skip" in state and "samples_consumed" not in state:  # (it was told of a shuffle or a field it lacks: the wrong fix)
+        raise ResumeError(f"load_state_dict: a StreamingShards state (its 'skip'), not a {owner} state: it resumes the "
+                          f"StreamingShards that saved it; a {owner} resumes from its own state_dict")
     check_settings(state, {"seed": plan.seed, "shuffle": plan.shuffle}, owner)
     check_fingerprint(state.get("dataset", {}), fingerprint, owner)
     if "samples_consumed" in state:

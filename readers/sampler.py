@@ -39,8 +39,9 @@ class ResumableSampler(Sampler[int]):
       have no index on a rank (no samples, or ``drop_last`` dropping them all) are refused.
     * Resume: the DataLoader fetches ahead of the loop (workers, prefetching), so the sampler
       cannot know what the loop consumed: pass it, ``state_dict(batches)`` with the batches the
-      DataLoader yielded in this iteration. The state ``{epoch, samples_consumed, seed, shuffle,
-      dataset}`` is the same on every rank that stepped together and is interchangeable with
+      DataLoader yielded in this iteration (and ``batch_size=loader.batch_size``, checked). The
+      state ``{epoch, samples_consumed, seed, shuffle, dataset}`` is the same on every rank that
+      stepped together and is interchangeable with
       :meth:`readers.Loader.state_dict`'s. After :meth:`load_state_dict` the next iteration yields
       the rest of that epoch, with any ``world_size``, ``batch_size`` or worker count.
     """
@@ -101,13 +102,18 @@ class ResumableSampler(Sampler[int]):
         self._started = (self.epoch, start)
         return iter(self.plan.rank_indices(self.epoch, start).tolist())
 
-    def state_dict(self, batches: int) -> dict[str, Any]:
+    def state_dict(self, batches: int, *, batch_size: int | None = None) -> dict[str, Any]:
         """The position after the DataLoader yielded ``batches`` batches of the current iteration
         (counted from where it started: after a resume, from the resume position). After the
         iteration's last batch: the next epoch, nothing of it consumed, as
         :meth:`readers.Loader.state_dict` says, so a checkpoint saved at an epoch's last step
-        resumes with the next one."""
+        resumes with the next one. ``batch_size``, the DataLoader's (``loader.batch_size``), is
+        checked against the sampler's: batches of another size are other positions, and the
+        resume would skip or repeat samples without a word."""
         batches = whole_number(batches, "state_dict: batches", "a count of batches (an int >= 0)")
+        if batch_size is not None and batch_size != self.batch_size:
+            raise ValueError(f"state_dict: the DataLoader's batch_size={batch_size}, but this sampler's is {self.batch_size}: "
+                             "give ResumableSampler the DataLoader's batch_size, or its batches are not the sampler's steps")
         if self._started is None or self._started[0] != self.epoch:  # no iteration of this epoch yet
             if batches:
                 raise ValueError(f"state_dict: batches={batches}, but no iteration of epoch {self.epoch} has started")

@@ -440,3 +440,36 @@ def test_a_numpy_batch_size_is_taken_as_seed_and_set_epoch_are(four_shards):
     for bad in (np.float64(2.0), np.bool_(True), 0):
         with pytest.raises(ValueError, match="batch_size must be a positive integer"):
             EpochPlan(10, bad)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_streaming_state_given_to_the_map_style_readers_says_so(four_shards, shuffle):
+    """A StreamingShards state loaded into Loader or ResumableSampler was 'no samples_consumed
+    (nor an older state's batches)', or with another shuffle, advice to change the shuffle (a
+    walkthrough)."""
+    from readers import ShardDataset
+
+    stream = StreamingShards(four_shards, shuffle=False, batch_size=2, rank=0, world_size=1)
+    state = stream.state_dict(1)
+    dataset = ShardDataset(four_shards)
+    for reader, owner in ((Loader(dataset, 2, shuffle=shuffle), "loader"), (ResumableSampler(dataset, 2, shuffle=shuffle), "sampler")):
+        with pytest.raises(ResumeError, match=rf"^load_state_dict: a StreamingShards state \(its 'skip'\), not a {owner} state"):
+            reader.load_state_dict(state)
+
+
+def test_the_sampler_checks_the_dataloaders_batch_size_when_given():
+    """A DataLoader batch_size other than the sampler's made the resume skip samples without a
+    word (a walkthrough: 20 of 100 never seen); given, it is checked."""
+    data = TensorDataset(torch.zeros(100, 1, 1, 1, dtype=torch.uint8), torch.arange(100))
+    sampler = ResumableSampler(data, 8, shuffle=False, rank=0, world_size=1)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    taken = [batch for _, batch in zip(range(5), loader)]
+    with pytest.raises(ValueError, match=r"^state_dict: the DataLoader's batch_size=4, but this sampler's is 8: give ResumableSampler"):
+        sampler.state_dict(len(taken), batch_size=loader.batch_size)
+    right = ResumableSampler(data, 4, shuffle=False, rank=0, world_size=1)
+    loader = DataLoader(data, batch_size=4, sampler=right)
+    seen = [int(i) for _, batch in zip(range(5), loader) for i in batch[1]]
+    state = right.state_dict(5, batch_size=loader.batch_size)
+    resumed = ResumableSampler(data, 4, shuffle=False, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert sorted(seen + [int(i) for _, labels in DataLoader(data, batch_size=4, sampler=resumed) for i in labels]) == list(range(100))
