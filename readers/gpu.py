@@ -14,6 +14,8 @@ RNG on the batch's device. Drawing from a generator is kept out of ``torch.compi
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Sequence
 
 import torch
@@ -140,6 +142,21 @@ def _check_scale(mean: torch.Tensor, std: torch.Tensor) -> None:
     )
 
 
+def _numbers(value: object, owner: str, name: str, count: int, integers: bool = False) -> tuple:
+    """``value`` as ``count`` numbers (integers: a whole ``int``, or ``count`` of them given as one
+    int), or one line naming ``owner``'s argument (``RandomResizedCrop(16.0)`` was 'float object is
+    not iterable')."""
+    try:
+        items = (value,) * count if integers and hasattr(value, "__index__") else tuple(value)  # type: ignore[arg-type]
+        if len(items) != count or any(isinstance(v, (bool, str)) for v in items):
+            raise TypeError
+        numbers = tuple(operator.index(v) if integers else float(v) for v in items)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        what = f"an integer or {count} integers" if integers else f"{count} numbers"
+        raise TypeError(f"{owner}: {name} must be {what}, got {value!r}") from None
+    return numbers
+
+
 def _generator(generator: torch.Generator | int | None) -> torch.Generator | None:
     if generator is None or isinstance(generator, torch.Generator):
         return generator
@@ -187,9 +204,12 @@ class RandomHorizontalFlip(nn.Module):
 
     def __init__(self, p: float = 0.5, generator: torch.Generator | int | None = None) -> None:
         super().__init__()
-        if not 0.0 <= float(p) <= 1.0:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real):  # ('a' was float()'s error)
+            raise TypeError(f"RandomHorizontalFlip: p must be a number in [0, 1], got {p!r}")
+        p = float(p)
+        if not 0.0 <= p <= 1.0:
             raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {p}")
-        self.p = float(p)
+        self.p = p
         self.generator = _generator(generator)
 
     def sample(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -236,13 +256,13 @@ class RandomResizedCrop(nn.Module):
         attempts: int = 10,
     ) -> None:
         super().__init__()
-        height, width = (size, size) if isinstance(size, int) else tuple(size)
+        height, width = _numbers(size, "RandomResizedCrop", "size", 2, integers=True)
         if height < 1 or width < 1:
             raise ValueError(f"RandomResizedCrop: size must be positive, got {size}")
-        lo, hi = (float(v) for v in scale)
+        lo, hi = _numbers(scale, "RandomResizedCrop", "scale", 2)
         if not 0 < lo <= hi <= 1:
             raise ValueError(f"RandomResizedCrop: scale must satisfy 0 < min <= max <= 1, got {tuple(scale)}")
-        rlo, rhi = (float(v) for v in ratio)
+        rlo, rhi = _numbers(ratio, "RandomResizedCrop", "ratio", 2)
         if not 0 < rlo <= rhi:
             raise ValueError(f"RandomResizedCrop: ratio must satisfy 0 < min <= max, got {tuple(ratio)}")
         if attempts < 1:

@@ -142,3 +142,24 @@ def test_pipeline_under_torch_compile(batch):
     eager = torch.nn.Sequential(RandomResizedCrop(12, generator=4), RandomHorizontalFlip(generator=4), Normalize())
     compiled = torch.compile(pipeline, backend="eager")
     assert torch.equal(compiled(batch), eager(batch))
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: RandomResizedCrop(16.0), "RandomResizedCrop: size must be an integer or 2 integers, got 16.0"),  # ('float' object is not iterable)
+    (lambda: RandomResizedCrop((16,)), r"RandomResizedCrop: size must be an integer or 2 integers, got \(16,\)"),  # (not enough values to unpack)
+    (lambda: RandomResizedCrop(True), "RandomResizedCrop: size must be an integer or 2 integers, got True"),
+    (lambda: RandomResizedCrop(8, scale=0.5), "RandomResizedCrop: scale must be 2 numbers, got 0.5"),
+    (lambda: RandomResizedCrop(8, ratio=("a", 1)), r"RandomResizedCrop: ratio must be 2 numbers, got \('a', 1\)"),
+    (lambda: RandomHorizontalFlip("a"), "RandomHorizontalFlip: p must be a number in \\[0, 1\\], got 'a'"),  # (float()'s own error)
+])
+def test_arguments_of_the_wrong_kind_are_one_line(make, says):
+    with pytest.raises(TypeError, match=f"^{says}$"):
+        make()
+
+
+def test_numpy_and_torch_integers_are_sizes():
+    import numpy as np
+
+    assert RandomResizedCrop(np.int64(16)).size == (16, 16)
+    assert RandomResizedCrop((8, np.int32(4))).size == (8, 4)
+    assert RandomResizedCrop(torch.tensor(5)).size == (5, 5)
