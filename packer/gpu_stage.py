@@ -21,8 +21,9 @@ worker:
 line: with ``--executor ray`` (tasks on other machines), WebDataset output (its workers write
 their own shards) and a Python dataset SRC (its images arrive decoded). Built and tested on the
 CPU (a stand-in decoder, the resize's fidelity), and run on a lent H100: ``python -m
-benchmarks.gpu_decode`` (benchmarks/results/gpu_decode.json) measures it beside the CPU path on
-the same host, where 16 CPU workers still convert faster than this one process (docs/SCALING.md).
+benchmarks.gpu_decode --seconds 2`` (benchmarks/results/gpu_decode.json) measures it beside the
+CPU path on the same host, where 16 CPU workers still convert faster than this one process
+(docs/SCALING.md).
 """
 
 from __future__ import annotations

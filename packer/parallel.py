@@ -31,7 +31,7 @@ clean single-threaded server process that has imported the decoders once, never 
 process: forking copies only the calling thread, and a lock held by another thread of this
 process deadlocks the child. Python threads can be counted, native ones cannot be trusted:
 OpenCV starts its thread pool on import, and a worker forked after this process had run OpenCV
-code hung inside ``cv2.setNumThreads`` (seen in ``packer bench``). The server costs ~0.3 s once
+code hung inside ``cv2.setNumThreads`` (seen in ``packer bench``). The server is started once
 per conversion; the usual multiprocessing rule follows: a script that converts must be a file
 (or guard its work with ``if __name__ == "__main__":``), not code piped to ``python -``. How
 workers start lives in :mod:`packer.pool_start`. A worker that ends with an exit status before

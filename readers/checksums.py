@@ -8,9 +8,7 @@ caught, not only damaged pixels. Where each format keeps the checksums is docume
 ``checksum`` names the algorithm (``"crc32"``), or is empty for a dataset without checksums.
 
 The CRC is computed by zlib-ng where it is installed (a dependency of packer: its ``crc32`` is
-the same function, vectorised: it moves samples several times faster through the conversion's
-one writer, ``benchmarks/results/one_writer-crc.json``), else by
-Python's ``zlib``: the values are identical.
+the same function, vectorised), else by Python's ``zlib``: the values are identical.
 
 Readers check them as they read when opened with ``verify=True`` (``readers/formats/base.py``):
 a damaged sample raises :class:`CorruptSampleError`.

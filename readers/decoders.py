@@ -14,9 +14,12 @@ skips Pillow's per-image work (header parsing in Python, the copies of ``convert
 ``np.asarray``); rates side by side: ``benchmarks/results/jpeg_read.json``. It writes
 interleaved pixels; batches are planar (C, H, W), so a colour sample is decoded as RGBX into a
 per-thread reusable (H, W) uint32 scratch buffer (libjpeg-turbo writes 4-byte pixels faster than
-3-byte ones) and each plane is one shift and narrowing cast out of it into the batch row (half
-the time of a transposing copy of RGB, one thread: ``benchmarks/results/jpeg_read.json``); a gray sample is decoded
-straight into its (1, H, W) row.
+3-byte ones) and each plane is one shift and narrowing cast out of it into the batch row; a
+whole decode into a (C, H, W) row this way took 263.2 (259.5-286.7) us a sample against 343.3
+(338.3-360.8) us for simplejpeg RGB + a transposing copy, one thread, 9 rounds, 2-core Intel Xeon
+host (``benchmarks/results/jpeg_read.json``, ``per_sample_us``, from ``python -m
+benchmarks.jpeg_read --rounds 9 --update-results``). A gray sample is decoded straight into its
+(1, H, W) row.
 
 This module imports nothing from readers (``readers.encodings`` builds its table from it);
 Pillow and ``simplejpeg`` are imported on first use.

@@ -2,11 +2,11 @@
 
 The host path fills each batch with a CPU gather into a pinned buffer and then copies it to the
 device: every byte crosses host memory three times (read, write, DMA read), and one CPU thread
-gathers at 6.4-7.1 GB/s on an H100 host, under a seventh of a pinned copy to the card in the
-same runs. Here the blob's pixel array (already in RAM: a memfd, or a mapped file) is
+gathers at 6.4-7.1 GB/s on an H100 host (the medians of two runs), under a seventh of a pinned
+copy to the card in the same runs. Here the blob's pixel array (already in RAM: a memfd, or a mapped file) is
 page-locked once with ``cudaHostRegister`` (mapped, read-only), and each batch is one ``index_select`` kernel on a side stream that reads the chosen rows over PCIe
-into device memory (on an H100, two runs: 47.5-47.9 GB/s, 87-93% of a pinned copy;
-``benchmarks/results/gpu.json`` and ``gpu-run1.json``, ``python -m benchmarks.gpu``, rendered in
+into device memory (on an H100, the medians of two runs: 47.5-47.9 GB/s, 87-93% of a pinned
+copy; ``benchmarks/results/gpu.json`` and ``gpu-run1.json``, ``python -m benchmarks.gpu``, rendered in
 ``benchmarks/RESULTS.md``). Labels live on the device. The CPU only issues one kernel per batch.
 
 With unified addressing (every 64-bit Linux CUDA system) a registered host range has the same

@@ -15,8 +15,8 @@ without a copy.
 ``backend`` replaces nvImageCodec's decoder with any object of the same shape
 (``decode(list_of_bytes) -> list of HWC images or None``), which is how the plumbing is tested
 on a machine without a GPU: a CPU decoder on ``device="cpu"``. Run and measured on a lent H100
-(``python -m benchmarks.gpu_decode``, benchmarks/results/gpu_decode.json); tests/test_gpu_decode.py
-and tests/test_device_decode.py were run there and passed (2026-11-25).
+(``python -m benchmarks.gpu_decode --seconds 2``, benchmarks/results/gpu_decode.json);
+tests/test_gpu_decode.py and tests/test_device_decode.py were run there and passed (2026-11-25).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ samples are): every 8 MiB the file grows, the write-out of the new step starts a
 before it is waited for and dropped (out of the map first; a B-tree page LMDB wrote there and
 reads again comes back from the disk), so the next commits' pages reuse memory freed a few MB
 earlier. A checkpoint's pages come back only after its ``fsync``, by then
-often memory the 2-core VM's hypervisor had taken back, where a fresh page costs several times
-a reused one (docs/SCALING.md); dropping a clean page costs no durability (the checkpoint's
+often memory the 2-core VM's hypervisor had taken back, where a fresh page costs more than a
+reused one (docs/SCALING.md); dropping a clean page costs no durability (the checkpoint's
 ``fdatasync`` still flushes the disk). Writing through a shared writable map
 (``writemap``), as this writer did before, costs a page fault per new 4 KiB page and, at every
 sync, write-protecting each page again (``msync``: ``folio_mkclean``, with a TLB shoot-down to

@@ -267,8 +267,8 @@ class _SharedFile:
     def mapped(self) -> "MappedRows | None":
         """The lock-free reader of ``images`` (None: read through h5py), made on first use.
 
-        Not on open: locating a large file's chunks takes a while (about 1.6 us a sample), and
-        opening for the metadata alone (``packer info``) should not pay it.
+        Not on open: locating a large file's chunks takes a while (linear in the samples, once per
+        open file), and opening for the metadata alone (``packer info``) should not pay it.
         """
         if not self._mapped_known:
             with self._map_lock:

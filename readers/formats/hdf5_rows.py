@@ -95,7 +95,7 @@ class MappedRows:
 def chunk_starts(dsid: h5py.h5d.DatasetID, n: int, nbytes: int) -> np.ndarray | None:
     """The file offset of each of ``n`` one-sample chunks of ``nbytes``, from HDF5's chunk index.
 
-    ``DatasetID.chunk_iter`` visits every chunk in one pass (about 1.6 us a chunk); without it,
+    ``DatasetID.chunk_iter`` visits every chunk in one pass (time linear in the chunks); without it,
     ``get_chunk_info`` per chunk, only up to :data:`CHUNK_INFO_LIMIT` chunks (its cost grows
     with the file). None when a sample has no chunk, or one of another size or filtered.
     """
