@@ -142,14 +142,17 @@ def _restore(handlers: Mapping[int, Any]) -> None:
 @contextmanager
 def interruptible() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does
-    (a conversion keeps its checkpoint, ``packer bench`` removes its temporary files), and so do
+    (a conversion keeps its checkpoint, ``packer bench`` removes its temporary files), unless they
+    are ignored (``nohup`` ignores SIGHUP: a run so started goes on when its terminal closes, where
+    it was interrupted), and so do
     Ctrl-C where Python's own handler is set, and SIGINT where the shell started us ignoring it (a
     background job). An interruption Python swallowed is delivered again, or raised as the block
     ends if it has not been yet. The handlers are restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signums = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    signums = [signum for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)
+               and signal.getsignal(signum := getattr(signal, n)) is not signal.SIG_IGN]  # (nohup's: the user's choice)
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
         signums.append(signal.SIGINT)
     if not _entry:  # (an inner block keeps what the outer one holds)

@@ -264,3 +264,27 @@ def test_a_program_that_runs_the_command_keeps_its_ctrl_c(tmp_path) -> None:
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout == "1 True\n", (done.stdout, done.stderr)
+
+
+NOHUP = textwrap.dedent("""
+    import os, signal, time
+    from packer.interrupts import interruptible
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts a command
+    try:
+        with interruptible():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)
+            print("went on", signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+def test_a_hang_up_that_nohup_ignores_stays_ignored() -> None:
+    """Under nohup, the terminal closing interrupted a conversion (exit 130): SIGHUP's ignoring,
+    the user's choice, was replaced (a walkthrough). SIGTERM still interrupts."""
+    done = subprocess.run([sys.executable, "-c", NOHUP], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["went", "on", "True", "interrupted"], (done.stdout, done.stderr)
