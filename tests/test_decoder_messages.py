@@ -1,10 +1,12 @@
 """What C decoders print never reaches the terminal raw: it is captured in the worker, attached to
 the input's skip reason or logged as one packer warning, and ``--quiet`` silences it all.
 
-The damaged files are made here: a JPEG with a bad restart marker in its scan (libjpeg-turbo,
-through OpenCV, prints "Corrupt JPEG data: premature end of data segment" and still decodes it)
-and a Deflate TIFF with damaged strip data (libtiff prints "ZIPDecode: Decoding error ..." and
-Pillow then fails).
+The odd files are made here: a JPEG with bytes before its end marker (libjpeg-turbo, through
+OpenCV, prints "Corrupt JPEG data: 3 extraneous bytes before marker 0xda" and decodes it whole),
+a JPEG with a bad restart marker in its scan (it prints "Corrupt JPEG data: premature end of data
+segment" and decodes the rest grey: skipped, packer/preprocess/decode.py, ``damage_printed``) and
+a Deflate TIFF with damaged strip data (libtiff prints "ZIPDecode: Decoding error ..." and Pillow
+then fails).
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def corrupt_scan_jpeg() -> bytes:
     return bytes(data)
 
 
+def extraneous_bytes_jpeg() -> bytes:
+    """A whole JPEG with three bytes before its scan's marker: decoded whole, with a warning."""
+    buffer = io.BytesIO()
+    _picture().save(buffer, "JPEG", quality=90)
+    data = buffer.getvalue()
+    scan = data.index(b"\xff\xda")
+    return data[:scan] + b"abc" + data[scan:]
+
+
 def damaged_deflate_tiff() -> bytes:
     buffer = io.BytesIO()
     _picture().save(buffer, "TIFF", compression="tiff_adobe_deflate")
@@ -59,10 +70,17 @@ def convert_one(path: Path) -> Encoded | Failed:
 
 
 def test_a_warning_of_a_converted_input_comes_back_with_it(tmp_path, capfd):
-    result = convert_one(write(tmp_path / "odd.jpg", corrupt_scan_jpeg()))
+    result = convert_one(write(tmp_path / "odd.jpg", extraneous_bytes_jpeg()))
     assert isinstance(result, Encoded)
-    assert "Corrupt JPEG data" in result.decoder_messages
+    assert "Corrupt JPEG data: 3 extraneous bytes" in result.decoder_messages
     assert capfd.readouterr().err == ""  # nothing reached this process's fd 2
+
+
+def test_a_scan_the_decoder_ends_early_is_skipped(tmp_path, capfd):
+    result = convert_one(write(tmp_path / "cut.jpg", corrupt_scan_jpeg()))
+    assert isinstance(result, Failed) and result.reason.startswith("truncated: its JPEG data ends before the picture does")
+    assert "(the decoder printed: Corrupt JPEG data: premature end of data segment" in result.reason
+    assert capfd.readouterr().err == ""
 
 
 def test_what_a_failing_decoder_printed_is_in_the_skip_reason(tmp_path, capfd):
@@ -120,9 +138,10 @@ def _convert_cli(src: Path, dst: Path, *extra: str) -> subprocess.CompletedProce
 def odd_folder(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("odd") / "src"
     for i in range(3):
-        write(src / "a" / f"corrupt_{i}.jpg", corrupt_scan_jpeg())
+        write(src / "a" / f"corrupt_{i}.jpg", extraneous_bytes_jpeg())
         write(src / "b" / f"fine_{i}.jpg", jpeg_bytes(gradient(24, 32, seed=i)))
     write(src / "a" / "damaged.tif", damaged_deflate_tiff())
+    write(src / "a" / "scan.jpg", corrupt_scan_jpeg())
     return src
 
 
@@ -132,7 +151,7 @@ def test_quiet_means_quiet_through_the_command_line(odd_folder, tmp_path):
     assert result.stderr == ""  # no "Corrupt JPEG data", no "ZIPDecode", nothing
     assert result.stdout.startswith("wrote 6 images")
     skipped = open_store(tmp_path / "out.lmdb").meta.skipped
-    assert [s.path for s in skipped] == ["a/damaged.tif"] and "(the decoder printed: ZIPDecode: " in skipped[0].reason
+    assert [s.path for s in skipped] == ["a/damaged.tif", "a/scan.jpg"] and "(the decoder printed: ZIPDecode: " in skipped[0].reason
 
 
 def test_without_quiet_each_message_is_one_packer_warning(odd_folder, tmp_path):
@@ -144,3 +163,4 @@ def test_without_quiet_each_message_is_one_packer_warning(odd_folder, tmp_path):
     converted = [line for line in lines if "converted, but the decoder printed: Corrupt JPEG data" in line]
     assert sorted(line.split()[1] for line in converted) == ["a/corrupt_0.jpg:", "a/corrupt_1.jpg:", "a/corrupt_2.jpg:"]
     assert sum("skipped a/damaged.tif: cannot decode" in line and "ZIPDecode" in line for line in lines) == 1
+    assert sum(line.startswith("warning: skipped a/scan.jpg: truncated") for line in lines) == 1

@@ -164,3 +164,32 @@ def test_png_is_lossless_and_jpeg_is_close(channels):
         decoded = decode_image(encode(pixels, encoding, 95), channels)
         assert decoded.shape == (channels, 48, 64)
         assert psnr(decoded, pixels.transpose(2, 0, 1)) >= floor, encoding
+
+
+def test_a_cut_jpeg_closed_with_an_end_marker_is_skipped_not_half_grey():
+    """A JPEG cut short then ended with FFD9 passed the end-marker test, and OpenCV decoded its
+    missing half grey, a warning its only trace (a walkthrough). libjpeg's 'premature end of data
+    segment' now skips it; 'extraneous bytes before marker' (the picture whole) still converts."""
+    from packer.preprocess.task import Failed, ImageTask
+    from packer.sources.images import ImageItem
+
+    data = jpeg_bytes(natural_image(np.random.default_rng(6), 120, 160))
+    task = ImageTask(ImageOptions(size=64))
+    cut = task.convert(ImageItem("cut.jpg", 0), data[: len(data) // 2] + b"\xff\xd9")
+    assert isinstance(cut, Failed) and cut.reason.startswith("truncated: its JPEG data ends before the picture does")
+    extra = task.convert(ImageItem("extra.jpg", 0), data[:-2] + b"abc\xff\xd9")
+    whole = task.convert(ImageItem("whole.jpg", 0), data)
+    assert not isinstance(extra, Failed) and "extraneous bytes" in extra.decoder_messages
+    assert bytes(extra.payload) == bytes(whole.payload)
+
+
+def test_palette_with_alpha_keeps_its_colours():
+    """A PA image (a Python dataset's) became grey: it went through L (a walkthrough)."""
+    from packer.preprocess.decode import to_uint8
+
+    image = Image.new("P", (4, 2))
+    image.putpalette([255, 0, 0, 0, 255, 0] + [0] * 762)
+    image.paste(1, (2, 0, 4, 2))
+    pixels = to_uint8(image.convert("PA"), grayscale=False)
+    assert pixels.shape == (2, 4, 3) and tuple(pixels[0, 0]) == (255, 0, 0) and tuple(pixels[0, 3]) == (0, 255, 0)
+    assert to_uint8(image.convert("PA"), grayscale=True)[0, 0, 0] == np.asarray(image.convert("L"))[0, 0]

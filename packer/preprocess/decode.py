@@ -158,11 +158,27 @@ def to_uint8(image: Image.Image, grayscale: bool) -> np.ndarray:
         image = image.convert("RGBA" if "transparency" in image.info else "RGB")
     target_mode = "L" if grayscale else "RGB"
     if image.mode != target_mode:
-        if image.mode in ("LA", "La", "PA") and not grayscale:
+        if image.mode in ("LA", "La") and not grayscale:
             image = image.convert("L")
+        elif image.mode == "PA":  # (its palette's colours: it went through "L", grey, before)
+            image = image.convert("RGBA")
         image = image.convert(target_mode)
     pixels = np.asarray(image)
     return pixels[:, :, np.newaxis] if pixels.ndim == 2 else pixels
+
+
+#: What libjpeg prints when a JPEG's coded data ends before its pixels do: the rest of the picture
+#: is decoded grey, without an error. A file cut short then closed with an end marker (some
+#: download and repair tools do it) passes :func:`jpeg_ends_cleanly`, so this catches it.
+JPEG_CUT_SHORT = "premature end of data segment"
+
+
+def damage_printed(printed: str) -> str | None:
+    """Why an image the decoder returned is damaged, from what the decoder printed; ``None`` when
+    nothing it printed means missing pixels (extraneous bytes before a marker do not)."""
+    if JPEG_CUT_SHORT in printed.lower():
+        return "truncated: its JPEG data ends before the picture does"
+    return None
 
 
 def jpeg_ends_cleanly(data: bytes) -> bool:

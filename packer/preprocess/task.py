@@ -17,7 +17,7 @@ from ..options import ImageOptions
 from ..sources.images import ImageItem
 from ..sources.remote import RemoteReadError, is_source_url, read_ahead, read_url_bytes
 from ..work_unit import WorkUnit
-from .decode import DecodeError, describe_error
+from .decode import DecodeError, damage_printed, describe_error
 from .encode import encode
 from .image import preprocess_image
 from .messages import DecoderOutput
@@ -113,6 +113,8 @@ class ImageTask(WorkUnit):
                 failure = str(exc)
             except Exception as exc:  # noqa: BLE001 - hostile files break decoders in odd ways; recorded, not hidden
                 failure = f"cannot decode ({type(exc).__name__}: {describe_error(exc)})"
+        if failure is None and printed.text:
+            failure = damage_printed(printed.text)
         if failure is not None:
             return Failed(item.path, f"{failure} (the decoder printed: {printed.text})" if printed.text else failure)
         height, width, channels = pixels.shape
