@@ -49,6 +49,28 @@ def test_hidden_entries_are_ignored_and_stray_images_recorded(tmp_path):
     assert folder.empty_classes == ["empty_class"]
 
 
+def test_macos_metadata_folders_are_no_class(tmp_path):
+    """A folder unzipped from macOS keeps __MACOSX (AppleDouble ._ files): it was class 0, empty,
+    every real label one more than without it; beside a flat folder's images, it made the images
+    'no images found in its class sub-folders' (a walkthrough)."""
+    for name in ("a", "b"):
+        write(tmp_path / "tree" / name / "0.jpg", JPEG)
+    write(tmp_path / "tree" / "__MACOSX" / "a" / "._0.jpg", b"\x00\x05\x16\x07")
+    assert scan_image_folder(tmp_path / "tree").classes == ["a", "b"]
+    write(tmp_path / "flat" / "0.jpg", JPEG)
+    write(tmp_path / "flat" / "__MACOSX" / "._0.jpg", b"\x00\x05\x16\x07")
+    assert [os.path.basename(i.path) for i in scan_image_folder(tmp_path / "flat").items] == ["0.jpg"]
+
+
+def test_images_beside_empty_sub_folders_are_named_in_the_error(tmp_path):
+    write(tmp_path / "src" / "0.jpg", JPEG)
+    write(tmp_path / "src" / "1.jpg", JPEG)
+    (tmp_path / "src" / "thumbs").mkdir()
+    with pytest.raises(SourceError, match=r"src: its folders \(thumbs\) hold no images, and with folders each is a "
+                                          r"class, so its 2 images at the top level are in none: move the images into class"):
+        scan_image_folder(tmp_path / "src")
+
+
 def test_symlink_loops_are_cut(tmp_path):
     write(tmp_path / "cat/1.jpg", JPEG)
     os.symlink(tmp_path / "cat", tmp_path / "cat" / "loop")

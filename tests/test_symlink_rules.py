@@ -117,3 +117,28 @@ def test_class_folders_that_are_one_folder_or_nested_give_each_image_one_label(t
         ("a_hounds", "is the same folder as the class folder 'dogs' (through a symlink); its images are under that label"),
     }
     assert folder.empty_classes == ["a_hounds"]
+
+
+def test_a_broken_link_at_the_top_is_recorded_and_fails_on_error_fail(tmp_path):
+    """A class folder linked from an unmounted disk dropped its class without a word (labels after
+    it shifted), and a broken link or FIFO named like an image in a flat folder was left out, even
+    with --on-error fail (a walkthrough)."""
+    src = tmp_path / "classes"
+    for name in ("a", "c"):
+        write(src / name / "0.jpg", jpeg(len(name)))
+    os.symlink("/nonexistent/b", src / "b")
+    report = convert(src, tmp_path / "s.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == 2 and [(s.path, s.reason[:40]) for s in report.skipped] == [
+        ("b", "a symlink to '/nonexistent/b', which lea")]
+    with pytest.raises(InputError, match=r"^b: a symlink to '/nonexistent/b', which leads nowhere"):
+        convert(src, tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1, on_error="fail")
+
+    flat = tmp_path / "flat"
+    write(flat / "1.jpg", jpeg(1))
+    os.symlink("missing.jpg", flat / "2.jpg")
+    os.mkfifo(flat / "3.jpg")
+    folder = scan_image_folder(flat)
+    assert [os.path.basename(item.path) for item in folder.items] == ["1.jpg", "2.jpg", "3.jpg"]  # (each worker records its own)
+    report = convert(flat, tmp_path / "flat.blob", image=ImageOptions(size=8), workers=1)
+    assert report.written == 1 and [(s.path, s.reason) for s in report.skipped] == [
+        ("2.jpg", "cannot read (No such file or directory)"), ("3.jpg", "not a regular file")]

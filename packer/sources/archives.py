@@ -48,7 +48,7 @@ from readers.schema import Skipped
 
 from ..errors import SourceError
 from ..memory import available_memory
-from .images import ImageFolder, warn_one_class_of_class_folders
+from .images import ImageFolder, images_in_no_class, warn_one_class_of_class_folders
 from .labels import LabelTable, Matched, labeled_items, match_rows
 from .members import Member, member_of, safe_entries, stamp, warn_unended
 from .rules import ARCHIVE_SUFFIXES, image_order, is_image_name
@@ -115,6 +115,8 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
             top, rest = name.split("/", 1)
             keyed.append(((index[top], image_order(rest.split("/"))), member_of(archive, entry, index[top])))
     if not keyed:
+        if len(keyed) < len(relative):  # (images at the top, beside folders without any)
+            raise images_in_no_class(str(src), classes, len(relative))
         raise SourceError(f"{src}: no images found in its class folders ({', '.join(classes[:3])}{', ...' if len(classes) > 3 else ''})")
     keyed.sort(key=lambda pair: pair[0])
     found = {member.label for _, member in keyed}

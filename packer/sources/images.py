@@ -24,7 +24,7 @@ from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "image_files", "is_hidden", "is_image_name",
-    "image_order", "warn_one_class_of_class_folders",
+    "images_in_no_class", "image_order", "warn_one_class_of_class_folders",
 ]
 
 log = logging.getLogger("packer")
@@ -107,6 +107,9 @@ class FolderTree(Protocol):
     def path(self, name: str) -> str:
         """The item path of the top-level entry ``name``."""
 
+    def broken_links(self, entries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``(name, target)`` of each entry of :meth:`top` that is a symlink leading nowhere."""
+
     def cannot_list(self, exc: Exception) -> str:
         """What went wrong listing the folder, and the fix (after ``name: ``)."""
 
@@ -165,11 +168,14 @@ def _scan(tree: FolderTree) -> ImageFolder:
     for name in outputs:
         log.warning("%s: %r left out: a packer dataset (or an unfinished conversion), not a class folder", tree.name, name)
     class_dirs = [name for name in class_dirs if name not in outputs]
-    top_images = [name for name, what in entries if what == "file" and is_image_name(name)]
+    # (a broken symlink or a FIFO named like an image is an input its worker records: left out, it was dropped without a word)
+    top_images = [name for name, what in entries if what != "dir" and is_image_name(name)]
+    broken = [Skipped(name, f"a symlink to {target!r}, which leads nowhere (missing, or a loop): a class folder's images, "
+                            "if it was one, are not converted") for name, target in tree.broken_links(entries) if not is_image_name(name)]
     skipped: list[Skipped] = []
     if not class_dirs:
         items = [ImageItem(tree.path(name), -1) for name in top_images]
-        folder = ImageFolder(tree.root, items, [], labeled=False, stamps=tree.stamps())
+        folder = ImageFolder(tree.root, items, [], labeled=False, skipped=list(broken), stamps=tree.stamps(), refused=broken)
     else:
         items = []
         empty = []
@@ -180,7 +186,7 @@ def _scan(tree: FolderTree) -> ImageFolder:
             items.extend(ImageItem(path, label) for path in found)
         for name in top_images:
             skipped.append(Skipped(name, "outside any class folder (not labeled)"))
-        refused = list(getattr(tree, "refused", ()))  # (a URL's listing has no symlinks)
+        refused = broken + list(getattr(tree, "refused", ()))
         first = set(refused)
         skipped = refused + [entry for entry in skipped if entry not in first]
         folder = ImageFolder(tree.root, items, class_dirs, True, skipped, empty, stamps=tree.stamps(), refused=refused)
@@ -190,6 +196,8 @@ def _scan(tree: FolderTree) -> ImageFolder:
         from .text import TEXT_EXTENSIONS
 
         where = "in its class sub-folders" if class_dirs else "at its top level"
+        if class_dirs and top_images:
+            raise images_in_no_class(tree.name, class_dirs, len(top_images))
         texts = isinstance(tree.root, str) and any(what == "file" and name.lower().endswith(TEXT_EXTENSIONS) for name, what in entries)
         raise SourceError(
             f"{tree.name}: no images found {where} "
@@ -250,6 +258,17 @@ class _LocalTree:
         except (PackedFormatError, OSError):
             return False
         return True
+
+    def broken_links(self, entries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        found = []
+        for name, what in entries:
+            path = self.path(name)
+            if what == "other" and os.path.islink(path) and not os.path.exists(path):
+                try:
+                    found.append((name, os.readlink(path)))
+                except OSError:  # pragma: no cover - removed meanwhile
+                    continue
+        return found
 
     def top(self) -> list[tuple[str, str]]:
         entries = sorted(os.scandir(self.root), key=lambda e: e.name)
@@ -392,6 +411,17 @@ def _is_file(entry: os.DirEntry) -> bool:
         return entry.is_file()
     except OSError:  # pragma: no cover
         return False
+
+
+def images_in_no_class(where: str, classes: list[str], outside: int) -> SourceError:
+    """The error of a source whose ``outside`` images lie beside folders without any (a flat folder
+    with a stray ``thumbs/``): every folder is a class, so none of them is converted. It said only
+    'no images found in its class sub-folders', nothing of the images (a walkthrough)."""
+    names = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+    images = f"{outside:,} images at the top level are" if outside != 1 else "image at the top level is"
+    return SourceError(f"{where}: its folders ({names}) hold no images, and with folders each is a class, so its {images} "
+                       "in none: move the images into class folders, or the folders out to convert "
+                       "the images unlabeled")
 
 
 def warn_one_class_of_class_folders(where: str, name: str, subfolders: Iterable[str], advice: str) -> None:

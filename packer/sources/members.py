@@ -76,12 +76,12 @@ def safe_entries(entries: Iterable[Entry], skipped: list[Skipped], prefix: str =
                 skipped.append(Skipped(prefix + entry.name, "member path is absolute or leaves the archive ('..'); refused"))
             continue
         parts = name.split("/")
-        if folders is not None and parts[0] != "__MACOSX":
+        if folders is not None and not is_hidden(parts[0]):
             for depth in range(1, len(parts) + entry.folder):
                 if is_hidden(parts[depth - 1]):
                     break
                 folders.add("/".join(parts[:depth]))
-        if entry.folder or any(is_hidden(part) for part in parts) or parts[0] == "__MACOSX":
+        if entry.folder or any(is_hidden(part) for part in parts):
             continue
         if entry.link or entry.method.startswith(("method", "encrypted")):
             if is_image_name(parts[-1]) or name.lower().endswith(".tar"):

@@ -131,6 +131,9 @@ class FsspecTree:
             self._listing = listing
         return self._listing
 
+    def broken_links(self, entries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return []  # (an object store's listing has no symlinks)
+
     def top(self) -> list[tuple[str, str]]:
         kinds: dict[str, str] = {}
         for parts, detail in self._entries().items():

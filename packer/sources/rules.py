@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "is_hidden", "is_image_name", "image_order"]
+__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "is_hidden", "is_image_name", "image_order"]
 
 #: Image file extensions (any case) that are converted.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
@@ -14,9 +14,14 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
 
 
+#: Folders of an operating system's metadata, never images: macOS's zip tool writes ``__MACOSX``
+#: (AppleDouble ``._`` files) beside what it packs, and an archive unpacked on Linux keeps it.
+SYSTEM_FOLDERS = frozenset({"__MACOSX"})
+
+
 def is_hidden(name: str) -> bool:
-    """Hidden files and folders (name starting with ".") are ignored."""
-    return name.startswith(".")
+    """Hidden files and folders (name starting with ".") and :data:`SYSTEM_FOLDERS` are ignored."""
+    return name.startswith(".") or name in SYSTEM_FOLDERS
 
 
 def is_image_name(name: str) -> bool:
