@@ -32,6 +32,7 @@ from .jobs import changed_fields, check_kind_options
 from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
+from .report import one_line
 from .preprocess.geometry import RESIZE_MODES
 from .writers import WRITERS
 
@@ -48,7 +49,7 @@ TEXT_OPTIONS = ("tokenizer", "lines", "text_field", "eos", "max_tokens")
 
 class _UserError(click.ClickException):
     def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
+        super().__init__(one_line(message))  # (a file name's newline must not make a second line)
         self.exit_code = exit_code
 
 
@@ -97,7 +98,7 @@ class _WarningPrinter(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.count += 1
         if self.count <= self.limit:
-            self._write(f"warning: {record.getMessage()}", file=sys.stderr)
+            self._write(f"warning: {one_line(record.getMessage())}", file=sys.stderr)
 
     def close(self) -> None:
         """Say how many warnings were not printed, once (logging closes every handler still

@@ -9,6 +9,8 @@ from pathlib import Path
 from readers.formats import open_store
 from readers.schema import Metadata
 
+from .report import one_line
+
 __all__ = ["read_metadata", "describe", "disk_usage"]
 
 MAX_LISTED = 20
@@ -113,7 +115,7 @@ def _render(path: str | Path, rows: list[tuple[str, str]], meta: Metadata) -> st
     """Aligned ``key value`` rows under the path, then the skipped inputs (at most MAX_LISTED)."""
     lines = [str(path)] + [f"  {key:<11}{value}" for key, value in rows]
     for entry in meta.skipped[:MAX_LISTED]:
-        lines.append(f"    {entry.path}: {entry.reason}")
+        lines.append(f"    {one_line(entry.path)}: {one_line(entry.reason)}")
     if len(meta.skipped) > MAX_LISTED:
         lines.append(f"    ... {len(meta.skipped) - MAX_LISTED} more (see --json)")
     return "\n".join(lines)

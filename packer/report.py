@@ -9,7 +9,16 @@ from pathlib import Path
 from readers.formats import DATASETS
 from readers.schema import Skipped
 
-__all__ = ["ConversionReport", "TextConversionReport", "human_bytes"]
+__all__ = ["ConversionReport", "TextConversionReport", "human_bytes", "one_line"]
+
+#: Control characters as a printed line shows them: a file name holding a newline printed raw split
+#: its warning in two, the second line looking like a warning of its own (a walkthrough).
+_ESCAPES = {**{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F)}, 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x1b``...), so it prints as one line."""
+    return text.translate(_ESCAPES)
 
 
 def human_bytes(n: float) -> str:

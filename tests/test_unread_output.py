@@ -61,3 +61,24 @@ def test_output_that_cannot_be_written_fails_the_command_in_one_line(folder_with
     refused = subprocess.run([*PACKER, "info", str(tmp_path / "missing.lmdb")], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, timeout=120)
     assert refused.returncode == 1 and refused.stderr.startswith("Error: ")  # (its own error, unchanged)
+
+
+def test_a_name_with_a_newline_prints_as_one_line(tmp_path: Path) -> None:
+    """A file named 'bad\\nwarning: skipped fake.jpg: x.jpg' printed raw made a second line that
+    read as a warning of its own, in the warnings, packer info and the error (a walkthrough)."""
+    src = tmp_path / "src"
+    write(src / "b" / "good.jpg", jpeg_bytes(gradient(16, 16)))
+    write(src / "b" / "bad\nwarning: skipped fake.jpg: x.jpg", b"not an image")
+    dst = tmp_path / "out.lmdb"
+    done = subprocess.run([*PACKER, "convert", str(src), str(dst), "--size", "8", "--workers", "1"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["warning: skipped b/bad\\nwarning: skipped fake.jpg: x.jpg: not a readable image "
+                                        "(cannot identify image file)"]
+    info = subprocess.run([*PACKER, "info", str(dst)], capture_output=True, text=True, timeout=120)
+    assert info.stdout.splitlines()[-1] == "    b/bad\\nwarning: skipped fake.jpg: x.jpg: not a readable image (cannot identify image file)"
+    failed = subprocess.run([*PACKER, "convert", str(src), str(tmp_path / "f.lmdb"), "--size", "8", "--workers", "1",
+                             "--on-error", "fail", "-q"], capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1
+    assert failed.stderr.startswith("Error: ") and "bad\\nwarning: skipped fake.jpg" in failed.stderr
+    assert open_dataset(dst).meta.skipped[0].path == "b/bad\nwarning: skipped fake.jpg: x.jpg"  # (stored as it is)
