@@ -18,6 +18,11 @@ from loopback import LOOPBACK, free_port, restart_worker_server
 # They test Python's default, so the suite restores it (children inherit it).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Likewise `nohup pytest` (or `setsid nohup ...`) starts it with SIGHUP and perhaps SIGTERM ignored,
+# which packer leaves ignored (packer/interrupts.py): the hang-up tests test the default.
+for _signum in (signal.SIGHUP, signal.SIGTERM):
+    if signal.getsignal(_signum) == signal.SIG_IGN:
+        signal.signal(_signum, signal.SIG_DFL)
 
 CLASSES = 3
 PER_CLASS = 6
