@@ -17,10 +17,11 @@ def test_a_piece_workers_decoder_messages_are_packer_warnings(odd_folder, tmp_pa
     converted = [line for line in lines if "converted, but the decoder printed: Corrupt JPEG data" in line]
     assert sorted(line.split()[1] for line in converted) == ["a/corrupt_0.jpg:", "a/corrupt_1.jpg:", "a/corrupt_2.jpg:"]
     assert sum("skipped a/damaged.tif: cannot decode" in line and "ZIPDecode" in line for line in lines) == 1
+    assert sum(line.startswith("warning: skipped a/scan.jpg: truncated") for line in lines) == 1
 
 
 def test_quiet_is_quiet_with_piece_workers(odd_folder, tmp_path):  # noqa: F811
     result = _convert_cli(odd_folder, tmp_path / "out", "-f", "webdataset", "--shard-size", "4", "-q")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     skipped = open_store(tmp_path / "out").meta.skipped
-    assert [s.path for s in skipped] == ["a/damaged.tif"] and "(the decoder printed: ZIPDecode: " in skipped[0].reason
+    assert [s.path for s in skipped] == ["a/damaged.tif", "a/scan.jpg"] and "(the decoder printed: ZIPDecode: " in skipped[0].reason
