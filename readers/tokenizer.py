@@ -214,8 +214,11 @@ def _load_huggingface(path: Path) -> Tokenizer:
 
 
 #: What :func:`cuts_of` pre-tokenizes: words, digits and punctuation between spaces, a double
-#: space, a tab and newlines.
-_PROBE = "ab cd\nef  gh\tij. kl,mn 12 34\n\nop-qr"
+#: space, a tab and newlines; and words in quotes and brackets, across a space and a newline (a
+#: Split regex that keeps a quoted span whole, spaces and all, passed a probe without them, and
+#: was cut where a quote opened far before the cut: wrong ids, a walkthrough).
+_PROBE = ('ab cd\nef  gh\tij. kl,mn 12 34\n\nop-qr "st uv" \'wx yz\' (ab cd) [ef gh] {ij kl} <mn op> «qr st» “uv wx” '
+          '‘yz ab’ `cd ef` "gh\nij" (kl\nmn)')
 
 
 def cuts_of(pre_tokenizer: Any) -> tuple[re.Pattern[str], ...]:

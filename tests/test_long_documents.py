@@ -190,6 +190,25 @@ def test_a_tokenizer_that_cannot_be_cut_there_is_not(tokenizers_made, small_piec
     assert len(lengths) >= 60_000 // (2 * 2048) and max(lengths) < 3 * 2048, lengths  # cut before spaces
 
 
+def test_a_pre_tokenizer_that_keeps_quoted_spans_whole_is_never_cut(tmp_path, small_pieces, monkeypatch) -> None:
+    """A Split regex making a quoted span one pre-token, spaces and newlines inside, passed the
+    probe (it had no quotes) and was cut: where a quote opened before the cut's context, the
+    context started inside a quote, both sides of the check agreed, and the ids were wrong (a
+    walkthrough: 98,595 tokens where the library gives 103,633). Quotes and brackets are probed."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r'"[^"]*"|[^\s"]+|\s+'), "isolated")
+    tok.train_from_iterator([long_text(20_000, seed) for seed in range(2)], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    path = tmp_path / "quote.json"
+    tok.save(str(path))
+    loaded = load_tokenizer(path)
+    assert loaded.cuts == ()
+    text = long_text(60_000, seed=11)  # (about one part in ten ends in a quote: spans of every length)
+    lengths = _spy_encode(loaded, monkeypatch)
+    assert loaded.encode_long(text).tolist() == library_ids(path, text) and lengths == [len(text)]
+
+
 def test_no_cut_found_tokenises_the_rest_whole(tokenizers_made, small_pieces, monkeypatch) -> None:
     """A text without whitespace (nothing to cut at) is tokenised in one piece, ids unchanged."""
     path = tokenizers_made["bytelevel"]
