@@ -383,3 +383,40 @@ def test_a_folder_of_json_files_is_told_to_rename_them(tmp_path: Path, names: li
         (tmp_path / name).write_bytes(b"x")
     result = CliRunner().invoke(cli, ["convert", str(tmp_path), str(tmp_path.parent / "o.blob")])
     assert result.exit_code == 1 and "rename them to .jsonl (a.json.gz to a.jsonl.gz)" in result.output, result.output
+
+
+def _converted(src: Path, dst: Path, **text) -> tuple[list[str], list[tuple[str, str]]]:
+    """The documents of ``src`` converted with the bytes tokenizer, and the skipped (path, reason)."""
+    report = packer.convert(src, dst, workers=1, text=TextOptions(**text), on_error="skip")
+    docs = TokenDataset(dst)
+    return [bytes(docs[i].tolist()[:-1]).decode() for i in range(len(docs))], [(s.path, s.reason) for s in report.skipped]
+
+
+def test_a_first_line_of_only_a_byte_order_mark_is_blank(tmp_path: Path) -> None:
+    """README: the mark is no text and a blank line no document; the line was 'not JSON' or an
+    'empty document', and --on-error fail stopped at it (a walkthrough)."""
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "a.jsonl").write_bytes(b'\xef\xbb\xbf\n{"text": "a"}\n')
+    assert _converted(tmp_path / "j", tmp_path / "j.blob") == (["a"], [])
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "n.txt").write_bytes(b"\xef\xbb\xbf \r\nreal\n\xef\xbb\xbf\n")  # (a mark later in the file is text)
+    assert _converted(tmp_path / "t", tmp_path / "t.blob", lines=True) == (["real", "\ufeff"], [])
+
+
+def test_a_nul_byte_skips_its_line_or_document_wherever_it_is(tmp_path: Path) -> None:
+    """A NUL in a JSONL's first 8 KB skipped the whole file ('binary file'), 1,999 good records
+    with it; after them, one line. In --lines text after 8 KB it was stored as a token (a walkthrough)."""
+    (tmp_path / "j").mkdir()
+    records = [b'{"text": "d%d"}' % i for i in range(5)]
+    records[1] = b'{"text": "d\x001"}'
+    (tmp_path / "j" / "a.jsonl").write_bytes(b"\n".join(records) + b"\n")
+    docs, skipped = _converted(tmp_path / "j", tmp_path / "j.blob")
+    assert docs == ["d0", "d2", "d3", "d4"] and [path for path, _ in skipped] == ["a.jsonl:2"]
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "l.txt").write_bytes(b"one\n" + b"x" * 9000 + b"\nnul\x00here\nlast\n")
+    docs, skipped = _converted(tmp_path / "t", tmp_path / "t.blob", lines=True)
+    assert docs == ["one", "x" * 9000, "last"] and skipped == [("l.txt:3", "holds NUL bytes: binary, not text")]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "bin.txt").write_bytes(b"\x00\x01binary")  # (a NUL in the first 8 KB of a text file: still binary, whole)
+    with pytest.raises(Exception, match="binary file"):
+        _converted(tmp_path / "b", tmp_path / "b.blob", lines=True)

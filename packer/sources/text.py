@@ -12,6 +12,7 @@ a regular file, a Parquet file without the column) are skipped here and listed a
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import logging
 import os
@@ -253,7 +254,7 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found:
     decompressed bytes)."""
     with open(path, "rb") if file.codec is None else open_decompressed(path, file.codec) as handle:
         block = handle.read(max(_BLOCK, _SNIFF) if by_line or file.codec else _SNIFF)
-        if b"\x00" in block[:_SNIFF]:
+        if b"\x00" in block[:_SNIFF] and file.kind != "json":  # (a JSON line holding one is that line's fault: its worker skips it)
             return "binary file (contains NUL bytes), not text"
         if not by_line:
             size = file.size
@@ -300,6 +301,8 @@ def _line_rows(index: int, data: bytes, number: int, offset: int, starts: np.nda
     maybe = keep & _MAY_START_BLANK[array[np.minimum(starts, len(array) - 1)]] & _MAY_END_BLANK[array[np.maximum(ends - 1, 0)]]
     for line in np.flatnonzero(maybe):  # (rare but in some scripts; each checked here)
         keep[line] = not _blank(data[starts[line] : ends[line]])
+    if offset == 0 and len(starts) and starts[0] == 0 and data.startswith(codecs.BOM_UTF8):  # the file's first line
+        keep[0] = not _blank(data[len(codecs.BOM_UTF8) : ends[0]])  # (its byte-order mark is no text: a line of only it is blank)
     return _rows(index, number + np.flatnonzero(keep), offset + starts[keep], ends[keep] - starts[keep])
 
 

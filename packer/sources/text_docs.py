@@ -381,6 +381,8 @@ def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
     except UnicodeDecodeError as exc:
         return Skipped(doc.source, f"invalid UTF-8 at byte {exc.start}{' of the line' if doc.line else ''}")
     if doc.file.kind != "json":
+        if "\x00" in text:  # (a file's first 8 KB were sniffed: a NUL later, or in a line, was stored as a token)
+            return Skipped(doc.source, "holds NUL bytes: binary, not text")
         return _nonempty(doc.source, text)
     try:
         record = json.loads(text)
