@@ -6,6 +6,7 @@ The CLI parses strings into these; the Python API takes them directly. An invali
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -246,6 +247,9 @@ class TextOptions:
             raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {self.eos!r}")
         if self.max_tokens is not None and not (_is_int(self.max_tokens) and self.max_tokens > 0):
             raise OptionError(f"--max-tokens: must be a positive integer, got {self.max_tokens!r}")
+        for name in ("eos", "max_tokens"):  # a numpy integer (from a config) as Python's: the metadata is JSON
+            if _is_int(getattr(self, name)):
+                object.__setattr__(self, name, int(getattr(self, name)))
 
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
@@ -262,8 +266,9 @@ class TextOptions:
 
 
 def _is_int(value: Any) -> bool:
-    """An integer, not a bool (``True`` is an ``int`` to Python, never a token id or a count)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (a numpy one too), not a bool (``True`` is an ``int`` to Python, never a token id
+    or a count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

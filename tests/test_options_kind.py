@@ -103,6 +103,21 @@ def test_text_options_from_python_refuse_what_the_cli_refuses(fields, option):
         TextOptions(**fields)
 
 
+def test_numpy_integers_are_token_ids_and_counts(sources, tmp_path):
+    """np.int64(5) was refused as 'not a token id' (a walkthrough); taken, it is stored as an int."""
+    import numpy as np
+
+    options = TextOptions(eos=np.int64(5), max_tokens=np.int32(3))
+    assert (options.eos, options.max_tokens) == (5, 3) and type(options.eos) is int and type(options.max_tokens) is int
+    _, corpus = sources
+    from packer import convert
+    from readers import open_dataset
+
+    convert(corpus, tmp_path / "t.blob", text=TextOptions(max_tokens=np.int64(3)), workers=1)
+
+    assert open_dataset(tmp_path / "t.blob").meta.preprocessing["max_tokens"] == 3
+
+
 def test_python_options_of_the_other_kind_are_refused_at_their_defaults(sources, tmp_path):
     """From Python as from the command line: ``image=ImageOptions()`` on a corpus and
     ``text=TextOptions()`` on an image folder are given, so refused (they were dropped and
