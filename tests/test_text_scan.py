@@ -420,3 +420,16 @@ def test_a_nul_byte_skips_its_line_or_document_wherever_it_is(tmp_path: Path) ->
     (tmp_path / "b" / "bin.txt").write_bytes(b"\x00\x01binary")  # (a NUL in the first 8 KB of a text file: still binary, whole)
     with pytest.raises(Exception, match="binary file"):
         _converted(tmp_path / "b", tmp_path / "b.blob", lines=True)
+
+
+def test_a_link_to_a_file_already_read_is_left_out_with_a_warning(tmp_path: Path, caplog) -> None:
+    """latest.jsonl -> x.jsonl stored every document of x twice without a word (a walkthrough);
+    a second link to a folder was already left out."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "x.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
+    (corpus / "latest.jsonl").symlink_to("x.jsonl")
+    with caplog.at_level("WARNING", logger="packer"):
+        docs, skipped = _converted(corpus, tmp_path / "c.blob")
+    assert docs == ["a", "b"] and skipped == []
+    assert "1 file is left out: the same file as one already read (latest.jsonl is x.jsonl)" in caplog.text

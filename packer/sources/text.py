@@ -98,7 +98,7 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
             images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
             compressed += not name.startswith(".") and _unread_compressed(name)
             json_files += not name.startswith(".") and _json_name(name)
-    found, copies = _without_compressed_copies(found)
+    found, copies = _without_compressed_copies(_each_file_once(root, found))
     if copies:
         log.warning("%s: %s left out: the same file uncompressed lies beside %s (gzip -k keeps both); it is read instead",
                     root, f"{len(copies):,} compressed files ({copies[0]}, ...) are" if len(copies) > 1 else f"{copies[0]} is",
@@ -109,6 +109,28 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
         log.warning("%s: %s left out: %s", root, f"{compressed:,} compressed files are" if compressed != 1 else "1 compressed file is",
                     UNREAD_ADVICE)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
+
+
+def _each_file_once(root: Path, files: list[Path]) -> list[Path]:
+    """``files``, each real file once (a plain file before links to it): a symlink or hard link to
+    a file already read (``latest.jsonl -> part-7.jsonl``) is left out, with a warning; its
+    documents were stored twice (a walkthrough)."""
+    kept, seen, twins = [], {}, []
+    for path in sorted(files, key=lambda p: (p.is_symlink(), p.relative_to(root).as_posix())):
+        try:
+            st = path.stat()
+        except OSError:  # (a broken link: the scan records it)
+            kept.append(path)
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            twins.append(f"{path.relative_to(root).as_posix()} is {seen[st.st_dev, st.st_ino]}")
+            continue
+        seen[st.st_dev, st.st_ino] = path.relative_to(root).as_posix()
+        kept.append(path)
+    if twins:
+        log.warning("%s: %s left out: the same file as one already read (%s%s)", root,
+                    f"{len(twins):,} files are" if len(twins) > 1 else "1 file is", twins[0], ", ..." if len(twins) > 1 else "")
+    return kept
 
 
 def is_text_corpus(root: str | os.PathLike[str]) -> bool:
