@@ -137,6 +137,8 @@ class TextJob(Job):
 #: Before the conversion starts, the first records of this many files, this many of each, are
 #: read to see that ``--text-field`` names a field the corpus has.
 FIELD_PROBE_FILES, FIELD_PROBE_RECORDS = 20, 5
+#: Records read spread over the corpus, when none of the first ones has the field, before it is refused.
+FIELD_PROBE_SPREAD = 200
 
 
 def _check_text_field(docs: Any, field: str) -> None:
@@ -152,10 +154,20 @@ def _check_text_field(docs: Any, field: str) -> None:
     if not probe:
         return
     texts = document_texts(probe)
-    if all(isinstance(text, Skipped) and "string field" in text.reason for text in texts):
+    if all(_lacks(text) for text in texts):  # records of another kind first (a header): look further before refusing
+        spread = sorted({int(i) for i in np.linspace(0, len(docs) - 1, FIELD_PROBE_SPREAD)} - set(indices))
+        more = [doc for doc in (docs[i] for i in spread) if getattr(getattr(doc, "file", None), "kind", None) == "json"]
+        texts += document_texts(more) if more else []
+    if all(_lacks(text) for text in texts):
         first = texts[0]
-        raise OptionError(f"--text-field {field!r}: none of the {len(texts)} records read first has it as a string "
-                          f"({first.path}: {first.reason})")
+        raise OptionError(f"--text-field {field!r}: none of the {len(texts)} records read (the first of each file, then "
+                          f"some spread over the corpus) has it as a string ({first.path}: {first.reason})")
+
+
+def _lacks(text: Any) -> bool:
+    """Whether a probed record lacks the text field (5 header records refused a corpus of 1,000
+    documents after them, a walkthrough: the spread probe)."""
+    return isinstance(text, Skipped) and "string field" in text.reason
 
 
 def text_job(src: str | Path, text: TextOptions) -> TextJob:

@@ -443,8 +443,8 @@ def test_a_text_field_no_record_has_is_refused_before_converting(tmp_path):
     (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i}", "id": i}) + "\n" for i in range(50)))
     result = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "t.blob"), "--text-field", "txt"])
     assert result.exit_code == 2 and result.output.strip().splitlines() == [
-        "Error: --text-field 'txt': none of the 5 records read first has it as a string (a.jsonl:1: no string field 'txt' "
-        "(its string fields: 'text'; pass --text-field))"], result.output
+        "Error: --text-field 'txt': none of the 50 records read (the first of each file, then some spread over the corpus) "
+        "has it as a string (a.jsonl:1: no string field 'txt' (its string fields: 'text'; pass --text-field))"], result.output
     assert not list(tmp_path.glob("t.blob*"))
     (corpus / "a.jsonl").write_text(json.dumps({"id": 0}) + "\n" + "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))
     report = packer.convert(corpus, tmp_path / "u.blob", workers=1)
@@ -465,7 +465,23 @@ def test_the_text_field_probe_counts_each_record_once(tmp_path):
         (corpus / f"{name}.txt").write_text(f"text {name}\n")
     (corpus / "c.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(3)))
     result = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "t.blob"), "--text-field", "body"])
-    assert result.exit_code == 2 and "none of the 3 records read first" in result.output, result.output
+    assert result.exit_code == 2 and "none of the 3 records read (" in result.output, result.output
+
+
+def test_records_without_the_field_first_do_not_refuse_the_corpus(tmp_path):
+    """Five header records without 'text', then 1,000 documents: the probe of the first five
+    refused it all, blaming --text-field (a walkthrough); a spread probe finds the documents. A
+    JSON array on one line says so, not 'no string field'."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"id": i, "title": "t"}) + "\n" for i in range(5))
+                                    + "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(1000)))
+    report = packer.convert(corpus, tmp_path / "h.blob", workers=1)
+    assert report.written == 1000 and [s.path for s in report.skipped] == [f"a.jsonl:{i}" for i in range(1, 6)]
+    (corpus / "a.jsonl").write_text(json.dumps([{"text": "a"}, {"text": "b"}]) + "\n" + json.dumps({"text": "c"}) + "\n")
+    report = packer.convert(corpus, tmp_path / "a.blob", workers=1)
+    assert report.written == 1 and [(s.path, s.reason) for s in report.skipped] == [
+        ("a.jsonl:1", "a JSON array, not an object: JSON Lines hold one object a line")]
 
 
 def test_shard_bytes_alone_sizes_text_shards(tmp_path):
