@@ -48,8 +48,10 @@ def resolve_eos(tokenizer: Tokenizer, eos: int | str | None) -> int | None:
         return None
     if eos is None:
         if tokenizer.eos_id is None:
+            plain = (f" ({', '.join(map(repr, tokenizer.plain_eos_names))} is an added token not marked special, so a "
+                     "document holding that text would give its id mid-document)") if tokenizer.plain_eos_names else ""
             raise OptionError(
-                f"--eos: the tokenizer {tokenizer.path or tokenizer.kind} has no end-of-document token: "
+                f"--eos: the tokenizer {tokenizer.path or tokenizer.kind} has no end-of-document token{plain}: "
                 "pass --eos ID, or --eos none for no separator"
             )
         return tokenizer.eos_id

@@ -93,6 +93,9 @@ class Tokenizer:
         self.path = path
         self.vocab_size = vocab_size
         self.eos_id = eos_id
+        #: End-of-document names the vocabulary has as added tokens not marked special, so never taken
+        #: as the EOS: a document holding the text would give that id mid-document (a walkthrough).
+        self.plain_eos_names: list[str] = []
         self._backend = backend
         self.sha256 = file_sha256(path) if path else ""
         #: Where a long text may be cut into pieces (:meth:`encode_long`): the kinds of
@@ -206,8 +209,13 @@ def _load_huggingface(path: Path) -> Tokenizer:
     backend.encode_special_tokens = True  # "<|endoftext|>" written in a document is text, not the EOS id mid-document
     vocab = backend.get_vocab(with_added_tokens=True)
     vocab_size = max(vocab.values(), default=-1) + 1  # ids may have gaps: the largest id bounds the dtype
-    eos = next((vocab[name] for name in EOS_NAMES if name in vocab), None)
+    try:  # an added token not marked special is matched in text as it is: one taken for the EOS gave its id mid-document
+        plain = {token.content for token in backend.get_added_tokens_decoder().values() if not token.special}
+    except AttributeError:  # pragma: no cover - tokenizers before 0.14
+        plain = set()
+    eos = next((vocab[name] for name in EOS_NAMES if name in vocab and name not in plain), None)
     tokenizer = Tokenizer("huggingface", str(path), vocab_size, eos, backend)
+    tokenizer.plain_eos_names = [name for name in EOS_NAMES if name in plain]
     if type(backend.model).__name__ in CUTTABLE_MODELS:
         tokenizer.cuts = cuts_of(backend.pre_tokenizer)
     return tokenizer

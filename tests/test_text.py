@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import random
 from pathlib import Path
@@ -20,7 +21,7 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import cli
-from packer.errors import InputError
+from packer.errors import InputError, OptionError
 from packer.options import TextOptions
 from readers import Loader, TokenDataset, WidenTokens
 from readers.tokenizer import TokenizerError
@@ -403,6 +404,24 @@ def test_special_token_text_in_a_document_is_text_not_the_eos_id(bpe: Path, tmp_
     assert doc.count(eos) == 1 and doc[-1] == eos  # the EOS packer appends, only
     reference.encode_special_tokens = True  # the library's own switch: special tokens' text as text
     assert doc[:-1] == reference.encode(text, add_special_tokens=False).ids
+
+
+def test_an_eos_name_that_is_not_a_special_token_is_not_taken(tmp_path: Path) -> None:
+    """An added '<|endoftext|>' not marked special was taken as the EOS, and the text in a document
+    became that id mid-document (encode_special_tokens covers special tokens only: a walkthrough)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(_docs(50, 1), trainers.BpeTrainer(vocab_size=80, special_tokens=["[UNK]"]))
+    tok.add_tokens([AddedToken(BPE_EOS, special=False)])
+    path = tmp_path / "plain.json"
+    tok.save(str(path))
+    (tmp_path / "src").mkdir()
+    src = write_texts(tmp_path / "src", {"a.txt": f"code {BPE_EOS} more"})
+    with pytest.raises(OptionError, match=rf"^--eos: the tokenizer .*plain.json has no end-of-document token \('{re.escape(BPE_EOS)}' "
+                                          "is an added token not marked special"):
+        packer.convert(src, tmp_path / "o.blob", text=TextOptions(tokenizer=str(path)), workers=1)
 
 
 def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, caplog) -> None:
