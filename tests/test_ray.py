@@ -238,3 +238,29 @@ def test_a_text_corpus_on_ray_is_the_local_conversion(tmp_path, suffix):
     documents = lambda report: [TokenDataset(report.dst).decode(x) for x in TokenDataset(report.dst)]  # noqa: E731
     assert documents(remote) == documents(local)
     assert documents(local)[:2] == ["doc 1\n", "doc 2\n"] and "row 29\n" in documents(local) and documents(local)[-1] == "packed 39\n"
+
+
+@pytest.mark.parametrize("address, said", [
+    ("nonsense", "Invalid address format"),
+    ("ray://127.0.0.1:1", "ray[client]"),
+])
+def test_a_ray_address_ray_refuses_is_one_line(tmp_path, address, said, monkeypatch):
+    """ray.init's refusals were 60-line tracebacks, --ray-address auto (help's own example)
+    without a cluster and RAY_ADDRESS included (a walkthrough). Nothing is written."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(b"")  # (never read: the cluster is joined first)
+    ray.shutdown()  # (the module's instance: with Ray initialised, an address is refused before it is tried)
+    try:
+        result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.blob"), "--executor", "ray", "--ray-address", address, "-q"])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith(f"Error: --ray-address {address}: Ray could not join or start a cluster there (") and said in line
+        assert not list(tmp_path.glob("o.blob*"))
+        monkeypatch.setenv("RAY_ADDRESS", "nonsense")
+        result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.blob"), "--executor", "ray", "-q"])
+        assert result.exit_code == 2 and result.stderr.strip() == ("Error: RAY_ADDRESS=nonsense: Ray could not join or start a "
+                                                                   "cluster there (Invalid address format: nonsense)")
+    finally:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # the module's, again

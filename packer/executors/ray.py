@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -113,7 +114,7 @@ def ray_ordered_map(
         raise ValueError(f"item_timeout must be positive, got {item_timeout!r}")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, **RAY_INIT)
+        _join(ray, address)
     elif address is not None:
         raise OptionError(f"--ray-address {address}: Ray is already initialised in this process (pass no address)")
     if _remote_chunk is None:
@@ -133,6 +134,18 @@ def ray_ordered_map(
             ray.shutdown()
 
 
+def _join(ray: Any, address: str | None) -> None:
+    """``ray.init`` at ``address`` (``None``: ``RAY_ADDRESS``, a running instance, else a new
+    one), its refusals in one line naming the address: an address Ray cannot parse, no cluster
+    there, or Ray Client without its extra were 60-line tracebacks (a walkthrough)."""
+    try:
+        ray.init(address=address, **RAY_INIT)
+    except (ValueError, ConnectionError, RuntimeError, OSError) as exc:
+        given = address if address is not None else os.environ.get("RAY_ADDRESS")
+        where = f"--ray-address {given}" if address is not None else (f"RAY_ADDRESS={given}" if given else "--executor ray")
+        raise OptionError(f"{where}: Ray could not join or start a cluster there ({' '.join(str(exc).split())[:300]})") from None
+
+
 class RayExecutor:
     """:func:`ray_ordered_map` bound to a cluster address; remembers the task count it used
     (``workers``: the cluster's CPUs unless given), for the conversion's report."""
@@ -148,7 +161,7 @@ class RayExecutor:
         next map then leaves it, as it would have left a cluster it joined itself."""
         ray = _import_ray()
         if not ray.is_initialized():
-            ray.init(address=self.address, **RAY_INIT)
+            _join(ray, self.address)
             self._started = True
         elif self.address is not None and not self._started:
             raise OptionError(f"--ray-address {self.address}: Ray is already initialised in this process (pass no address)")
