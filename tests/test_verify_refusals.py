@@ -109,6 +109,20 @@ def test_workers_without_source_are_refused(lmdb_32):
         verify(lmdb_32, workers=2)
 
 
+def test_workers_for_the_source_are_capped_at_the_cores(lmdb_32, image_folder, caplog, monkeypatch):
+    """verify -j 64 started 64 processes on 2 cores, without a word (a walkthrough); convert caps them."""
+    import packer.parallel
+
+    started = []
+    plain = packer.parallel.ordered_map
+    monkeypatch.setattr(packer.parallel, "default_workers", lambda: 2)
+    monkeypatch.setattr(packer.parallel, "ordered_map", lambda *a, **k: (started.append(k["workers"]), plain(*a, **k))[1])
+    with caplog.at_level("WARNING", logger="packer"):
+        report = verify(lmdb_32, source=image_folder, workers=64)
+    assert report.ok and started == [2]
+    assert "--workers 64: this machine has 2 usable cores; using 2" in caplog.text
+
+
 # -- not a packer dataset, or missing: what packer info says -------------------------------
 def _not_a_dataset(kind: str, image_folder: Path, tmp_path: Path) -> Path:
     if kind == "image folder":
