@@ -130,3 +130,14 @@ def test_python_options_of_the_other_kind_are_refused_at_their_defaults(sources,
     with pytest.raises(OptionError, match=r"text options \(text=TextOptions\(\)\) do not apply to an image folder"):
         convert(images, tmp_path / "i.blob", text=TextOptions(), workers=1)
     assert not list(tmp_path.iterdir())
+
+
+def test_text_field_typed_as_its_default_on_a_corpus_without_records_is_refused(sources, tmp_path):
+    """README: refused whatever its value; --text-field text (the default) was taken without a
+    word where --text-field body was refused (an options walkthrough)."""
+    _, corpus = sources
+    for value in ("text", "body"):
+        result = run("convert", corpus, tmp_path / f"{value}.blob", "--text-field", value, "-q")
+        assert result.exit_code == 2 and result.stderr.strip() == (
+            f"Error: --text-field: applies to JSON Lines and Parquet files, and {corpus} has none; drop it"), result.output
+    assert run("convert", corpus, tmp_path / "plain.blob", "-q").exit_code == 0

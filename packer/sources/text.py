@@ -196,6 +196,16 @@ def text_suffix(name: str) -> str | None:
     return inner if codec_of(name) is not None and inner in TEXT_EXTENSIONS and inner != ".parquet" else None
 
 
+def refuse_text_field_without_records(root: str | os.PathLike[str], kinds: set[str | None] | None = None) -> None:
+    """Refuse ``--text-field`` for a corpus without JSON Lines or Parquet files (``kinds``: its
+    files' text extensions, found here if not given). The command calls it for a typed
+    ``--text-field text`` too, the default, which the scan cannot tell from none (a walkthrough)."""
+    if kinds is None:
+        kinds = {text_suffix(path.name) for path in _text_files(Path(root))[0]}
+    if not kinds & {*JSON_LINES, ".parquet"}:
+        raise OptionError(f"--text-field: applies to JSON Lines and Parquet files, and {root} has none; drop it")
+
+
 def _unread_compressed(name: str) -> bool:
     """Whether the file ``name`` is a compressed text file packer does not read (``a.jsonl.lz4``, ``b.parquet.gz``)."""
     stem, ext = os.path.splitext(name.lower())
@@ -217,8 +227,8 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     kinds = {text_suffix(path.name) for path in paths}  # an option no file uses would be dropped (and recorded as used)
     if lines and ".txt" not in kinds:
         raise OptionError(f"--lines: applies to .txt files, and {root} has none; drop it")
-    if text_field != "text" and not kinds & {*JSON_LINES, ".parquet"}:
-        raise OptionError(f"--text-field: applies to JSON Lines and Parquet files, and {root} has none; drop it")
+    if text_field != "text":
+        refuse_text_field_without_records(root, kinds)
     base = root if root.is_dir() else root.parent
     files: list[TextFile] = []
     rows: list[np.ndarray] = []
