@@ -180,7 +180,7 @@ def advise(d: Diagnosis) -> list[str]:
         if d.cpu_cores is not None and d.cpu_cores >= 0.85 * d.cores:
             advice.append(f"the CPU is saturated ({d.cpu_cores:.1f} of {d.cores} cores busy): more workers or threads cannot help, "
                           "less work per image can (decode once, ahead of training: packer convert)")
-    if d.copy_share >= PARTLY_DATA_BOUND:
+    if d.copy_share >= PARTLY_DATA_BOUND and d.device.startswith("cuda"):  # (on the CPU there is no copy to hide: noise)
         advice.append(
             f"copying to the device takes {d.copy_share:.0%} of the loop: pin the host batches and copy them ahead on a side stream "
             "(readers.Loader(device='cuda'), or readers.CUDAPrefetcher around any loader)"

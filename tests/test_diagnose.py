@@ -310,3 +310,17 @@ def test_doctor_refuses_fewer_batches_than_rounds_before_converting(image_folder
 
     result = CliRunner().invoke(cli, ["doctor", str(image_folder), "--batches", "2", "-q"])
     assert result.exit_code == 2 and "--batches: 2 is fewer than --rounds (3)" in result.output, result.output
+
+
+def test_copy_advice_is_for_a_cuda_device_only():
+    """--device cpu was told to pin batches and use Loader(device='cuda') when noise made the
+    'copy' share large (an options walkthrough); on CUDA the advice stands."""
+    from readers.diagnose_report import Measured, advise
+
+    def rate(images_per_s):
+        return Measured(images_per_s, images_per_s, images_per_s, images_per_s / 8, 1.0, 0.5)
+
+    on_cpu = readers.Diagnosis("L", "cpu:0", 8, [3, 4, 4], "uint8", 3, 3, rate(40), rate(100), rate(38), 0.05, 0.31, 1.0, 0.5, 2, 1, 1)
+    assert not any("copying to the device" in line for line in advise(on_cpu))
+    on_cuda = dataclasses.replace(on_cpu, device="cuda:0")
+    assert any(line.startswith("copying to the device takes 31% of the loop") for line in advise(on_cuda))
