@@ -71,8 +71,9 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
                    options: SourceOptions | None = None) -> None:
     """Match the dataset's samples to the source's current inputs, then report, by name, every
     input that changed, was added or was removed (see :func:`_match_source`). A dataset that is
-    not an image conversion is refused (:func:`check_source_applies`), not reported."""
-    from .errors import PackerError
+    not an image conversion is refused (:func:`check_source_applies`), not reported; so are a
+    source that cannot be read and options that do not fit it (``--labels``, ``--classes``)."""
+    from .errors import OptionError, PackerError, SourceError
     from .jobs import image_job
     from .options import ImageOptions
     from .sources.datasets import is_python_dataset
@@ -92,6 +93,8 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     try:
         image = dataclasses.replace(ImageOptions.from_record(pre, meta.encoding), decode_device="cpu")  # redone here, on the CPU
         job = image_job(str(source) if remote else Path(source), image, options, workers=workers, advise=False)  # (the conversion's advice: not again)
+    except (OptionError, SourceError):  # the source or its options, not the dataset: said as convert says them (they were
+        raise  # 'faults', exit 1, as if the dataset were damaged: an options walkthrough)
     except (PackerError, KeyError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded preprocessing: {exc}")
         return

@@ -123,6 +123,17 @@ def test_workers_for_the_source_are_capped_at_the_cores(lmdb_32, image_folder, c
     assert "--workers 64: this machine has 2 usable cores; using 2" in caplog.text
 
 
+def test_source_options_that_do_not_fit_are_errors_not_faults(lmdb_32, image_folder, tmp_path):
+    """A missing --labels file or a --classes list SRC's classes are not in were '1 fault' (exit
+    1, as if the dataset were damaged); convert says them as errors (an options walkthrough)."""
+    result = run("verify", lmdb_32, "--source", image_folder, "--labels", tmp_path / "x.csv")
+    assert result.exit_code == 1 and result.stderr.strip() == f"Error: --labels {tmp_path / 'x.csv'}: cannot read it (No such file or directory)"
+    (tmp_path / "classes.txt").write_text("zzz\n")
+    result = run("verify", lmdb_32, "--source", image_folder, "--classes", tmp_path / "classes.txt")
+    assert result.exit_code == 2 and result.stderr.strip().startswith(f"Error: --classes {tmp_path / 'classes.txt'}: SRC's class")
+    assert "fault" not in result.output
+
+
 # -- not a packer dataset, or missing: what packer info says -------------------------------
 def _not_a_dataset(kind: str, image_folder: Path, tmp_path: Path) -> Path:
     if kind == "image folder":
