@@ -33,6 +33,7 @@ from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR,
 from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
 from .report import one_line
+from .sources.text import refuse_text_field_without_records
 from .preprocess.geometry import RESIZE_MODES
 from .writers import WRITERS
 
@@ -241,6 +242,8 @@ def convert(
         image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality,
                              max_pixels=max_pixels, decode_device=decode_device)
     text = _text_options(tokenizer, lines, text_field, eos, max_tokens) if typed_text or kind == "text" else None
+    if "--text-field" in typed_text and Path(local_path(str(src))).exists():  # (typed as its default too: refused alike)
+        refuse_text_field_without_records(Path(local_path(str(src))))
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
     storage = StorageOptions(compression=compression, shard_size=shard_size, shard_bytes=shard_bytes)
     report = None

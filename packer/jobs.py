@@ -355,10 +355,7 @@ def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (),
             raise OptionError(f"{src}: text options ({', '.join(text)}) do not apply to an image folder; drop them, or pass --kind text")
     elif image:
         raise images_only(image[0], src, kind)
-    elif "--text-field" in text and not is_source_url(str(src)) and os.path.exists(src):  # (typed as its default too)
-        from .sources.text import refuse_text_field_without_records
 
-        refuse_text_field_without_records(src)
 
 
 def images_only(option: str, src: Any, kind: str | None) -> OptionError:

@@ -94,6 +94,8 @@ def _class_label(label: Any, index: int) -> int:
         else:
             raise TypeError(f"Loader: dataset[{index}]'s label has {tuple(label.shape)} values: Loader batches one integer "
                             "class label per sample; for other targets use a DataLoader")
+    if isinstance(value, np.bool_):  # (a mask's `arr[i] > 0`: True is class 1, as int() made it)
+        return int(value)
     try:
         return operator.index(value)
     except TypeError:

@@ -147,7 +147,8 @@ def _numbers(value: object, owner: str, name: str, count: int, integers: bool = 
     int), or one line naming ``owner``'s argument (``RandomResizedCrop(16.0)`` was 'float object is
     not iterable')."""
     try:
-        items = (value,) * count if integers and hasattr(value, "__index__") else tuple(value)  # type: ignore[arg-type]
+        scalar = hasattr(value, "__index__") and getattr(value, "ndim", 0) == 0  # (an array of sizes has __index__ too)
+        items = (value,) * count if integers and scalar else tuple(value)  # type: ignore[arg-type]
         if len(items) != count or any(isinstance(v, (bool, str)) for v in items):
             raise TypeError
         numbers = tuple(operator.index(v) if integers else float(v) for v in items)  # type: ignore[arg-type]

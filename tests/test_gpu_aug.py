@@ -163,3 +163,5 @@ def test_numpy_and_torch_integers_are_sizes():
     assert RandomResizedCrop(np.int64(16)).size == (16, 16)
     assert RandomResizedCrop((8, np.int32(4))).size == (8, 4)
     assert RandomResizedCrop(torch.tensor(5)).size == (5, 5)
+    assert RandomResizedCrop(np.array([32, 24])).size == (32, 24)  # (an array of sizes has __index__ too: a review)
+    assert RandomResizedCrop(torch.tensor([32, 24])).size == (32, 24)

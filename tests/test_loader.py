@@ -278,7 +278,7 @@ def test_a_plain_dataset_label_that_is_no_class_index_is_refused(label, says):
         next(iter(Loader(Targets(), 4, shuffle=False)))
 
 
-@pytest.mark.parametrize("label", [np.int64, torch.tensor, lambda i: torch.tensor([i]), lambda i: np.array([i]), bool])
+@pytest.mark.parametrize("label", [np.int64, torch.tensor, lambda i: torch.tensor([i]), lambda i: np.array([i]), bool, np.bool_])
 def test_a_plain_dataset_label_of_any_integer_kind_is_taken(label):
     class Labeled(Dataset):
         def __len__(self) -> int:

@@ -71,7 +71,7 @@ def test_the_same_options_are_used_for_their_own_kind(tmp_path, sources):
     images, corpus = sources
     done = run("convert", images, tmp_path / "i.lmdb", "--encoding", "raw", "--resize-mode", "none", "--decode-device", "cpu", "-j", "1", "-q")
     assert done.exit_code == 0, done.output
-    done = run("convert", corpus, tmp_path / "t.blob", "--tokenizer", "bytes", "--text-field", "text", "-j", "1", "-q")
+    done = run("convert", corpus, tmp_path / "t.blob", "--tokenizer", "bytes", "--lines", "-j", "1", "-q")  # (--text-field: below)
     assert done.exit_code == 0, done.output
 
 
@@ -141,3 +141,19 @@ def test_text_field_typed_as_its_default_on_a_corpus_without_records_is_refused(
         assert result.exit_code == 2 and result.stderr.strip() == (
             f"Error: --text-field: applies to JSON Lines and Parquet files, and {corpus} has none; drop it"), result.output
     assert run("convert", corpus, tmp_path / "plain.blob", "-q").exit_code == 0
+    from packer.sources.text import refuse_text_field_without_records
+    import logging
+
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "x.jsonl").write_text('{"text": "a"}\n')
+    (records / "latest.jsonl").symlink_to("x.jsonl")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logging.getLogger("packer").addHandler(handler)
+    try:
+        refuse_text_field_without_records(records)  # (the command's check: the scan says the warnings, once)
+    finally:
+        logging.getLogger("packer").removeHandler(handler)
+    assert seen == []

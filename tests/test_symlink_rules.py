@@ -142,3 +142,14 @@ def test_a_broken_link_at_the_top_is_recorded_and_fails_on_error_fail(tmp_path):
     report = convert(flat, tmp_path / "flat.blob", image=ImageOptions(size=8), workers=1)
     assert report.written == 1 and [(s.path, s.reason) for s in report.skipped] == [
         ("2.jpg", "cannot read (No such file or directory)"), ("3.jpg", "not a regular file")]
+
+
+def test_a_broken_link_named_as_a_file_is_no_class(tmp_path):
+    """An editor's lock (.#notes.txt -> user@host.1234) or a README.md link leading nowhere is no
+    class folder: --on-error fail stopped a valid conversion at it (a review)."""
+    src = tmp_path / "flat"
+    write(src / "1.jpg", jpeg(1))
+    os.symlink("user@host.1234:1700000000", src / ".#notes.txt")
+    os.symlink("../README.md", src / "README.md")
+    report = convert(src, tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1, on_error="fail")
+    assert report.written == 1 and report.skipped == []

@@ -433,3 +433,13 @@ def test_a_link_to_a_file_already_read_is_left_out_with_a_warning(tmp_path: Path
         docs, skipped = _converted(corpus, tmp_path / "c.blob")
     assert docs == ["a", "b"] and skipped == []
     assert "1 file is left out: the same file as one already read (latest.jsonl is x.jsonl)" in caplog.text
+
+
+def test_a_utf16_or_binary_json_lines_file_is_skipped_whole(tmp_path: Path) -> None:
+    """One NUL in a JSONL skips its line; a file of them (UTF-16, binary) is skipped once as
+    binary, not as a skip per 'line' (a review: 1,001 skips)."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_bytes("".join(f'{{"text": "d{i}"}}\n' for i in range(50)).encode("utf-16"))
+    (tmp_path / "c" / "b.jsonl").write_text('{"text": "kept"}\n', encoding="utf-8")
+    docs, skipped = _converted(tmp_path / "c", tmp_path / "c.blob")
+    assert docs == ["kept"] and skipped == [("a.jsonl", "binary file (contains NUL bytes), not text")]

@@ -171,7 +171,9 @@ def _scan(tree: FolderTree) -> ImageFolder:
     # (a broken symlink or a FIFO named like an image is an input its worker records: left out, it was dropped without a word)
     top_images = [name for name, what in entries if what != "dir" and is_image_name(name)]
     broken = [Skipped(name, f"a symlink to {target!r}, which leads nowhere (missing, or a loop): a class folder's images, "
-                            "if it was one, are not converted") for name, target in tree.broken_links(entries) if not is_image_name(name)]
+                            "if it was one, are not converted") for name, target in tree.broken_links(entries)
+              if not is_hidden(name) and not os.path.splitext(name)[1]]  # (named as a folder is: an editor's .#lock or a
+    # README.md link leading nowhere is no class: --on-error fail stopped a valid conversion at one, a review)
     skipped: list[Skipped] = []
     if not class_dirs:
         items = [ImageItem(tree.path(name), -1) for name in top_images]

@@ -84,13 +84,13 @@ def _folders(root: Path, *, quiet: bool = False) -> Iterator[tuple[str, list[str
         yield dirpath, filenames
 
 
-def _text_files(root: Path) -> tuple[list[Path], int]:
+def _text_files(root: Path, quiet: bool = False) -> tuple[list[Path], int]:
     """The text files of ``root`` in order, and how many images lie beside them (compressed text
-    files beside them, not read, are said in a warning)."""
+    files beside them, not read, are said in a warning, unless ``quiet``)."""
     if root.is_file():
         return [root], 0
     found, images, compressed, json_files = [], 0, 0, 0
-    for dirpath, filenames in _folders(root):
+    for dirpath, filenames in _folders(root, quiet=quiet):
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
             if not name.startswith(".") and text_suffix(name):
@@ -98,7 +98,9 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
             images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
             compressed += not name.startswith(".") and _unread_compressed(name)
             json_files += not name.startswith(".") and _json_name(name)
-    found, copies = _without_compressed_copies(_each_file_once(root, found))
+    found, copies = _without_compressed_copies(_each_file_once(root, found, quiet))
+    if quiet:
+        return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
     if copies:
         log.warning("%s: %s left out: the same file uncompressed lies beside %s (gzip -k keeps both); it is read instead",
                     root, f"{len(copies):,} compressed files ({copies[0]}, ...) are" if len(copies) > 1 else f"{copies[0]} is",
@@ -111,7 +113,7 @@ def _text_files(root: Path) -> tuple[list[Path], int]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
 
 
-def _each_file_once(root: Path, files: list[Path]) -> list[Path]:
+def _each_file_once(root: Path, files: list[Path], quiet: bool = False) -> list[Path]:
     """``files``, each real file once (a plain file before links to it): a symlink or hard link to
     a file already read (``latest.jsonl -> part-7.jsonl``) is left out, with a warning; its
     documents were stored twice (a walkthrough)."""
@@ -127,7 +129,7 @@ def _each_file_once(root: Path, files: list[Path]) -> list[Path]:
             continue
         seen[st.st_dev, st.st_ino] = path.relative_to(root).as_posix()
         kept.append(path)
-    if twins:
+    if twins and not quiet:
         log.warning("%s: %s left out: the same file as one already read (%s%s)", root,
                     f"{len(twins):,} files are" if len(twins) > 1 else "1 file is", twins[0], ", ..." if len(twins) > 1 else "")
     return kept
@@ -201,7 +203,7 @@ def refuse_text_field_without_records(root: str | os.PathLike[str], kinds: set[s
     files' text extensions, found here if not given). The command calls it for a typed
     ``--text-field text`` too, the default, which the scan cannot tell from none (a walkthrough)."""
     if kinds is None:
-        kinds = {text_suffix(path.name) for path in _text_files(Path(root))[0]}
+        kinds = {text_suffix(path.name) for path in _text_files(Path(root), quiet=True)[0]}  # (the scan says its warnings)
     if not kinds & {*JSON_LINES, ".parquet"}:
         raise OptionError(f"--text-field: applies to JSON Lines and Parquet files, and {root} has none; drop it")
 
@@ -286,8 +288,9 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found:
     decompressed bytes)."""
     with open(path, "rb") if file.codec is None else open_decompressed(path, file.codec) as handle:
         block = handle.read(max(_BLOCK, _SNIFF) if by_line or file.codec else _SNIFF)
-        if b"\x00" in block[:_SNIFF] and file.kind != "json":  # (a JSON line holding one is that line's fault: its worker skips it)
-            return "binary file (contains NUL bytes), not text"
+        nuls = block[:_SNIFF].count(b"\x00")
+        if nuls and (file.kind != "json" or nuls > max(2, len(block[:_SNIFF]) // 100)):  # a JSON line holding one is its line's
+            return "binary file (contains NUL bytes), not text"  # fault (its worker skips it); UTF-16 or binary is the file's
         if not by_line:
             size = file.size
             if file.codec is not None:  # (its decompressed size: read through)
