@@ -183,6 +183,22 @@ def test_a_cut_jpeg_closed_with_an_end_marker_is_skipped_not_half_grey():
     assert bytes(extra.payload) == bytes(whole.payload)
 
 
+def test_a_cut_cmyk_jpeg_is_skipped_as_an_rgb_one_is():
+    """CMYK JPEGs decode through Pillow, whose libjpeg prints nothing: cut short and closed with
+    FFD9, one was stored half grey where an RGB one was skipped (a review)."""
+    from packer.preprocess.task import Failed, ImageTask
+    from packer.sources.images import ImageItem
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(8).integers(0, 255, (256, 256, 4), dtype=np.uint8), "CMYK").save(buffer, "JPEG", quality=90)
+    data = buffer.getvalue()
+    task = ImageTask(ImageOptions(size=64))
+    cut = task.convert(ImageItem("cut.jpg", 0), data[: len(data) // 2] + b"\xff\xd9")
+    assert isinstance(cut, Failed) and cut.reason.startswith("truncated: its JPEG data ends before the picture does")
+    whole = task.convert(ImageItem("whole.jpg", 0), data)
+    assert not isinstance(whole, Failed) and whole.decoder_messages == ""
+
+
 def test_palette_with_alpha_keeps_its_colours():
     """A PA image (a Python dataset's) became grey: it went through L (a walkthrough)."""
     from packer.preprocess.decode import to_uint8

@@ -82,6 +82,9 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
             pixels = _decode_opencv(data, grayscale, factor)
             if pixels is not None:
                 return pixels
+        elif image.format == "JPEG" and jpeg_ends_cleanly(data):  # CMYK: Pillow's libjpeg says nothing of a scan cut
+            cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_8)  # short (JPEG_CUT_SHORT): an eighth-
+            # size pass lets libjpeg print it to the captured fd 2 (a review found CMYK stored half grey where RGB was skipped)
         # While decoding, Pillow's own checks (a GIF frame, an ICO entry larger than the header
         # said) refuse at twice its limit, so its limit is the user's half: their --max-pixels.
         with warnings.catch_warnings(), _pillow_limit(max(1, max_pixels // 2)):
