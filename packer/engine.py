@@ -35,7 +35,7 @@ from .jobs import Job
 from .locking import DestinationLock, busy_error, lock_holder, lock_path
 from .memory import available_memory
 from .options import RunOptions, StorageOptions
-from .parallel import default_workers
+from .parallel import workers_within_cores
 from .placement import Placed, Placement, PlacingWriter
 from .preprocess.task import SOURCE_CHANGED, Encoded, Failed
 from .progress import progress_bar
@@ -90,12 +90,7 @@ def _workers(run: RunOptions, job: Job) -> int | None:
     with a one-line warning. Ray sizes its own workers."""
     if run.executor != "local":
         return run.workers
-    cores = default_workers()
-    workers = run.workers if run.workers is not None else cores
-    if workers > cores:
-        log.warning("--workers %d: this machine has %d usable cores; using %d (more processes only add memory and contention)",
-                    workers, cores, cores)
-        workers = cores
+    workers = workers_within_cores(run.workers)
     available = available_memory()
     fits = max(1, available // job.worker_bytes()) if available else workers
     if workers > fits:

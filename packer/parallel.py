@@ -41,6 +41,7 @@ it says it started (its first message) failed to start (its error is on stderr):
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -60,7 +61,7 @@ from .result_slots import ResultSlots, decode_results
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["keep_freed_memory", "ordered_map", "default_workers", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
+__all__ = ["keep_freed_memory", "ordered_map", "default_workers", "workers_within_cores", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
 
 #: A second chunk is queued behind the running one only if it pickles to at most this many
 #: bytes: it then fits the pipe's buffer, so sending it never blocks on a busy worker.
@@ -92,6 +93,16 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def workers_within_cores(workers: int | None) -> int:
+    """``workers`` (default: the usable cores) capped at the usable cores, with a one-line warning
+    (a conversion's pool and ``verify --source``'s alike)."""
+    cores = default_workers()
+    if workers is not None and workers > cores:
+        logging.getLogger("packer").warning("--workers %d: this machine has %d usable cores; using %d (more processes only "
+                                            "add memory and contention)", workers, cores, cores)
+    return cores if workers is None else min(workers, cores)
 
 
 @contextmanager

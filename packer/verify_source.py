@@ -14,7 +14,6 @@ each sample records, or by content for datasets written before names were record
 from __future__ import annotations
 
 import dataclasses
-import logging
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,16 +182,11 @@ class _Converter:
     remote: bool
 
     def __call__(self, chosen: list) -> Iterator:
-        from .parallel import default_workers, ordered_map
+        from .parallel import ordered_map, workers_within_cores
         from .preprocess.task import Encoded
         from .sources.remote import remote_chunksize
 
-        cores = default_workers()
-        workers = self.workers or cores
-        if workers > cores:  # (as a conversion caps them: -j 64 started 64 processes on 2 cores, a walkthrough)
-            logging.getLogger("packer").warning("--workers %d: this machine has %d usable cores; using %d (more processes "
-                                                "only add memory and contention)", workers, cores, cores)
-            workers = cores
+        workers = workers_within_cores(self.workers or None)  # (-j 64 started 64 processes on 2 cores)
         chunksize = remote_chunksize(len(chosen), workers) if self.remote else None  # as a conversion from it reads
         with ordered_map(self.task, chosen, workers=workers, chunksize=chunksize) as results:
             for result in results:

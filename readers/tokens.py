@@ -16,7 +16,6 @@ targets ``w[:, 1:]``) for :class:`readers.Loader`; its labels are each window's 
 
 from __future__ import annotations
 
-import operator
 import os
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +26,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .epoch import positive_number
+from .formats.base import checked_index
 from .formats.tokens import TokenStore
 from .schema import Metadata
 
@@ -78,13 +78,7 @@ class TokenDataset(Dataset):
     def window_start(self, index: int) -> int:
         """First token of block ``index`` in the flat stream."""
         n = len(self)
-        try:
-            index = operator.index(index)
-        except TypeError:  # (as the datasets say it: 1.5 and '3' were TypeErrors of numpy's and of a comparison)
-            raise TypeError(f"TokenDataset indices must be integers, not {type(index).__name__}") from None
-        if not -n <= index < n:
-            raise IndexError(f"block {index} is out of range for {n} blocks")
-        index %= n
+        index = checked_index(index, n, "TokenDataset", f"block {index} is out of range for {n} blocks")  # (as the datasets)
         assert self.block_size is not None
         if not self.random_windows:
             return index * self.block_size

@@ -247,9 +247,10 @@ def test_workers_are_capped_by_the_memory_a_worker_may_need(image_folder, tmp_pa
     """With the default --max-pixels a worker may need ~665 MB: 1.5 GB available holds two; a
     small --max-pixels lets every core work."""
     import packer.engine as engine
+    import packer.parallel
 
     monkeypatch.setattr(engine, "available_memory", lambda: 1_500_000_000)
-    monkeypatch.setattr(engine, "default_workers", lambda: 8)
+    monkeypatch.setattr(packer.parallel, "default_workers", lambda: 8)  # (the cores cap: parallel.workers_within_cores)
     report = convert(image_folder, tmp_path / "m.lmdb", image=ImageOptions(size=8), workers=8)
     assert report.workers == 2
     assert any("8 workers could each need" in r.getMessage() and "using 2" in r.getMessage() for r in caplog.records)

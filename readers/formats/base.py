@@ -39,7 +39,7 @@ import operator
 import os
 import re
 from pathlib import Path
-from typing import ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault", "dataset_path", "local_path", "magic_mismatch", "SHARD_NAME"]
+__all__ = ["Store", "Record", "Fault", "dataset_path", "checked_index", "local_path", "magic_mismatch", "SHARD_NAME"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
@@ -66,6 +66,21 @@ def dataset_path(path: str | Path) -> Path:
     URL, as ``packer convert`` writes to, is its local path."""
     p = Path(local_path(path))
     return p.parent if SHARD_NAME.fullmatch(p.name) and not p.exists() else p
+
+
+def checked_index(index: Any, n: int, owner: str, out_of_range: str) -> int:
+    """``index`` (negative: from the end) as an ``int`` in ``0..n-1``; a ``TypeError`` naming
+    ``owner``'s indices when it is no integer, an ``IndexError`` saying ``out_of_range`` when it
+    is outside (the datasets' and ``TokenDataset``'s blocks' one check)."""
+    try:
+        i = operator.index(index)
+    except TypeError:
+        raise TypeError(f"{owner} indices must be integers, not {type(index).__name__}") from None
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(out_of_range)
+    return i
 
 
 def local_path(value: str | Path) -> str | Path:
@@ -377,15 +392,7 @@ class Store:
 
     def check_index(self, index: int) -> int:
         n = len(self)
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} is out of range for a dataset of {n} samples")
-        return i
+        return checked_index(index, n, "dataset", f"index {index} is out of range for a dataset of {n} samples")
 
     def check_indices(self, indices: Sequence[int]) -> np.ndarray:
         given = np.asarray(indices)
