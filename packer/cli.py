@@ -22,6 +22,7 @@ from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
 from ._version import __version__
+from .cli_command import OnceCommand
 from .doctor_cli import doctor as doctor_command
 from .engine import Interrupted
 from .errors import OptionError, PackerError
@@ -55,7 +56,10 @@ class _UserError(click.ClickException):
 
 
 class _Group(click.Group):
-    """Turns packer's user-facing exceptions into one-line errors."""
+    """Turns packer's user-facing exceptions into one-line errors; its commands refuse an option
+    given twice (:class:`OnceCommand`)."""
+
+    command_class = OnceCommand
 
     def invoke(self, ctx: click.Context):
         try:

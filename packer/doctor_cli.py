@@ -12,10 +12,12 @@ from pathlib import Path
 
 import click
 
+from .cli_command import OnceCommand
+
 __all__ = ["doctor"]
 
 
-@click.command()
+@click.command(cls=OnceCommand)
 @click.argument("src", type=click.Path())  # as typed: a URL is refused naming it, not folded to one slash
 @click.option("--step", metavar="MODULE:FUNCTION", help="Your training step, step(images, labels), imported from MODULE (the current folder is importable).")
 @click.option("--step-ms", type=click.FloatRange(0), help="Without --step: cost of the built-in model-free step, ms per batch (default: 25).")

@@ -157,3 +157,28 @@ def test_text_field_typed_as_its_default_on_a_corpus_without_records_is_refused(
     finally:
         logging.getLogger("packer").removeHandler(handler)
     assert seen == []
+
+
+@pytest.mark.parametrize("command, args, names", [
+    ("convert", ["--size", "8", "--size", "16"], "--size/-s"),
+    ("convert", ["-f", "blob", "--format", "lmdb"], "--format/-f"),
+    ("convert", ["--on-error=fail", "--on-error", "skip"], "--on-error"),
+    ("convert", ["--resume", "--resume"], "--resume"),
+    ("doctor", ["--batch-size", "4", "--batch-size", "8"], "--batch-size"),
+])
+def test_an_option_given_twice_is_refused(tmp_path, sources, command, args, names):
+    """click kept the last value of a one-value option typed twice and dropped the first without
+    a word (`--size 224 ... --size 128` converted at 128): refused, naming it, before any work."""
+    images, _ = sources
+    dst = [tmp_path / "i.blob"] if command == "convert" else []
+    line = one_line_error(run(command, images, *dst, *args, "-q" if command == "convert" else "--batches=1"))
+    assert line == f"Error: {names} given more than once; give it once (its values would not all be used)"
+    assert not list(tmp_path.iterdir())
+
+
+def test_repeatable_options_and_help_are_not_refused(tmp_path, sources):
+    images, _ = sources
+    context = cli.commands["bench"].make_context("bench", [str(images), "-f", "blob", "-f", "lmdb"])  # (parsed, not run)
+    assert context.params["formats"] == ("blob", "lmdb")
+    assert run("convert", images, tmp_path / "i.blob", "--size", "8", "--size", "9", "--help").exit_code == 0
+    assert not list(tmp_path.iterdir())
