@@ -16,12 +16,8 @@ for ``--seconds``; its figure is images/s. Each figure: median (min-max) over ``
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +26,7 @@ import readers.loader as loader_module
 from readers.blob import RAMDataset
 from readers.filling import BatchSource, FillingIterator
 
-from .common import run_main
+from .common import output_dir, run_main, save_json
 
 
 def rate(path: Path, batch: int, seconds: float) -> float:
@@ -73,17 +69,12 @@ def main() -> None:
             }
             print(size, {n: f"{statistics.median(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})" for n, v in figures.items()}, flush=True)
     record = {
-        "command": " ".join(["python -m benchmarks.loader_ranges", *sys.argv[1:]]),
         "compares": "readers.Loader images/s with its record_function stage classes (no profiler running) vs the plain classes",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.machine(), "cores": len(os.sched_getaffinity(0)), "load_average": list(os.getloadavg()),
+        "cores": len(os.sched_getaffinity(0)),
         "results": out,
     }
-    folder = Path(__file__).parent / ("results" if args.update_results else "out")
-    folder.mkdir(exist_ok=True)
-    (folder / "loader_ranges.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {folder / 'loader_ranges.json'}")
-
+    path = save_json("loader_ranges", record, output_dir(args.update_results))  # with its provenance: command, date, commit, machine
+    print(f"wrote {path}")
 
 if __name__ == "__main__":
     run_main(main)
