@@ -42,22 +42,22 @@ def source(tmp_path_factory) -> Path:
 
 
 def _options(fmt: str) -> tuple[list[str], dict]:
-    """CLI arguments and API keywords; ``webdataset-fragments``: 3 pieces for 2 workers, so each
-    is converted in fragments (checkpoints still only between pieces)."""
+    """CLI arguments and API keywords (no workers: :func:`_start` gives them); ``webdataset-fragments``:
+    3 pieces for 2 workers, so each is converted in fragments (checkpoints still only between pieces)."""
     fragments = fmt == "webdataset-fragments"
     fmt = "webdataset" if fragments else fmt
     args = ["--size", "24", "--format", fmt]
     kwargs = {"format": fmt, "image": ImageOptions(size=24)}
     if fmt == "webdataset":
         shard_size = 80 if fragments else SHARD_SIZE
-        args += ["--shard-size", str(shard_size), *(["-j", "2"] if fragments else [])]
+        args += ["--shard-size", str(shard_size)]
         kwargs["storage"] = StorageOptions(shard_size=shard_size)
     return args, kwargs
 
 
-def _start(source: Path, dst: Path, *args: str) -> subprocess.Popen:
+def _start(source: Path, dst: Path, *args: str, workers: int = 1) -> subprocess.Popen:
     """``packer convert`` in a child process group of its own (it and its workers)."""
-    command = [sys.executable, "-c", CHILD, "convert", str(source), str(dst), "-j", "1", "-q", *args]
+    command = [sys.executable, "-c", CHILD, "convert", str(source), str(dst), "-j", str(workers), "-q", *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -84,7 +84,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path, source, fm
     dst = tmp_path / f"out{SUFFIX[fmt]}"
     partial = dst.with_name(dst.name + ".partial")
     journal = journal_path(partial) / "journal.json"
-    proc = _start(source, dst, *args)
+    proc = _start(source, dst, *args, workers=2 if fmt == "webdataset-fragments" else 1)
     deadline = time.time() + 60
     while not journal.exists():  # a first checkpoint is committed
         assert proc.poll() is None, proc.communicate()
