@@ -94,7 +94,8 @@ def convert(
 
     Images: class sub-folders of ``src`` become labels; each image is decoded, oriented, resized
     and encoded once (``image`` options). ``src`` may also be an archive (.tar, .tar.gz, .zip, a
-    tar of tars: packer/sources/archives.py), a folder of WebDataset shards, a folder or archive
+    tar of tars: packer/sources/archives.py), a folder of WebDataset shards, Parquet files of
+    images (a Hugging Face dataset as the Hub stores it: packer/sources/parquet_images.py), a folder or archive
     whose labels are in a file (``source=SourceOptions(labels="train.csv")``:
     packer/sources/labels.py), or a map-style Python dataset object (``dataset[i]`` is
     ``(image, label)`` or a record: packer/sources/datasets.py). Text (``kind="text"``, ``text`` options given, or a

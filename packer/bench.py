@@ -85,10 +85,12 @@ def scan_folder_of_images(src: str | Path) -> ImageFolder:
     """``src``'s images, where ``src`` is a folder (bench and doctor link a sample of its files);
     an archive or another file is refused in one line saying what they take."""
     from .sources.archives import is_archive
+    from .sources.parquet_images import parquet_image_source
 
-    if Path(src).is_file() and is_archive(src):  # (what else is not a folder: the folder scan says what it is)
+    if (Path(src).is_file() and is_archive(src)) or parquet_image_source(src) is not None:  # (else: the folder scan says what it is)
+        what, it = ("the archive", "it") if Path(src).is_file() and is_archive(src) else ("the Parquet files' images", "them")
         raise SourceError(f"{src}: packer bench and packer doctor read a folder of images (they time a sample of its files); "
-                          "extract part of the archive into a folder, or convert it and point packer doctor at the dataset")
+                          f"extract part of {what} into a folder, or convert {it} and point packer doctor at the dataset")
     try:
         return scan_image_folder(src)
     except SourceError as exc:  # no images: an unfinished conversion is said as packer info says it (--resume)

@@ -135,9 +135,10 @@ def label_file_options(command):
     for option in reversed([
         click.option("--labels", type=click.Path(dir_okay=False), help="Labels from a CSV/TSV/JSON/JSONL file (paths relative to SRC, a flat folder or archive)."),
         click.option("--path-column", metavar="NAME", help="With --labels: the image path column (default: path, filename, image, id...)."),
-        click.option("--label-column", metavar="NAME", help="With --labels: the label column (default: label, class, category...)."),
+        click.option("--label-column", metavar="NAME", help="With --labels or a Parquet SRC: the label column (default: label, class, category...)."),
+        click.option("--image-column", metavar="NAME", help="A Parquet SRC: the column of encoded images (default: the Image one, else image, img...)."),
         click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split)."),
-        click.option("--split", metavar="VALUE", help="With --labels: only the rows of this split (e.g. val)."),
+        click.option("--split", metavar="VALUE", help="With --labels: only the rows of this split (e.g. val); a Parquet SRC: its files of this split."),
         click.option("--classes", "classes", type=click.Path(), metavar="PATH",
                      help="Number the classes as this list does: a packer dataset (--classes train.lmdb, converting val) "
                           "or a text file of class names, one a line."),
@@ -215,6 +216,7 @@ def convert(
     labels: str | None,
     path_column: str | None,
     label_column: str | None,
+    image_column: str | None,
     split_column: str | None,
     split: str | None,
     classes: str | None,
@@ -227,7 +229,8 @@ def convert(
     """Convert the image folder SRC (class sub-folders = labels), or a text corpus, into DST.
 
     SRC may also be an archive (.tar, .tar.gz, .zip, a tar of tars), a folder of WebDataset
-    shards, or, with --labels, a flat folder or archive whose labels are in a file.
+    shards, Parquet files of images (a Hugging Face dataset as the Hub stores it), or, with
+    --labels, a flat folder or archive whose labels are in a file.
 
     \b
     Examples:
@@ -258,7 +261,7 @@ def convert(
                 progress=not quiet, timeout=timeout, kind=kind, text=text,
                 resume=resume, executor=executor, ray_address=ray_address,
                 source=SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split,
-                                     classes=classes),
+                                     classes=classes, image_column=image_column),
             )
         click.echo(report.summary())  # (a Ctrl-C as it prints: the output is complete, as below says)
         if not quiet:
@@ -393,7 +396,7 @@ def bench(src: str, sample: int, size: str | None, resize: int | None, resize_mo
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
 def verify(path: Path, source: str | None, labels: str | None, path_column: str | None, label_column: str | None,
-           split_column: str | None, split: str | None, classes: str | None, quick: bool, workers: int | None) -> None:
+           image_column: str | None, split_column: str | None, split: str | None, classes: str | None, quick: bool, workers: int | None) -> None:
     """Check a packed dataset: metadata, structure, every sample's checksum and decode.
 
     Prints each fault (sample index and shard) and exits non-zero if there is any.
@@ -407,7 +410,7 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
     from .verify import verify as run_verify
 
     options = SourceOptions(labels=labels, path_column=path_column, label_column=label_column, split_column=split_column, split=split,
-                            classes=classes)
+                            classes=classes, image_column=image_column)
     given = changed_fields(options)
     if source is None and given:
         raise click.UsageError(f"{given[0]}: only with --source (the label file or class list of the source it compares with)")

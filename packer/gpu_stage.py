@@ -39,8 +39,8 @@ from readers.nvjpeg import GPUDecoder, GPUDecodeUnavailable, load_nvimgcodec, re
 from .errors import OptionError
 from .options import ImageOptions
 from .preprocess.encode import encode
-from .preprocess.fetch import Fetched, FetchMemberTask, FetchTask
-from .preprocess.members import MemberTask
+from .preprocess.fetch import Fetched, FetchMemberTask, FetchParquetRowTask, FetchTask
+from .preprocess.members import MemberTask, ParquetRowTask
 from .preprocess.task import Encoded, Failed, ImageTask
 from .writers import get_writer
 from .writers.piece_writer import PieceWriter
@@ -74,6 +74,8 @@ def gpu_job(job: Any, *, device: str = "cuda", backend: Any = None) -> Any:
     image = dataclasses.replace(job.image, decode_device="cuda")  # what the metadata and --resume record
     if isinstance(job.task, MemberTask):
         task: Any = FetchMemberTask(image)
+    elif isinstance(job.task, ParquetRowTask):
+        task = FetchParquetRowTask(image)
     elif type(job.task) is ImageTask:
         task = FetchTask(image)
     else:

@@ -155,7 +155,7 @@ class ImageJob(Job):
     def chunksize(self, workers: int | None) -> int | None:
         if self.items and is_source_url(self.items[0].path):  # each chunk starts with a round trip
             return remote_chunksize(len(self.items), workers)
-        return None
+        return self.folder.chunk if self.folder is not None else None  # (a Parquet row group's rows)
 
     def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
         assert self.folder is not None
@@ -204,6 +204,7 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
     from .sources.archives import is_archive, scan_archive
     from .sources.shards import is_shard_folder, scan_shards
     from .sources.labels import read_label_rows
+    from .sources.parquet_images import parquet_image_source, scan_parquet_images
 
     table = read_label_rows(source) if source.labels is not None else None
     identity = table.identity if table is not None else {}
@@ -214,11 +215,20 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
         class_list = read_class_list(source.classes)
         digest = hashlib.sha256("\n".join(class_list).encode()).hexdigest()[:12]  # (a resume refusal names it, not 1,000 names)
         identity = {**identity, "classes": f"{source.classes} ({len(class_list):,} classes, sha256 {digest})"}  # only when given
-    if not is_source_url(str(src)) and (is_archive(src) or (table is None and is_shard_folder(src))):
+    parquet = parquet_image_source(src)
+    if parquet is not None:
+        if table is not None:
+            raise OptionError(f"--labels: {src} is Parquet files, whose labels are their label column; drop it")
+        from .preprocess.members import ParquetRowTask
+
+        folder = scan_parquet_images(src, parquet, image_column=source.image_column, label_column=source.label_column, split=source.split)
+        identity = {**identity, **folder.columns}
+        task: Callable[[Any], Encoded | Failed] = ParquetRowTask(image)
+    elif not is_source_url(str(src)) and (is_archive(src) or (table is None and is_shard_folder(src))):
         from .preprocess.members import MemberTask
 
         folder = scan_archive(src, table, workers) if is_archive(src) else scan_shards(src)
-        task: Callable[[Any], Encoded | Failed] = MemberTask(image)
+        task = MemberTask(image)
     elif table is not None:
         folder = _labeled_folder(src, table)
         task = ImageTask(image)
@@ -341,6 +351,10 @@ def resolve_kind(src: str | Path, kind: str | None) -> str:
         if kind not in KINDS:
             raise OptionError(f"--kind: must be one of {', '.join(KINDS)}, got {kind!r}")
         return kind
+    from .sources.parquet_images import parquet_image_source
+
+    if parquet_image_source(src) is not None:  # (Parquet files are a text corpus unless they hold images)
+        return "image"
     return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
 
 
@@ -373,6 +387,10 @@ def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:
 
     if is_python_dataset(src):
         return ("image_column", "label_column")
+    from .sources.parquet_images import parquet_image_source
+
+    if source.labels is None and parquet_image_source(src) is not None:
+        return ("image_column", "label_column", "split", "classes")
     if source.labels is not None:
         return ("labels", "path_column", "label_column", "split_column", "split", "classes")
     return ("classes",)
@@ -387,6 +405,7 @@ def check_source_options(src: Any, source: SourceOptions) -> None:
     if unused:
         where = ("does not apply to a Python dataset" if is_python_dataset(src) else "applies to a Python dataset only"
                  if unused[0] in ("--image-column",) else "applies with --labels only")
+        where = where.replace("a Python dataset only", "a Python dataset or Parquet files of images only")
         raise OptionError(f"{unused[0]}: {where}; drop it")
 
 

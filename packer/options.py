@@ -282,6 +282,8 @@ class SourceOptions:
     ``split``: keep only the rows whose ``split_column`` (default ``split``) has this value.
     A Python dataset of records (a Hugging Face ``datasets.Dataset``): ``image_column`` and
     ``label_column`` name the fields (default: ``image``/``img`` and ``label``/``labels``).
+    Parquet files of images (packer/sources/parquet_images.py): ``image_column`` and
+    ``label_column`` name the columns, ``split`` keeps the files of one split.
     ``classes``: a packer dataset or a text file of class names giving the class list, so that
     SRC's classes are numbered as another conversion's (packer/sources/class_list.py).
     Options that do not apply to the SRC are refused by :func:`packer.convert`.

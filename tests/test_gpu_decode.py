@@ -285,6 +285,26 @@ def test_an_archive_goes_through_the_member_fetch_task(image_folder, tmp_path):
     assert min(psnr(a[2], b[2]) for a, b in zip(gpu, cpu)) > 35
 
 
+def test_parquet_rows_go_through_their_fetch_task(image_folder, tmp_path):
+    """Parquet files of images (packer/sources/parquet_images.py): rows read by FetchParquetRowTask, decoded by the stage."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packer.preprocess.fetch import FetchParquetRowTask
+
+    pictures = sorted(image_folder.rglob("*.jpg"))
+    rows = [{"image": {"bytes": p.read_bytes(), "path": None}, "label": k % 3} for k, p in enumerate(pictures)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet", row_group_size=5)
+    options = ImageOptions(size=32)
+    convert(tmp_path / "a.parquet", tmp_path / "cpu.lmdb", image=options, workers=1)
+    job = gpu_job(image_job(tmp_path / "a.parquet", options), device="cpu", backend=CPUStandIn())
+    assert isinstance(job.task, FetchParquetRowTask)
+    run(job, "lmdb", tmp_path / "gpu.lmdb", storage=None, options=RunOptions(workers=1))
+    (cpu, _), (gpu, _) = _samples(tmp_path / "cpu.lmdb"), _samples(tmp_path / "gpu.lmdb")
+    assert [(label, shape) for label, shape, _ in gpu] == [(label, shape) for label, shape, _ in cpu] and len(cpu) == len(pictures) > 5
+    assert min(psnr(a[2], b[2]) for a, b in zip(gpu, cpu)) > 35
+
+
 def test_the_fetch_task_hands_on_plain_jpegs_only(mixed_folder):
     job = image_job(mixed_folder, ImageOptions(size=32))
     task = FetchTask(job.image)

@@ -4,7 +4,7 @@ Convention: every fenced ```python, ```bash and ```console block runs, in docume
 the line before its fence is ``<!-- norun: reason -->`` (environment set-up, benchmarks). A shell
 block is a session of ``packer ...`` commands (run in-process through click, ``#`` comments
 allowed): it starts in a fresh folder holding the sample inputs the README names (imagenet/train,
-corpus/, images/ with its CSVs, the ILSVRC-style tars, old-shards/). A Python block runs in the
+corpus/, images/ with its CSVs, the ILSVRC-style tars, old-shards/, imagenet-1k/data/). A Python block runs in the
 folder of the block before it, so it can read what that block wrote. Blocks of other languages
 (``text``, plain fences) are output or layout, never run.
 
@@ -17,7 +17,6 @@ import csv
 import io
 import os
 import re
-import runpy
 import shlex
 import shutil
 import subprocess
@@ -99,6 +98,14 @@ def make_inputs(root: Path) -> None:
         for path in sorted(images.iterdir()):
             flat_tar.add(path, arcname=path.name)
     packer.convert(root / "imagenet" / "train", root / "old-shards", format="webdataset", workers=1)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "imagenet-1k" / "data").mkdir(parents=True)  # as the Hugging Face Hub stores a dataset
+    for split in ("train", "validation"):
+        pictures = sorted((root / "imagenet" / "train").rglob("*.jpg"))
+        rows = [{"image": {"bytes": p.read_bytes(), "path": p.name}, "label": k % 2} for k, p in enumerate(pictures)]
+        pq.write_table(pa.Table.from_pylist(rows), root / "imagenet-1k" / "data" / f"{split}-00000-of-00001.parquet")
 
 
 @pytest.fixture(scope="module")

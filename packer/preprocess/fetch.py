@@ -1,6 +1,6 @@
 """The workers' part of ``packer convert --decode-device cuda``: read each input, hand plain JPEGs on.
 
-:class:`FetchTask` / :class:`FetchMemberTask` run in the pool's workers instead of the image
+:class:`FetchTask` / :class:`FetchMemberTask` / :class:`FetchParquetRowTask` run in the pool's workers instead of the image
 tasks: they read an input's bytes and look at its header. A plain JPEG (complete, RGB or gray,
 within ``--max-pixels``) comes back as :class:`Fetched` (its bytes, through the pool's
 shared-memory transport) for the driving process to decode on the GPU (packer/gpu_stage.py);
@@ -21,10 +21,10 @@ from typing import Any
 from PIL import Image
 
 from .decode import jpeg_ends_cleanly
-from .members import MemberTask
+from .members import MemberTask, ParquetRowTask
 from .task import Encoded, Failed, ImageTask
 
-__all__ = ["Fetched", "FetchTask", "FetchMemberTask", "gpu_decodable"]
+__all__ = ["Fetched", "FetchTask", "FetchMemberTask", "FetchParquetRowTask", "gpu_decodable"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,8 @@ class FetchTask(_Fetch, ImageTask):
 @dataclass(frozen=True)
 class FetchMemberTask(_Fetch, MemberTask):
     """Read one archive member; a plain JPEG comes back as :class:`Fetched`."""
+
+
+@dataclass(frozen=True)
+class FetchParquetRowTask(_Fetch, ParquetRowTask):
+    """Read one Parquet row's image; a plain JPEG comes back as :class:`Fetched`."""

@@ -1,6 +1,7 @@
-"""The work unit of an archive SRC: one member's bytes, read from its archive by the worker, then
+"""The work units of an archive SRC: one member's bytes, read from its archive by the worker, then
 converted as an image file (:class:`~packer.preprocess.task.ImageTask`) or, for a ``.npy``
-member of WebDataset shards, as decoded pixels (packer/preprocess/arrays.py)."""
+member of WebDataset shards, as decoded pixels (packer/preprocess/arrays.py); and of Parquet
+files of images: one row's image bytes (packer/sources/parquet_images.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sources.members import Member, read_member
+from ..sources.parquet_images import ParquetRow, read_row_image
 from .arrays import encode_pixels, to_pixels
 from .decode import DecodeError
 from .task import Encoded, Failed, ImageTask
 
-__all__ = ["MemberTask"]
+__all__ = ["MemberTask", "ParquetRowTask"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +41,17 @@ class MemberTask(ImageTask):
         except (ValueError, OSError) as exc:
             return Failed(item.path, f"not a readable .npy array ({exc})")
         return Encoded(item.label, shape, payload)
+
+
+@dataclass(frozen=True)
+class ParquetRowTask(ImageTask):
+    """Read one Parquet row's image bytes (:func:`~packer.sources.parquet_images.read_row_image`) and convert them."""
+
+    def __call__(self, item: ParquetRow) -> Encoded | Failed:  # type: ignore[override]
+        try:
+            data = read_row_image(item)
+        except OSError as exc:
+            return Failed(item.path, f"cannot read it from the Parquet file ({exc.strerror or exc})")
+        except ValueError as exc:
+            return Failed(item.path, str(exc))
+        return self.convert(item, data)

@@ -60,6 +60,8 @@ class ImageFolder:
     #: and folders that cannot be listed.
     #: They come first in ``skipped``; ``--on-error fail`` stops at them (packer/jobs.py).
     refused: list[Skipped] = field(default_factory=list)
+    #: Inputs per work unit that suit the source (a Parquet row group's rows), or ``None``.
+    chunk: int | None = None
 
     @property
     def source(self) -> str:

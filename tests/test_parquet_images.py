@@ -1,0 +1,239 @@
+"""Parquet files of images as SRC (packer/sources/parquet_images.py): a Hugging Face dataset as
+the Hub stores it converts as its class folder does (the same pixels, labels and class names),
+rows without images or labels are skipped and recorded, work is handed out by row group, and
+``verify --source`` re-reads the rows. Before, such a folder was taken for a text corpus
+("holds no images, only text files") and refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from imagefiles import gradient, jpeg_bytes, write
+from packer import ImageOptions, convert
+from packer.cli import cli
+from packer.errors import OptionError, SourceError
+from packer.options import SourceOptions
+from packer.jobs import image_job
+from readers.formats import open_store
+
+CLASSES = ["cat", "dog", "fox"]
+
+
+def hf_metadata(names=CLASSES) -> dict:
+    """The schema metadata the `datasets` library writes: an Image feature and a ClassLabel."""
+    features = {"image": {"_type": "Image"}, "label": {"names": list(names), "_type": "ClassLabel"}}
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+
+
+def write_parquet(path: Path, rows: list[dict], metadata: dict | None = None, row_group_size: int = 4) -> Path:
+    table = pa.Table.from_pylist(rows)
+    if metadata is not None:
+        table = table.replace_schema_metadata(metadata)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A Hub-like dataset (two files of 7 and 5 rows, row groups of 4) and the same JPEGs in class folders."""
+    root = tmp_path_factory.mktemp("hub")
+    images = {}  # row name -> (class, jpeg)
+    rows_of = {"train-00000-of-00002.parquet": 7, "train-00001-of-00002.parquet": 5}
+    seed = 0
+    for file, count in rows_of.items():
+        rows = []
+        for n in range(1, count + 1):
+            label = seed % 3
+            data = jpeg_bytes(gradient(20 + seed, 30, seed=seed))
+            rows.append({"image": {"bytes": data, "path": f"img{seed}.jpg"}, "label": label})
+            images[f"{file}:{n}"] = (CLASSES[label], data, f"img{seed:02d}.jpg")
+            write(root / "folder" / CLASSES[label] / f"img{seed:02d}.jpg", data)
+            seed += 1
+        write_parquet(root / "data" / file, rows, hf_metadata())
+    return root, images
+
+
+def plain_read(path: Path) -> tuple[dict, dict[str, tuple[int, bytes]]]:
+    """An LMDB dataset read with lmdb and json alone (docs/FORMATS.md): its metadata, and
+    source name -> (label, payload) for every sample."""
+    env = lmdb.open(str(path), subdir=True, readonly=True, lock=False)
+    with env.begin() as txn:
+        meta = json.loads(txn.get(b"__meta__"))
+        names = json.loads(txn.get(b"__sources__"))
+        out = {}
+        for i in range(meta["count"]):
+            record = txn.get(b"%010d" % i)
+            label = int(np.frombuffer(record[:4], "<i4")[0])
+            out[names[i]] = (label, bytes(record[16:]))
+    env.close()
+    return meta, out
+
+
+def plain_samples(path: Path) -> dict[str, tuple[int, bytes]]:
+    return plain_read(path)[1]
+
+
+def test_a_hub_dataset_converts_as_its_class_folder_does(hub, tmp_path):
+    root, images = hub
+    options = ImageOptions(size=16)
+    parquet = convert(root / "data", tmp_path / "p.lmdb", image=options, workers=2)
+    convert(root / "folder", tmp_path / "f.lmdb", image=options, workers=1)
+    assert parquet.written == len(images) == 12 and not parquet.skipped
+    from_parquet, from_folder = plain_samples(tmp_path / "p.lmdb"), plain_samples(tmp_path / "f.lmdb")
+    assert list(from_parquet) == list(images)  # file order, then row order, named FILE:N
+    for name, (cls, _data, file_name) in images.items():
+        assert from_parquet[name] == from_folder[f"{cls}/{file_name}"]
+        assert from_parquet[name][0] == CLASSES.index(cls)
+    meta = plain_read(tmp_path / "p.lmdb")[0]
+    assert meta["classes"] == CLASSES and meta["labeled"] and meta["source"] == str((root / "data").resolve())
+
+
+def test_work_is_handed_out_a_row_group_at_a_time(hub):
+    root, _ = hub
+    job = image_job(root / "data", ImageOptions(size=16))
+    assert job.chunksize(2) == 4  # the files' row groups
+    assert [item.group for item in job.items[:8]] == [0, 0, 0, 0, 1, 1, 1, 0]
+
+
+def test_the_cli_takes_it_as_images_and_verify_rereads_it(hub, tmp_path):
+    root, _ = hub
+    run = CliRunner().invoke(cli, ["convert", str(root / "data"), str(tmp_path / "p.blob"), "--size", "16", "-q"])
+    assert run.exit_code == 0, run.output
+    checked = CliRunner().invoke(cli, ["verify", str(tmp_path / "p.blob"), "--source", str(root / "data")])
+    assert checked.exit_code == 0 and "12 compared with the source" in checked.output, checked.output
+    one_file = root / "data" / "train-00001-of-00002.parquet"
+    run = CliRunner().invoke(cli, ["convert", str(one_file), str(tmp_path / "one.lmdb"), "--size", "16", "-q"])
+    assert run.exit_code == 0, run.output
+    assert list(plain_samples(tmp_path / "one.lmdb"))[:2] == ["train-00001-of-00002.parquet:1", "train-00001-of-00002.parquet:2"]
+
+
+def test_rows_without_an_image_or_a_label_are_skipped_and_recorded(tmp_path):
+    data = jpeg_bytes(gradient(12, 12))
+    rows = [{"image": {"bytes": data, "path": None}, "label": 1},
+            {"image": {"bytes": None, "path": "/elsewhere/a.jpg"}, "label": 0},
+            {"image": {"bytes": b"not an image", "path": None}, "label": 0},
+            {"image": {"bytes": data, "path": None}, "label": None},
+            {"image": {"bytes": data, "path": None}, "label": 2}]
+    write_parquet(tmp_path / "src" / "x.parquet", rows, hf_metadata())
+    report = convert(tmp_path / "src", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert reasons["x.parquet:2"] == "the row holds no image bytes (only a path to the image, not embedded)"
+    assert reasons["x.parquet:4"] == "no label (column 'label' holds None)"
+    assert "x.parquet:3" in reasons and len(reasons) == 3
+    assert [(name, label) for name, (label, _) in plain_samples(tmp_path / "o.lmdb").items()] == [("x.parquet:1", 1), ("x.parquet:5", 2)]
+
+
+def test_plain_columns_string_labels_and_unlabeled_files(tmp_path):
+    pictures = [jpeg_bytes(gradient(10, 10, seed=i)) for i in range(4)]
+    write_parquet(tmp_path / "ints" / "a.parquet", [{"jpg": p, "label": i * 2} for i, p in enumerate(pictures)])
+    write_parquet(tmp_path / "names" / "a.parquet", [{"img": p, "class": c} for p, c in zip(pictures, "zyzx")])
+    write_parquet(tmp_path / "test" / "a.parquet", [{"image": p, "label": -1} for p in pictures])
+    write_parquet(tmp_path / "none" / "a.parquet", [{"image": p, "caption": "a picture"} for p in pictures])
+    for name in ("ints", "names", "test", "none"):
+        convert(tmp_path / name, tmp_path / f"{name}.lmdb", image=ImageOptions(size=8), workers=1)
+    (ints, int_samples), (names, name_samples) = plain_read(tmp_path / "ints.lmdb"), plain_read(tmp_path / "names.lmdb")
+    assert ints["classes"] == [str(i) for i in range(7)] and [label for label, _ in int_samples.values()] == [0, 2, 4, 6]
+    assert names["classes"] == ["x", "y", "z"] and [label for label, _ in name_samples.values()] == [2, 1, 2, 0]
+    for unlabeled in ("test", "none"):
+        meta, samples = plain_read(tmp_path / f"{unlabeled}.lmdb")
+        assert not meta["labeled"] and meta["count"] == 4 and {label for label, _ in samples.values()} == {-1}
+
+
+def test_what_is_not_a_parquet_image_source_or_cannot_be_one(hub, tmp_path):
+    root, _ = hub
+    write_parquet(tmp_path / "text" / "a.parquet", [{"text": "a document"}, {"text": "another"}])
+    assert CliRunner().invoke(cli, ["convert", str(tmp_path / "text"), str(tmp_path / "t.blob"), "-q"]).exit_code == 0
+    assert open_store(tmp_path / "t.blob").meta.kind == "text"  # Parquet without an image column is a corpus, as before
+    with pytest.raises(OptionError, match="labels are their label column"):
+        labels = write(tmp_path / "labels.csv", b"path,label\nx.jpg,1\n")
+        convert(root / "data", tmp_path / "l.lmdb", image=ImageOptions(size=8), source=SourceOptions(labels=str(labels)))
+    mixed = tmp_path / "mixed"
+    write_parquet(mixed / "a.parquet", [{"image": jpeg_bytes(gradient(8, 8)), "label": 0}])
+    write_parquet(mixed / "b.parquet", [{"picture": jpeg_bytes(gradient(8, 8)), "label": 0}])
+    with pytest.raises(SourceError, match=r"b\.parquet has no column 'image', which a\.parquet has"):
+        convert(mixed, tmp_path / "m.lmdb", image=ImageOptions(size=8))
+    assert not (tmp_path / "m.lmdb").exists() and not (tmp_path / "l.lmdb").exists()
+
+
+def test_several_splits_in_one_folder_are_said_and_split_picks_one(tmp_path, caplog):
+    pictures = [jpeg_bytes(gradient(8, 8, seed=i)) for i in range(3)]
+    for split, count in (("train", 2), ("validation", 1)):
+        write_parquet(tmp_path / "data" / f"{split}-00000-of-00001.parquet", [{"image": p, "label": 0} for p in pictures[:count]])
+    convert(tmp_path / "data", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert "are those of the splits train, validation, which are converted together into one dataset; to convert one split, " \
+           "pass --split train" in caplog.text
+    caplog.clear()
+    run = CliRunner().invoke(cli, ["convert", str(tmp_path / "data"), str(tmp_path / "v.lmdb"), "--split", "validation", "--size", "8", "-q"])
+    assert run.exit_code == 0 and "converted together" not in caplog.text, run.output
+    assert list(plain_samples(tmp_path / "v.lmdb")) == ["validation-00000-of-00001.parquet:1"]
+    run = CliRunner().invoke(cli, ["convert", str(tmp_path / "data"), str(tmp_path / "x.lmdb"), "--split", "test", "-q"])
+    assert run.exit_code == 2 and run.stderr.strip() == (
+        f"Error: --split: no Parquet file of {tmp_path / 'data'} is of the split 'test' (its splits: train, validation)"), run.output
+    nested = tmp_path / "nested"
+    for split in ("train", "test"):
+        write_parquet(nested / split / "0000.parquet", [{"image": pictures[0], "label": 0}])
+    assert convert(nested, tmp_path / "n.lmdb", image=ImageOptions(size=8), source=SourceOptions(split="test"), workers=1).written == 1
+
+
+def test_the_columns_can_be_named_and_a_wrong_name_is_refused(tmp_path):
+    pictures = [jpeg_bytes(gradient(10, 10, seed=i)) for i in range(3)]
+    rows = [{"thumb": jpeg_bytes(gradient(4, 4)), "photo": p, "coarse": i % 2, "fine": 2 - i} for i, p in enumerate(pictures)]
+    src = tmp_path / "src"
+    write_parquet(src / "a.parquet", rows)
+    run = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.lmdb"), "--image-column", "photo", "--label-column", "fine",
+                                   "--size", "8", "-q"])
+    assert run.exit_code == 0, run.output
+    meta, samples = plain_read(tmp_path / "o.lmdb")
+    assert [label for label, _ in samples.values()] == [2, 1, 0] and meta["classes"] == ["0", "1", "2"]
+    default = convert(src, tmp_path / "d.lmdb", image=ImageOptions(size=8), workers=1)  # the first binary column, no label column
+    assert default.written == 3 and not plain_read(tmp_path / "d.lmdb")[0]["labeled"]
+    checked = CliRunner().invoke(cli, ["verify", str(tmp_path / "o.lmdb"), "--source", str(src), "--image-column", "photo",
+                                       "--label-column", "fine"])
+    assert checked.exit_code == 0 and "3 compared with the source" in checked.output, checked.output
+    for args, message in [
+        (["--image-column", "nope"], "--image-column: a.parquet has no column 'nope' (its columns: thumb, photo, coarse, fine)"),
+        (["--image-column", "fine"], "--image-column: column 'fine' of a.parquet holds no encoded images (it is int64; binary, or a "
+                                     "struct with binary 'bytes', is needed)"),
+        (["--label-column", "photo"], "--label-column: column 'photo' of a.parquet holds no labels (it is binary; integers or strings are needed)"),
+        (["--path-column", "photo"], "--path-column: applies with --labels only; drop it"),
+    ]:
+        run = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "x.lmdb"), *args, "-q"])
+        assert run.exit_code == 2 and run.stderr.strip() == f"Error: {message}", run.output
+    assert not (tmp_path / "x.lmdb").exists()
+    folder = tmp_path / "folder"
+    write(folder / "cat" / "a.jpg", pictures[0])
+    run = CliRunner().invoke(cli, ["convert", str(folder), str(tmp_path / "y.lmdb"), "--image-column", "photo", "-q"])
+    assert run.exit_code == 2 and "--image-column: applies to a Python dataset or Parquet files of images only; drop it" in run.stderr
+
+
+def test_an_unreadable_file_is_recorded_and_fail_stops_at_it(tmp_path):
+    picture = jpeg_bytes(gradient(8, 8))
+    src = tmp_path / "data"
+    for k in range(2):
+        write_parquet(src / f"train-0000{k}-of-00002.parquet", [{"image": picture, "label": 0}, {"image": picture, "label": 1}])
+    broken = src / "train-00001-of-00002.parquet"
+    broken.write_bytes(broken.read_bytes()[:-40] + bytes(32) + b"PAR1")  # a broken footer (a download cut and patched)
+    report = convert(src, tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == 2 and [s.path for s in report.skipped] == ["train-00001-of-00002.parquet"]
+    assert report.skipped[0].reason.startswith("cannot read it as a Parquet file (")
+    run = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "f.lmdb"), "--on-error", "fail", "-q"])
+    assert run.exit_code == 1 and "train-00001-of-00002.parquet: cannot read it as a Parquet file" in run.stderr, run.output
+    assert not (tmp_path / "f.lmdb").exists()
+
+
+@pytest.mark.parametrize("command", ["bench", "doctor"])
+def test_bench_and_doctor_say_they_take_a_folder_of_images(hub, command):
+    root, _ = hub
+    run = CliRunner().invoke(cli, [command, str(root / "data")])
+    assert run.exit_code == 1 and run.stderr.strip() == (
+        f"Error: {root / 'data'}: packer bench and packer doctor read a folder of images (they time a sample of its files); "
+        "extract part of the Parquet files' images into a folder, or convert them and point packer doctor at the dataset"), run.output
