@@ -773,3 +773,22 @@ def test_a_dataset_replaced_at_its_url_is_not_read_from_the_cache(image_folder, 
                 workers=1, overwrite=True)
         again = [x.shape for x, _ in StreamingShards(f"{url}/ds/", cache_dir=tmp_path / "cache")]
     assert {tuple(s) for s in first} == {(3, 8, 8)} and {tuple(s) for s in again} == {(1, 8, 8)} and len(again) == 18
+
+
+def test_an_http_src_names_files_and_classes_as_the_server_has_them(image_folder, tmp_path):
+    """http.server lists `éclair/` and `img 000.jpg` percent-encoded (`%C3%A9clair/`, `img%20000.jpg`):
+    classes were named and sorted so, which swapped the labels of 'apple' and 'éclair' against the
+    local folder's without a word, and the recorded names were encoded (a remote walkthrough)."""
+    pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
+    src = tmp_path / "served" / "src"
+    pictures = sorted(image_folder.rglob("*.jpg"))
+    for k, name in enumerate(["éclair/img 000.jpg", "éclair/plus+sign.jpg", "éclair/é ü.jpg", "apple/a%20b.jpg", "apple/x.jpg"]):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pictures[k], src / name)
+    local = convert(src, tmp_path / "l.lmdb", image=ImageOptions(size=16), workers=1)
+    with served(src.parent) as root:
+        remote = convert(f"{root}/src", tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=1)
+    assert samples(remote.dst) == samples(local.dst) and len(samples(local.dst)) == 5
+    assert open_store(remote.dst).meta.classes == ("apple", "éclair")
+    assert open_store(remote.dst).source_names() == open_store(local.dst).source_names()
+    assert "éclair/é ü.jpg" in open_store(local.dst).source_names() and "apple/a%20b.jpg" in open_store(local.dst).source_names()

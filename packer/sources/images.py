@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -70,9 +71,10 @@ class ImageFolder:
 
     def relative(self, path: str) -> str:
         """``path`` relative to the root, as recorded in metadata."""
-        if isinstance(self.root, str):  # a URL: items are below it
+        if isinstance(self.root, str):  # a URL: items are below it (over HTTP percent-encoded: named as the server's files are)
             prefix = self.root.rstrip("/") + "/"
-            return path[len(prefix) :] if path.startswith(prefix) else path
+            rest = path[len(prefix) :] if path.startswith(prefix) else path
+            return unquote(rest) if self.root[:8].lower().startswith(("http://", "https://")) else rest
         prefix = str(self.root).rstrip(os.sep) + os.sep
         if path.startswith(prefix):  # as the scan joins them: no relpath per sample (the driver's CPU)
             rest = path[len(prefix) :]

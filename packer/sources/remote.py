@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
+from urllib.parse import quote, unquote
 
 from readers.remote import is_url
 from readers.schema import Skipped
@@ -124,7 +125,8 @@ class FsspecTree:
             for name, detail in found.items():
                 name = self.fs._strip_protocol(name).rstrip("/")
                 if name.startswith(prefix):
-                    listing[tuple(name[len(prefix) :].split("/"))] = detail
+                    parts = name[len(prefix) :].split("/")  # over HTTP percent-encoded (%20, %C3%A9): names as the server's files are
+                    listing[tuple(unquote(p) for p in parts) if follows else tuple(parts)] = detail
             if follows:  # (an object store has no links: identical folders there are two folders)
                 listing, loops = _without_loops(listing)
                 self.refused = [Skipped("/".join(loop), LOOP_REASON) for loop in loops]
@@ -157,7 +159,8 @@ class FsspecTree:
         return [self.path("/".join((folder, *parts))) for parts in inside]
 
     def path(self, name: str) -> str:
-        return self.fs.unstrip_protocol(f"{self._base}/{name}")
+        """The URL of ``name`` (relative, as the listing's names are: over HTTP, encoded again)."""
+        return self.fs.unstrip_protocol(f"{self._base}/{quote(name) if _follows_links(self.fs) else name}")
 
     def cannot_list(self, exc: Exception) -> str:
         return f"cannot list the folder ({type(exc).__name__}: {_first_line(exc)}); check the URL and the credentials"
