@@ -1,7 +1,8 @@
 """Remote shards: URLs opened for streaming, the metadata beside them, and a bounded local cache.
 
 :class:`~readers.webdataset.StreamingShards` reads shards from local paths, ``pipe:`` commands
-and ``http(s)://`` URLs through the webdataset library's ``gopen`` (``curl`` for http), and from
+through the webdataset library's ``gopen``, ``http(s)://`` URLs through urllib (a stalled
+server is an error after :data:`STALL_SECONDS`, never a hang), and from
 any other fsspec URL (``s3://``, ``gs://``, ``memory://``...) through ``fsspec.open`` (``pip
 install 'packer[remote]'``; s3 needs s3fs). The metadata record is fetched from the folder URL
 the shards share, so ``len()``, resume and per-shard counts work remotely too.
@@ -15,13 +16,17 @@ when complete, so a reader never sees half a shard.
 from __future__ import annotations
 
 import hashlib
+import http.client
+import io
+import numbers
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
-__all__ = ["is_url", "open_shard", "read_url", "ShardCache", "GOPEN_SCHEMES"]
+__all__ = ["is_url", "open_shard", "open_http", "read_url", "ShardCache", "GOPEN_SCHEMES", "STALL_SECONDS"]
 
 #: Schemes the webdataset library's ``gopen`` opens itself (the rest go to fsspec).
 GOPEN_SCHEMES = frozenset({"", "file", "pipe", "http", "https"})
@@ -43,13 +48,68 @@ def _fsspec() -> object:
     return fsspec
 
 
+#: Seconds an http(s) shard may send nothing before its read is an error (a stalled server
+#: hung the epoch for good through ``curl``, which had a connect timeout only).
+STALL_SECONDS = 60.0
+#: Tries to open an http(s) shard (a refused connection, a timeout, HTTP 5xx), :data:`RETRY_DELAY` s apart.
+HTTP_TRIES = 3
+RETRY_DELAY = 2.0
+
+
 def open_shard(url: str) -> BinaryIO:
-    """A binary stream of the shard at ``url``: ``gopen`` for paths, pipes and http(s), else fsspec."""
+    """A binary stream of the shard at ``url``: http(s) through urllib (:func:`open_http`),
+    ``gopen`` for paths and pipes, else fsspec."""
+    if urlparse(url).scheme in ("http", "https"):
+        return open_http(url)
     if urlparse(url).scheme in GOPEN_SCHEMES or not is_url(url):
         from webdataset.gopen import gopen
 
         return gopen(url, "rb")
     return _fsspec().open(url, "rb").open()  # type: ignore[attr-defined]
+
+
+class _HTTPBody(io.RawIOBase):
+    """An http(s) response's body; a read that waits :data:`STALL_SECONDS` for bytes, or a body
+    that ends before its Content-Length, is an ``OSError`` naming the URL."""
+
+    def __init__(self, url: str, response: Any) -> None:
+        super().__init__()
+        self.url, self._response = url, response
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            return self._response.readinto(buffer)
+        except TimeoutError:
+            raise OSError(f"{self.url}: nothing arrived for {STALL_SECONDS:g} s: the server stalled") from None
+        except http.client.IncompleteRead as exc:
+            raise OSError(f"{self.url}: the server ended the transfer early ({exc.expected:,} bytes short)") from None
+
+    def close(self) -> None:
+        self._response.close()
+        super().close()
+
+
+def open_http(url: str) -> BinaryIO:
+    """The body of ``url``, opened with up to :data:`HTTP_TRIES` tries (a 4xx answer is not tried again)."""
+    import urllib.error
+    import urllib.request
+
+    for attempt in range(HTTP_TRIES):
+        last = attempt == HTTP_TRIES - 1
+        try:
+            response = urllib.request.urlopen(url, timeout=STALL_SECONDS)  # noqa: S310 - a URL the user gave
+            return io.BufferedReader(_HTTPBody(url, response), 1 << 20)  # type: ignore[return-value]
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or last:
+                raise OSError(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:  # refused, no such host, timed out
+            if last:
+                raise OSError(f"{url}: cannot be read ({getattr(exc, 'reason', exc)}), after {HTTP_TRIES} tries") from None
+        time.sleep(RETRY_DELAY)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def read_url(url: str) -> bytes | None:
@@ -75,8 +135,13 @@ def read_url(url: str) -> bytes | None:
         return None
 
 
+#: Seconds after which an untouched partial download in a cache is a killed reader's leftover.
+DEAD_DOWNLOAD = 10 * STALL_SECONDS
+
+
 class ShardCache:
-    """Whole shards downloaded into ``folder``, at most ``max_bytes`` of them (LRU by file mtime).
+    """Whole shards downloaded into ``folder``, at most ``max_bytes`` of them (LRU by file mtime;
+    a shard larger than ``max_bytes`` alone is kept until the next one arrives).
 
     Shared safely by the processes of one machine: downloads are renamed into place complete,
     and evicting a file another process is reading does not disturb that read (POSIX).
@@ -86,8 +151,8 @@ class ShardCache:
         """``version``: what tells this dataset from another at the same URLs (its metadata
         record): a dataset replaced at its URL was read from the cache as it was (3-channel
         samples under 1-channel metadata; an S3 walkthrough)."""
-        if max_bytes < 1:
-            raise ValueError(f"cache_bytes must be positive, got {max_bytes!r}")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) or max_bytes < 1:
+            raise ValueError(f"cache_bytes must be a positive number of bytes, got {max_bytes!r}")
         self.folder = Path(folder)
         self.max_bytes = int(max_bytes)
         self.version = version
@@ -97,24 +162,42 @@ class ShardCache:
         digest = hashlib.sha1(f"{self.version}\n{url}".encode() if self.version else url.encode()).hexdigest()[:16]
         return self.folder / f"{digest}-{url.rstrip('/').rsplit('/', 1)[-1]}"
 
-    def open(self, url: str) -> BinaryIO:
-        """The shard at ``url``, from the cache, downloading it first when missing."""
+    def open(self, url: str, size: int | None = None) -> BinaryIO:
+        """The shard at ``url``, from the cache, downloading it first when missing; ``size``: its
+        size as the metadata records it (a download of another size is refused, never cached;
+        a cached file of another size, cut short before this check, is downloaded again)."""
         target = self.path(url)
-        if target.exists():
+        if target.exists() and (size is None or target.stat().st_size == size):
             os.utime(target)  # most recently used
             return open(target, "rb")
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._clear_dead_downloads()
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".download-")
         try:
             with os.fdopen(fd, "wb") as out, open_shard(url) as stream:
                 while chunk := stream.read(1 << 20):
                     out.write(chunk)
-            self._evict(os.path.getsize(tmp))
+            got = os.path.getsize(tmp)
+            if size is not None and got != size:
+                raise OSError(f"{url}: {got:,} bytes arrived, the metadata says {size:,}: the transfer (or the shard) was cut short; "
+                              "nothing was cached")
+            self._evict(got)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         return open(target, "rb")
+
+    def _clear_dead_downloads(self) -> None:
+        """Remove downloads a killed reader left (``.download-*`` untouched for :data:`DEAD_DOWNLOAD`
+        seconds: a live one grows, or its read fails, within :data:`STALL_SECONDS`)."""
+        now = time.time()
+        for entry in os.scandir(self.folder):
+            try:
+                if entry.name.startswith(".download-") and now - entry.stat().st_mtime > DEAD_DOWNLOAD:
+                    os.unlink(entry.path)
+            except FileNotFoundError:  # another process cleared it first
+                pass
 
     def _evict(self, incoming: int) -> None:
         """Delete least recently used shards until ``incoming`` more bytes fit the bound."""

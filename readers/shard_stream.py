@@ -25,7 +25,7 @@ from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormat
 #: Names of local files taken as shards without reading their first bytes.
 TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 
-__all__ = ["decode_member", "resolve_shards", "shard_name", "shuffled"]
+__all__ = ["decode_member", "resolve_shards", "shard_name", "shuffled", "shard_samples", "expected_shards"]
 
 
 def decode_member(data: np.ndarray, ext: str, url: str, name: str, meta: Metadata | None) -> torch.Tensor:
@@ -146,20 +146,33 @@ def _check_local(paths: Iterator[str]) -> None:
             check_format(path, ShardStore.format_name)
 
 
-def shard_samples(urls: Sequence[str], cache: Any = None) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
+def expected_shards(meta: Metadata | None) -> dict[str, tuple[int, int]]:
+    """Shard file name -> (bytes, samples), as a packer shard folder's metadata records them ({} without)."""
+    if meta is None:
+        return {}
+    extra = meta.extra
+    return {name: (int(size), int(count)) for name, size, count in zip(extra["shards"], extra["shard_sizes"], extra["shard_counts"])}
+
+
+def shard_samples(urls: Sequence[str], cache: Any = None, expected: dict[str, tuple[int, int]] | None = None,
+                  ) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
     """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded;
-    ``cache``: a :class:`~readers.remote.ShardCache` that keeps the shards read."""
+    ``cache``: a :class:`~readers.remote.ShardCache` that keeps the shards read; ``expected``
+    (:func:`expected_shards`): a shard the metadata lists that ends before its last sample (a
+    file or transfer cut short at a tar block) is an error, not a shorter epoch, and is never cached."""
     from .remote import open_shard
 
     image_exts = set(EXTENSIONS.values())
     for url in urls:
-        stream = cache.open(url) if cache is not None else open_shard(url)
+        size, count = (expected or {}).get(shard_name(url), (None, None))
+        stream = cache.open(url, size) if cache is not None else open_shard(url)
         try:
-            key, image, label = None, None, -1
+            key, image, label, n = None, None, -1, 0
             for name, data in iter_tar(stream, url):
                 stem, _, ext = name.partition(".")
                 if stem != key:
                     if image is not None:
+                        n += 1
                         yield image, label
                     key, image, label = stem, None, -1
                 if ext in image_exts:
@@ -167,6 +180,10 @@ def shard_samples(urls: Sequence[str], cache: Any = None) -> Iterator[tuple[tupl
                 elif ext == LABEL_EXTENSION:
                     label = int(data.tobytes())
             if image is not None:
+                n += 1
                 yield image, label
+            if count is not None and n < count:
+                raise PackedFormatError(f"{url}: ends after {n:,} of its {count:,} samples (the metadata's count): "
+                                        "the shard, or its transfer, was cut short")
         finally:
             stream.close()

@@ -28,7 +28,7 @@ from .epoch import (EpochCursor, ResumeError, SharedCursor, check_batch_size, ch
 from .shard_plan import ShardPlan, rank_shares, uneven_split
 from .formats.webdataset import ShardStore
 from .schema import PackedFormatError
-from .shard_stream import decode_member, resolve_shards, shard_name, shard_samples, shuffled
+from .shard_stream import decode_member, expected_shards, resolve_shards, shard_name, shard_samples, shuffled
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -50,8 +50,8 @@ class StreamingShards(IterableDataset):
 
     ``urls_or_path``: a packer shard folder (its shards, in order, from the metadata), a path
     to one shard, or what the webdataset library accepts: a URL or path with brace patterns,
-    several joined by ``::``, or a list of URLs; ``pipe:`` commands and http(s) URLs are opened
-    with the webdataset library's ``gopen``, ``-`` is standard input. A local shard that is
+    several joined by ``::``, or a list of URLs; ``pipe:`` commands are opened with the
+    webdataset library's ``gopen``, ``-`` is standard input. A local shard that is
     missing, a folder in a list, or a regular file that is not a tar (another packer format's
     dataset is named, with the class that reads it) is refused at construction, in one line
     (``readers/shard_stream.py``).
@@ -69,10 +69,13 @@ class StreamingShards(IterableDataset):
     ``DistributedSampler``); the epoch is kept in shared memory, so ``persistent_workers=True``
     workers follow it too.
 
-    Remote shards (readers/remote.py): http(s) URLs stream through ``gopen``, other fsspec URLs
+    Remote shards (readers/remote.py): http(s) URLs stream through urllib (a server that sends
+    nothing for ``STALL_SECONDS`` is an error, not a hang), other fsspec URLs
     (``s3://bucket/data/``, ...) through fsspec; a folder URL (or shards sharing one) has its
     metadata fetched from there. ``cache_dir`` keeps downloaded shards on local disk, at most
-    ``cache_bytes`` (least recently used out), for later epochs.
+    ``cache_bytes`` (least recently used out), for later epochs. A shard the metadata lists that
+    ends before its last sample (a file or transfer cut short) is an error, never a shorter
+    epoch (the ranks' equal batches rely on the counts), and is never cached.
 
     ``rank``/``world_size``: torch.distributed's once initialised, else 0/1 (warned if ``WORLD_SIZE > 1``).
 
@@ -403,7 +406,7 @@ class StreamingShards(IterableDataset):
                 while rest and n + counts.get(shard_name(rest[0]), skip + 1) <= skip:
                     n += counts[shard_name(rest[0])]
                     rest = rest[1:]
-            samples = shard_samples(rest, self.cache)
+            samples = shard_samples(rest, self.cache, expected_shards(self.meta))
             if self.shuffle:
                 samples = shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
             for sample in samples:
@@ -415,7 +418,7 @@ class StreamingShards(IterableDataset):
         n = own or 0
         while share is not None and n < share:  # the padding (equal_batches pads only workers with samples)
             before = n
-            for sample in shard_samples(urls, self.cache):
+            for sample in shard_samples(urls, self.cache, expected_shards(self.meta)):
                 if n >= share:
                     break
                 if n >= skip:

@@ -1,0 +1,139 @@
+"""Shards that arrive incomplete (readers/shard_stream.py, readers/remote.py): a shard cut short
+at a tar block, on disk or in transfer, was read as a shorter shard without a word (280 of 300
+samples, a batch fewer on one rank: DDP hangs), and a cache kept it; a server that stalled hung
+the epoch for good (curl had a connect timeout only). A remote walkthrough found all three."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from loopback import LOOPBACK, HTTPServer
+from packer import ImageOptions, StorageOptions, convert
+from readers.schema import PackedFormatError
+from readers.webdataset import StreamingShards
+
+
+@pytest.fixture(scope="module")
+def shards(image_folder, tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("transfers") / "shards"
+    convert(image_folder, dst, format="webdataset", image=ImageOptions(size=16), storage=StorageOptions(shard_size=4), workers=1)
+    return dst
+
+
+def cut(folder: Path, into: Path, shard: str = "shard-000001.tar") -> tuple[Path, int]:
+    """A copy of ``folder`` whose ``shard`` ends after its first sample's tar blocks (at a block)."""
+    shutil.copytree(folder, into)
+    data = (into / shard).read_bytes()
+    size = 3 * 512 + 2 * 512  # the first sample's .npy (a header, its 768+128 bytes) and .cls (a header, a block)
+    (into / shard).write_bytes(data[:size])
+    return into, len(data)
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder; ``stall`` names a file whose body stops halfway (the connection kept open)."""
+
+    stall: str = ""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.stall and self.path.endswith(self.stall):
+            data = Path(self.directory, self.path.lstrip("/")).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            time.sleep(5)
+            return
+        super().do_GET()
+
+
+def serve(directory: Path, stall: str = ""):
+    handler = type("Handler", (_Handler,), {"stall": stall})
+    server = HTTPServer((LOOPBACK, 0), functools.partial(handler, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://{LOOPBACK}:{server.server_address[1]}"
+
+
+def test_a_local_shard_cut_short_is_an_error_not_a_shorter_epoch(shards, tmp_path):
+    folder, _ = cut(shards, tmp_path / "cut")
+    stream = StreamingShards(folder)
+    with pytest.raises(PackedFormatError, match=r"shard-000001\.tar: ends after 1 of its 4 samples \(the metadata's count\): "
+                                                 r"the shard, or its transfer, was cut short"):
+        list(stream)
+    assert len(list(StreamingShards(shards))) == len(stream)  # the whole folder reads
+
+
+def test_a_cut_transfer_is_never_cached_and_a_short_cached_shard_is_fetched_again(shards, tmp_path):
+    folder, size = cut(shards, tmp_path / "served" / "shards")
+    server, root = serve(folder.parent)
+    try:
+        with pytest.raises(OSError, match=rf"shard-000001\.tar: 2,560 bytes arrived, the metadata says {size:,}: the transfer "):
+            list(StreamingShards(f"{root}/shards", cache_dir=tmp_path / "cache"))
+        cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
+        assert not any(name.endswith("shard-000001.tar") for name in cached) and not any(n.startswith(".download-") for n in cached)
+        shutil.copy(shards / "shard-000001.tar", folder / "shard-000001.tar")  # the server mended
+        whole = StreamingShards(f"{root}/shards", cache_dir=tmp_path / "cache")
+        assert len(list(whole)) == len(whole)
+        short = next(p for p in (tmp_path / "cache").iterdir() if p.name.endswith("shard-000002.tar"))
+        short.write_bytes(short.read_bytes()[:1536])  # as a cache written before this check could hold it
+        assert len(list(whole)) == len(whole)
+        assert short.stat().st_size == (shards / "shard-000002.tar").stat().st_size
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_stalled_server_is_an_error_not_a_hang(shards, tmp_path, monkeypatch):
+    import readers.remote
+
+    monkeypatch.setattr(readers.remote, "STALL_SECONDS", 0.5)
+    server, root = serve(shards.parent, stall="shard-000001.tar")
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError, match=r"shard-000001\.tar: nothing arrived for 0\.5 s: the server stalled"):
+            list(StreamingShards(f"{root}/{shards.name}"))
+        assert time.monotonic() - start < 4
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_gone_mid_epoch_is_one_line(shards, tmp_path, monkeypatch):
+    import readers.remote
+
+    monkeypatch.setattr(readers.remote, "RETRY_DELAY", 0.01)
+    server, root = serve(shards.parent)
+    stream = StreamingShards(f"{root}/{shards.name}")  # (the metadata read while it serves)
+    server.shutdown()
+    server.server_close()
+    with pytest.raises(OSError, match=r"^http://.*/shard-000000\.tar: cannot be read \(.*\), after 3 tries$"):
+        list(stream)
+
+
+def test_a_killed_readers_partial_download_is_cleared_and_cache_bytes_is_checked(shards, tmp_path):
+    import os
+
+    from readers.remote import DEAD_DOWNLOAD
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead, live = cache / ".download-dead", cache / ".download-live"
+    dead.write_bytes(b"x" * 100)
+    live.write_bytes(b"x" * 100)
+    os.utime(dead, (time.time() - DEAD_DOWNLOAD - 1,) * 2)
+    stream = StreamingShards(shards, cache_dir=cache)
+    assert len(list(stream)) == len(stream)
+    assert not dead.exists() and live.exists()  # (another reader's download in progress is left alone)
+    for wrong in ("1GB", True, 0, 2.5):
+        with pytest.raises(ValueError, match=r"^cache_bytes must be a positive number of bytes, got "):
+            StreamingShards(shards, cache_dir=cache, cache_bytes=wrong)
