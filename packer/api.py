@@ -157,6 +157,9 @@ def convert(
     from .writers import WRITERS
 
     remote = get_writer(fmt).remote
+    if sink is not None and remote is None:  # (it reached the writer, a TypeError there)
+        takes = [name for name in WRITERS if get_writer(name).remote is not None]
+        raise OptionError(f"sink: applies to {' and '.join(takes)} output only, not {fmt}; drop it")
     if str(dst)[:7].lower() == "file://" and remote is None:  # a local path all the same: written in place
         dst = local_path(str(dst))
     if is_dst_url(str(dst)):
@@ -169,7 +172,7 @@ def convert(
             local = staging.local_dst
             try:
                 check_unfinished(get_writer(fmt).destination(local), resume=resume, overwrite=overwrite)
-                report = run(_job(src, kind, image, text, source, workers), fmt, local, storage=storage, options=options, sink=staging.sink)
+                report = run(_job(src, kind, image, text, source, options.workers), fmt, local, storage=storage, options=options, sink=staging.sink)
             except PackerError as exc:  # said of the DST as given, and where it is staged (a full disk there is this machine's)
                 if str(local) not in str(exc):
                     raise
@@ -185,7 +188,7 @@ def convert(
     if refusal is not None:
         raise OutputExistsError(refusal)
     check_destination(final, overwrite=overwrite, resume=resume)
-    report = run(_job(src, kind, image, text, source, workers), fmt, dst, storage=storage, options=options, sink=sink)
+    report = run(_job(src, kind, image, text, source, options.workers), fmt, dst, storage=storage, options=options, sink=sink)
     return report if dst == given else dataclasses.replace(report, dst=get_writer(fmt).destination(given))  # (said as given)
 
 

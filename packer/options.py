@@ -7,6 +7,7 @@ The CLI parses strings into these; the Python API takes them directly. An invali
 from __future__ import annotations
 
 import numbers
+import operator
 import os
 import re
 from dataclasses import dataclass
@@ -48,18 +49,37 @@ COMPRESSIONS = ("gzip", "lzf")
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?$")
 
 
+def as_int(value: Any) -> int | None:
+    """``value`` as an ``int`` when it is an integer (a numpy or torch one too), else ``None``
+    (``True`` is an ``int`` to Python and to numpy's ``__index__``, never a size or a count)."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        return None
+    if hasattr(value, "ndim") and getattr(value, "ndim", 0) != 0:  # an array: no single integer
+        return None
+    if hasattr(value, "dtype") and "bool" in str(value.dtype):  # a 0-d boolean tensor
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``224`` -> (224, 224); ``"160x224"`` -> (160, 224) as (height, width)."""
+    """``224`` -> (224, 224); ``"160x224"`` -> (160, 224) as (height, width); integers may be
+    numpy's or torch's, a pair a numpy array or tensor."""
     if text is None:
         return None
-    if isinstance(text, bool):
+    if hasattr(text, "tolist") and getattr(text, "ndim", 0) == 1:  # np.array([160, 224]), torch.tensor([160, 224])
+        text = tuple(text.tolist())
+    if as_int(text) is not None:
+        h = w = as_int(text)
+    elif isinstance(text, bool) or (hasattr(text, "ndim") and not isinstance(text, (tuple, list))):
         raise OptionError(f"--size: expected N or HxW, got {text!r}")
-    if isinstance(text, int):
-        h = w = text
     elif isinstance(text, (tuple, list)):
-        if len(text) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in text):
+        pair = [as_int(v) for v in text]
+        if len(pair) != 2 or None in pair:
             raise OptionError(f"--size: expected (height, width) integers, got {text!r}")
-        h, w = text
+        h, w = pair
     else:
         match = _SIZE_RE.match(str(text))
         if not match:
@@ -126,15 +146,19 @@ class ImageOptions:
             raise OptionError(f"--quality: applies to --encoding jpeg only, not {self.encoding}; drop it")
         if self.encoding == "jpeg" and self.quality is None:
             object.__setattr__(self, "quality", DEFAULT_QUALITY)
-        if self.quality is not None and not (isinstance(self.quality, int) and 1 <= self.quality <= 100):
-            raise OptionError(f"--quality: must be an integer from 1 to 100, got {self.quality!r}")
-        if not (isinstance(self.max_pixels, int) and self.max_pixels > 0):
+        if self.quality is not None:
+            if not 1 <= (as_int(self.quality) or 0) <= 100:  # (True was taken as quality 1: every image "cannot decode")
+                raise OptionError(f"--quality: must be an integer from 1 to 100, got {self.quality!r}")
+            object.__setattr__(self, "quality", as_int(self.quality))
+        if (as_int(self.max_pixels) or 0) <= 0:
             raise OptionError(f"--max-pixels: must be a positive integer, got {self.max_pixels!r}")
+        object.__setattr__(self, "max_pixels", as_int(self.max_pixels))
 
     def _check_resize(self, mode: str, size: tuple[int, int] | None) -> None:
-        resize = self.resize
-        if isinstance(resize, bool) or not isinstance(resize, int) or not 1 <= resize <= 65535:
-            raise OptionError(f"--resize: must be a whole number of pixels (1 to 65535), got {resize!r}")
+        resize = as_int(self.resize)
+        if resize is None or not 1 <= resize <= 65535:
+            raise OptionError(f"--resize: must be a whole number of pixels (1 to 65535), got {self.resize!r}")
+        object.__setattr__(self, "resize", resize)
         if size is None:
             raise OptionError("--resize: scales the shorter side before the centre crop of --size; give --size too (e.g. --size 224 --resize 256)")
         if mode != "center-crop":
@@ -196,7 +220,7 @@ class ImageOptions:
 
 @dataclass(frozen=True)
 class StorageOptions:
-    """Format-specific knobs of the writer (each format ignores the ones that are not its own).
+    """Format-specific knobs of the writer (one given for another format is refused by :func:`packer.convert`).
 
     ``compression``: HDF5 lossless filter (``gzip`` or ``lzf``), off by default.
     ``shard_size`` / ``shard_bytes``: WebDataset shard bounds in samples / payload bytes.
@@ -211,8 +235,9 @@ class StorageOptions:
             raise OptionError(f"--compression: unknown filter {self.compression!r} (choose from: {', '.join(COMPRESSIONS)})")
         for name in ("shard_size", "shard_bytes"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            if value is not None and (as_int(value) or 0) <= 0:
                 raise OptionError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, None if value is None else as_int(value))
 
 
 #: ``--eos none``: store documents back to back with no separator token.
@@ -243,13 +268,13 @@ class TextOptions:
             raise OptionError(f"--lines: must be True or False, got {self.lines!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise OptionError(f"--text-field: must be a non-empty field name, got {self.text_field!r}")
-        if self.eos is not None and self.eos != NO_EOS and not (_is_int(self.eos) and self.eos >= 0):
+        if self.eos is not None and self.eos != NO_EOS and (as_int(self.eos) is None or as_int(self.eos) < 0):
             raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {self.eos!r}")
-        if self.max_tokens is not None and not (_is_int(self.max_tokens) and self.max_tokens > 0):
+        if self.max_tokens is not None and (as_int(self.max_tokens) or 0) <= 0:
             raise OptionError(f"--max-tokens: must be a positive integer, got {self.max_tokens!r}")
         for name in ("eos", "max_tokens"):  # a numpy integer (from a config) as Python's: the metadata is JSON
-            if _is_int(getattr(self, name)):
-                object.__setattr__(self, name, int(getattr(self, name)))
+            if as_int(getattr(self, name)) is not None:
+                object.__setattr__(self, name, as_int(getattr(self, name)))
 
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
@@ -263,12 +288,6 @@ class TextOptions:
         return cls(tokenizer=tokenizer.get("path") or "bytes", lines=bool(record.get("lines")),
                    text_field=record.get("text_field", "text"), eos=NO_EOS if eos is None else eos,
                    max_tokens=record.get("max_tokens"))
-
-
-def _is_int(value: Any) -> bool:
-    """An integer (a numpy one too), not a bool (``True`` is an ``int`` to Python, never a token id
-    or a count)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -335,10 +354,13 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise OptionError(f"--on-error: must be one of {', '.join(ON_ERROR)}, got {self.on_error!r}")
-        if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1):
-            raise OptionError(f"--workers: must be a positive integer, got {self.workers!r}")
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+        if self.workers is not None:
+            if (as_int(self.workers) or 0) < 1:
+                raise OptionError(f"--workers: must be a positive integer, got {self.workers!r}")
+            object.__setattr__(self, "workers", as_int(self.workers))
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, numbers.Real) or not self.timeout > 0:
             raise OptionError(f"--timeout: must be a positive number of seconds, got {self.timeout!r}")
+        object.__setattr__(self, "timeout", float(self.timeout))
         if self.executor not in EXECUTORS:
             raise OptionError(f"--executor: must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.ray_address is not None and self.executor != "ray":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .dataset import PackedDataset, Transform
+from .epoch import flag
 from .formats.blob import BlobStore
 
 __all__ = ["RAMDataset"]
@@ -31,6 +32,7 @@ class RAMDataset(PackedDataset):
     def __init__(
         self, path: str | Path, transform: Transform | None = None, *, in_memory: bool = True, verify: bool | None = None
     ) -> None:
+        in_memory = flag(in_memory, "in_memory")  # ("no" is truthy: it loaded the whole file)
         # mapped first: another format, or a text blob, is refused before it is loaded into RAM for nothing
         super().__init__(path, transform, verify=verify)
         if in_memory:

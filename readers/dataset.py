@@ -50,6 +50,8 @@ class PackedDataset(Dataset):
     store_class: ClassVar[type[Store]] = Store
 
     def __init__(self, path: str | Path, transform: Transform | None = None, *, verify: bool | None = None) -> None:
+        if transform is not None and not callable(transform):  # (it failed at the first read, "'int' object is not callable")
+            raise TypeError(f"transform must be a callable (image -> image) or None, got {transform!r}")
         check_format(path, self.store_class.format_name)
         self.store = self.store_class(path, verify=verify)
         self.store.require_images()

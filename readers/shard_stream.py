@@ -19,7 +19,8 @@ import torch
 from .codecs import decode_image
 from .formats import check_format
 from .formats.base import dataset_path, local_path
-from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
+from .formats.webdataset import (EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata,
+                                 refuse_other_pattern)
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
 #: Names of local files taken as shards without reading their first bytes.
@@ -81,6 +82,7 @@ def shard_name(url: str) -> str:
 def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | None]:
     """Shard URLs and, when it can be found locally, the metadata record. A ``Path`` is a shard
     folder, unless it is a file or named as a tar (one shard)."""
+    given = source
     if isinstance(source, str):  # file:// URLs (packer convert writes to them) are local paths
         source = local_path(source)
         if not urlparse(source).scheme and dataset_path(source) != Path(source):  # a DST pattern, out/shard-%06d.tar: its folder
@@ -96,6 +98,8 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
         folder = Path(source)
         check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line
         meta = read_metadata(folder)
+        if isinstance(given, str):
+            refuse_other_pattern(given, folder, meta.extra["shards"])
         urls = [str(folder / name) for name in meta.extra["shards"]]
         _check_local(iter(urls))  # a shard the metadata lists but the folder lacks: one line now, not mid-epoch
         return urls, meta

@@ -342,6 +342,8 @@ class Store:
 
     # -- integrity on read ---------------------------------------------------------------
     def _resolve_verify(self, verify: bool | None) -> bool:
+        if verify is not None and not isinstance(verify, (bool, np.bool_)):  # ("no" is truthy: it turned checking on)
+            raise TypeError(f"verify must be True, False or None, got {verify!r}")
         if verify is None:
             return bool(self.meta.checksum) and self.meta.encoding != "raw"
         if verify and not self.meta.checksum:

@@ -33,7 +33,7 @@ from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
 from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import SHARD_NAME, Fault, Record, Store
+from .base import SHARD_NAME, Fault, Record, Store, local_path
 from .names import decode_source_names
 from .tar import BLOCK, iter_tar, tar_members
 
@@ -60,6 +60,7 @@ __all__ = [
     "read_metadata",
     "parse_metadata",
     "check_pattern",
+    "refuse_other_pattern",
     "iter_tar",
 ]
 
@@ -119,6 +120,15 @@ def record_shapes(records: np.ndarray) -> np.ndarray:
 def sample_key(index: int) -> str:
     """The tar member key (name without extension) of sample ``index``."""
     return KEY_FORMAT % index
+
+
+def refuse_other_pattern(given: str | Path, folder: Path, shards: Sequence[str]) -> None:
+    """A shard pattern given for a dataset (``out/val-%06d.tar``, as ``packer convert`` takes
+    DST) must name its shards: ``out/bogus-%06d.tar`` read every shard of ``out`` as if it did."""
+    name = Path(local_path(given)).name
+    if Path(local_path(given)) != folder and SHARD_NAME.fullmatch(name) and shards and name % 0 != shards[0]:
+        raise PackedFormatError(f"{given}: names no shard of the dataset in {folder} (its shards: {shards[0]} to {shards[-1]}); "
+                                "give the folder, or the pattern its shards follow")
 
 
 def check_pattern(pattern: str) -> str:
@@ -255,6 +265,7 @@ class ShardStore(Store):
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         super().__init__(path, verify=verify)
         self.shards: tuple[str, ...] = tuple(self.meta.extra["shards"])
+        refuse_other_pattern(path, self.path, self.shards)
         self._files = PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"])))
         self._check_files()
 
