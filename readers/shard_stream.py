@@ -18,9 +18,8 @@ import torch
 
 from .codecs import decode_image
 from .formats import check_format
-from .formats.base import dataset_path, local_path
-from .formats.webdataset import (EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata,
-                                 refuse_other_pattern)
+from .formats.base import dataset_path, local_path, refuse_other_pattern
+from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
 #: Names of local files taken as shards without reading their first bytes.

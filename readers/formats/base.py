@@ -47,7 +47,7 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault", "dataset_path", "checked_index", "local_path", "magic_mismatch", "SHARD_NAME"]
+__all__ = ["Store", "Record", "Fault", "dataset_path", "checked_index", "local_path", "magic_mismatch", "SHARD_NAME", "refuse_other_pattern"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
@@ -66,6 +66,15 @@ def dataset_path(path: str | Path) -> Path:
     URL, as ``packer convert`` writes to, is its local path."""
     p = Path(local_path(path))
     return p.parent if SHARD_NAME.fullmatch(p.name) and not p.exists() else p
+
+
+def refuse_other_pattern(given: str | Path, folder: Path, shards: Sequence[str]) -> None:
+    """A shard pattern given for a dataset (``out/val-%06d.tar``, as ``packer convert`` takes
+    DST) must name its shards: ``out/bogus-%06d.tar`` read every shard of ``out`` as if it did."""
+    name = Path(local_path(given)).name
+    if Path(local_path(given)) != folder and SHARD_NAME.fullmatch(name) and shards and name % 0 != shards[0]:
+        raise PackedFormatError(f"{given}: names no shard of the dataset in {folder} (its shards: {shards[0]} to {shards[-1]}); "
+                                "give the folder, or the pattern its shards follow")
 
 
 def checked_index(index: Any, n: int, owner: str, out_of_range: str) -> int:

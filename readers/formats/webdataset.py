@@ -33,7 +33,7 @@ from .._process import PerProcess
 from ..checksums import CHECKSUM_DTYPE
 from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import SHARD_NAME, Fault, Record, Store, local_path
+from .base import SHARD_NAME, Fault, Record, Store, refuse_other_pattern
 from .names import decode_source_names
 from .tar import BLOCK, iter_tar, tar_members
 
@@ -60,7 +60,6 @@ __all__ = [
     "read_metadata",
     "parse_metadata",
     "check_pattern",
-    "refuse_other_pattern",
     "iter_tar",
 ]
 
@@ -120,15 +119,6 @@ def record_shapes(records: np.ndarray) -> np.ndarray:
 def sample_key(index: int) -> str:
     """The tar member key (name without extension) of sample ``index``."""
     return KEY_FORMAT % index
-
-
-def refuse_other_pattern(given: str | Path, folder: Path, shards: Sequence[str]) -> None:
-    """A shard pattern given for a dataset (``out/val-%06d.tar``, as ``packer convert`` takes
-    DST) must name its shards: ``out/bogus-%06d.tar`` read every shard of ``out`` as if it did."""
-    name = Path(local_path(given)).name
-    if Path(local_path(given)) != folder and SHARD_NAME.fullmatch(name) and shards and name % 0 != shards[0]:
-        raise PackedFormatError(f"{given}: names no shard of the dataset in {folder} (its shards: {shards[0]} to {shards[-1]}); "
-                                "give the folder, or the pattern its shards follow")
 
 
 def check_pattern(pattern: str) -> str:
