@@ -113,12 +113,12 @@ def run(workdir: Path, images: int, rounds: int, seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", type=Path, help="work in this folder and keep the results")
-    parser.add_argument("--images", type=int, default=200, help="JPEGs to generate (default 200)")
+    parser.add_argument("--images", type=int, default=200, help="JPEGs to generate, a multiple of 10 (default 200)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating timed rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=1.5, help="shortest timed pass (default 1.5)")
     args = parser.parse_args()
-    if args.images < 10 or args.rounds < 1 or args.seconds <= 0:
-        parser.error("--images must be at least 10, --rounds at least 1, --seconds positive")
+    if args.images < 10 or args.images % 10 or args.rounds < 1 or args.seconds <= 0:  # (48 made 40 without a word)
+        parser.error("--images must be a multiple of 10 (10 classes), --rounds at least 1, --seconds positive")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
         run(args.keep, args.images, args.rounds, args.seconds)

@@ -315,7 +315,7 @@ class Store:
         if not self.meta.fixed_shape:
             raise PackedFormatError(
                 f"{self.path}: samples have different shapes, so they cannot fill one batch array: "
-                "use read_samples(), or convert with --resize-mode center-crop, pad or stretch"
+                "read them one at a time (dataset[i], or the store's read_samples()), or convert with --resize-mode center-crop, pad or stretch"
             )
         idx = self.check_indices(indices)
         shape = (len(idx), *self.meta.shape)  # type: ignore[misc]
