@@ -75,6 +75,7 @@ def resolve_rank(rank: int | None, world_size: int | None, owner: str = "reader"
     ``WORLD_SIZE > 1`` (``torchrun`` sets it): ``owner`` would read as rank 0 on every process
     (of one process: the whole dataset), unlike what the launcher meant. Raises ``ValueError``
     unless ``world_size >= 1`` and ``0 <= rank < world_size``."""
+    defaulted = "" if world_size is not None else " (world_size not given: torch.distributed's, or 1 without a process group)"
     if rank is None or world_size is None:
         dist_rank, dist_size = distributed_rank()
         rank = dist_rank if rank is None else rank
@@ -88,7 +89,7 @@ def resolve_rank(rank: int | None, world_size: int | None, owner: str = "reader"
                 "call torch.distributed.init_process_group() before creating it, or pass rank= and world_size=",
                 UserWarning, stacklevel=3)
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} and world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
+        raise ValueError(f"rank={rank} and world_size={world_size}{defaulted}: need world_size >= 1 and 0 <= rank < world_size")
     return int(rank), int(world_size)
 
 

@@ -124,6 +124,13 @@ def test_bad_rank_or_world_size_is_refused(rank, world_size):
         ShardPlan(rank=rank, world_size=world_size)
 
 
+def test_a_rank_without_world_size_says_where_its_world_size_came_from():
+    """Loader(ds, 4, rank=1) said 'rank=1 and world_size=1' as if both were given (a walkthrough)."""
+    with pytest.raises(ValueError, match=r"^rank=1 and world_size=1 \(world_size not given: torch\.distributed's, or 1 without "
+                                         r"a process group\): need"):
+        resolve_rank(1, None)
+
+
 @pytest.mark.parametrize("batch_size", [0, -1, 2.0, True])
 def test_bad_batch_size_is_refused(batch_size):
     with pytest.raises(ValueError, match="batch_size"):
