@@ -177,9 +177,16 @@ def test_garbage_in_a_members_npy_header_is_a_fault_not_a_traceback(packed):
 
 def test_cli_success_prints_one_summary_line(packed):
     path = packed("blob")
-    result = CliRunner().invoke(cli, ["verify", str(path), "--quick"])
+    result = CliRunner().invoke(cli, ["verify", str(path)])
     assert result.exit_code == 0, result.output
     assert result.output.strip().splitlines() == [f"{path}: OK (blob; 18 of 18 samples checked, checksums matched; " + result.output.split("; ")[-1].strip()]
+
+
+def test_quick_on_raw_samples_says_every_check_ran(packed):
+    """--quick skips decoding jpeg/png; on raw samples it said nothing, as if something were skipped."""
+    result = CliRunner().invoke(cli, ["verify", str(packed("blob")), "--quick"])
+    assert result.exit_code == 0 and result.output.splitlines()[0] == (
+        "note: --quick skips decoding jpeg/png samples; these are raw (image), so every check ran"), result.output
 
 
 def test_source_comparison_finds_a_changed_input(packed, image_folder, tmp_path):
