@@ -137,3 +137,23 @@ def test_a_killed_readers_partial_download_is_cleared_and_cache_bytes_is_checked
     for wrong in ("1GB", True, 0, 2.5):
         with pytest.raises(ValueError, match=r"^cache_bytes must be a positive number of bytes, got "):
             StreamingShards(shards, cache_dir=cache, cache_bytes=wrong)
+
+
+def test_an_http_src_read_that_stalls_times_out(shards, monkeypatch):
+    """A URL SRC's image read from a server that stops sending waited for aiohttp's 300 s in all
+    (a worker's whole chunk of 64 held meanwhile); it now fails after STALL_SECONDS without bytes."""
+    import packer.sources.remote as remote
+
+    monkeypatch.setattr(remote, "STALL_SECONDS", 0.5)
+    monkeypatch.setattr(remote, "RETRY_DELAY", 0.01)
+    monkeypatch.setattr(remote, "_filesystems", {})
+    server, root = serve(shards.parent, stall="shard-000001.tar")
+    try:
+        start = time.monotonic()
+        with pytest.raises(remote.RemoteReadError, match=r"^cannot read after 2 attempts \(.*Timeout"):
+            remote.read_url_bytes(f"{root}/{shards.name}/shard-000001.tar", attempts=2)
+        assert time.monotonic() - start < 4
+        assert len(remote.read_url_bytes(f"{root}/{shards.name}/shard-000000.tar")) > 0
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import importlib.util
 import os
 import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 from urllib.parse import quote, unquote
 
-from readers.remote import is_url
+from readers.remote import STALL_SECONDS, is_url
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
@@ -75,8 +76,13 @@ def url_filesystem(url: str) -> tuple[Any, str]:
         from readers.extras import install_hint
 
         raise OptionError(f"{url}: remote SRC/DST needs fsspec (and s3fs for s3://): {install_hint('remote')}") from None
+    options = {}
+    if url[:8].lower().startswith(("http://", "https://")) and importlib.util.find_spec("aiohttp") is not None:
+        import aiohttp  # its default: 300 s for a whole read, none for a stall: a stalled server held a worker's chunk for long
+
+        options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=STALL_SECONDS)}
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:
         from readers.extras import install_hint
 
