@@ -136,6 +136,7 @@ def convert(
             raise TypeError(f"convert: {name} must be {what}, got {type(value).__name__}")
     options = RunOptions(on_error=on_error, workers=workers, timeout=timeout, executor=executor, ray_address=ray_address,
                          resume=resume, progress=progress)
+    src = _local_if_read_locally(src)
     if (isinstance(src, (str, os.PathLike)) and not is_source_url(str(src)) and not os.path.lexists(src)
             and isinstance(dst, (str, os.PathLike)) and os.path.lexists(dst)):  # before DST's checks, which would blame DST
         raise SourceError(f"{src}: no such folder or file, and DST {dst} exists: SRC comes first (packer convert SRC DST)")
@@ -190,6 +191,22 @@ def convert(
     check_destination(final, overwrite=overwrite, resume=resume)
     report = run(_job(src, kind, image, text, source, options.workers), fmt, dst, storage=storage, options=options, sink=sink)
     return report if dst == given else dataclasses.replace(report, dst=get_writer(fmt).destination(given))  # (said as given)
+
+
+def _local_if_read_locally(src: Any) -> Any:
+    """A ``file://`` SRC that packer reads from local paths only (a file: an archive, Parquet, a
+    text file; a folder of text or of Parquet files) as its local path: it was refused as a URL
+    ("text corpora are read from local folders only") though it is one. A folder of images stays
+    a URL (streamed, its URL recorded)."""
+    if not (isinstance(src, str) and src[:7].lower() == "file://"):
+        return src
+    local = Path(local_path(src))
+    if not local.exists() or local.is_file():
+        return str(local) if local.exists() else src
+    from .sources.parquet_images import parquet_image_source
+    from .sources.text import is_text_corpus
+
+    return str(local) if parquet_image_source(local) is not None or is_text_corpus(local) else src
 
 
 def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptions | None, source: SourceOptions,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from readers.encodings import get_encoding
+from readers.formats.base import local_path
 from readers.schema import KINDS, Skipped
 
 from .errors import OptionError
@@ -353,6 +354,8 @@ def resolve_kind(src: str | Path, kind: str | None) -> str:
         return kind
     from .sources.parquet_images import parquet_image_source
 
+    if isinstance(src, str) and src[:7].lower() == "file://":  # (packer.convert reads a file:// corpus at its local path)
+        src = local_path(src)
     if parquet_image_source(src) is not None:  # (Parquet files are a text corpus unless they hold images)
         return "image"
     return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"

@@ -253,9 +253,20 @@ def test_a_url_src_of_text_files_says_text_is_read_locally_only(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("some text")
-    with pytest.raises(SourceError, match=r"no images found at its top level .*; it holds text files, and text corpora are read "
-                                          r"from local folders only so far: copy it locally first$"):
-        convert(f"file://{corpus}", tmp_path / "t.blob")
+    pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
+    with served(tmp_path) as root, pytest.raises(SourceError, match=r"no images found at its top level .*; it holds text files, and "
+                                                                    r"text corpora are read from local folders only so far: copy it locally first$"):
+        convert(f"{root}/corpus", tmp_path / "t.blob")
+
+
+def test_a_file_url_src_that_is_read_locally_is_its_local_path(tmp_path):
+    """file://corpus was refused as a URL ('text corpora are read from local folders only') though it is one."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text\nmore\n")
+    result = CliRunner().invoke(cli, ["convert", f"file://{corpus}", str(tmp_path / "t.blob"), "--lines", "-q"])
+    assert result.exit_code == 0, result.output
+    assert open_store(tmp_path / "t.blob").meta.count == 2 and open_store(tmp_path / "t.blob").meta.source == str(corpus)
 
 
 def test_a_file_url_dst_is_read_back_by_the_same_url(local_source, tmp_path):
