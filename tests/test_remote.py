@@ -803,3 +803,13 @@ def test_an_http_src_names_files_and_classes_as_the_server_has_them(image_folder
     assert open_store(remote.dst).meta.classes == ("apple", "éclair")
     assert open_store(remote.dst).source_names() == open_store(local.dst).source_names()
     assert "éclair/é ü.jpg" in open_store(local.dst).source_names() and "apple/a%20b.jpg" in open_store(local.dst).source_names()
+
+
+def test_a_url_src_that_is_a_file_says_urls_are_folders_of_images(tmp_path):
+    """http://.../part0.jsonl was told SRC may be 'a text corpus (.jsonl...)', which a URL may not be."""
+    pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
+    (tmp_path / "part0.jsonl").write_text('{"text": "a"}\n')
+    with served(tmp_path) as root, pytest.raises(SourceError) as caught:
+        convert(f"{root}/part0.jsonl", tmp_path / "t.blob")
+    assert str(caught.value) == (f"{root}/part0.jsonl: is a file; a URL SRC must be a folder of images (class sub-folders = labels): "
+                                 "archives, text and Parquet files are read from local paths only so far; copy it locally first")

@@ -160,6 +160,9 @@ def _scan(tree: FolderTree) -> ImageFolder:
         raise SourceError(f"{tree.name}: is a packer {packed} dataset, not a source: convert the images it was made from "
                           "(packer info shows its source), or read it with readers.open_dataset")
     if kind != "dir":
+        if isinstance(tree.root, str):
+            raise SourceError(f"{tree.name}: is a file; a URL SRC must be a folder of images (class sub-folders = labels): "
+                              "archives, text and Parquet files are read from local paths only so far; copy it locally first")
         raise SourceError(f"{tree.name}: is a file; SRC must be a folder of images (class sub-folders = labels), an archive "
                           "(.tar, .tar.gz, .zip), a text corpus (.txt, .jsonl, .parquet) or a folder of them")
     try:
