@@ -406,9 +406,8 @@ def check_source_options(src: Any, source: SourceOptions) -> None:
     applies = source_fields(src, source)
     unused = [name for name in changed_fields(source) if name[2:].replace("-", "_") not in applies]
     if unused:
-        where = ("does not apply to a Python dataset" if is_python_dataset(src) else "applies to a Python dataset only"
-                 if unused[0] in ("--image-column",) else "applies with --labels only")
-        where = where.replace("a Python dataset only", "a Python dataset or Parquet files of images only")
+        where = ("does not apply to a Python dataset" if is_python_dataset(src) else "applies to a Python dataset or Parquet files "
+                 "of images only" if unused[0] == "--image-column" else "applies with --labels only")
         raise OptionError(f"{unused[0]}: {where}; drop it")
 
 

@@ -268,7 +268,7 @@ class TextOptions:
             raise OptionError(f"--lines: must be True or False, got {self.lines!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise OptionError(f"--text-field: must be a non-empty field name, got {self.text_field!r}")
-        if self.eos is not None and self.eos != NO_EOS and (as_int(self.eos) is None or as_int(self.eos) < 0):
+        if self.eos is not None and not (isinstance(self.eos, str) and self.eos == NO_EOS) and (as_int(self.eos) is None or as_int(self.eos) < 0):
             raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {self.eos!r}")
         if self.max_tokens is not None and (as_int(self.max_tokens) or 0) <= 0:
             raise OptionError(f"--max-tokens: must be a positive integer, got {self.max_tokens!r}")

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 __all__ = ["is_url", "open_shard", "open_http", "read_url", "ShardCache", "GOPEN_SCHEMES", "STALL_SECONDS"]
 
@@ -51,9 +51,10 @@ def _fsspec() -> object:
 #: Seconds an http(s) shard may send nothing before its read is an error (a stalled server
 #: hung the epoch for good through ``curl``, which had a connect timeout only).
 STALL_SECONDS = 60.0
-#: Tries to open an http(s) shard (a refused connection, a timeout, HTTP 5xx), :data:`RETRY_DELAY` s apart.
-HTTP_TRIES = 3
-RETRY_DELAY = 2.0
+#: Tries to open an http(s) URL (a refused connection, a timeout, HTTP 5xx): :data:`RETRY_DELAY`
+#: seconds, then twice as long each time, apart (7 s in all).
+HTTP_TRIES = 4
+RETRY_DELAY = 1.0
 
 
 def open_shard(url: str) -> BinaryIO:
@@ -81,11 +82,15 @@ class _HTTPBody(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         try:
-            return self._response.readinto(buffer)
+            n = self._response.readinto(buffer)
         except TimeoutError:
             raise OSError(f"{self.url}: nothing arrived for {STALL_SECONDS:g} s: the server stalled") from None
-        except http.client.IncompleteRead as exc:
-            raise OSError(f"{self.url}: the server ended the transfer early ({exc.expected:,} bytes short)") from None
+        except http.client.IncompleteRead:  # (a chunked body cut short)
+            raise OSError(f"{self.url}: the server ended the transfer early") from None
+        short = self._response.length  # (bytes of the Content-Length still to come; urllib returns 0 at a closed connection)
+        if n == 0 and len(buffer) and short:
+            raise OSError(f"{self.url}: the server ended the transfer early ({short:,} bytes short)")
+        return n
 
     def close(self) -> None:
         self._response.close()
@@ -93,40 +98,44 @@ class _HTTPBody(io.RawIOBase):
 
 
 def open_http(url: str) -> BinaryIO:
-    """The body of ``url``, opened with up to :data:`HTTP_TRIES` tries (a 4xx answer is not tried again)."""
+    """The body of ``url``, opened with up to :data:`HTTP_TRIES` tries, :data:`RETRY_DELAY` s
+    apart, then twice as long each time (a 4xx answer is not tried again; a 404 is a
+    ``FileNotFoundError``); ``user:password@`` in the URL is sent as basic authentication."""
+    import base64
     import urllib.error
     import urllib.request
 
+    parts = urlparse(url)
+    request = urllib.request.Request(url)
+    if parts.username is not None:  # (urllib takes user:password@ for the host's name)
+        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+        request = urllib.request.Request(parts._replace(netloc=netloc).geturl())
+        token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     for attempt in range(HTTP_TRIES):
         last = attempt == HTTP_TRIES - 1
         try:
-            response = urllib.request.urlopen(url, timeout=STALL_SECONDS)  # noqa: S310 - a URL the user gave
+            response = urllib.request.urlopen(request, timeout=STALL_SECONDS)  # noqa: S310 - a URL the user gave
             return io.BufferedReader(_HTTPBody(url, response), 1 << 20)  # type: ignore[return-value]
         except urllib.error.HTTPError as exc:
+            error = FileNotFoundError if exc.code == 404 else OSError
             if exc.code < 500 or last:
-                raise OSError(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
+                raise error(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:  # refused, no such host, timed out
             if last:
                 raise OSError(f"{url}: cannot be read ({getattr(exc, 'reason', exc)}), after {HTTP_TRIES} tries") from None
-        time.sleep(RETRY_DELAY)
+        time.sleep(RETRY_DELAY * 2 ** attempt)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def read_url(url: str) -> bytes | None:
     """The bytes at ``url``, or ``None`` if there is nothing there (a missing metadata file)."""
     if urlparse(url).scheme in ("http", "https"):
-        import urllib.error
-        import urllib.request
-
         try:
-            with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 - a URL the user gave
-                return response.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise OSError(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
-        except (urllib.error.URLError, TimeoutError) as exc:  # refused, no such host, timed out
-            raise OSError(f"{url}: cannot be read ({getattr(exc, 'reason', exc)})") from None
+            with open_http(url) as body:
+                return body.read()
+        except FileNotFoundError:
+            return None
     fs, path = _fsspec().core.url_to_fs(url)  # type: ignore[attr-defined]
     try:
         with fs.open(path, "rb") as handle:
@@ -151,7 +160,8 @@ class ShardCache:
         """``version``: what tells this dataset from another at the same URLs (its metadata
         record): a dataset replaced at its URL was read from the cache as it was (3-channel
         samples under 1-channel metadata; an S3 walkthrough)."""
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) or max_bytes < 1:
+        whole = isinstance(max_bytes, numbers.Integral) or (isinstance(max_bytes, float) and max_bytes.is_integer())  # (5e9 too)
+        if isinstance(max_bytes, bool) or not whole or max_bytes < 1:
             raise ValueError(f"cache_bytes must be a positive number of bytes, got {max_bytes!r}")
         self.folder = Path(folder)
         self.max_bytes = int(max_bytes)

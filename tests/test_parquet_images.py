@@ -237,3 +237,64 @@ def test_bench_and_doctor_say_they_take_a_folder_of_images(hub, command):
     assert run.exit_code == 1 and run.stderr.strip() == (
         f"Error: {root / 'data'}: packer bench and packer doctor read a folder of images (they time a sample of its files); "
         "extract part of the Parquet files' images into a folder, or convert them and point packer doctor at the dataset"), run.output
+
+
+def test_a_text_corpus_with_a_binary_column_stays_a_corpus(tmp_path):
+    """A binary column of another name counts as images only when its values are images (a
+    review: a corpus with a sha column was taken for images, 'none of the 50 images converted')."""
+    write_parquet(tmp_path / "c" / "a.parquet", [{"text": f"document {i}", "sha": bytes([i]) * 20} for i in range(5)])
+    assert convert(tmp_path / "c", tmp_path / "t.blob", workers=1).written == 5
+    assert open_store(tmp_path / "t.blob").meta.kind == "text"
+    pictures = [jpeg_bytes(gradient(8, 8, seed=i)) for i in range(3)]
+    write_parquet(tmp_path / "i" / "a.parquet", [{"caption": "x", "photo": p} for p in pictures])  # (a name of its own)
+    assert convert(tmp_path / "i", tmp_path / "i.lmdb", image=ImageOptions(size=8), workers=1).written == 3
+
+
+def test_classes_keeps_the_row_order_and_labels_mixed_across_files_are_refused(tmp_path):
+    pictures = [jpeg_bytes(gradient(8, 8, seed=i)) for i in range(6)]
+    src = tmp_path / "src"
+    write_parquet(src / "a.parquet", [{"image": p, "label": c} for p, c in zip(pictures, "abcabc")], row_group_size=2)
+    (tmp_path / "classes.txt").write_text("c\nb\na\n")
+    run = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.lmdb"), "--classes", str(tmp_path / "classes.txt"), "-q"])
+    assert run.exit_code == 0, run.output
+    assert [(name, label) for name, (label, _) in plain_samples(tmp_path / "o.lmdb").items()] == [
+        ("a.parquet:1", 2), ("a.parquet:2", 1), ("a.parquet:3", 0), ("a.parquet:4", 2), ("a.parquet:5", 1), ("a.parquet:6", 0)]
+    write_parquet(src / "b.parquet", [{"image": pictures[0], "label": 1}])
+    with pytest.raises(SourceError, match=r"the label column 'label' holds strings in some files and integers in others"):
+        convert(src, tmp_path / "m.lmdb", image=ImageOptions(size=8), workers=1)
+
+
+def test_resume_does_not_depend_on_how_src_is_spelled(hub, tmp_path, monkeypatch):
+    root, _ = hub
+    monkeypatch.chdir(root)
+    relative = image_job("data", ImageOptions(size=8))
+    absolute = image_job(root / "data", ImageOptions(size=8))
+    assert [i.path for i in relative.items] == [i.path for i in absolute.items] and relative.folder.stamps == absolute.folder.stamps
+
+
+def test_splits_are_named_as_the_hub_names_them(tmp_path, caplog):
+    picture = jpeg_bytes(gradient(8, 8))
+    for name in ("part0", "part1"):
+        write_parquet(tmp_path / "flat" / f"{name}.parquet", [{"image": picture, "label": 0}])
+    convert(tmp_path / "flat", tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1)
+    assert "splits" not in caplog.text  # (part0 and part1 are no splits)
+    with pytest.raises(OptionError, match=r"^--split: SRC is one Parquet file, named as no split; drop --split$"):
+        convert(tmp_path / "flat" / "part0.parquet", tmp_path / "x.lmdb", image=ImageOptions(size=8),
+                source=SourceOptions(split="train"))
+    (tmp_path / "empty").mkdir()
+    pq.write_table(pa.table({"image": pa.array([], pa.binary()), "label": pa.array([], pa.int64())}), tmp_path / "empty" / "a.parquet")
+    with pytest.raises(SourceError, match=r"its Parquet files hold no rows$"):
+        convert(tmp_path / "empty", tmp_path / "e.lmdb", image=ImageOptions(size=8), workers=1)
+
+
+def test_a_large_row_group_is_streamed_by_each_worker(tmp_path, monkeypatch):
+    """pyarrow's writer makes one row group of up to a million rows: workers read it a batch at a
+    time (packer/sources/parquet_rows.py), never the whole column; the rows are the same."""
+    pictures = [jpeg_bytes(gradient(10, 10, seed=i)) for i in range(300)]
+    write_parquet(tmp_path / "big" / "a.parquet", [{"image": p, "label": i % 3} for i, p in enumerate(pictures)], row_group_size=10**6)
+    for k, p in enumerate(pictures):
+        write(tmp_path / "folder" / str(k % 3) / f"{k:04d}.jpg", p)
+    convert(tmp_path / "big", tmp_path / "p.lmdb", image=ImageOptions(size=8), workers=2)
+    convert(tmp_path / "folder", tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1)
+    parquet, folder = plain_samples(tmp_path / "p.lmdb"), plain_samples(tmp_path / "f.lmdb")
+    assert [parquet[f"a.parquet:{k + 1}"] for k in range(300)] == [folder[f"{k % 3}/{k:04d}.jpg"] for k in range(300)]

@@ -59,6 +59,11 @@ def test_booleans_and_wrong_shapes_are_not_numbers(fields, message):
     assert str(caught.value) == message
 
 
+def test_an_array_is_no_token_id():
+    with pytest.raises(OptionError, match=r"^--eos: must be a token id >= 0 or 'none', got array\(\[1, 2\]\)$"):
+        TextOptions(eos=np.array([1, 2]))  # (numpy's "truth value of an array is ambiguous" came out)
+
+
 def test_storage_and_run_options_refuse_booleans():
     with pytest.raises(OptionError, match=r"^--shard-size: must be a positive integer, got True$"):
         StorageOptions(shard_size=True)

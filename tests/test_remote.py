@@ -80,11 +80,15 @@ def test_streaming_shards_over_http(shards, http_root, tmp_path):
     assert labels == [local[i][1] for i in range(18)]
 
 
-def test_a_server_that_cannot_be_reached_or_refuses_is_one_line(shards, http_root):
+def test_a_server_that_cannot_be_reached_or_refuses_is_one_line(shards, http_root, monkeypatch):
     """Nothing listening, or a shard list longer than the folder's: a one-line OSError naming
     the URL and a ValueError naming the shard, where urllib's URLError and a TypeError came
     (a walkthrough)."""
     import socket
+
+    import readers.remote
+
+    monkeypatch.setattr(readers.remote, "RETRY_DELAY", 0.01)
 
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -813,3 +817,18 @@ def test_a_url_src_that_is_a_file_says_urls_are_folders_of_images(tmp_path):
         convert(f"{root}/part0.jsonl", tmp_path / "t.blob")
     assert str(caught.value) == (f"{root}/part0.jsonl: is a file; a URL SRC must be a folder of images (class sub-folders = labels): "
                                  "archives, text and Parquet files are read from local paths only so far; copy it locally first")
+
+
+def test_an_http_src_with_names_that_are_not_utf8_loses_no_image(image_folder, tmp_path):
+    """A class folder named in Latin-1 bytes (caf\\xe9): decoded with replacement characters, its
+    names could not be asked for again and its images were skipped as missing (a review)."""
+    pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
+    src = tmp_path / "served" / "src"
+    pictures = sorted(image_folder.rglob("*.jpg"))
+    for k, folder in enumerate([os.fsdecode(b"caf\xe9"), "plain"]):
+        (src / folder).mkdir(parents=True)
+        for j in range(2):
+            shutil.copy(pictures[2 * k + j], src / folder / f"{j}.jpg")
+    with served(src.parent) as root:
+        report = convert(f"{root}/src", tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=1)
+    assert report.written == 4 and not report.skipped

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sources.members import Member, read_member
-from ..sources.parquet_images import ParquetRow, read_row_image
+from ..sources.parquet_rows import ParquetRow, read_row_image
 from .arrays import encode_pixels, to_pixels
 from .decode import DecodeError
 from .task import Encoded, Failed, ImageTask
@@ -45,7 +45,7 @@ class MemberTask(ImageTask):
 
 @dataclass(frozen=True)
 class ParquetRowTask(ImageTask):
-    """Read one Parquet row's image bytes (:func:`~packer.sources.parquet_images.read_row_image`) and convert them."""
+    """Read one Parquet row's image bytes (:func:`~packer.sources.parquet_rows.read_row_image`) and convert them."""
 
     def __call__(self, item: ParquetRow) -> Encoded | Failed:  # type: ignore[override]
         try:

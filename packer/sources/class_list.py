@@ -86,6 +86,7 @@ def with_class_list(folder: ImageFolder, names: list[str], path: str) -> ImageFo
     if mapping == list(range(len(mapping))) and len(names) == len(mapping):
         return folder  # the same list
     items = [dataclasses.replace(item, label=mapping[item.label]) if item.label >= 0 else item for item in folder.items]
-    items.sort(key=lambda item: item.label)  # class order, as every source gives it (stable: path order within a class)
+    if folder.class_order:  # class order, as a folder gives it (stable: path order within a class); a Parquet SRC's rows stay in order
+        items.sort(key=lambda item: item.label)
     empty = [name for name in folder.empty_classes if name in index]
     return dataclasses.replace(folder, items=items, classes=list(names), empty_classes=empty)

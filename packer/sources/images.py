@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import ClassVar, Iterable, Protocol
 
 from readers.schema import PackedFormatError, Skipped
 
@@ -63,6 +63,9 @@ class ImageFolder:
     refused: list[Skipped] = field(default_factory=list)
     #: Inputs per work unit that suit the source (a Parquet row group's rows), or ``None``.
     chunk: int | None = None
+    #: Whether the items are in class order (a folder's, an archive's): ``--classes`` keeps
+    #: them so; a Parquet source's are in its rows' order, which its reading relies on.
+    class_order: ClassVar[bool] = True
 
     @property
     def source(self) -> str:
@@ -74,7 +77,7 @@ class ImageFolder:
         if isinstance(self.root, str):  # a URL: items are below it (over HTTP percent-encoded: named as the server's files are)
             prefix = self.root.rstrip("/") + "/"
             rest = path[len(prefix) :] if path.startswith(prefix) else path
-            return unquote(rest) if self.root[:8].lower().startswith(("http://", "https://")) else rest
+            return unquote(rest, errors="surrogateescape") if self.root[:8].lower().startswith(("http://", "https://")) else rest
         prefix = str(self.root).rstrip(os.sep) + os.sep
         if path.startswith(prefix):  # as the scan joins them: no relpath per sample (the driver's CPU)
             rest = path[len(prefix) :]

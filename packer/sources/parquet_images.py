@@ -5,9 +5,9 @@
 A SRC is such a source (:func:`parquet_image_source`) when it is a ``.parquet`` file, or a folder
 whose files packer reads are ``.parquet`` files only, and the first one (by path) has an image
 column: the column Hugging Face's metadata types ``Image``, else a struct column with a binary
-``bytes`` field, else a binary column, one named as :data:`IMAGE_FIELDS` names (``image``,
-``img``, ``jpg``...) first (a Parquet text corpus holds no binary column). Every file must have
-that column. The label column is the one the metadata types ``ClassLabel`` (its ``names`` are
+``bytes`` field, else a binary column named as :data:`IMAGE_FIELDS` names (``image``, ``img``,
+``jpg``...), else a binary column whose first value starts as an image file does (a corpus's
+column of hashes or ids is no image column). Every file must have that column. The label column is the one the metadata types ``ClassLabel`` (its ``names`` are
 the classes), else the first column named as :data:`~packer.sources.datasets.LABEL_FIELDS`
 names that holds integers (classes ``"0"``, ``"1"``... up to the largest) or strings (the
 classes, sorted, as folder names are); without one, or when every label is null or negative (a
@@ -17,9 +17,9 @@ test split's -1), the dataset is unlabeled. ``--image-column`` / ``--label-colum
 Inputs are rows, in file order (by path) then row order, named ``FILE:N`` (row N of the file,
 counted from 1, as text corpora's rows are); ``--split NAME`` keeps the files of one split, as
 the Hub names them (:func:`split_of`). This process lists the files and reads the label
-column only; each worker reads the image bytes of its own rows, a row group's column at a time
-(kept for the next rows of that group), so work is handed out a row group at a time, up to
-:data:`MAX_CHUNK` rows. A row without image bytes (null, or a ``path`` alone, which Hugging Face
+column only; each worker streams the image bytes of its own rows from their row group
+(packer/sources/parquet_rows.py), so work is handed out a row group at a time, up to
+:data:`MAX_CHUNK` rows, and ``--classes`` keeps the rows' order. A row without image bytes (null, or a ``path`` alone, which Hugging Face
 writes for images it did not embed) or with an unusable label is skipped and recorded.
 """
 
@@ -28,19 +28,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
 from ..report import one_line
 from .datasets import IMAGE_FIELDS as DATASET_IMAGE_FIELDS, LABEL_FIELDS
-from .images import ImageFolder, ImageItem
+from .images import ImageFolder
+from .parquet_rows import ParquetRow
 from .rules import IMAGE_EXTENSIONS, is_hidden
 
-__all__ = ["ParquetRow", "ParquetImages", "parquet_image_source", "scan_parquet_images", "read_row_image", "MAX_CHUNK"]
+__all__ = ["ParquetImages", "parquet_image_source", "scan_parquet_images", "split_of", "MAX_CHUNK"]
 
 log = logging.getLogger("packer")
 
@@ -51,18 +53,6 @@ MAX_CHUNK = 128
 
 
 @dataclass(frozen=True)
-class ParquetRow(ImageItem):
-    """A row of a Parquet file: ``path`` is ``FILE:N`` (messages); its image is row ``row`` of
-    row group ``group`` of ``file``, in ``column`` (a struct's ``bytes`` field when ``struct``)."""
-
-    file: str = ""
-    group: int = 0
-    row: int = 0
-    column: str = ""
-    struct: bool = False
-
-
-@dataclass(frozen=True)
 class ParquetImages(ImageFolder):
     """The rows of Parquet files as an image source: names are relative to ``base`` (the folder
     SRC, or a file SRC's folder), so a file's rows are ``FILE:N`` either way; ``chunk``: a full
@@ -70,6 +60,7 @@ class ParquetImages(ImageFolder):
 
     base: str = ""
     columns: dict[str, str] = field(default_factory=dict)
+    class_order: ClassVar[bool] = False  # (rows in order: a worker streams its row group)
 
     def relative(self, path: str) -> str:
         prefix = self.base.rstrip(os.sep) + os.sep
@@ -107,8 +98,25 @@ def _features(schema: Any) -> dict[str, Any]:
     return features if isinstance(features, dict) else {}
 
 
-def _image_column(schema: Any) -> tuple[str, bool] | None:
-    """The image column of ``schema`` and whether it is a ``{bytes, path}`` struct, or ``None``."""
+#: How encoded images start (JPEG, PNG, GIF, BMP, TIFF both ways, WebP's RIFF).
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM", b"II*\x00", b"MM\x00*", b"RIFF")
+
+
+def _first_is_image(path: Path, column: str) -> bool:
+    """Whether the first value of ``column`` in ``path`` that is not null starts as an image file
+    does (a binary column named as no image is: a corpus's hashes or ids are not images)."""
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=16, columns=[column], use_threads=False):
+        for value in batch.column(0).to_pylist():
+            if value is not None:
+                return value.startswith(_IMAGE_MAGIC)
+    return False
+
+
+def _image_column(schema: Any, path: Path | None = None) -> tuple[str, bool] | None:
+    """The image column of ``schema`` and whether it is a ``{bytes, path}`` struct, or ``None``;
+    a binary column of another name counts when its first value is an image (read from ``path``)."""
     import pyarrow as pa
 
     def binary(t: Any) -> bool:
@@ -123,19 +131,27 @@ def _image_column(schema: Any) -> tuple[str, bool] | None:
         kind = schema.field(name).type
         if struct_of_bytes(kind) or binary(kind):
             return name, struct_of_bytes(kind)
-    named = [n for n in schema.names if n.lower() in IMAGE_FIELDS]
-    for name in named + schema.names:  # (a text corpus holds no binary column)
-        if binary(schema.field(name).type):
+    for name in schema.names:
+        if name.lower() in IMAGE_FIELDS and binary(schema.field(name).type):
+            return name, False
+    for name in schema.names if path is not None else ():
+        if binary(schema.field(name).type) and _first_is_image(path, name):
             return name, False
     return None
 
 
 def _column_kind(schema: Any, name: str) -> tuple[str, bool] | None:
-    """``name`` as an image column of ``schema`` (as :func:`_image_column` gives one), or ``None``."""
+    """``name`` (given: ``--image-column``) as an image column of ``schema``: binary, or a struct
+    with a binary ``bytes`` field (whether it is one), else ``None``."""
     import pyarrow as pa
 
-    fields = pa.schema([schema.field(name)])
-    return _image_column(fields)
+    kind = schema.field(name).type
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return name, False
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        inner = kind.field("bytes").type
+        return (name, True) if pa.types.is_binary(inner) or pa.types.is_large_binary(inner) else None
+    return None
 
 
 def _label_column(schema: Any, *, named: bool = False) -> tuple[str | None, list[str] | None]:
@@ -168,7 +184,10 @@ def parquet_image_source(src: Any) -> list[Path] | None:
         schema = _schema(files[0], root)
     except SourceError:  # (an unreadable file: a text corpus's scan says so, file by file)
         return None
-    return files if _image_column(schema) is not None else None
+    try:
+        return files if _image_column(schema, files[0]) is not None else None
+    except (OSError, ValueError):  # (pyarrow's errors are both: the scan of a corpus says so)
+        return None
 
 
 def _schema(path: Path, src: Any) -> Any:
@@ -189,25 +208,30 @@ def scan_parquet_images(src: str | os.PathLike[str], files: list[Path], *, image
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = Path(src)
+    root = Path(os.path.abspath(src))  # (absolute: the resume fingerprint names inputs whatever the spelling of SRC)
+    files = [Path(os.path.abspath(p)) for p in files]
     base = str(root.parent if root.is_file() else root)
     if split is not None:
         found = sorted({name for p in files if (name := split_of(p, root)) is not None})
         files = [p for p in files if split_of(p, root) == split]
         if not files:
-            raise OptionError(f"--split: no Parquet file of {src} is of the split {split!r} "
-                              f"({'its splits: ' + ', '.join(found) if found else 'none is named as a split'})")
+            what = (f"SRC is one Parquet file, {'of the split ' + found[0] if found else 'named as no split'}; drop --split"
+                    if root.is_file() else f"no Parquet file of {src} is of the split {split!r} "
+                    f"({'its splits: ' + ', '.join(found) if found else 'none is named as a split'})")
+            raise OptionError(f"--split: {what}")
     else:
         _warn_of_splits(files, root)
     first = _schema(files[0], src)
     for option, name in (("--image-column", image_column), ("--label-column", label_column)):
         if name is not None and name not in first.names:
             raise OptionError(f"{option}: {files[0].name} has no column {name!r} (its columns: {', '.join(first.names)})")
-    image, struct = _image_column(first) if image_column is None else _column_kind(first, image_column) or (None, False)
+    found = _image_column(first, files[0]) if image_column is None else _column_kind(first, image_column)
+    image, struct = found if found is not None else (None, False)
     if image is None:
         raise OptionError(f"--image-column: column {image_column!r} of {files[0].name} holds no encoded images "
                           f"(it is {first.field(image_column).type}; binary, or a struct with binary 'bytes', is needed)")
-    label, names = _label_column(first) if label_column is None else _label_column(pa.schema([first.field(label_column)], metadata=first.metadata), named=True)
+    label, names = (_label_column(first) if label_column is None
+                    else _label_column(pa.schema([first.field(label_column)], metadata=first.metadata), named=True))
     if label_column is not None and label is None:
         raise OptionError(f"--label-column: column {label_column!r} of {files[0].name} holds no labels "
                           f"(it is {first.field(label_column).type}; integers or strings are needed)")
@@ -235,7 +259,12 @@ def scan_parquet_images(src: str | os.PathLike[str], files: list[Path], *, image
             refused.append(Skipped(os.path.relpath(path, base), f"cannot read it as a Parquet file ({one_line(str(exc))})"))
             continue
         rows.extend(file_rows)
+    if not rows and not refused:
+        raise SourceError(f"{src}: its Parquet files hold no rows")
     labels = [value for *_, value in rows]
+    if len({type(v) is str for v in labels if v is not None}) > 1:  # (one file's column of strings, another's of integers)
+        raise SourceError(f"{src}: the label column {label!r} holds strings in some files and integers in others; "
+                          "give a folder of one dataset's files")
     labeled = label is not None and any(v is not None and (isinstance(v, str) or v >= 0) for v in labels)
     classes, number = _classes(labels, names, label, src) if labeled else ([], {})
     items = []
@@ -252,7 +281,7 @@ def scan_parquet_images(src: str | os.PathLike[str], files: list[Path], *, image
     chunk = max(1, min(MAX_CHUNK, max(group_rows, default=1)))  # (a full row group: the last of a file is shorter)
     files_stat = {str(p): f"{(st := os.stat(p)).st_size}:{st.st_mtime_ns}" for p in files}
     stamps = {item.path: f"{files_stat[item.file]}:{item.group}:{item.row}" for item in items}
-    columns = {"image_column": image, "label_column": label or ""}
+    columns = {"image_column": image, "label_column": label or "", "split": split or ""}
     return ParquetImages(root, items, classes, labeled, refused + skipped, stamps=stamps, refused=refused, base=base, chunk=chunk,
                          columns=columns)
 
@@ -268,13 +297,16 @@ def _classes(labels: list[Any], names: list[str] | None, column: str | None, src
     return (names if names is not None else [str(i) for i in range(top + 1)]), {}
 
 
+_SHARD = re.compile(r"(?P<split>.+?)-\d+-of-\d+")
+
+
 def split_of(path: Path, root: Path) -> str | None:
-    """The split a Parquet file belongs to, as the Hugging Face Hub names them: the file's name
-    up to its first ``-`` when it is a shard (``train-00000-of-00004.parquet``, ``test.parquet``
-    too), else the folder it is in below ``root`` (``data/validation/0000.parquet``)."""
-    name = path.name[: -len(".parquet")]
-    if "-of-" in name or "-" not in name and path.parent == root:
-        return name.split("-", 1)[0]
+    """The split a Parquet file belongs to, as the Hugging Face Hub names them: a shard's name up
+    to its number (``train-00000-of-00004.parquet``), else the folder it is in below ``root``
+    (``validation/0000.parquet``, as the Hub's Parquet conversions are); ``None`` otherwise."""
+    match = _SHARD.fullmatch(path.name[: -len(".parquet")])
+    if match:
+        return match["split"]
     return path.parent.name if path.parent != root and root in path.parents else None
 
 
@@ -284,30 +316,3 @@ def _warn_of_splits(files: list[Path], root: Path) -> None:
     if len(splits) > 1:
         log.warning("%s: its Parquet files are those of the splits %s, which are converted together into one dataset; "
                     "to convert one split, pass --split %s", root, ", ".join(splits), splits[0])
-
-
-_last: tuple[tuple[int, str, int, str], Any] | None = None
-
-
-def read_row_image(item: ParquetRow) -> bytes:
-    """The image bytes of ``item``, read in the worker: its row group's column is read once and
-    kept for the group's next rows. Raises ``OSError`` or ``ValueError`` with the reason."""
-    global _last
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    key = (os.getpid(), item.file, item.group, item.column)
-    if _last is None or _last[0] != key:
-        _last = None
-        try:
-            column = pq.ParquetFile(item.file).read_row_group(item.group, columns=[item.column]).column(0).combine_chunks()
-        except pa.ArrowException as exc:
-            raise ValueError(f"cannot read its row group from the Parquet file ({exc})") from None
-        _last = (key, column.field("bytes") if item.struct else column)
-    values = _last[1]
-    if item.row >= len(values):
-        raise ValueError("the Parquet file changed since it was listed (its row group is shorter)")
-    data = values[item.row].as_py()
-    if data is None:
-        raise ValueError("the row holds no image bytes" + (" (only a path to the image, not embedded)" if item.struct else ""))
-    return data

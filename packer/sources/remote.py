@@ -132,7 +132,7 @@ class FsspecTree:
                 name = self.fs._strip_protocol(name).rstrip("/")
                 if name.startswith(prefix):
                     parts = name[len(prefix) :].split("/")  # over HTTP percent-encoded (%20, %C3%A9): names as the server's files are
-                    listing[tuple(unquote(p) for p in parts) if follows else tuple(parts)] = detail
+                    listing[tuple(unquote(p, errors="surrogateescape") for p in parts) if follows else tuple(parts)] = detail
             if follows:  # (an object store has no links: identical folders there are two folders)
                 listing, loops = _without_loops(listing)
                 self.refused = [Skipped("/".join(loop), LOOP_REASON) for loop in loops]
@@ -166,7 +166,7 @@ class FsspecTree:
 
     def path(self, name: str) -> str:
         """The URL of ``name`` (relative, as the listing's names are: over HTTP, encoded again)."""
-        return self.fs.unstrip_protocol(f"{self._base}/{quote(name) if _follows_links(self.fs) else name}")
+        return self.fs.unstrip_protocol(f"{self._base}/{quote(name, errors='surrogateescape') if _follows_links(self.fs) else name}")
 
     def cannot_list(self, exc: Exception) -> str:
         return f"cannot list the folder ({type(exc).__name__}: {_first_line(exc)}); check the URL and the credentials"

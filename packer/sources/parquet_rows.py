@@ -1,0 +1,85 @@
+"""A row of a Parquet file of images as an input (:class:`ParquetRow`), and reading its image
+bytes in a worker (:func:`read_row_image`); listing the rows: packer/sources/parquet_images.py.
+
+A worker reads a row group's image column as a stream of batches of :data:`BATCH_ROWS` rows
+(``ParquetFile.iter_batches``), keeping one batch and its place: the next rows of the group come
+from it or from the batches after it, so a worker's memory holds one batch whatever the row
+group's size (pyarrow's own writer makes one group of up to a million rows: the whole column in
+each worker, GBs, when read at once). A row before the kept batch (another chunk of the same
+group, handed out earlier) starts the group's stream again."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .images import ImageItem
+
+__all__ = ["ParquetRow", "read_row_image", "BATCH_ROWS"]
+
+#: Rows of the image column a worker decodes from the file at once.
+BATCH_ROWS = 64
+
+
+@dataclass(frozen=True)
+class ParquetRow(ImageItem):
+    """A row of a Parquet file: ``path`` is ``FILE:N`` (messages); its image is row ``row`` of
+    row group ``group`` of ``file``, in ``column`` (a struct's ``bytes`` field when ``struct``)."""
+
+    file: str = ""
+    group: int = 0
+    row: int = 0
+    column: str = ""
+    struct: bool = False
+
+
+class _Cursor:
+    """A row group's image column, streamed: the batch read last and the row it starts at."""
+
+    def __init__(self, item: ParquetRow) -> None:
+        import pyarrow.parquet as pq
+
+        self.key = _key(item)
+        self.struct = item.struct
+        self._batches: Iterator[Any] = pq.ParquetFile(item.file).iter_batches(
+            batch_size=BATCH_ROWS, row_groups=[item.group], columns=[item.column], use_threads=False)
+        self.start, self.values = 0, None  # the kept batch: rows start .. start + len(values)
+
+    def value(self, row: int) -> bytes | None:
+        """Row ``row``'s image bytes (``None``: null); ``row`` not before the kept batch."""
+        while self.values is None or row >= self.start + len(self.values):
+            if self.values is not None:
+                self.start += len(self.values)
+            batch = next(self._batches, None)
+            if batch is None:
+                raise ValueError("the Parquet file changed since it was listed (its row group is shorter)")
+            column = batch.column(0)
+            self.values = column.field("bytes") if self.struct else column
+        return self.values[row - self.start].as_py()
+
+
+_cursor: _Cursor | None = None
+
+
+def _key(item: ParquetRow) -> tuple[int, str, int, str]:
+    return (os.getpid(), item.file, item.group, item.column)  # (a forked worker never shares its parent's stream)
+
+
+def read_row_image(item: ParquetRow) -> bytes:
+    """The image bytes of ``item``, read in the worker (the module doc). Raises ``OSError`` or
+    ``ValueError`` with the reason."""
+    global _cursor
+    import pyarrow as pa
+
+    try:
+        if _cursor is None or _cursor.key != _key(item) or item.row < _cursor.start:
+            _cursor = None
+            _cursor = _Cursor(item)
+        data = _cursor.value(item.row)
+    except pa.ArrowException as exc:
+        _cursor = None
+        raise ValueError(f"cannot read its row group from the Parquet file ({exc})") from None
+    if data is None:
+        raise ValueError("the row holds no image bytes" + (" (only a path to the image, not embedded)" if item.struct else ""))
+    return data
