@@ -1,4 +1,4 @@
-"""Conversion speed from archives against the same images in a class folder.
+"""Conversion speed from archives and Parquet files against the same images in a class folder.
 
     python -m benchmarks.archive_vs_folder                    # -> benchmarks/out/archive_vs_folder.json
     python -m benchmarks.archive_vs_folder --update-results   # -> benchmarks/results/ (the committed figures)
@@ -7,7 +7,9 @@ The same ImageNet-like JPEGs (``common.imagenet_like``: 500x375, ~100 KB, 10 cla
 converted to LMDB at ``--size`` from: the class folder; a .tar of it (members read by offset in
 the workers); an ImageNet-style tar of per-class tars; a .zip (deflated members inflated in the
 workers); a .tar.gz (streamed once in this process, by zlib-ng where installed: ``gzip_inflater``
-in the JSON). Every conversion is timed whole, from
+in the JSON); Parquet files as the Hugging Face Hub stores a dataset (an Image column of
+``{bytes, path}``, a ClassLabel label, row groups of 100 rows, 500 rows a file; each worker reads
+its rows' images a row group at a time). Every conversion is timed whole, from
 ``packer.convert`` call to return (listing included), with the default worker count. Sources
 alternate within each round and the order rotates between rounds (ABAB...), so drift on a
 shared machine falls on all of them; each archive's speed is compared with the folder's in the
@@ -32,14 +34,16 @@ from packer.sources.tarstream import gzip_inflater, stream_tar
 
 from .common import add_output_arguments, cpu_count, imagenet_like, machine, markdown_table, output_dir, save_json, run_main
 
-SOURCES = ("folder", "tar", "tar of tars", "zip", "tar.gz")
+SOURCES = ("folder", "tar", "tar of tars", "zip", "tar.gz", "parquet")
+#: Rows per Parquet row group and per file, as the Hub's image datasets have them (``datasets``' default for images).
+PARQUET_GROUP, PARQUET_FILE = 100, 500
 
 
 def make_archives(folder: Path, where: Path) -> dict[str, Path]:
     """The folder as each kind of archive (members in sorted order, as tar and zip write them)."""
     files = sorted(p for p in folder.rglob("*.jpg"))
     made = {"folder": folder, "tar": where / "train.tar", "tar of tars": where / "imagenet.tar", "zip": where / "train.zip",
-            "tar.gz": where / "train.tar.gz"}
+            "tar.gz": where / "train.tar.gz"}  # (and "parquet": a folder of files, below)
     with tarfile.open(made["tar"], "w") as tar:
         tar.add(folder, arcname="train")
     with tarfile.open(made["tar.gz"], "w:gz", compresslevel=6) as tar:
@@ -57,7 +61,27 @@ def make_archives(folder: Path, where: Path) -> dict[str, Path]:
             info.size = buffer.tell()
             buffer.seek(0)
             outer.addfile(info, buffer)
+    made["parquet"] = write_parquet(folder, files, where / "data")
     return made
+
+
+def write_parquet(folder: Path, files: list[Path], where: Path) -> Path:
+    """The images as the Hub's Parquet files (``train-0000N-of-0000M.parquet``), in the folder's sample order."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    where.mkdir()
+    parts = [files[i : i + PARQUET_FILE] for i in range(0, len(files), PARQUET_FILE)]
+    for k, part in enumerate(parts):
+        rows = [{"image": {"bytes": p.read_bytes(), "path": p.name}, "label": classes.index(p.parent.name)} for p in part]
+        table = pa.Table.from_pylist(rows).replace_schema_metadata(metadata)
+        pq.write_table(table, where / f"train-{k:05d}-of-{len(parts):05d}.parquet", row_group_size=PARQUET_GROUP)
+    return where
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -75,7 +99,8 @@ def main() -> None:
     seconds: dict[str, list[float]] = {name: [] for name in SOURCES}
     with tempfile.TemporaryDirectory(prefix="packer-archive-bench-") as tmp:
         made = make_archives(folder, Path(tmp))
-        sizes = {name: (path.stat().st_size if path.is_file() else None) for name, path in made.items()}
+        sizes = {name: (path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.glob("*.parquet")) or None)
+                 for name, path in made.items()}
         count = None
         listing: list[float] = []
         for round_ in range(args.rounds + 1):  # round 0 warms the page cache and the fork server: not kept
