@@ -177,13 +177,18 @@ class ImageJob(Job):
 
     def metadata_fields(self, writer: Writer) -> dict[str, Any]:
         assert self.folder is not None
+        from .sources.parquet_images import ParquetImages
+
+        preprocessing = self.image.describe()
+        if isinstance(self.folder, ParquetImages):  # the columns read (verify --source reads the same ones)
+            preprocessing["parquet"] = dict(self.folder.columns)
         return {
             "channels": self.image.channels,
             "shape": writer.shape,
             "encoding": self.image.encoding,
             "classes": tuple(self.folder.classes),
             "labeled": self.folder.labeled,
-            "preprocessing": self.image.describe(),
+            "preprocessing": preprocessing,
         }
 
     def report(self, **counts: Any) -> ConversionReport:

@@ -56,6 +56,19 @@ def copies(records) -> Iterator[tuple[int, tuple[int, ...], bytes]]:
 
 
 # -- against the source ------------------------------------------------------------------------
+def _recorded_columns(pre: dict, source: Any, options: SourceOptions | None) -> SourceOptions | None:
+    """``options`` with the Parquet columns and split the conversion read (``preprocessing``'s
+    ``parquet``) where they are not given, for a Parquet SRC: its rows are compared as converted."""
+    from .sources.parquet_images import parquet_image_source
+
+    recorded = pre.get("parquet") if isinstance(pre, dict) else None
+    if not isinstance(recorded, dict) or parquet_image_source(source) is None:
+        return options
+    options = options if options is not None else SourceOptions()
+    fields = {name: getattr(options, name) or recorded.get(name) or None for name in ("image_column", "label_column", "split")}
+    return dataclasses.replace(options, **fields)
+
+
 def check_source_applies(meta: Metadata, path: str | Path, options: SourceOptions | None = None) -> None:
     """Refuse ``--source`` options a dataset cannot use (``OptionError``, one line naming them):
     a text dataset's corpus is read as its conversion recorded, with no label file. Called before
@@ -89,6 +102,7 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
         return
     pre = meta.preprocessing
     remote = is_source_url(str(source))
+    options = _recorded_columns(pre, source, options)
     try:
         image = dataclasses.replace(ImageOptions.from_record(pre, meta.encoding), decode_device="cpu")  # redone here, on the CPU
         job = image_job(str(source) if remote else Path(source), image, options, workers=workers, advise=False)  # (the conversion's advice: not again)

@@ -141,7 +141,7 @@ def test_plain_columns_string_labels_and_unlabeled_files(tmp_path):
     for name in ("ints", "names", "test", "none"):
         convert(tmp_path / name, tmp_path / f"{name}.lmdb", image=ImageOptions(size=8), workers=1)
     (ints, int_samples), (names, name_samples) = plain_read(tmp_path / "ints.lmdb"), plain_read(tmp_path / "names.lmdb")
-    assert ints["classes"] == [str(i) for i in range(7)] and [label for label, _ in int_samples.values()] == [0, 2, 4, 6]
+    assert ints["classes"] == [] and [label for label, _ in int_samples.values()] == [0, 2, 4, 6]  # (as a label file's integers)
     assert names["classes"] == ["x", "y", "z"] and [label for label, _ in name_samples.values()] == [2, 1, 2, 0]
     for unlabeled in ("test", "none"):
         meta, samples = plain_read(tmp_path / f"{unlabeled}.lmdb")
@@ -193,7 +193,8 @@ def test_the_columns_can_be_named_and_a_wrong_name_is_refused(tmp_path):
                                    "--size", "8", "-q"])
     assert run.exit_code == 0, run.output
     meta, samples = plain_read(tmp_path / "o.lmdb")
-    assert [label for label, _ in samples.values()] == [2, 1, 0] and meta["classes"] == ["0", "1", "2"]
+    assert [label for label, _ in samples.values()] == [2, 1, 0] and meta["classes"] == [] and meta["preprocessing"]["parquet"] == {
+        "image_column": "photo", "label_column": "fine", "split": ""}
     default = convert(src, tmp_path / "d.lmdb", image=ImageOptions(size=8), workers=1)  # the first binary column, no label column
     assert default.written == 3 and not plain_read(tmp_path / "d.lmdb")[0]["labeled"]
     checked = CliRunner().invoke(cli, ["verify", str(tmp_path / "o.lmdb"), "--source", str(src), "--image-column", "photo",
@@ -298,3 +299,106 @@ def test_a_large_row_group_is_streamed_by_each_worker(tmp_path, monkeypatch):
     convert(tmp_path / "folder", tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1)
     parquet, folder = plain_samples(tmp_path / "p.lmdb"), plain_samples(tmp_path / "f.lmdb")
     assert [parquet[f"a.parquet:{k + 1}"] for k in range(300)] == [folder[f"{k % 3}/{k:04d}.jpg"] for k in range(300)]
+
+
+def features_metadata(**features) -> dict:
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+
+
+def test_what_lies_beside_the_parquet_files(tmp_path, caplog):
+    """A Hub repository cloned: a banner image beside data/ converted the image alone, and a
+    LICENSE.txt made the folder a text corpus (an HF walkthrough)."""
+    picture = jpeg_bytes(gradient(8, 8))
+    repo = tmp_path / "repo"
+    write_parquet(repo / "data" / "train-00000-of-00001.parquet", [{"image": picture, "label": 0}] * 3)
+    (repo / "LICENSE.txt").write_text("MIT\n")
+    assert convert(repo, tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1).written == 3
+    assert "1 text file (LICENSE.txt) is left out: the Parquet files' images are converted" in caplog.text
+    write(repo / "assets" / "banner.png", picture)
+    with pytest.raises(SourceError, match=r"holds Parquet files of images \(data/train-00000-of-00001\.parquet\) and image files "
+                                          r"\(assets/banner\.png\); give the folder of the one to convert$"):
+        convert(repo, tmp_path / "x.lmdb", image=ImageOptions(size=8), workers=1)
+
+
+def test_a_first_file_cut_short_leaves_the_others_images(tmp_path):
+    picture = jpeg_bytes(gradient(8, 8))
+    src = tmp_path / "data"
+    for k in range(2):
+        write_parquet(src / f"train-0000{k}-of-00002.parquet", [{"image": picture, "label": k}] * 2)
+    first = src / "train-00000-of-00002.parquet"
+    first.write_bytes(first.read_bytes()[:100])  # a download cut short
+    report = convert(src, tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == 2 and [s.path for s in report.skipped] == ["train-00000-of-00002.parquet"]
+
+
+def test_class_names_that_differ_between_files_are_refused(tmp_path):
+    picture = jpeg_bytes(gradient(8, 8))
+    for k, names in enumerate((["cat", "dog"], ["dog", "cat"])):
+        write_parquet(tmp_path / "d" / f"train-0000{k}-of-00002.parquet", [{"image": picture, "label": 0}],
+                      features_metadata(image={"_type": "Image"}, label={"_type": "ClassLabel", "names": names}))
+    with pytest.raises(SourceError, match=r"train-00001-of-00002\.parquet: its class names in column 'label' differ from "
+                                          r"train-00000-of-00002\.parquet's"):
+        convert(tmp_path / "d", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+
+
+@pytest.mark.parametrize("names, split, rows", [
+    (["data/train.parquet", "data/test.parquet"], "test", 1),
+    (["train.parquet", "test.parquet"], "test", 1),
+    (["data/train-00000-of-00002-3f5a9c1e2b.parquet", "data/train-00001-of-00002-77aa.parquet", "data/test-00000-of-00001-0b.parquet"],
+     "train", 2),
+])
+def test_the_hubs_other_split_layouts(tmp_path, caplog, names, split, rows):
+    picture = jpeg_bytes(gradient(8, 8))
+    for name in names:
+        write_parquet(tmp_path / "repo" / name, [{"image": picture, "label": 0}])
+    report = convert(tmp_path / "repo", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == len(names) and "pass --split train" in caplog.text  # (train: the likely one)
+    one = convert(tmp_path / "repo", tmp_path / "s.lmdb", image=ImageOptions(size=8), source=SourceOptions(split=split), workers=1)
+    assert one.written == rows
+
+
+def test_label_columns_as_users_have_them(tmp_path, caplog):
+    pictures = [jpeg_bytes(gradient(8, 8, seed=i)) for i in range(3)]
+    write_parquet(tmp_path / "category" / "a.parquet", [{"image": p, "category": c} for p, c in zip(pictures, "xyx")])
+    write_parquet(tmp_path / "floats" / "a.parquet", [{"image": p, "label": v} for p, v in zip(pictures, [1.0, float("nan"), 40_000_000.0])])
+    write_parquet(tmp_path / "lists" / "a.parquet", [{"image": p, "labels": [1, 2]} for p in pictures])
+    write_parquet(tmp_path / "two" / "a.parquet", [{"image": p, "fine_label": 5, "coarse_label": 1} for p in pictures])
+    meta, samples = plain_read(convert(tmp_path / "category", tmp_path / "c.lmdb", image=ImageOptions(size=8), workers=1).dst)
+    assert meta["classes"] == ["x", "y"] and [label for label, _ in samples.values()] == [0, 1, 0]
+    report = convert(tmp_path / "floats", tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1)
+    assert [label for label, _ in plain_samples(report.dst).values()] == [1, 40_000_000] and plain_read(report.dst)[0]["classes"] == []
+    assert [s.reason for s in report.skipped] == ["no label (column 'label' holds nan)"]
+    assert not plain_read(convert(tmp_path / "lists", tmp_path / "l.lmdb", image=ImageOptions(size=8), workers=1).dst)[0]["labeled"]
+    assert "column 'labels' holds no single labels (it is list<element: int64>), so the images convert unlabeled" in caplog.text
+    assert [label for label, _ in plain_samples(convert(tmp_path / "two", tmp_path / "t.lmdb", image=ImageOptions(size=8),
+                                                        workers=1).dst).values()] == [5, 5, 5]
+    assert "labels from column 'fine_label'; it also has the label columns 'coarse_label' (--label-column chooses)" in caplog.text
+
+
+def test_an_image_column_is_chosen_over_a_mask_and_verify_reads_the_recorded_columns(tmp_path, caplog):
+    pictures = [jpeg_bytes(gradient(8, 8, seed=i)) for i in range(2)]
+    masks = [jpeg_bytes(np.zeros((8, 8, 3), np.uint8)) for _ in range(2)]
+    rows = [{"mask": {"bytes": m, "path": None}, "image": {"bytes": p, "path": None}, "fine_label": 1, "coarse_label": 0}
+            for m, p in zip(masks, pictures)]
+    src = tmp_path / "src"
+    write_parquet(src / "a.parquet", rows, features_metadata(mask={"_type": "Image"}, image={"_type": "Image"}))
+    write(tmp_path / "folder" / "c" / "0.jpg", pictures[0])
+    write(tmp_path / "folder" / "c" / "1.jpg", pictures[1])
+    convert(src, tmp_path / "o.lmdb", image=ImageOptions(size=8), source=SourceOptions(label_column="coarse_label"), workers=1)
+    convert(tmp_path / "folder", tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1)
+    assert [payload for _, payload in plain_samples(tmp_path / "o.lmdb").values()] == [
+        payload for _, payload in plain_samples(tmp_path / "f.lmdb").values()]
+    assert "converting the images of column 'image'; it also has the image columns 'mask'" in caplog.text
+    checked = CliRunner().invoke(cli, ["verify", str(tmp_path / "o.lmdb"), "--source", str(src)])  # (no column options: as recorded)
+    assert checked.exit_code == 0 and "2 compared with the source" in checked.output, checked.output
+
+
+def test_a_save_to_disk_folder_says_how_to_convert_it(tmp_path):
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "data-00000-of-00001.arrow").write_bytes(b"arrow")
+    (folder / "state.json").write_text("{}")
+    (folder / "dataset_info.json").write_text("{}")
+    run = CliRunner().invoke(cli, ["convert", str(folder), str(tmp_path / "o.lmdb")])
+    assert run.exit_code == 1 and "holds .arrow files, a Hugging Face dataset saved with save_to_disk: convert it from Python, " \
+        "packer.convert(datasets.load_from_disk(PATH), DST, ...), or write it as Parquet files (Dataset.to_parquet)" in run.stderr, run.output

@@ -146,7 +146,7 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
         if _json_name(root.name):
             raise SourceError(f"{root}: a .json file, which packer does not read: {JSON_ADVICE}")
         return text_suffix(root.name) is not None
-    has_text, compressed, json_file, others = False, "", "", False
+    has_text, compressed, json_file, others, arrow = False, "", "", False, False
     for dirpath, filenames in _folders(root, quiet=True):
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
@@ -156,6 +156,10 @@ def is_text_corpus(root: str | os.PathLike[str]) -> bool:
             compressed = compressed or (os.path.join(dirpath, name) if _unread_compressed(name) else "")
             json_file = json_file or (os.path.join(dirpath, name) if _json_name(name) else "")
             others = others or name.lower().endswith(ARCHIVE_SUFFIXES)
+            arrow = arrow or name.endswith(".arrow")
+    if arrow and not has_text:  # (its state.json and dataset_info.json would be refused as JSON)
+        raise SourceError(f"{root}: holds .arrow files, a Hugging Face dataset saved with save_to_disk: convert it from Python, "
+                          f"packer.convert(datasets.load_from_disk(PATH), DST, ...), or write it as Parquet files (Dataset.to_parquet)")
     if json_file and not (has_text or compressed or others):  # (a shard folder has its .json index beside its tars)
         raise SourceError(f"{root}: holds .json files ({json_file}) and nothing else packer reads: {JSON_ADVICE}")
     if compressed and not has_text:
