@@ -360,7 +360,7 @@ class Loader:
 def _stage(name: str) -> Any:
     """A profiler range while a torch profiler runs; nothing otherwise (an idle ``record_function``
     still makes a dispatcher call). With or without: within noise, benchmarks/results/loader_ranges.json
-    (``python -m benchmarks.loader_ranges``)."""
+    (``python -m benchmarks.loader_ranges --update-results --rounds 20``)."""
     return record_function(name) if getattr(_profiler, "_is_profiler_enabled", True) else contextlib.nullcontext()
 
 
