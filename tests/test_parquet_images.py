@@ -402,3 +402,14 @@ def test_a_save_to_disk_folder_says_how_to_convert_it(tmp_path):
     run = CliRunner().invoke(cli, ["convert", str(folder), str(tmp_path / "o.lmdb")])
     assert run.exit_code == 1 and "holds .arrow files, a Hugging Face dataset saved with save_to_disk: convert it from Python, " \
         "packer.convert(datasets.load_from_disk(PATH), DST, ...), or write it as Parquet files (Dataset.to_parquet)" in run.stderr, run.output
+
+
+def test_without_pyarrow_parquet_files_need_it_in_one_line(hub, tmp_path, monkeypatch):
+    import sys
+
+    root, _ = hub
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # (import pyarrow raises ImportError)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    run = CliRunner().invoke(cli, ["convert", str(root / "data"), str(tmp_path / "o.lmdb")])
+    assert run.exit_code == 1 and "reading Parquet needs pyarrow: pip install pyarrow" in run.stderr, run.output
+    assert len(run.stderr.strip().splitlines()) == 1

@@ -115,6 +115,10 @@ def parquet_image_source(src: Any) -> list[Path] | None:
     root = Path(src)
     if not root.exists():
         return None
+    try:
+        import pyarrow.parquet  # noqa: F401 - without it (the text extra), Parquet files are said as a corpus's are
+    except ImportError:
+        return None
     files, image, _ = _walk(root)
     first = _first_schema(files)
     try:
