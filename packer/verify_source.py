@@ -66,6 +66,8 @@ def _recorded_columns(pre: dict, source: Any, options: SourceOptions | None) -> 
         return options
     options = options if options is not None else SourceOptions()
     fields = {name: getattr(options, name) or recorded.get(name) or None for name in ("image_column", "label_column", "split")}
+    if Path(source).is_file():  # (one file of the split: --split picks files of a folder)
+        fields["split"] = options.split
     return dataclasses.replace(options, **fields)
 
 

@@ -7,6 +7,7 @@ rows without images or labels are skipped and recorded, work is handed out by ro
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import lmdb
@@ -413,3 +414,55 @@ def test_without_pyarrow_parquet_files_need_it_in_one_line(hub, tmp_path, monkey
     run = CliRunner().invoke(cli, ["convert", str(root / "data"), str(tmp_path / "o.lmdb")])
     assert run.exit_code == 1 and "reading Parquet needs pyarrow: pip install pyarrow" in run.stderr, run.output
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_files_whose_columns_differ_in_type_are_refused_in_one_line(tmp_path):
+    """A struct image column in one file and a binary one in the next crashed a worker (a review)."""
+    picture = jpeg_bytes(gradient(8, 8))
+    write_parquet(tmp_path / "d" / "a.parquet", [{"image": {"bytes": picture, "path": None}, "label": 0}])
+    write_parquet(tmp_path / "d" / "b.parquet", [{"image": picture, "label": 0}])
+    with pytest.raises(SourceError, match=r"b\.parquet: its column 'image' is binary, not as in a\.parquet; give a folder"):
+        convert(tmp_path / "d", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    write_parquet(tmp_path / "e" / "a.parquet", [{"image": picture, "label": 0}])
+    write_parquet(tmp_path / "e" / "b.parquet", [{"image": picture, "label": [0, 1]}])
+    with pytest.raises(SourceError, match=r"b\.parquet: its column 'label' is list<element: int64>, not as in a\.parquet"):
+        convert(tmp_path / "e", tmp_path / "p.lmdb", image=ImageOptions(size=8), workers=1)
+
+
+def test_categorical_labels_nested_splits_and_audio(tmp_path):
+    import pyarrow as pa
+
+    picture = jpeg_bytes(gradient(8, 8))
+    table = pa.table({"image": [picture] * 3, "label": pa.array(["b", "a", "b"]).dictionary_encode()})  # pandas' Categorical
+    (tmp_path / "cat").mkdir()
+    pq.write_table(table, tmp_path / "cat" / "a.parquet")
+    meta, samples = plain_read(convert(tmp_path / "cat", tmp_path / "c.lmdb", image=ImageOptions(size=8), workers=1).dst)
+    assert meta["classes"] == ["a", "b"] and [label for label, _ in samples.values()] == [1, 0, 1]
+    for split, count in (("train", 3), ("test", 2)):
+        write_parquet(tmp_path / "g" / split / "2020" / "0000.parquet", [{"image": picture, "label": 0}] * count)
+    assert convert(tmp_path / "g", tmp_path / "g.lmdb", image=ImageOptions(size=8), source=SourceOptions(split="test"),
+                   workers=1).written == 2
+    audio = [{"audio": {"bytes": b"RIFF\x00\x00\x00\x00WAVEfmt ", "path": None}, "label": 0}]
+    write_parquet(tmp_path / "audio" / "a.parquet", audio, features_metadata(audio={"_type": "Audio"}))
+    from packer.sources.parquet_images import parquet_image_source
+
+    assert parquet_image_source(tmp_path / "audio") is None  # (an Audio struct of bytes is no image column)
+
+
+def test_a_worker_never_reads_a_file_replaced_since_it_was_listed(tmp_path):
+    """The worker's stream of a row group was keyed by path: a file rewritten at the same path
+    (a Ray worker living on into another conversion) gave the old file's bytes (a review)."""
+    from packer.sources.parquet_rows import read_row_image
+
+    pictures = [jpeg_bytes(gradient(8, 8, seed=i)) for i in range(200)]
+    path = write_parquet(tmp_path / "a.parquet", [{"image": p} for p in pictures], row_group_size=200)
+    job = image_job(path, ImageOptions(size=8))
+    assert read_row_image(job.items[0]) == pictures[0]
+    write_parquet(path, [{"image": p} for p in reversed(pictures)], row_group_size=200)
+    os.utime(path, ns=(1, 1))  # (a rewrite within the same mtime tick: the size or time differs)
+    other = write_parquet(tmp_path / "b.parquet", [{"image": pictures[0]}])
+    assert read_row_image(image_job(other, ImageOptions(size=8)).items[0]) == pictures[0]  # (the worker moved on to another file)
+    with pytest.raises(ValueError, match=r"^the Parquet file changed since it was listed$"):
+        read_row_image(job.items[150])  # (the stream opened again, on the new file: refused)
+    fresh = image_job(path, ImageOptions(size=8))
+    assert read_row_image(fresh.items[150]) == pictures[49] and read_row_image(fresh.items[10]) == pictures[189]

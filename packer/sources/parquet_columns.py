@@ -36,7 +36,8 @@ def features(schema: Any) -> dict[str, Any]:
 def _binary(kind: Any) -> bool:
     import pyarrow as pa
 
-    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+    view = getattr(pa.types, "is_binary_view", lambda _: False)  # (pyarrow 16 and later)
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or view(kind)
 
 
 def _struct_of_bytes(kind: Any) -> bool:
@@ -70,18 +71,21 @@ def image_columns(schema: Any, path: Path | None = None) -> list[tuple[str, bool
     each kind's named as :data:`IMAGE_FIELDS` first (a ``mask`` Image column comes after an
     ``image`` one); a binary column of another name only when its first value (read from
     ``path``) is an image, and only when there is no other."""
-    typed = [n for n, f in features(schema).items() if isinstance(f, dict) and f.get("_type") == "Image" and n in schema.names]
+    types = {n: f.get("_type") for n, f in features(schema).items() if isinstance(f, dict) and n in schema.names}
+    typed = [n for n, kind in types.items() if kind == "Image"]
+    other = {n for n, kind in types.items() if kind not in ("Image", "Value", None)}  # (an Audio struct of bytes is no image)
     found: list[tuple[str, bool]] = []
     for name in _named_first(typed, IMAGE_FIELDS):
         kind = schema.field(name).type
         if _struct_of_bytes(kind) or _binary(kind):
             found.append((name, _struct_of_bytes(kind)))
-    structs = [n for n in schema.names if _struct_of_bytes(schema.field(n).type) and n not in typed]
+    structs = [n for n in schema.names if _struct_of_bytes(schema.field(n).type) and n not in typed and n not in other]
     found += [(name, True) for name in _named_first(structs, IMAGE_FIELDS)]
     found += [(n, False) for n in _named_first(schema.names, IMAGE_FIELDS)
-              if n.lower() in IMAGE_FIELDS and _binary(schema.field(n).type) and n not in typed]
+              if n.lower() in IMAGE_FIELDS and _binary(schema.field(n).type) and n not in typed and n not in other]
     if not found and path is not None:
-        found += [(n, False) for n in schema.names if _binary(schema.field(n).type) and _first_is_image(path, n)][:1]
+        found += [(n, False) for n in schema.names
+                  if _binary(schema.field(n).type) and n not in other and _first_is_image(path, n)][:1]
     return found
 
 
@@ -95,9 +99,14 @@ def given_image_column(schema: Any, name: str) -> tuple[str, bool] | None:
 
 
 def _label_type(kind: Any) -> bool:
+    """Integers, floats or strings (a dictionary of them too: pandas' Categorical)."""
     import pyarrow as pa
 
-    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    view = getattr(pa.types, "is_string_view", lambda _: False)
+    return (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or view(kind))
 
 
 def label_columns(schema: Any) -> list[tuple[str, list[str] | None]]:

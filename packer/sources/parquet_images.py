@@ -22,14 +22,15 @@ Inputs are rows, in file order (by path) then row order, named ``FILE:N`` (row N
 counted from 1, as text corpora's rows are); ``--split NAME`` keeps the files of one split, as
 the Hub names them (:func:`split_of`). This process lists the files and reads the label column
 only; each worker streams the image bytes of its own rows from their row group
-(packer/sources/parquet_rows.py), so work is handed out a row group at a time, up to
-:data:`MAX_CHUNK` rows, and ``--classes`` keeps the rows' order. A row without image bytes
+(packer/sources/parquet_rows.py), so work is handed out in chunks of a row group's rows (up
+to :data:`MAX_CHUNK`), and ``--classes`` keeps the rows' order. A row without image bytes
 (null, or a ``path`` alone, which Hugging Face writes for images it did not embed) or with an
 unusable label is skipped and recorded; so is a file that cannot be read.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -115,9 +116,7 @@ def parquet_image_source(src: Any) -> list[Path] | None:
     root = Path(src)
     if not root.exists():
         return None
-    try:
-        import pyarrow.parquet  # noqa: F401 - without it (the text extra), Parquet files are said as a corpus's are
-    except ImportError:
+    if importlib.util.find_spec("pyarrow") is None:  # without it (the text extra), Parquet files are said as a corpus's are
         return None
     files, image, _ = _walk(root)
     first = _first_schema(files)
@@ -148,13 +147,14 @@ def scan_parquet_images(src: str | os.PathLike[str], files: list[Path], *, image
     if first is None:
         raise SourceError(f"{src}: none of its Parquet files can be read")
     image, struct, label, names = _columns(first[1], first[0], image_column, label_column)
-    rows, group_rows, skipped, refused = _rows(files, base, first[0], image, label, names)
+    rows, group_rows, skipped, refused = _rows(files, base, first[0], (image, struct), label, names)
     if not rows and not refused:
         raise SourceError(f"{src}: its Parquet files hold no rows")
     labels = [value for *_, value in rows]
     if len({type(v) is str for v in labels if v is not None}) > 1:  # (one file's column of strings, another's of integers)
         raise SourceError(f"{src}: the label column {label!r} holds strings in some files and integers in others; "
                           "give a folder of one dataset's files")
+    files_stat = {str(p): f"{(st := os.stat(p)).st_size}:{st.st_mtime_ns}" for p in files}
     labeled = label is not None and any(v is not None and (isinstance(v, str) or v >= 0) for v in labels)
     strings = sorted({v for v in labels if isinstance(v, str)})
     classes = strings or (names if labeled and names is not None else [])
@@ -167,10 +167,9 @@ def scan_parquet_images(src: str | os.PathLike[str], files: list[Path], *, image
             skipped.append(Skipped(os.path.relpath(path, base), reason))
             continue
         target = -1 if not labeled else number[value] if isinstance(value, str) else int(value)
-        items.append(ParquetRow(path, target, file=file, group=group, row=row, column=image, struct=struct))
+        items.append(ParquetRow(path, target, file=file, group=group, row=row, column=image, struct=struct, stamp=files_stat[file]))
     chunk = max(1, min(MAX_CHUNK, max(group_rows, default=1)))  # (a full row group: the last of a file is shorter)
-    files_stat = {str(p): f"{(st := os.stat(p)).st_size}:{st.st_mtime_ns}" for p in files}
-    stamps = {item.path: f"{files_stat[item.file]}:{item.group}:{item.row}" for item in items}
+    stamps = {item.path: f"{item.stamp}:{item.group}:{item.row}" for item in items}
     columns = {"image_column": image, "label_column": label or "", "split": split or ""}
     return ParquetImages(root, items, classes, labeled, refused + skipped, stamps=stamps, refused=refused, base=base, chunk=chunk,
                          columns=columns)
@@ -211,13 +210,14 @@ def _columns(schema: Any, path: Path, image_column: str | None, label_column: st
     return (image, struct, *candidates[0]) if candidates else (image, struct, None, None)
 
 
-def _rows(files: list[Path], base: str, first: Path, image: str, label: str | None, names: list[str] | None,
+def _rows(files: list[Path], base: str, first: Path, column: tuple[str, bool], label: str | None, names: list[str] | None,
           ) -> tuple[list[tuple[str, int, int, int, Any]], list[int], list[Skipped], list[Skipped]]:
     """Every row of ``files``: (file, group, row in group, row in file, label), the row groups'
     sizes, and what was skipped (rows) and refused (files that cannot be read)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    image, struct = column
     rows: list[tuple[str, int, int, int, Any]] = []
     group_rows: list[int] = []
     refused: list[Skipped] = []
@@ -226,14 +226,20 @@ def _rows(files: list[Path], base: str, first: Path, image: str, label: str | No
         try:
             parquet = pq.ParquetFile(path)
             schema = parquet.schema_arrow
+            where, other = os.path.relpath(path, base), os.path.relpath(first, base)
             missing = [c for c in (image, label) if c is not None and c not in schema.names]
             if missing:
-                raise SourceError(f"{path.name} has no column {missing[0]!r}, which {first.name} has (its columns: "
+                raise SourceError(f"{where} has no column {missing[0]!r}, which {other} has (its columns: "
                                   f"{', '.join(schema.names)}); give a folder of one dataset's files")
-            own = given_label_column(schema, label)[1] if label is not None and given_label_column(schema, label) else None
-            if own is not None and names is not None and own != names:  # (numbered by the first file's names, they would be wrong)
-                raise SourceError(f"{path.name}: its class names in column {label!r} differ from {first.name}'s "
-                                  f"({', '.join(own[:3])}... against {', '.join(names[:3])}...); give a folder of one dataset's files")
+            kind = given_image_column(schema, image)
+            labels = given_label_column(schema, label) if label is not None else None
+            if kind is None or kind[1] != struct or (label is not None and labels is None):
+                odd = image if kind is None or kind[1] != struct else label
+                raise SourceError(f"{where}: its column {odd!r} is {schema.field(odd).type}, not as in {other}; "
+                                  "give a folder of one dataset's files")
+            if labels is not None and labels[1] is not None and names is not None and labels[1] != names:  # (numbered by the first file's names: wrong)
+                raise SourceError(f"{where}: its class names in column {label!r} differ from {other}'s "
+                                  f"({', '.join(labels[1][:3])}... against {', '.join(names[:3])}...); give a folder of one dataset's files")
             numbered = 0
             for group in range(parquet.num_row_groups):
                 count = parquet.metadata.row_group(group).num_rows
@@ -273,13 +279,18 @@ _SPLIT_NAMES = re.compile(r"(?P<split>train|training|test|testing|validation|val
 def split_of(path: Path, root: Path) -> str | None:
     """The split a Parquet file belongs to, as the Hugging Face Hub names them: a shard's name up
     to its number (``train-00000-of-00004.parquet``), a file named as a split is
-    (``test.parquet``), else the folder it is in below ``root`` (``validation/0000.parquet``,
-    as the Hub's Parquet conversions are); ``None`` otherwise."""
+    (``test.parquet``), else a folder below ``root`` named as a split is (``train/2020/0000.parquet``),
+    else the folder it is in (``validation/0000.parquet``, as the Hub's Parquet conversions are);
+    ``None`` otherwise."""
     stem = path.name[: -len(".parquet")]
     match = _SHARD.fullmatch(stem) or _SPLIT_NAMES.fullmatch(stem)
     if match:
         return match["split"]
-    return path.parent.name if path.parent != root and root in path.parents else None
+    if path.parent == root or root not in path.parents:
+        return None
+    folders = path.parent.relative_to(root).parts
+    named = [part for part in folders if _SPLIT_NAMES.fullmatch(part)]  # (train/2020/0000.parquet: train)
+    return named[0] if named else folders[-1]
 
 
 def _of_split(files: list[Path], root: Path, split: str | None, src: Any) -> list[Path]:

@@ -6,7 +6,8 @@ A worker reads a row group's image column as a stream of batches of :data:`BATCH
 from it or from the batches after it, so a worker's memory holds one batch whatever the row
 group's size (pyarrow's own writer makes one group of up to a million rows: the whole column in
 each worker, GBs, when read at once). A row before the kept batch (another chunk of the same
-group, handed out earlier) starts the group's stream again."""
+group, handed out earlier) starts the group's stream again, and so does any error; a file
+whose size or time differs from the listing's is refused."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class ParquetRow(ImageItem):
     row: int = 0
     column: str = ""
     struct: bool = False
+    #: The file's ``size:mtime_ns`` when it was listed: a file replaced since is refused, never read.
+    stamp: str = ""
 
 
 class _Cursor:
@@ -40,9 +43,14 @@ class _Cursor:
     def __init__(self, item: ParquetRow) -> None:
         import pyarrow.parquet as pq
 
+        handle = open(item.file, "rb")  # (stat-ed through the handle read: a file replaced after the check is not read)
+        st = os.fstat(handle.fileno())
+        if item.stamp and f"{st.st_size}:{st.st_mtime_ns}" != item.stamp:
+            handle.close()
+            raise ValueError("the Parquet file changed since it was listed")
         self.key = _key(item)
         self.struct = item.struct
-        self._batches: Iterator[Any] = pq.ParquetFile(item.file).iter_batches(
+        self._batches: Iterator[Any] = pq.ParquetFile(handle).iter_batches(
             batch_size=BATCH_ROWS, row_groups=[item.group], columns=[item.column], use_threads=False)
         self.start, self.values = 0, None  # the kept batch: rows start .. start + len(values)
 
@@ -62,8 +70,8 @@ class _Cursor:
 _cursor: _Cursor | None = None
 
 
-def _key(item: ParquetRow) -> tuple[int, str, int, str]:
-    return (os.getpid(), item.file, item.group, item.column)  # (a forked worker never shares its parent's stream)
+def _key(item: ParquetRow) -> tuple[int, str, str, int, str]:
+    return (os.getpid(), item.file, item.stamp, item.group, item.column)  # (a forked worker never shares its parent's stream)
 
 
 def read_row_image(item: ParquetRow) -> bytes:
@@ -80,6 +88,9 @@ def read_row_image(item: ParquetRow) -> bytes:
     except pa.ArrowException as exc:
         _cursor = None
         raise ValueError(f"cannot read its row group from the Parquet file ({exc})") from None
+    except (OSError, ValueError):  # (its place in the group is no longer known: the next row starts the stream again)
+        _cursor = None
+        raise
     if data is None:
         raise ValueError("the row holds no image bytes" + (" (only a path to the image, not embedded)" if item.struct else ""))
     return data
