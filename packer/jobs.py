@@ -363,6 +363,10 @@ def resolve_kind(src: str | Path, kind: str | None) -> str:
         src = local_path(src)
     if parquet_image_source(src) is not None:  # (Parquet files are a text corpus unless they hold images)
         return "image"
+    from .sources.shards import is_shard_folder
+
+    if not is_source_url(str(src)) and is_shard_folder(src):  # (img2dataset writes a .parquet of captions beside each shard)
+        return "image"
     return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tarfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -19,8 +20,8 @@ import torch
 from .codecs import decode_image
 from .formats import check_format
 from .formats.base import dataset_path, local_path, refuse_other_pattern
-from .formats.webdataset import EXTENSIONS, LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
-from .schema import TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
+from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
+from .schema import MAX_LABEL, TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
 #: Names of local files taken as shards without reading their first bytes.
 TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
@@ -149,6 +150,31 @@ def _check_local(paths: Iterator[str]) -> None:
             check_format(path, ShardStore.format_name)
 
 
+#: Extensions of a member that is a sample's image (any case), as packer's conversion takes them.
+_IMAGE_FIELDS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
+#: How a member is preferred as its sample's image: KEY.jpg (an image), KEY.npy, then KEY.x.jpg, KEY.x.npy.
+_RANKS = ("image", "npy", "other image", "other npy")
+
+
+def _member_rank(field: str) -> int:
+    """The member's place in :data:`_RANKS` (its field: the name after the key's dot), or ``len(_RANKS)``: no image."""
+    ext = field.rsplit(".", 1)[-1].lower()
+    plain = "." not in field
+    if ext in _IMAGE_FIELDS:
+        return 0 if plain else 2
+    if ext == "npy":
+        return 1 if plain else 3
+    return len(_RANKS)
+
+
+def _label(data: np.ndarray, url: str, name: str) -> int:
+    """A ``.cls`` member's class index (ASCII decimal, -1 unlabeled), or a one-line error naming it."""
+    text = data.tobytes().decode("ascii", "replace").strip()
+    if not re.fullmatch(r"-?[0-9]+", text) or not -1 <= int(text) <= MAX_LABEL:
+        raise PackedFormatError(f"{url}: member {name}: label {text[:20]!r} is not a class index (-1 to {MAX_LABEL:,})")
+    return int(text)
+
+
 def expected_shards(meta: Metadata | None) -> dict[str, tuple[int, int]]:
     """Shard file name -> (bytes, samples), as a packer shard folder's metadata records them ({} without)."""
     if meta is None:
@@ -165,23 +191,26 @@ def shard_samples(urls: Sequence[str], cache: Any = None, expected: dict[str, tu
     file or transfer cut short at a tar block) is an error, not a shorter epoch, and is never cached."""
     from .remote import open_shard
 
-    image_exts = set(EXTENSIONS.values())
     for url in urls:
         size, count = (expected or {}).get(shard_name(url), (None, None))
         stream = cache.open(url, size) if cache is not None else open_shard(url)
         try:
-            key, image, label, n = None, None, -1, 0
+            key, image, label, n, rank = None, None, -1, 0, len(_RANKS)
             for name, data in iter_tar(stream, url):
-                stem, _, ext = name.partition(".")
+                folder, _, base = name.rpartition("/")
+                stem, _, field = base.partition(".")  # (the key: up to the file name's first dot, as webdataset's)
+                stem = f"{folder}/{stem}" if folder else stem
                 if stem != key:
                     if image is not None:
                         n += 1
                         yield image, label
-                    key, image, label = stem, None, -1
-                if ext in image_exts:
-                    image = (data, ext, url, name)
-                elif ext == LABEL_EXTENSION:
-                    label = int(data.tobytes())
+                    key, image, label, rank = stem, None, -1, len(_RANKS)
+                ext = field.rsplit(".", 1)[-1].lower()
+                this = _member_rank(field)
+                if this < rank:  # KEY.jpg before KEY.seg.png, KEY.npy before KEY.depth.npy (a mask or a map is no image)
+                    image, rank = (data, ext, url, name), this
+                elif field == LABEL_EXTENSION:
+                    label = _label(data, url, name)
             if image is not None:
                 n += 1
                 yield image, label

@@ -1,6 +1,9 @@
 """A folder of WebDataset shards as SRC: each sample is the members sharing a key (the path up
-to the first dot of the file name), its image the member with an image or ``.npy`` extension and
-its label the ``.cls`` member; order is the shards' (sorted by name), then the members'. Shards
+to the first dot of the file name), its image ``KEY.jpg`` (``.png``, ...; else another member with
+an image or ``.npy`` extension: :func:`_payload`) and its label the ``.cls`` member (where some
+samples have one, those without are skipped and recorded); order is the shards' (sorted by
+name), then the members'. Side files beside the shards (img2dataset's ``.parquet`` and
+``_stats.json``) are left as they are. Shards
 packer wrote keep their class names (their ``packer.json``). Nothing is unpacked: workers read
 each member by offset (packer/sources/members.py)."""
 
@@ -61,7 +64,7 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
             warn_unended(shard)
         for key, group in _samples(safe_entries(entries, skipped, prefix=f"{shard.name}/")):
             where = f"{shard.name}/{key}"
-            payload = next((e for e in group if is_image_name(posixpath.basename(e.name)) or e.name.lower().endswith(_PAYLOAD_EXTENSIONS)), None)
+            payload = _payload(key, group)
             if payload is None:
                 skipped.append(Skipped(where, "no image member in this sample"))
                 continue
@@ -75,10 +78,28 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
                     continue
                 label, labeled = number, labeled or number >= 0
             items.append(member_of(str(shard), payload, label, name=f"{shard.name}/{payload.name}", root=str(folder), layout=layout))
+    if labeled and any(item.label < 0 for item in items):  # (a labeled dataset of some unlabeled samples: verify's fault)
+        skipped += [Skipped(item.path[len(str(folder)) + 1:], "no .cls label, where other samples of the shards have one")
+                    for item in items if item.label < 0]
+        items = [item for item in items if item.label >= 0]
     if not items:
         raise SourceError(f"{src}: no samples with an image found in its {len(shards)} shards")
     stamps = {item.path: stamp(item) for item in items}
     return ImageFolder(str(folder), items, classes if labeled else [], labeled, skipped, [], stamps=stamps)
+
+
+def _payload(key: str, group: list[Entry]) -> Entry | None:
+    """The image of a sample: its ``KEY.jpg`` (``.png``...) first, then another member named as an
+    image is (``KEY.seg.png`` after it: a mask is no image of the sample), then ``KEY.npy``, then
+    another ``.npy`` (``KEY.depth.npy``)."""
+    def field(entry: Entry) -> str:
+        return entry.name[len(key) + 1:].lower()
+
+    ranked = ([e for e in group if "." not in field(e) and is_image_name(posixpath.basename(e.name))],
+              [e for e in group if is_image_name(posixpath.basename(e.name))],
+              [e for e in group if field(e) == "npy"],
+              [e for e in group if e.name.lower().endswith(_PAYLOAD_EXTENSIONS)])
+    return next((found[0] for found in ranked if found), None)
 
 
 def _samples(entries: list[Entry]) -> Iterable[tuple[str, list[Entry]]]:

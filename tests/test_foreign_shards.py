@@ -1,0 +1,83 @@
+"""WebDataset shards packer did not write (img2dataset's, a user's own), as a SRC and through
+StreamingShards (a webdataset user's walkthrough): the sample's own image is taken over masks
+and maps, an img2dataset folder (shards with .parquet and _stats.json beside them) is shards,
+not a text corpus, samples without a label among labeled ones are skipped and recorded (a
+labeled dataset with -1 labels failed packer verify), and StreamingShards reads what the
+conversion reads, with a label that is no class index said in one line."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from imagefiles import gradient, jpeg_bytes, png_bytes
+from packer import ImageOptions, convert
+from packer.cli import cli
+from readers.schema import PackedFormatError
+from readers.webdataset import StreamingShards
+
+
+def shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+PICTURES = [jpeg_bytes(gradient(12, 16, seed=i)) for i in range(4)]
+
+
+def test_the_samples_own_image_is_taken_over_a_mask_or_a_map(tmp_path):
+    from PIL import Image
+
+    mask = png_bytes(Image.new("L", (16, 12)))
+    src = tmp_path / "shards"
+    shard(src / "00000.tar", [("a.depth.npy", npy(np.zeros((12, 16), np.float32))), ("a.jpg", PICTURES[0]),
+                              ("b.emb.npy", npy(np.zeros(512, np.float32))), ("b.jpg", PICTURES[1]),
+                              ("c.seg.png", mask), ("c.JPG", PICTURES[2]), ("c.txt", b"a caption")])
+    report = convert(src, tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == 3 and not report.skipped
+    from readers.formats import open_store
+
+    assert open_store(tmp_path / "o.lmdb").source_names() == ["00000.tar/a.jpg", "00000.tar/b.jpg", "00000.tar/c.JPG"]
+    streamed = list(StreamingShards(str(src / "00000.tar")))
+    assert len(streamed) == 3 and all(image.shape == (3, 12, 16) for image, _ in streamed)
+
+
+def test_an_img2dataset_folder_is_shards_and_labels_are_all_or_none(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "i2d"
+    shard(src / "00000.tar", [("000000000.jpg", PICTURES[0]), ("000000000.txt", b"x"), ("000000000.cls", b"1"),
+                              ("000000001.jpg", PICTURES[1]), ("000000001.cls", b"0")])
+    shard(src / "00001.tar", [("000000002.jpg", PICTURES[2]), ("000000002.json", b"{}")])
+    pq.write_table(pa.table({"key": ["000000000"], "caption": ["x"]}), src / "00000.parquet")
+    (src / "00000_stats.json").write_text("{}")
+    run = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.lmdb"), "--size", "8", "-q"])
+    assert run.exit_code == 0, run.output
+    info = CliRunner().invoke(cli, ["info", str(tmp_path / "o.lmdb")])
+    assert "00001.tar/000000002.jpg: no .cls label, where other samples of the shards have one" in info.output, info.output
+    assert CliRunner().invoke(cli, ["verify", str(tmp_path / "o.lmdb"), "--source", str(src)]).exit_code == 0
+
+
+def test_streaming_a_label_that_is_no_class_index_is_one_line(tmp_path):
+    path = shard(tmp_path / "s.tar", [("a.jpg", PICTURES[0]), ("a.cls", b"dog")])
+    with pytest.raises(PackedFormatError, match=r"s\.tar: member a\.cls: label 'dog' is not a class index \(-1 to 2,147,483,647\)$"):
+        list(StreamingShards(str(path)))
+    path = shard(tmp_path / "t.tar", [("a.b.webp", PICTURES[0]), ("c.jpeg", PICTURES[1]), ("c.cls", b" 2\n")])
+    assert [label for _, label in StreamingShards(str(path))] == [-1, 2]  # (a key with a dot, .webp/.jpeg: samples too)
