@@ -81,3 +81,15 @@ def test_streaming_a_label_that_is_no_class_index_is_one_line(tmp_path):
         list(StreamingShards(str(path)))
     path = shard(tmp_path / "t.tar", [("a.b.webp", PICTURES[0]), ("c.jpeg", PICTURES[1]), ("c.cls", b" 2\n")])
     assert [label for _, label in StreamingShards(str(path))] == [-1, 2]  # (a key with a dot, .webp/.jpeg: samples too)
+
+
+def test_reading_shards_packer_did_not_write_says_how(tmp_path):
+    """It said 'the conversion did not finish ... convert again', though nothing was converted."""
+    from readers import ShardDataset
+    from readers.schema import IncompleteDatasetError
+
+    shard(tmp_path / "s" / "00000.tar", [("a.jpg", PICTURES[0])])
+    with pytest.raises(IncompleteDatasetError, match=r"or these are shards packer did not write \(stream them by name, "
+                                                     r"StreamingShards\('.*/s/\{00000\.\.00009\}\.tar'\), or convert them"):
+        ShardDataset(tmp_path / "s")
+    assert len(list(StreamingShards(str(tmp_path / "s" / "{00000..00000}.tar")))) == 1

@@ -210,8 +210,8 @@ def read_metadata(folder: str | Path) -> Metadata:
         raw = (folder / META_FILE).read_bytes()
     except FileNotFoundError:
         raise IncompleteDatasetError(
-            f"{folder}: no {META_FILE}: the conversion did not finish or this is not a packer shard folder; "
-            "convert again"
+            f"{folder}: no {META_FILE}: the conversion did not finish, or these are shards packer did not write "
+            f"(stream them by name, StreamingShards('{folder}/{{00000..00009}}.tar'), or convert them: packer convert {folder} out.blob)"
         ) from None
     return parse_metadata(raw, str(folder))
 
