@@ -227,7 +227,7 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
         from .gpu_stage import gpu_job  # --decode-device cuda: workers fetch, one process decodes on the GPU
 
         return gpu_job(job, device=job.image.decode_device)
-    if source != SourceOptions():
+    if dataclasses.replace(source, split=None) != SourceOptions():  # (--split picks a text corpus's files too)
         raise images_only(changed_fields(source)[0], src, kind)
     from .text import text_job
 
@@ -235,4 +235,4 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
         raise images_only((changed_fields(image) or ["image=ImageOptions()"])[0], src, kind)
     if is_source_url(str(src)):
         raise OptionError(f"{src}: text corpora are read from local folders only so far; copy it locally first")
-    return text_job(src, text if text is not None else TextOptions())
+    return text_job(src, text if text is not None else TextOptions(), split=source.split)

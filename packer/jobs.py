@@ -33,7 +33,7 @@ from readers.encodings import get_encoding
 from readers.formats.base import local_path
 from readers.schema import KINDS, Skipped
 
-from .errors import OptionError
+from .errors import OptionError, SourceError
 from .options import ImageOptions, SourceOptions
 from .preprocess.task import Encoded, Failed, ImageTask
 from .report import ConversionReport
@@ -376,6 +376,8 @@ def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (),
     as CLI names, whatever their values (a default typed out is refused too: never dropped)."""
     if not image and not text:
         return
+    if isinstance(src, (str, os.PathLike)) and not is_source_url(str(src)) and not os.path.lexists(local_path(str(src))):
+        raise SourceError(f"{src}: no such folder or file")  # (not "text options do not apply to an image folder")
     if resolve_kind(src, kind) == "image":
         if text:
             raise OptionError(f"{src}: text options ({', '.join(text)}) do not apply to an image folder; drop them, or pass --kind text")
@@ -403,6 +405,10 @@ def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:
 
     if source.labels is None and parquet_image_source(src) is not None:
         return ("image_column", "label_column", "split", "classes")
+    from .sources.text import is_text_corpus
+
+    if source.labels is None and not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src):
+        return ("split",)
     if source.labels is not None:
         return ("labels", "path_column", "label_column", "split_column", "split", "classes")
     return ("classes",)

@@ -75,6 +75,7 @@ class TextJob(Job):
     dtype: str = "uint16"
     spec: str = "bytes"
     paths: list[str] = field(default_factory=list)
+    split: str | None = None
 
     @property
     def scan_skips_fail(self) -> bool:
@@ -121,7 +122,7 @@ class TextJob(Job):
             "labeled": False,
             "tokenizer": {**self.tokenizer.identity(), "eos_id": self.eos, "path": "" if self.spec == "bytes" else self.spec},
             "tokens": self.tokens(writer.payload_bytes),
-            "preprocessing": self.text.describe(),
+            "preprocessing": {**self.text.describe(), **({"split": self.split} if self.split else {})},  # (the split: when given)
         }
 
     def tokens(self, payload_bytes: int) -> int:
@@ -172,8 +173,9 @@ def _lacks(text: Any) -> bool:
     return isinstance(text, Skipped) and "string field" in text.reason
 
 
-def text_job(src: str | Path, text: TextOptions) -> TextJob:
-    """The job of tokenising the corpus ``src`` (a local file or folder) with ``text`` options."""
+def text_job(src: str | Path, text: TextOptions, split: str | None = None) -> TextJob:
+    """The job of tokenising the corpus ``src`` (a local file or folder) with ``text`` options;
+    ``split``: only the files of that split (``--split``; recorded in the metadata's preprocessing)."""
     try:
         tokenizer = load_tokenizer(text.tokenizer)
     except TokenizerError as exc:
@@ -181,12 +183,12 @@ def text_job(src: str | Path, text: TextOptions) -> TextJob:
     eos = resolve_eos(tokenizer, text.eos)
     dtype = token_dtype(tokenizer.vocab_size)
     spec = "bytes" if tokenizer.kind == "bytes" else str(Path(tokenizer.path).resolve())
-    corpus = scan_text(src, lines=text.lines, text_field=text.text_field)
+    corpus = scan_text(src, lines=text.lines, text_field=text.text_field, split=split)
     _check_text_field(corpus.docs, text.text_field)
     if corpus.images:
         log.warning("%s: %s left out: a text corpus converts its .txt, .jsonl, .ndjson and .parquet files only", src,
                     f"{corpus.images:,} images are" if corpus.images != 1 else "1 image is")
     return TextJob(
         str(Path(src).resolve()), corpus.docs, TokenizeTask(spec, dtype, eos, text.max_tokens), list(corpus.skipped),
-        text=text, tokenizer=tokenizer, eos=eos, dtype=dtype, spec=spec, paths=corpus.paths,
+        text=text, tokenizer=tokenizer, eos=eos, dtype=dtype, spec=spec, paths=corpus.paths, split=split,
     )

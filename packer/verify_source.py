@@ -153,7 +153,7 @@ def _compare_corpus(store: Store, source: str | Path, report: Report, workers: i
     pre, tokenizer = meta.preprocessing or {}, dict(meta.tokenizer or {})
     try:
         options = TextOptions.from_record(pre, tokenizer)
-        job = text_job(source, options)
+        job = text_job(source, options, split=pre.get("split") if Path(source).is_dir() else None)
     except (PackerError, OSError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded tokenisation: {exc}")
         return

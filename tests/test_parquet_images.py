@@ -170,7 +170,7 @@ def test_several_splits_in_one_folder_are_said_and_split_picks_one(tmp_path, cap
     for split, count in (("train", 2), ("validation", 1)):
         write_parquet(tmp_path / "data" / f"{split}-00000-of-00001.parquet", [{"image": p, "label": 0} for p in pictures[:count]])
     convert(tmp_path / "data", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
-    assert "are those of the splits train, validation, which are converted together into one dataset; to convert one split, " \
+    assert "its files are those of the splits train, validation, which are converted together into one dataset; to convert one split, " \
            "pass --split train" in caplog.text
     caplog.clear()
     run = CliRunner().invoke(cli, ["convert", str(tmp_path / "data"), str(tmp_path / "v.lmdb"), "--split", "validation", "--size", "8", "-q"])
@@ -178,7 +178,7 @@ def test_several_splits_in_one_folder_are_said_and_split_picks_one(tmp_path, cap
     assert list(plain_samples(tmp_path / "v.lmdb")) == ["validation-00000-of-00001.parquet:1"]
     run = CliRunner().invoke(cli, ["convert", str(tmp_path / "data"), str(tmp_path / "x.lmdb"), "--split", "test", "-q"])
     assert run.exit_code == 2 and run.stderr.strip() == (
-        f"Error: --split: no Parquet file of {tmp_path / 'data'} is of the split 'test' (its splits: train, validation)"), run.output
+        f"Error: --split: no file of {tmp_path / 'data'} is of the split 'test' (its splits: train, validation)"), run.output
     nested = tmp_path / "nested"
     for split in ("train", "test"):
         write_parquet(nested / split / "0000.parquet", [{"image": pictures[0], "label": 0}])
@@ -280,7 +280,7 @@ def test_splits_are_named_as_the_hub_names_them(tmp_path, caplog):
         write_parquet(tmp_path / "flat" / f"{name}.parquet", [{"image": picture, "label": 0}])
     convert(tmp_path / "flat", tmp_path / "f.lmdb", image=ImageOptions(size=8), workers=1)
     assert "splits" not in caplog.text  # (part0 and part1 are no splits)
-    with pytest.raises(OptionError, match=r"^--split: SRC is one Parquet file, named as no split; drop --split$"):
+    with pytest.raises(OptionError, match=r"^--split: SRC is one file, named as no split; drop --split$"):
         convert(tmp_path / "flat" / "part0.parquet", tmp_path / "x.lmdb", image=ImageOptions(size=8),
                 source=SourceOptions(split="train"))
     (tmp_path / "empty").mkdir()

@@ -20,7 +20,7 @@ name them instead; the columns used are recorded in the metadata's ``preprocessi
 
 Inputs are rows, in file order (by path) then row order, named ``FILE:N`` (row N of the file,
 counted from 1, as text corpora's rows are); ``--split NAME`` keeps the files of one split, as
-the Hub names them (:func:`split_of`). This process lists the files and reads the label column
+the Hub names them (packer/sources/splits.py). This process lists the files and reads the label column
 only; each worker streams the image bytes of its own rows from their row group
 (packer/sources/parquet_rows.py), so work is handed out in chunks of a row group's rows (up
 to :data:`MAX_CHUNK`), and ``--classes`` keeps the rows' order. A row without image bytes
@@ -34,7 +34,6 @@ import importlib.util
 import logging
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,8 +46,9 @@ from .images import ImageFolder
 from .parquet_columns import given_image_column, given_label_column, image_columns, label_columns, unusable_label_columns
 from .parquet_rows import ParquetRow
 from .rules import IMAGE_EXTENSIONS, is_hidden
+from .splits import of_split
 
-__all__ = ["ParquetImages", "parquet_image_source", "scan_parquet_images", "split_of", "MAX_CHUNK"]
+__all__ = ["ParquetImages", "parquet_image_source", "scan_parquet_images", "MAX_CHUNK"]
 
 log = logging.getLogger("packer")
 
@@ -135,9 +135,9 @@ def scan_parquet_images(src: str | os.PathLike[str], files: list[Path], *, image
                         label_column: str | None = None, split: str | None = None) -> ParquetImages:
     """The rows of ``files`` (:func:`parquet_image_source`'s) as inputs, with their labels;
     ``image_column`` / ``label_column``: the columns to take (default: the module doc's);
-    ``split``: only the files of that split (:func:`split_of`)."""
+    ``split``: only the files of that split (packer/sources/splits.py)."""
     root = Path(os.path.abspath(src))  # (absolute: the resume fingerprint names inputs whatever the spelling of SRC)
-    files = _of_split([Path(os.path.abspath(p)) for p in files], root, split, src)
+    files = of_split([Path(os.path.abspath(p)) for p in files], root, split, src)
     base = str(root.parent if root.is_file() else root)
     texts = _walk(root)[2]
     if texts:
@@ -268,44 +268,3 @@ def _label_problem(value: Any, column: str | None, names: list[str] | None) -> s
         return (f"label {int(value)} in column {column!r} is beyond its {len(names):,} class names (the file's metadata)"
                 if names is not None else f"label {int(value):,} is beyond {MAX_LABEL:,} (an int32, as LMDB stores it)")
     return None
-
-
-#: A shard's name as the Hub writes it: SPLIT-00000-of-00004, older ones with a hash after it.
-_SHARD = re.compile(r"(?P<split>.+?)-\d+-of-\d+(-[0-9a-f]+)?")
-#: Names of splits a file may be called by (``train.parquet``, ``test-part1.parquet``), as the Hub's data files resolve them.
-_SPLIT_NAMES = re.compile(r"(?P<split>train|training|test|testing|validation|valid|val|dev|eval|evaluation)([-_.].*)?", re.IGNORECASE)
-
-
-def split_of(path: Path, root: Path) -> str | None:
-    """The split a Parquet file belongs to, as the Hugging Face Hub names them: a shard's name up
-    to its number (``train-00000-of-00004.parquet``), a file named as a split is
-    (``test.parquet``), else a folder below ``root`` named as a split is (``train/2020/0000.parquet``),
-    else the folder it is in (``validation/0000.parquet``, as the Hub's Parquet conversions are);
-    ``None`` otherwise."""
-    stem = path.name[: -len(".parquet")]
-    match = _SHARD.fullmatch(stem) or _SPLIT_NAMES.fullmatch(stem)
-    if match:
-        return match["split"]
-    if path.parent == root or root not in path.parents:
-        return None
-    folders = path.parent.relative_to(root).parts
-    named = [part for part in folders if _SPLIT_NAMES.fullmatch(part)]  # (train/2020/0000.parquet: train)
-    return named[0] if named else folders[-1]
-
-
-def _of_split(files: list[Path], root: Path, split: str | None, src: Any) -> list[Path]:
-    """``files`` of the split ``split`` (all of them, with a warning when they are of several, without)."""
-    found = sorted({name for p in files if (name := split_of(p, root)) is not None})
-    if split is None:
-        if len(found) > 1:
-            likely = "train" if "train" in found else found[0]
-            log.warning("%s: its Parquet files are those of the splits %s, which are converted together into one dataset; "
-                        "to convert one split, pass --split %s", src, ", ".join(found), likely)
-        return files
-    kept = [p for p in files if split_of(p, root) == split]
-    if not kept:
-        what = (f"SRC is one Parquet file, {'of the split ' + found[0] if found else 'named as no split'}; drop --split"
-                if root.is_file() else f"no Parquet file of {src} is of the split {split!r} "
-                f"({'its splits: ' + ', '.join(found) if found else 'none is named as a split'})")
-        raise OptionError(f"--split: {what}")
-    return kept

@@ -26,6 +26,7 @@ import numpy as np
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
+from .splits import of_split
 from .rules import ARCHIVE_SUFFIXES, IMAGE_EXTENSIONS
 from .compressed import CODECS, DECOMPRESS_ERRORS, UNREAD_SUFFIXES, codec_of, open_decompressed
 from .text_docs import BLANK_BYTES, DOC_ROW, Docs, TextFile
@@ -54,6 +55,10 @@ class TextCorpus:
     paths: list[str] = field(default_factory=list)
     #: Images found beside the text files (not converted: a corpus is text only).
     images: int = 0
+
+
+#: Names of a folder's notes (``LICENSE.txt``), which are no documents of a corpus beside them.
+NOTE_NAMES = frozenset({"LICENSE", "LICENCE", "README", "NOTICE", "COPYING", "CITATION", "AUTHORS", "CHANGELOG"})
 
 
 def _folders(root: Path, *, quiet: bool = False) -> Iterator[tuple[str, list[str]]]:
@@ -219,15 +224,23 @@ def _unread_compressed(name: str) -> bool:
     return inner in TEXT_EXTENSIONS and (ext in UNREAD_SUFFIXES or (ext in CODECS and inner == ".parquet"))
 
 
-def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text") -> TextCorpus:
+def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: str = "text", split: str | None = None) -> TextCorpus:
     """Find every document of ``root`` (where it is, never its text: packer/sources/text_docs.py);
     raises :class:`SourceError` if there are no text files, :class:`OptionError` (before reading
     any) for ``lines`` without ``.txt`` files or a ``text_field`` other than "text" without JSON
-    Lines or Parquet files."""
+    Lines or Parquet files. ``split``: only the files of that split, as the Hub names them
+    (packer/sources/splits.py; without it, files of several splits are said in a warning); a
+    folder's notes (``LICENSE.txt``, ``README.txt``...) are left out with a warning."""
     root = Path(root)
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder")
     paths, images = _text_files(root)
+    notes = [p for p in paths if root.is_dir() and p.name.split(".", 1)[0].upper() in NOTE_NAMES]
+    if notes and len(notes) < len(paths):  # (the data beside them: LICENSE.txt was document 0 of a Parquet corpus)
+        log.warning("%s: %s left out: %s", root, ", ".join(p.relative_to(root).as_posix() for p in notes[:3]) + ("..." if len(notes) > 3 else ""),
+                    "a folder's notes, not documents; give their folder to convert them")
+        paths = [p for p in paths if p not in notes]
+    paths = of_split(paths, root, split, root)
     if not paths:
         raise SourceError(f"{root}: no .txt, .jsonl, .ndjson or .parquet files found")
     kinds = {text_suffix(path.name) for path in paths}  # an option no file uses would be dropped (and recorded as used)

@@ -1,0 +1,49 @@
+"""Text corpora as the Hugging Face Hub lays them out (an LLM-pretraining user's walkthrough):
+train and validation files in one folder were tokenised together without a word and --split was
+refused ('applies with --labels only'); a LICENSE.txt beside the data was document 0; a missing
+SRC with text options was told to drop them."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from packer import convert
+from packer.cli import cli
+from packer.errors import OptionError
+from packer.options import SourceOptions, TextOptions
+from readers import TokenDataset
+
+
+@pytest.fixture
+def hub(tmp_path):
+    data = tmp_path / "repo" / "data"
+    data.mkdir(parents=True)
+    for split, docs in (("train", ["one", "two", "three"]), ("validation", ["four"])):
+        (data / f"{split}-00000-of-00001.jsonl").write_text("".join(f'{{"text": "{d}"}}\n' for d in docs))
+    (tmp_path / "repo" / "LICENSE.txt").write_text("Open Data Commons Attribution License\n")
+    return tmp_path / "repo"
+
+
+def documents(path) -> list[str]:
+    ds = TokenDataset(path)
+    return [ds.decode(ds[i]).rstrip("\n") for i in range(len(ds))]
+
+
+def test_split_picks_a_splits_files_and_several_are_said(hub, tmp_path, caplog):
+    convert(hub, tmp_path / "all.blob", workers=1)
+    assert documents(tmp_path / "all.blob") == ["one", "two", "three", "four"]  # (the LICENSE left out)
+    assert "LICENSE.txt left out: a folder's notes, not documents" in caplog.text
+    assert "its files are those of the splits train, validation, which are converted together" in caplog.text
+    run = CliRunner().invoke(cli, ["convert", str(hub), str(tmp_path / "v.blob"), "--split", "validation", "-q"])
+    assert run.exit_code == 0, run.output
+    assert documents(tmp_path / "v.blob") == ["four"]
+    checked = CliRunner().invoke(cli, ["verify", str(tmp_path / "v.blob"), "--source", str(hub)])  # (the recorded split)
+    assert checked.exit_code == 0 and "1 compared with the source" in checked.output, checked.output
+    with pytest.raises(OptionError, match=r"^--split: no file of .* is of the split 'test' \(its splits: train, validation\)$"):
+        convert(hub, tmp_path / "t.blob", text=TextOptions(), source=SourceOptions(split="test"), workers=1)
+
+
+def test_a_missing_src_with_text_options_is_no_such_folder(tmp_path):
+    run = CliRunner().invoke(cli, ["convert", str(tmp_path / "nosuch"), str(tmp_path / "o.blob"), "--tokenizer", "bytes"])
+    assert run.exit_code == 1 and run.stderr.strip() == f"Error: {tmp_path / 'nosuch'}: no such folder or file", run.output
