@@ -229,13 +229,13 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     raises :class:`SourceError` if there are no text files, :class:`OptionError` (before reading
     any) for ``lines`` without ``.txt`` files or a ``text_field`` other than "text" without JSON
     Lines or Parquet files. ``split``: only the files of that split, as the Hub names them
-    (packer/sources/splits.py; without it, files of several splits are said in a warning); a
-    folder's notes (``LICENSE.txt``, ``README.txt``...) are left out with a warning."""
+    (packer/sources/splits.py; without it, files of several splits are said in a warning); the
+    notes at the folder's top (``LICENSE.txt``, ``README.txt``...) are left out with a warning."""
     root = Path(root)
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder")
     paths, images = _text_files(root)
-    notes = [p for p in paths if root.is_dir() and p.name.split(".", 1)[0].upper() in NOTE_NAMES]
+    notes = [p for p in paths if p.parent == root and p.name.split(".", 1)[0].upper() in NOTE_NAMES]  # (at SRC's top only)
     if notes and len(notes) < len(paths):  # (the data beside them: LICENSE.txt was document 0 of a Parquet corpus)
         log.warning("%s: %s left out: %s", root, ", ".join(p.relative_to(root).as_posix() for p in notes[:3]) + ("..." if len(notes) > 3 else ""),
                     "a folder's notes, not documents; give their folder to convert them")
