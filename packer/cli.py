@@ -395,8 +395,11 @@ def bench(src: str, sample: int, size: str | None, resize: int | None, resize_mo
 @label_file_options
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
+@click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="With --source of a text dataset: its tokenizer file, where the recorded one has moved (the same file: its sha256 is checked).")
 def verify(path: Path, source: str | None, labels: str | None, path_column: str | None, label_column: str | None,
-           image_column: str | None, split_column: str | None, split: str | None, classes: str | None, quick: bool, workers: int | None) -> None:
+           image_column: str | None, split_column: str | None, split: str | None, classes: str | None, quick: bool, workers: int | None,
+           tokenizer_file: str | None) -> None:
     """Check a packed dataset: metadata, structure, every sample's checksum and decode.
 
     Prints each fault (sample index and shard) and exits non-zero if there is any.
@@ -414,8 +417,10 @@ def verify(path: Path, source: str | None, labels: str | None, path_column: str 
     given = changed_fields(options)
     if source is None and given:
         raise click.UsageError(f"{given[0]}: only with --source (the label file or class list of the source it compares with)")
+    if source is None and tokenizer_file is not None:
+        raise click.UsageError("--tokenizer: only with --source (the corpus tokenised again with it)")
     with _printed_warnings(), interruptible():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its workers are stopped, "interrupted", exit 130
-        report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options)
+        report = run_verify(path, source=source, quick=quick, workers=workers, source_options=options, tokenizer=tokenizer_file)
     for note in report.notes:
         click.echo(f"note: {note}")
     for fault in report.faults:

@@ -119,7 +119,7 @@ class VerifyReport:
 
 def verify(
     path: str | Path, *, source: str | Path | None = None, quick: bool = False, workers: int | None = None,
-    source_options: SourceOptions | None = None,
+    source_options: SourceOptions | None = None, tokenizer: str | Path | None = None,
 ) -> VerifyReport:
     """Check the dataset at ``path``; see the module docstring for what is checked.
 
@@ -127,7 +127,8 @@ def verify(
     the recorded preprocessing on that source (what ``packer convert`` takes as SRC: a folder,
     a URL, an archive, WebDataset shards; with ``source_options`` a label file and its columns,
     as the conversion had them) with ``workers`` processes and compares
-    (:mod:`packer.verify_source`).
+    (:mod:`packer.verify_source`); ``tokenizer``: a text dataset's tokenizer file where the
+    recorded one has moved (the same file: its sha256 is checked).
     Raises ``FileNotFoundError`` for a missing path, ``PackedFormatError`` for a path that is not
     a packer dataset at all (what ``packer info`` says of it: nothing to verify), and
     :class:`packer.errors.OptionError` for ``source`` given for a text dataset,
@@ -176,7 +177,7 @@ def verify(
     if meta.kind == "text" and report.checked == meta.count and report.tokens != meta.tokens:
         report.add("metadata", f"records {meta.tokens:,} tokens, the documents hold {report.tokens:,}")
     if source is not None:
-        compare_source(store, source, report, workers, source_options)
+        compare_source(store, source, report, workers, source_options, tokenizer=tokenizer)
     report.seconds = time.perf_counter() - started
     return report
 

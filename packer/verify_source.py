@@ -82,7 +82,7 @@ def check_source_applies(meta: Metadata, path: str | Path, options: SourceOption
 
 
 def compare_source(store: Store, source: str | Path, report: Report, workers: int | None,
-                   options: SourceOptions | None = None) -> None:
+                   options: SourceOptions | None = None, *, tokenizer: str | Path | None = None) -> None:
     """Match the dataset's samples to the source's current inputs, then report, by name, every
     input that changed, was added or was removed (see :func:`_match_source`). A dataset that is
     not an image conversion is refused (:func:`check_source_applies`), not reported; so are a
@@ -96,8 +96,10 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     meta = store.meta
     check_source_applies(meta, store.path, options)
     if meta.kind == "text":
-        _compare_corpus(store, source, report, workers)
+        _compare_corpus(store, source, report, workers, tokenizer)
         return
+    if tokenizer is not None:
+        raise OptionError(f"--tokenizer: applies to a text dataset, and {store.path} holds images; drop it")
     if is_python_dataset(source):
         report.add("source", "--source takes what packer convert takes as SRC on the command line (a folder, URL, "
                              "archive or WebDataset shards), not a Python dataset: read it back and compare in Python")
@@ -141,18 +143,22 @@ def compare_source(store: Store, source: str | Path, report: Report, workers: in
     _retry_skipped(job, convert, skips, report)
 
 
-def _compare_corpus(store: Store, source: str | Path, report: Report, workers: int | None) -> None:
+def _compare_corpus(store: Store, source: str | Path, report: Report, workers: int | None, tokenizer_file: str | Path | None) -> None:
     """A text dataset against its corpus: the documents found again with the recorded options,
     tokenised with the recorded tokenizer (its file must be the one the conversion used), and
     matched to the samples by their recorded source names (``file:line``), as images are."""
-    from .errors import PackerError
+    from .errors import OptionError, PackerError
     from .options import TextOptions
     from .text import text_job
 
     meta, recorded = store.meta, None
     pre, tokenizer = meta.preprocessing or {}, dict(meta.tokenizer or {})
+    options = TextOptions.from_record(pre, tokenizer)
+    if tokenizer_file is not None:
+        options = dataclasses.replace(options, tokenizer=str(tokenizer_file))
+    elif options.tokenizer != "bytes" and not Path(options.tokenizer).is_file():  # (moved: not the dataset's fault)
+        raise OptionError(f"{store.path}: its tokenizer {options.tokenizer} is gone (moved?); pass the same file with --tokenizer FILE")
     try:
-        options = TextOptions.from_record(pre, tokenizer)
         job = text_job(source, options, split=pre.get("split") if Path(source).is_dir() else None)
     except (PackerError, OSError, TypeError) as exc:
         report.add("source", f"cannot redo the recorded tokenisation: {exc}")
