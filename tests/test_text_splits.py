@@ -47,3 +47,10 @@ def test_split_picks_a_splits_files_and_several_are_said(hub, tmp_path, caplog):
 def test_a_missing_src_with_text_options_is_no_such_folder(tmp_path):
     run = CliRunner().invoke(cli, ["convert", str(tmp_path / "nosuch"), str(tmp_path / "o.blob"), "--tokenizer", "bytes"])
     assert run.exit_code == 1 and run.stderr.strip() == f"Error: {tmp_path / 'nosuch'}: no such folder or file", run.output
+
+
+def test_a_datasets_metadata_json_is_no_json_lines(hub, tmp_path, caplog):
+    """dataset_infos.json beside a Hub corpus drew 'rename them to .jsonl' advice: it is metadata."""
+    (hub / "dataset_infos.json").write_text("{}")
+    convert(hub, tmp_path / "o.blob", source=SourceOptions(split="train"), workers=1)
+    assert ".json" not in caplog.text.replace(".jsonl", "")

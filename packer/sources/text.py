@@ -179,9 +179,16 @@ JSON_ADVICE = ("packer reads JSON Lines from .jsonl and .ndjson files (compresse
 
 
 def _json_name(name: str) -> bool:
-    """Whether ``name`` is a ``.json`` file, compressed or not (``c4-train.00000-of-01024.json.gz``)."""
+    """Whether ``name`` is a ``.json`` file, compressed or not (``c4-train.00000-of-01024.json.gz``),
+    other than a dataset's own metadata (Hugging Face's ``dataset_infos.json``: no documents)."""
     stem, ext = os.path.splitext(name.lower())
+    if name.lower() in METADATA_JSON:
+        return False
     return ext == ".json" or (ext in CODECS and stem.endswith(".json"))
+
+
+#: JSON files that describe a dataset beside its data (no documents, nothing to rename).
+METADATA_JSON = frozenset({"dataset_infos.json", "dataset_info.json", "state.json", "dataset_dict.json"})
 
 
 def _without_compressed_copies(paths: list[Path]) -> tuple[list[Path], list[str]]:
