@@ -376,7 +376,7 @@ def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (),
     as CLI names, whatever their values (a default typed out is refused too: never dropped)."""
     if not image and not text:
         return
-    if isinstance(src, (str, os.PathLike)) and not is_source_url(str(src)) and not os.path.lexists(local_path(str(src))):
+    if text and isinstance(src, (str, os.PathLike)) and not is_source_url(str(src)) and not os.path.lexists(local_path(str(src))):
         raise SourceError(f"{src}: no such folder or file")  # (not "text options do not apply to an image folder")
     if resolve_kind(src, kind) == "image":
         if text:
@@ -408,7 +408,7 @@ def source_fields(src: Any, source: SourceOptions) -> tuple[str, ...]:
     from .sources.text import is_text_corpus
 
     if source.labels is None and not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src):
-        return ("split",)
+        return ("split", "classes")  # (--classes: refused as an image option, by the job)
     if source.labels is not None:
         return ("labels", "path_column", "label_column", "split_column", "split", "classes")
     return ("classes",)
