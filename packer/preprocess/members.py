@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,14 +25,9 @@ class MemberTask(ImageTask):
     """Read one archive member (:func:`~packer.sources.members.read_member`) and convert it."""
 
     def __call__(self, item: Member) -> Encoded | Failed:  # type: ignore[override]
-        try:
-            data = read_member(item)
-        except OSError as exc:
-            return Failed(item.path, f"cannot read it from the archive ({exc.strerror or exc})")
-        except ValueError as exc:
-            return Failed(item.path, str(exc))
-        if not item.name.lower().endswith(".npy"):
-            return self.convert(item, data)
+        data = _read(item, read_member, "the archive")
+        if isinstance(data, Failed) or not item.name.lower().endswith(".npy"):
+            return self.convert(item, data)  # (a read failure passes through)
         try:
             array = np.load(io.BytesIO(data), allow_pickle=False)
             pixels = to_pixels(array, grayscale=self.options.grayscale, max_pixels=self.options.max_pixels, layout=item.layout)
@@ -48,10 +44,14 @@ class ParquetRowTask(ImageTask):
     """Read one Parquet row's image bytes (:func:`~packer.sources.parquet_rows.read_row_image`) and convert them."""
 
     def __call__(self, item: ParquetRow) -> Encoded | Failed:  # type: ignore[override]
-        try:
-            data = read_row_image(item)
-        except OSError as exc:
-            return Failed(item.path, f"cannot read it from the Parquet file ({exc.strerror or exc})")
-        except ValueError as exc:
-            return Failed(item.path, str(exc))
-        return self.convert(item, data)
+        return self.convert(item, _read(item, read_row_image, "the Parquet file"))
+
+
+def _read(item: Any, read: Callable[[Any], bytes], container: str) -> bytes | Failed:
+    """``read(item)``, or the :class:`Failed` outcome saying why it could not be read from ``container``."""
+    try:
+        return read(item)
+    except OSError as exc:
+        return Failed(item.path, f"cannot read it from {container} ({exc.strerror or exc})")
+    except ValueError as exc:  # (a damaged member or row: the reason as the reader gives it)
+        return Failed(item.path, str(exc))
