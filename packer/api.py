@@ -23,6 +23,7 @@ from .jobs import Job, changed_fields, check_source_options, image_job, images_o
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
 from .sources.remote import is_source_url
+from .sources.parquet_images import asked_once
 from .writers import format_for_path, get_writer
 
 __all__ = ["convert", "ConversionReport", "TextConversionReport", "resolve_format"]
@@ -70,6 +71,7 @@ def _refuse_inside_a_worker_start() -> None:
         raise SystemExit(1)
 
 
+@asked_once()  # (the source's kind and options ask whether it is Parquet files of images: its tree is walked once)
 def convert(
     src: Any,
     dst: str | Path,

@@ -35,6 +35,7 @@ from .parallel import DEFAULT_ITEM_TIMEOUT
 from .parallel import keep_freed_memory
 from .report import one_line
 from .sources.text import refuse_text_field_without_records
+from .sources.parquet_images import asked_once
 from .preprocess.geometry import RESIZE_MODES
 from .writers import WRITERS
 
@@ -189,6 +190,7 @@ def cli() -> None:
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True, help="local: this machine's processes; ray: Ray tasks on a cluster (the 'ray' extra; SRC and DST on shared storage, or URLs).")
 @click.option("--ray-address", metavar="ADDR", help="With --executor ray: the cluster to join (default: a running one, else a local instance).")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary: no progress bar, warnings or next-step line.")
+@asked_once()  # (the kind checks here and the conversion walk SRC once)
 def convert(
     src: str,
     dst: str,

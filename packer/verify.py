@@ -45,6 +45,7 @@ from readers.formats.base import Store
 from readers.schema import Metadata, PackedFormatError
 
 from .options import SourceOptions
+from .sources.parquet_images import asked_once
 from .verify_source import JPEG_TOLERANCE, check_source_applies, compare_source, copies
 
 __all__ = ["verify", "VerifyReport", "Fault", "JPEG_TOLERANCE"]
@@ -117,6 +118,7 @@ class VerifyReport:
         return f"{head} ({'; '.join(filter(None, [self.format, ', '.join(parts), f'{self.seconds:.1f} s']))})"
 
 
+@asked_once()  # (as convert: the source's tree walked once)
 def verify(
     path: str | Path, *, source: str | Path | None = None, quick: bool = False, workers: int | None = None,
     source_options: SourceOptions | None = None, tokenizer: str | Path | None = None,

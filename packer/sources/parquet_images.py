@@ -30,13 +30,14 @@ unusable label is skipped and recorded; so is a file that cannot be read.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 from readers.schema import MAX_LABEL, Skipped
 
@@ -48,7 +49,7 @@ from .parquet_rows import ParquetRow
 from .rules import IMAGE_EXTENSIONS, is_hidden
 from .splits import of_split
 
-__all__ = ["ParquetImages", "parquet_image_source", "scan_parquet_images", "MAX_CHUNK"]
+__all__ = ["ParquetImages", "parquet_image_source", "asked_once", "scan_parquet_images", "MAX_CHUNK"]
 
 log = logging.getLogger("packer")
 
@@ -74,7 +75,9 @@ class ParquetImages(ImageFolder):
 
 def _walk(src: Path) -> tuple[list[Path], str, list[str]]:
     """The ``.parquet`` files of ``src`` (a file, or a folder's, hidden names skipped, by path),
-    its first image file (``""``: none) and its text files, as paths relative to ``src``."""
+    its first image file (``""``: none) and its text files, as paths relative to ``src``. Every
+    conversion of an image folder asks (is it Parquet files of images?), so a file name costs
+    a string test or two: nothing is built for an image but the first."""
     from .text import text_suffix
 
     if src.is_file():
@@ -82,17 +85,19 @@ def _walk(src: Path) -> tuple[list[Path], str, list[str]]:
     files, image, texts = [], "", []
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
-        for name in sorted(filenames):
-            if is_hidden(name):
-                continue
-            path = Path(dirpath) / name
-            if name.lower().endswith(".parquet"):
-                files.append(path)
-            elif os.path.splitext(name.lower())[1] in IMAGE_EXTENSIONS:
-                image = image or path.relative_to(src).as_posix()
-            elif text_suffix(name) is not None:
-                texts.append(path.relative_to(src).as_posix())
-    return sorted(files, key=lambda p: p.relative_to(src).as_posix()), image, texts
+        images = []
+        for name in filenames:
+            lower = name.lower()
+            if lower.endswith(".parquet"):
+                if not is_hidden(name):
+                    files.append(Path(dirpath) / name)
+            elif "." + lower.rpartition(".")[2] in IMAGE_EXTENSIONS:
+                images += [name] if not image and not is_hidden(name) else []
+            elif text_suffix(name) is not None and not is_hidden(name):
+                texts.append(os.path.relpath(os.path.join(dirpath, name), src).replace(os.sep, "/"))
+        if images:
+            image = os.path.relpath(os.path.join(dirpath, min(images)), src).replace(os.sep, "/")
+    return sorted(files, key=lambda p: p.relative_to(src).as_posix()), image, sorted(texts)
 
 
 def _first_schema(files: list[Path]) -> tuple[Path, Any] | None:
@@ -108,11 +113,43 @@ def _first_schema(files: list[Path]) -> tuple[Path, Any] | None:
     return None
 
 
+#: Answers of :func:`parquet_image_source` within :func:`asked_once` (``None``: outside, none kept).
+_answers: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def asked_once() -> Iterator[None]:
+    """Within the block, :func:`parquet_image_source` walks each SRC once: a conversion asks from
+    several places (the kind, the options that apply, the job), and walking ImageNet's 1.28M
+    files takes seconds."""
+    global _answers
+    outer = _answers
+    _answers = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _answers = outer
+
+
 def parquet_image_source(src: Any) -> list[Path] | None:
     """The Parquet files of ``src`` when it is a Parquet image source (the module doc), else
     ``None``; a :class:`SourceError` when image files lie beside them."""
     if not isinstance(src, (str, os.PathLike)) or "://" in str(src):
         return None
+    if _answers is None:
+        return _parquet_image_source(src)
+    key = os.path.abspath(src)
+    if key not in _answers:
+        try:
+            _answers[key] = _parquet_image_source(src)
+        except SourceError as exc:
+            _answers[key] = exc
+    if isinstance(_answers[key], SourceError):
+        raise _answers[key]
+    return _answers[key]
+
+
+def _parquet_image_source(src: str | os.PathLike[str]) -> list[Path] | None:
     root = Path(src)
     if not root.exists():
         return None
