@@ -93,3 +93,33 @@ def test_reading_shards_packer_did_not_write_says_how(tmp_path):
                                                      r"StreamingShards\('.*/s/\{00000\.\.00009\}\.tar'\), or convert them"):
         ShardDataset(tmp_path / "s")
     assert len(list(StreamingShards(str(tmp_path / "s" / "{00000..00000}.tar")))) == 1
+
+
+def test_one_shard_as_src_is_read_as_shards_are(tmp_path):
+    """A single .tar shard was read as a flat archive: its .cls labels dropped without a word
+    (an unlabeled dataset) and its masks converted as images of their own."""
+    from PIL import Image
+
+    from readers import LMDBDataset, ShardDataset
+
+    mask = png_bytes(Image.new("L", (16, 12)))
+    one = shard(tmp_path / "00000.tar", [("a.jpg", PICTURES[0]), ("a.cls", b"2"), ("a.seg.png", mask),
+                                         ("b.jpg", PICTURES[1]), ("b.cls", b"0"), ("b.json", b"{}")])
+    report = convert(one, tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == 2 and not report.skipped
+    read = LMDBDataset(tmp_path / "o.lmdb")
+    assert [read[i][1] for i in range(2)] == [2, 0] and read.classes == [] and read.meta.labeled
+    flat = shard(tmp_path / "flat.tar", [("000.jpg", PICTURES[0]), ("000.json", b"{}"), ("001.jpg", PICTURES[1]), ("001.json", b"{}")])
+    assert convert(flat, tmp_path / "flat.lmdb", image=ImageOptions(size=8), workers=1).written == 2  # (img2dataset's, unlabeled)
+    classes = shard(tmp_path / "classes.tar", [("cat/a.jpg", PICTURES[0]), ("cat/a.json", b"{}"), ("dog/b.jpg", PICTURES[1])])
+    assert LMDBDataset(convert(classes, tmp_path / "c.lmdb", image=ImageOptions(size=8), workers=1).dst).classes == ["cat", "dog"]
+    ours = tmp_path / "ours"  # packer's own raw shards: class names, and (C, H, W) .npy payloads
+    src = tmp_path / "imgs"
+    for name, data in (("x/1.jpg", PICTURES[0]), ("y/2.jpg", PICTURES[1]), ("y/3.jpg", PICTURES[2])):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+    convert(src, ours, format="webdataset", image=ImageOptions(size=8), workers=1)
+    again = LMDBDataset(convert(next(ours.glob("*.tar")), tmp_path / "again.lmdb", workers=1).dst)
+    packed = ShardDataset(ours)
+    assert again.classes == ["x", "y"] and len(again) == len(packed) == 3
+    assert all(np.array_equal(again[i][0], packed[i][0]) and again[i][1] == packed[i][1] for i in range(3))

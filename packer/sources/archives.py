@@ -26,7 +26,8 @@ or climbs out with ``..``, and a link member, are refused (skipped, with the rea
 ordered as for a folder: by class, then by path.
 
 
-A folder of WebDataset shards: packer/sources/shards.py; members as inputs, and reading them
+A folder of WebDataset shards, and one shard (a .tar holding ``.cls`` members, or flat with
+``KEY.json`` beside ``KEY.jpg``): packer/sources/shards.py; members as inputs, and reading them
 back: packer/sources/members.py.
 """
 
@@ -52,6 +53,7 @@ from .images import ImageFolder, images_in_no_class, warn_one_class_of_class_fol
 from .labels import LabelTable, Matched, labeled_items, match_rows
 from .members import Member, member_of, safe_entries, stamp, warn_unended
 from .rules import ARCHIVE_SUFFIXES, image_order, is_image_name
+from .shards import is_shard, scan_shard
 from .tarstream import Entry, Listing, list_tar, stream_tar
 
 __all__ = ["ARCHIVE_SUFFIXES", "is_archive", "scan_archive", "MEMORY_SHARE"]
@@ -100,6 +102,8 @@ def scan_archive(src: str | os.PathLike[str], labels: LabelTable | None, workers
         return _tar_of_tars(archive, inner, kept, skipped, workers)
     if labels is not None:
         return _labeled(src, archive, images, labels, skipped)
+    if lower.endswith(".tar") and is_shard(kept):  # (one shard: its .cls labels; its KEY.seg.png no image of its own)
+        return scan_shard(archive, kept, skipped)
     root = _top_folder(images, folders)
     relative = {entry.name[len(root):]: entry for entry in images}
     classes = sorted({name[len(root):] for name in folders if name.startswith(root) and "/" not in name[len(root):]})

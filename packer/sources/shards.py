@@ -25,7 +25,7 @@ from .members import Member, member_of, pread, safe_entries, stamp, warn_unended
 from .rules import is_hidden, is_image_name
 from .tarstream import Entry, list_tar
 
-__all__ = ["is_shard_folder", "scan_shards"]
+__all__ = ["is_shard_folder", "scan_shards", "is_shard", "scan_shard"]
 
 _PAYLOAD_EXTENSIONS = (".npy",)
 
@@ -43,18 +43,9 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
     """The samples of the WebDataset shards in the folder ``src``, in shard then member order."""
     folder = Path(src).resolve()
     shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tar") and not is_hidden(p.name))
-    classes: list[str] = []
-    layout = None
-    meta = folder / "packer.json"
-    if meta.is_file():  # packer's own shards: class names, and (C, H, W) .npy payloads
-        try:
-            record = json.loads(meta.read_text(encoding="utf-8"))
-            classes, layout = list(record.get("classes") or []), "chw"
-        except (OSError, ValueError, AttributeError):
-            pass
+    classes, layout = _packer_record(folder)
     items: list[Member] = []
     skipped: list[Skipped] = []
-    labeled = False
     for shard in shards:
         try:
             entries = list_tar(str(shard))
@@ -62,30 +53,84 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
             raise SourceError(f"{shard}: cannot read the shard ({getattr(exc, 'strerror', None) or exc})") from None
         if not entries.ended:
             warn_unended(shard)
-        for key, group in _samples(safe_entries(entries, skipped, prefix=f"{shard.name}/")):
-            where = f"{shard.name}/{key}"
-            payload = _payload(key, group)
-            if payload is None:
-                skipped.append(Skipped(where, "no image member in this sample"))
-                continue
-            label = -1
-            cls = next((e for e in group if e.name.endswith(".cls")), None)
-            if cls is not None:
-                text = pread(str(shard), cls.offset, cls.size).decode("ascii", "replace").strip()
-                number = re.fullmatch(r"-?[0-9]+", text) and int(text)  # (not isdigit: '²' is a digit to it, and int raised)
-                if number is None or not -1 <= number <= min(MAX_LABEL, len(classes) - 1 if classes else MAX_LABEL):
-                    skipped.append(Skipped(where, f"unknown label {text[:20]!r} in {posixpath.basename(cls.name)}"))
-                    continue
-                label, labeled = number, labeled or number >= 0
-            items.append(member_of(str(shard), payload, label, name=f"{shard.name}/{payload.name}", root=str(folder), layout=layout))
-    if labeled and any(item.label < 0 for item in items):  # (a labeled dataset of some unlabeled samples: verify's fault)
-        skipped += [Skipped(item.path[len(str(folder)) + 1:], "no .cls label, where other samples of the shards have one")
-                    for item in items if item.label < 0]
-        items = [item for item in items if item.label >= 0]
+        prefix = f"{shard.name}/"
+        items += _shard_items(str(shard), safe_entries(entries, skipped, prefix=prefix), classes, layout, skipped, prefix, str(folder))
     if not items:
         raise SourceError(f"{src}: no samples with an image found in its {len(shards)} shards")
+    return _shard_folder(str(folder), items, classes, skipped)
+
+
+def is_shard(entries: list[Entry]) -> bool:
+    """Whether the safe ``entries`` of one tar are WebDataset samples rather than image files: a
+    ``.cls`` label member, or, in a tar without folders, an image sharing its key with a member
+    that is no image (``KEY.jpg`` beside ``KEY.json``, as img2dataset writes)."""
+    if any(e.name.lower().endswith(".cls") for e in entries):
+        return True
+    if any("/" in e.name for e in entries):
+        return False
+    return any(any(not is_image_name(e.name) for e in group) and any(is_image_name(e.name) for e in group)
+               for _, group in _samples(entries))
+
+
+def scan_shard(archive: str, entries: list[Entry], skipped: list[Skipped]) -> ImageFolder:
+    """The samples of the one WebDataset shard ``archive`` given as SRC (its safe ``entries``, as
+    packer/sources/archives.py listed them; :func:`is_shard`): read as a folder of shards reads
+    each, and packer's own keep their class names (the ``packer.json`` beside it)."""
+    classes, layout = _packer_record(Path(archive).parent)
+    items = _shard_items(archive, entries, classes, layout, skipped, "", archive)
+    if not items:
+        raise SourceError(f"{archive}: no samples with an image found in this WebDataset shard")
+    return _shard_folder(archive, items, classes, skipped)
+
+
+def _packer_record(folder: Path) -> tuple[list[str], str | None]:
+    """The class names and payload layout of packer's own shards in ``folder`` (its
+    ``packer.json``), else none."""
+    meta = folder / "packer.json"
+    if meta.is_file():  # packer's own shards: class names, and (C, H, W) .npy payloads
+        try:
+            record = json.loads(meta.read_text(encoding="utf-8"))
+            if record.get("format") == "webdataset":
+                return list(record.get("classes") or []), "chw"
+        except (OSError, ValueError, AttributeError):
+            pass
+    return [], None
+
+
+def _shard_items(shard: str, entries: list[Entry], classes: list[str], layout: str | None, skipped: list[Skipped],
+                 prefix: str, root: str) -> list[Member]:
+    """One shard's samples: each key's image (:func:`_payload`) with its ``.cls`` label (-1 without
+    one); a sample without an image or with a label that is no class index is skipped and recorded
+    (as ``PREFIX + KEY``)."""
+    items = []
+    for key, group in _samples(entries):
+        where = prefix + key
+        payload = _payload(key, group)
+        if payload is None:
+            skipped.append(Skipped(where, "no image member in this sample"))
+            continue
+        label = -1
+        cls = next((e for e in group if e.name.endswith(".cls")), None)
+        if cls is not None:
+            text = pread(shard, cls.offset, cls.size).decode("ascii", "replace").strip()
+            number = re.fullmatch(r"-?[0-9]+", text) and int(text)  # (not isdigit: '²' is a digit to it, and int raised)
+            if number is None or not -1 <= number <= min(MAX_LABEL, len(classes) - 1 if classes else MAX_LABEL):
+                skipped.append(Skipped(where, f"unknown label {text[:20]!r} in {posixpath.basename(cls.name)}"))
+                continue
+            label = number
+        items.append(member_of(shard, payload, label, name=prefix + payload.name, root=root, layout=layout))
+    return items
+
+
+def _shard_folder(root: str, items: list[Member], classes: list[str], skipped: list[Skipped]) -> ImageFolder:
+    """The shards' samples as a source: labeled when any ``.cls`` gave a class, and then the
+    samples without one skipped and recorded (a labeled dataset of unlabeled samples is verify's fault)."""
+    labeled = any(item.label >= 0 for item in items)
+    if labeled and any(item.label < 0 for item in items):
+        skipped += [Skipped(item.name, "no .cls label, where other samples of the shards have one") for item in items if item.label < 0]
+        items = [item for item in items if item.label >= 0]
     stamps = {item.path: stamp(item) for item in items}
-    return ImageFolder(str(folder), items, classes if labeled else [], labeled, skipped, [], stamps=stamps)
+    return ImageFolder(root, items, classes if labeled else [], labeled, skipped, [], stamps=stamps)
 
 
 def _payload(key: str, group: list[Entry]) -> Entry | None:
