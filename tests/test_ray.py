@@ -264,3 +264,25 @@ def test_a_ray_address_ray_refuses_is_one_line(tmp_path, address, said, monkeypa
     finally:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # the module's, again
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_at_once(tmp_path):
+    """ray.init waited on it for good, logging retries every few seconds (a typo in the port)."""
+    import socket
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(b"")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # (closed again: nothing listens there)
+    ray.shutdown()
+    try:
+        result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "o.blob"), "--executor", "ray", "--ray-address",
+                                          f"127.0.0.1:{port}", "-q"])
+        assert result.exit_code == 2 and result.stderr.strip() == (
+            f"Error: --ray-address 127.0.0.1:{port}: nothing accepts connections at 127.0.0.1:{port} (connection refused); "
+            "start the cluster there (ray start --head) or give the address `ray status` prints on its head node"), result.output
+        assert not list(tmp_path.glob("o.blob*"))
+    finally:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")

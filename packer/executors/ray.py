@@ -38,6 +38,9 @@ from ..pool_worker import run_items
 
 __all__ = ["ray_ordered_map", "RayExecutor", "RAY_CRASH_REASON"]
 
+#: How long a cluster address may take to accept a connection before it is refused.
+CONNECT_SECONDS = 10
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -137,13 +140,34 @@ def ray_ordered_map(
 def _join(ray: Any, address: str | None) -> None:
     """``ray.init`` at ``address`` (``None``: ``RAY_ADDRESS``, a running instance, else a new
     one), its refusals in one line naming the address: an address Ray cannot parse, no cluster
-    there, or Ray Client without its extra were 60-line tracebacks (a walkthrough)."""
+    there, or Ray Client without its extra were 60-line tracebacks (a walkthrough). An address
+    where nothing answers is refused before: ``ray.init`` waited on it for good, logging retries."""
+    given = address if address is not None else os.environ.get("RAY_ADDRESS")
+    where = f"--ray-address {given}" if address is not None else (f"RAY_ADDRESS={given}" if given else "--executor ray")
+    _check_reachable(given, where)
     try:
         ray.init(address=address, **RAY_INIT)
     except (ValueError, ConnectionError, RuntimeError, OSError) as exc:
-        given = address if address is not None else os.environ.get("RAY_ADDRESS")
-        where = f"--ray-address {given}" if address is not None else (f"RAY_ADDRESS={given}" if given else "--executor ray")
         raise OptionError(f"{where}: Ray could not join or start a cluster there ({' '.join(str(exc).split())[:300]})") from None
+
+
+def _check_reachable(address: str | None, where: str) -> None:
+    """Refuse a ``HOST:PORT`` address where nothing accepts a connection within
+    :data:`CONNECT_SECONDS`; ``auto``, ``local``, no address and Ray Client's ``ray://`` (its
+    own connection gives up, and says when its extra is missing) are Ray's to resolve."""
+    import socket
+
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # (Ray's own message says what it cannot parse)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()
+        raise OptionError(f"{where}: nothing accepts connections at {host}:{port} ({why}); start the cluster there "
+                          "(ray start --head) or give the address `ray status` prints on its head node") from None
 
 
 class RayExecutor:
