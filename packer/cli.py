@@ -163,7 +163,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("src", type=click.Path())  # str: a path or an fsspec URL (s3://...), which a Path would mangle
 @click.argument("dst", type=click.Path())
-@click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's name: .lmdb, .h5/.hdf5, .blob, name-%06d.tar).")
+@click.option("--format", "-f", "format_name", type=click.Choice(sorted(WRITERS)), help="Output format (default: from DST's name: .lmdb, .h5/.hdf5, .blob, folder/name-%06d.tar for WebDataset).")
 @click.option("--size", "-s", metavar="N|HxW", help="Output size: N (square) or HEIGHTxWIDTH.")
 @click.option("--resize", type=click.IntRange(1), metavar="N", help="Center-crop: scale the shorter side to N first (--size 224 --resize 256: the standard Resize(256) + CenterCrop(224)).")
 @click.option("--resize-mode", type=click.Choice(list(RESIZE_MODES)), help="center-crop (default with --size), pad, stretch, shorter (shorter side to N), none (default without --size).")
@@ -178,7 +178,7 @@ def cli() -> None:
 @click.option("--compression", type=click.Choice(COMPRESSIONS), help="HDF5 only: lossless compression filter (default: none).")
 @click.option("--shard-size", type=click.IntRange(1), help="WebDataset only: samples per shard.")
 @click.option("--shard-bytes", type=click.IntRange(1), help="WebDataset only: payload bytes per shard (at most).")
-@click.option("--kind", type=click.Choice(KINDS), help="image or text (default: text for a folder of .txt/.jsonl/.ndjson/.parquet files and no images).")
+@click.option("--kind", type=click.Choice(KINDS), help="image or text (default: text for a folder of .txt/.jsonl/.ndjson files, or of .parquet files without an image column, and no images).")
 @click.option("--tokenizer", default="bytes", show_default=True, help="Text: 'bytes' (UTF-8, EOS 256), a tokenizer.json, or a SentencePiece .model.")
 @click.option("--lines", is_flag=True, help="Text: one document per non-empty line of .txt files.")
 @click.option("--text-field", default="text", show_default=True, help="Text: the field of JSON Lines records / Parquet rows.")
@@ -332,7 +332,7 @@ def info(path: Path, as_json: bool) -> None:
 @cli.command()
 @click.argument("path", type=click.Path(), callback=_dataset_arg)
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("preview.png"), show_default=True, help="Image file to write (.png, .jpg, or another type Pillow writes).")
-@click.option("--count", "-n", type=click.IntRange(1, 1024), default=16, show_default=True, help="Number of random samples.")
+@click.option("--count", "-n", type=click.IntRange(1, 1024), default=16, show_default=True, help="Number of random samples (a text dataset: its first 3 documents, unless given).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random samples.")
 @click.option("--tile", type=click.IntRange(16, 1024), default=128, show_default=True, help="Cell size in pixels.")
 def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
