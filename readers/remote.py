@@ -51,8 +51,9 @@ def _fsspec() -> object:
 #: Seconds an http(s) shard may send nothing before its read is an error (a stalled server
 #: hung the epoch for good through ``curl``, which had a connect timeout only).
 STALL_SECONDS = 60.0
-#: Tries to open an http(s) URL (a refused connection, a timeout, HTTP 5xx): :data:`RETRY_DELAY`
-#: seconds, then twice as long each time, apart (7 s in all).
+#: Tries to open an http(s) URL (a refused connection, HTTP 5xx): :data:`RETRY_DELAY` seconds,
+#: then twice as long each time, apart (7 s in all). A server that accepts the connection and then
+#: sends nothing for :data:`STALL_SECONDS` is not tried again: four waits were four minutes.
 HTTP_TRIES = 4
 RETRY_DELAY = 1.0
 
@@ -100,7 +101,8 @@ class _HTTPBody(io.RawIOBase):
 def open_http(url: str) -> BinaryIO:
     """The body of ``url``, opened with up to :data:`HTTP_TRIES` tries, :data:`RETRY_DELAY` s
     apart, then twice as long each time (a 4xx answer is not tried again; a 404 is a
-    ``FileNotFoundError``); ``user:password@`` in the URL is sent as basic authentication."""
+    ``FileNotFoundError``; nothing for :data:`STALL_SECONDS` is an ``OSError`` at once);
+    ``user:password@`` in the URL is sent as basic authentication."""
     import base64
     import urllib.error
     import urllib.request
@@ -122,6 +124,8 @@ def open_http(url: str) -> BinaryIO:
             if exc.code < 500 or last:
                 raise error(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:  # refused, no such host, timed out
+            if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+                raise OSError(f"{url}: nothing arrived for {STALL_SECONDS:g} s: the server stalled") from None
             if last:
                 raise OSError(f"{url}: cannot be read ({getattr(exc, 'reason', exc)}), after {HTTP_TRIES} tries") from None
         time.sleep(RETRY_DELAY * 2 ** attempt)

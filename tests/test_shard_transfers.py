@@ -37,14 +37,19 @@ def cut(folder: Path, into: Path, shard: str = "shard-000001.tar") -> tuple[Path
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder; ``stall`` names a file whose body stops halfway (the connection kept open)."""
+    """Serves a folder; ``stall`` names a file whose body stops halfway (the connection kept open),
+    ``silent`` one whose request is never answered (a stopped server: the kernel accepts)."""
 
     stall: str = ""
+    silent: str = ""
 
     def log_message(self, *args) -> None:
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.silent and self.path.endswith(self.silent):
+            time.sleep(5)
+            return
         if self.stall and self.path.endswith(self.stall):
             data = Path(self.directory, self.path.lstrip("/")).read_bytes()
             self.send_response(200)
@@ -57,8 +62,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         super().do_GET()
 
 
-def serve(directory: Path, stall: str = ""):
-    handler = type("Handler", (_Handler,), {"stall": stall})
+def serve(directory: Path, stall: str = "", silent: str = ""):
+    handler = type("Handler", (_Handler,), {"stall": stall, "silent": silent})
     server = HTTPServer((LOOPBACK, 0), functools.partial(handler, directory=str(directory)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://{LOOPBACK}:{server.server_address[1]}"
@@ -103,6 +108,15 @@ def test_a_stalled_server_is_an_error_not_a_hang(shards, tmp_path, monkeypatch):
         with pytest.raises(OSError, match=r"shard-000001\.tar: nothing arrived for 0\.5 s: the server stalled"):
             list(StreamingShards(f"{root}/{shards.name}"))
         assert time.monotonic() - start < 4
+    finally:
+        server.shutdown()
+        server.server_close()
+    server, root = serve(shards.parent, silent="shard-000001.tar")  # no answer at all: not tried 4 times (4 x 60 s)
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError, match=r"shard-000001\.tar: nothing arrived for 0\.5 s: the server stalled$"):
+            list(StreamingShards(f"{root}/{shards.name}"))
+        assert time.monotonic() - start < 1.5
     finally:
         server.shutdown()
         server.server_close()
