@@ -74,7 +74,14 @@ def resolve_rank(rank: int | None, world_size: int | None, owner: str = "reader"
     missing one comes from a process group not yet initialised while the environment says
     ``WORLD_SIZE > 1`` (``torchrun`` sets it): ``owner`` would read as rank 0 on every process
     (of one process: the whole dataset), unlike what the launcher meant. Raises ``ValueError``
-    unless ``world_size >= 1`` and ``0 <= rank < world_size``."""
+    unless both are integers, ``world_size >= 1`` and ``0 <= rank < world_size``, and for a
+    ``world_size`` above 1 without ``rank`` or a process group to give it."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")  # (0.5 read as rank 0, '1' a TypeError)
+    if rank is None and world_size is not None and world_size > 1 and not _group_initialised():
+        raise ValueError(f"world_size={world_size} without rank= and no torch.distributed process group: every process would "
+                         "read as rank 0 (the same share, the others' never read); pass rank= too, or neither under torch.distributed")
     defaulted = "" if world_size is not None else " (world_size not given: torch.distributed's, or 1 without a process group)"
     if rank is None or world_size is None:
         dist_rank, dist_size = distributed_rank()

@@ -76,8 +76,24 @@ def test_a_loader_made_before_init_process_group_warns(launched):
                       r"before creating it, or pass rank= and world_size="):
         loader = Loader(tensors(10), 2)
     assert (loader.rank, loader.world_size) == (0, 1)  # still what it did: a warning, not a guess from the environment
-    with pytest.warns(UserWarning, match="reads as rank 0 of 2, on every process"):  # world_size alone: rank 0 everywhere
+    with pytest.raises(ValueError, match=r"^world_size=2 without rank= and no torch.distributed process group: every process "
+                                         r"would read as rank 0"):  # world_size alone: rank 0 everywhere (was a warning here, silent without WORLD_SIZE)
         Loader(tensors(10), 2, world_size=2)
+
+
+def test_rank_and_world_size_are_integers_and_come_together(monkeypatch, four_shards):
+    """rank=0.5 read as rank 0, world_size=2.5 as 2, rank='1' was a TypeError, and world_size=2
+    alone read rank 0's share on every process without a word (an FFCV user's walkthrough)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for rank, world_size, said in ((0.5, 2, "rank must be an integer, got 0.5"), (1, 2.5, "world_size must be an integer, got 2.5"),
+                                   ("1", 2, "rank must be an integer, got '1'"), (True, 2, "rank must be an integer, got True"),
+                                   (None, 2, "world_size=2 without rank= and no torch.distributed process group")):
+        for make in (lambda: Loader(tensors(10), 2, rank=rank, world_size=world_size),
+                     lambda: ResumableSampler(10, 2, rank=rank, world_size=world_size),
+                     lambda: StreamingShards(four_shards, rank=rank, world_size=world_size)):
+            with pytest.raises(ValueError, match="^" + re.escape(said)):
+                make()
+    assert (Loader(tensors(10), 2, rank=np.int64(1), world_size=np.int64(2)).rank, Loader(tensors(10), 2, world_size=1).rank) == (1, 0)
 
 
 def test_the_sampler_and_the_stream_resolve_rank_alike_and_warn_too(launched, four_shards):
