@@ -275,6 +275,39 @@ def test_a_dataset_class_defined_in_the_script_converts_to_every_kind_of_writer(
     assert [int(label) for _, label in open_dataset(tmp_path / name.split("/")[0])] == [i % 2 for i in range(40)]
 
 
+UNDER_THE_GUARD = '''
+import sys
+import numpy as np
+import packer
+
+if __name__ == "__main__":
+    class Digits:
+        def __len__(self): return 30
+        def __getitem__(self, i): return np.full((8, 8, 3), i, np.uint8), i % 3
+
+    print(packer.convert(Digits(), sys.argv[-1], workers=2).written)
+'''
+
+
+def test_a_dataset_class_the_workers_cannot_import_is_read_in_this_process(tmp_path):
+    """Defined under the script's main guard, or in a script read from stdin, the class is not
+    there when a worker imports the script: every worker failed on its first item with a
+    traceback ("Can't get attribute 'Digits' on <module '__mp_main__'>", an FFCV user's walkthrough)."""
+    import subprocess
+    import sys
+
+    from readers import open_dataset
+
+    script = tmp_path / "guarded.py"
+    script.write_text(UNDER_THE_GUARD)
+    for command, stdin, dst in (([sys.executable, str(script), "a.blob"], None, "a.blob"), ([sys.executable, "-", "b.blob"], UNDER_THE_GUARD, "b.blob")):
+        done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0 and done.stdout.split() == ["30"], done.stderr
+        assert [int(label) for _, label in open_dataset(tmp_path / dst)] == [i % 3 for i in range(30)]
+        said = "the dataset needs Digits, which the workers cannot import from the script" in done.stderr
+        assert said == (stdin is None), done.stderr  # (stdin: an interactive session's, said at info level)
+
+
 def test_a_label_over_the_largest_class_index_is_skipped(tmp_path):
     """LMDB's sample header holds an int32 label: 2**31 broke it in a struct.error traceback."""
     images = torch.zeros((3, 3, 8, 8), dtype=torch.uint8)

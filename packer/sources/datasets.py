@@ -12,7 +12,8 @@ numpy array or a tensor (packer/preprocess/arrays.py); the label an integer clas
 Each input is ``dataset[i]``, named ``dataset[i]`` in messages and in the metadata's skipped
 list. The dataset is pickled once to each worker, which reads its own samples, when it pickles
 (to at most :data:`MAX_PICKLE` bytes); otherwise (a lambda inside, an open handle, a class
-defined in an interactive session) this process reads each sample as its work unit is sent,
+defined in an interactive session or where a worker cannot import it: packer/sources/main_names.py)
+this process reads each sample as its work unit is sent,
 and the sample travels to the worker with it (:class:`ParentItem`): the same output, with the
 reading in one process. A sample whose reading raises is skipped with the exception as the
 reason, like an undecodable image.
@@ -251,22 +252,26 @@ def _pickles(dataset: Any) -> tuple[bool, bool]:
     """Whether workers can be given the dataset (it pickles, to at most :data:`MAX_PICKLE` bytes,
     and what it needs from ``__main__`` a worker can import: a script, not an interactive
     session), and whether they need ``__main__`` for it."""
-    from multiprocessing.reduction import ForkingPickler
+    from .main_names import importable_in_workers, pickle_and_main_names
 
     try:
-        data = bytes(ForkingPickler.dumps(dataset))
+        data, main_names = pickle_and_main_names(dataset)
     except Exception as exc:  # noqa: BLE001 - any pickling failure means: read it here
         log.info("the dataset does not pickle (%s); reading it in this process", reading_error(exc))
         return False, False
     if len(data) > MAX_PICKLE:
         log.info("the dataset pickles to %d MiB; reading it in this process rather than copying it to every worker", len(data) >> 20)
         return False, False
-    if b"__main__" not in data:
+    if not main_names:
         return True, False
-    main = sys.modules.get("__main__")
-    if getattr(main, "__file__", None):
+    if importable_in_workers(main_names):
         return True, True
-    log.info("the dataset's class is defined in an interactive session; reading it in this process")
+    if getattr(sys.modules.get("__main__"), "__file__", None) in (None, "<stdin>", "-"):
+        log.info("the dataset's class is defined in an interactive session; reading it in this process")
+    else:
+        log.warning("the dataset needs %s, which the workers cannot import from the script (defined under "
+                    "`if __name__ == \"__main__\":`); reading it in this process, one sample at a time: define it at the "
+                    "script's top level for the workers to read it", ", ".join(sorted(main_names)))
     return False, False
 
 
