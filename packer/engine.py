@@ -48,11 +48,30 @@ from .writers.journal import foreign_leftover, journal_path, saved_inputs
 __all__ = ["run", "Interrupted", "check_unfinished"]
 
 log = logging.getLogger("packer")
+#: Skipped inputs warned of one line each; the rest are counted in one line (all are recorded).
+SKIP_WARNINGS = 50
 
 
 class Interrupted(KeyboardInterrupt):
     """The conversion was interrupted (Ctrl-C, or SIGTERM/SIGHUP in the CLI): still a
     ``KeyboardInterrupt``, whose message says what is saved and how to finish."""
+
+
+class SkipWarnings:
+    """A warning line for each skipped input up to :data:`SKIP_WARNINGS`, then one line saying the
+    rest are not printed: a dataset-wide mistake (pixels of the wrong dtype) printed a line per
+    sample, a million at ImageNet's size. Every skip is still recorded and counted."""
+
+    def __init__(self, limit: int = SKIP_WARNINGS) -> None:
+        self.limit, self.seen = limit, 0
+
+    def __call__(self, name: str, reason: str) -> None:
+        self.seen += 1
+        if self.seen <= self.limit:
+            log.warning("skipped %s: %s", name, reason)
+        elif self.seen == self.limit + 1:
+            log.warning("skipped %s: %s; further skipped inputs are not printed one by one (the summary counts them, and "
+                        "the metadata records each: packer info DST lists them)", name, reason)
 
 
 def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
@@ -134,8 +153,9 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     skipped = list(job.skipped)
     if options.on_error == "fail" and skipped and job.scan_skips_fail:
         raise InputError(f"{skipped[0].path}: {skipped[0].reason} (pass --on-error skip to skip such inputs)")
+    warn_skip = SkipWarnings()
     for entry in skipped:
-        log.warning("skipped %s: %s", entry.path, entry.reason)
+        warn_skip(entry.path, entry.reason)
     writer_class = get_writer(fmt)
     extra = {"sink": sink} if sink is not None else {}
     fingerprint = job.fingerprint(fmt, Path(dst), dataclasses.asdict(storage or StorageOptions()), options.on_error)
@@ -146,7 +166,7 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     try:
         with writer:
             resumed_at = (writer.count, writer.payload_bytes)
-            _drive(job, writer, skipped, options, workers, run_map, units, in_memory=sink is not None and options.executor != "local")
+            _drive(job, writer, skipped, options, workers, run_map, units, warn_skip, in_memory=sink is not None and options.executor != "local")
             if writer.count == 0:
                 first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
                 because = f" (first: {first.path}: {first.reason})" if first else ""
@@ -187,7 +207,7 @@ def _used_workers(workers: int | None, run_map: Executor, units: int) -> int:
 
 
 def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions, workers: int | None, run_map: Executor,
-           units: list[int], *, in_memory: bool) -> None:
+           units: list[int], warn_skip: SkipWarnings, *, in_memory: bool) -> None:
     """Every remaining input's outcome into the writer, in order; skips recorded, checkpoints taken;
     ``units`` gets how many work units were mapped."""
     done = writer.resumed_inputs
@@ -219,7 +239,7 @@ def _drive(job: Job, writer: Writer, skipped: list[Skipped], options: RunOptions
                     raise failed  # would be a changed source: --resume refuses it)
                 name = job.name(item)
                 skipped.append(Skipped(name, result.reason))
-                log.warning("skipped %s: %s", name, result.reason)
+                warn_skip(name, result.reason)
             else:  # None or Written: a piece writer's worker wrote it
                 writer.record_source(job.name(item))
                 if isinstance(result, Written):  # captured in the worker, as the pool's are

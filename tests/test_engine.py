@@ -298,3 +298,17 @@ def test_the_summarys_command_is_quoted_for_a_shell(tmp_path):
                               payload_bytes=10, seconds=1.0)
     command = report.summary().split("(listed by: ", 1)[1].rstrip(")")
     assert shlex.split(command) == ["packer", "info", str(dst)]
+
+
+def test_skipped_inputs_past_fifty_are_counted_not_printed(tmp_path, caplog):
+    """A dataset-wide mistake (pixels of the wrong dtype) printed one warning per sample: a
+    million lines at ImageNet's size (a Streaming/LitData user's walkthrough). Each is recorded."""
+    from packer.engine import SKIP_WARNINGS
+
+    samples = [(np.zeros((4, 4, 3), np.uint8 if i == 0 else np.uint16), 0) for i in range(SKIP_WARNINGS + 10)]
+    with caplog.at_level("WARNING", logger="packer"):
+        report = convert(samples, tmp_path / "o.blob", workers=1)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped dataset[")]
+    assert len(lines) == SKIP_WARNINGS + 1 and len(report.skipped) == SKIP_WARNINGS + 9 and report.written == 1
+    assert lines[-1].endswith("; further skipped inputs are not printed one by one (the summary counts them, and the metadata "
+                              "records each: packer info DST lists them)")
