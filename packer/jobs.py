@@ -338,7 +338,7 @@ def _dataset_job(dataset: Any, image: ImageOptions, source: SourceOptions) -> Im
     from .sources.datasets import dataset_identity, scan_dataset
 
     folder, reader, portable, needs_main = scan_dataset(dataset, source)
-    task = DatasetTask(image, reader if portable else None, folder.labeled, len(folder.classes), needs_main)
+    task = DatasetTask(image, reader if portable else None, folder.labeled, tuple(folder.classes), needs_main)
     identity = {"dataset": dataset_identity(dataset, reader), "image_column": reader.image_column, "label_column": reader.label_column}
     return ImageJob(folder.source, folder.items, task, [], image, folder=folder, identity=identity)
 

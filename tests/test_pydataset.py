@@ -400,3 +400,34 @@ def test_text_options_for_a_dataset_name_it_and_say_what_to_drop(tmp_path):
         packer.convert(_Listed([(np.zeros((4, 4, 3), np.uint8), 0)]), tmp_path / "t.blob", text=packer.TextOptions(), workers=1)
     assert str(raised.value) == ("python:test_pydataset._Listed: text options (text=TextOptions()) do not apply: a Python dataset "
                                  "converts as images; drop text=")
+
+
+class _Named:
+    """Samples whose labels come as names, whole floats, a bool, a fraction."""
+
+    classes = ["cat", "dog", "eel"]
+    labels = ["dog", 2.0, np.float32(1.0), torch.tensor(0.0), "eel", True, 0.5, "fox", 7.0]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return np.full((4, 4, 3), i, np.uint8), self.labels[i]
+
+
+def test_labels_given_as_class_names_or_whole_floats_are_class_indices(tmp_path):
+    """'cat' of dataset.classes was 'unknown label' and 1.0 'unknown label 1.0', where a label
+    file takes both; a bool passed as a label says so (a Streaming/LitData user's walkthrough)."""
+    from readers import open_dataset
+
+    report = packer.convert(_Named(), tmp_path / "n.blob", workers=1)
+    assert [(s.path, s.reason) for s in report.skipped] == [
+        ("dataset[5]", "label True is a bool, not a class index"),
+        ("dataset[6]", "label 0.5 is not a whole number (give an integer class index)"),
+        ("dataset[7]", "label 'fox' is not one of dataset.classes"),
+        ("dataset[8]", "unknown label 7 (not a class index of its 3 classes)")]
+    read = open_dataset(tmp_path / "n.blob")
+    assert [int(label) for _, label in read] == [1, 2, 1, 0, 2] and read.classes == ["cat", "dog", "eel"]
+    unnamed = [(np.zeros((4, 4, 3), np.uint8), "dog")] * 2
+    with pytest.raises(packer.PackerError, match=r"\(first: dataset\[0\]: label 'dog' is a name, and the dataset has no classes list"):
+        packer.convert(unnamed, tmp_path / "u.blob", workers=1)

@@ -27,14 +27,14 @@ __all__ = ["DatasetTask"]
 @dataclass(frozen=True)
 class DatasetTask(WorkUnit):
     """Convert sample ``item.index`` of the dataset. ``reader``: the dataset, when the workers
-    read it (``None``: samples arrive read). ``labeled``/``classes``: what a label must be.
-    ``needs_main``: the dataset's class lives in the program's ``__main__`` (packer/parallel.py
-    then lets workers import it)."""
+    read it (``None``: samples arrive read). ``labeled``/``classes`` (the dataset's class names):
+    what a label must be. ``needs_main``: the dataset's class lives in the program's ``__main__``
+    (packer/parallel.py then lets workers import it)."""
 
     options: ImageOptions
     reader: DatasetReader | None = None
     labeled: bool = True
-    classes: int = 0
+    classes: tuple[str, ...] = ()
     needs_main: bool = False
 
     def __call__(self, item: DatasetItem | ParentItem) -> Encoded | Failed:
@@ -62,7 +62,9 @@ class DatasetTask(WorkUnit):
     def label(self, raw: Any) -> int | str:
         """The class index of ``raw`` (-1: this sample is unlabeled, as torchvision's STL10 and a
         Hugging Face ClassLabel mark it), or why it is not one. In a dataset whose ``dataset[0]``
-        has no label, a sample with one is refused, not stored as -1 (it was, without a word)."""
+        has no label, a sample with one is refused, not stored as -1 (it was, without a word). A
+        class name of ``dataset.classes`` is its index, and a whole float (``3.0``) its integer, as
+        a label file's are; a bool is no label."""
         plain = isinstance(raw, numbers.Integral) and not isinstance(raw, bool)
         if not self.labeled:
             if plain and raw >= 0:
@@ -70,8 +72,22 @@ class DatasetTask(WorkUnit):
             return -1
         if plain and raw == -1:
             return -1
+        if isinstance(raw, str):
+            if raw in self.classes:
+                return self.classes.index(raw)
+            return (f"label {raw!r} is not one of dataset.classes" if self.classes else
+                    f"label {raw!r} is a name, and the dataset has no classes list naming its classes (give dataset.classes, "
+                    "or integer class indices)")
+        if isinstance(raw, bool):
+            return f"label {raw!r} is a bool, not a class index"
+        if isinstance(raw, numbers.Real) and not isinstance(raw, numbers.Integral):
+            if not float(raw).is_integer():
+                return f"label {raw!r} is not a whole number (give an integer class index)"
+            raw = int(raw)
+            if raw == -1:
+                return -1
         if raw is None or isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
             return "no label" if raw is None else f"unknown label {raw!r} (give an integer class index)"
-        if raw < 0 or raw > MAX_LABEL or (self.classes and raw >= self.classes):
-            return f"unknown label {int(raw)} (not a class index" + (f" of its {self.classes} classes)" if self.classes else f"{LABEL_RANGE})")
+        if raw < 0 or raw > MAX_LABEL or (self.classes and raw >= len(self.classes)):
+            return f"unknown label {int(raw)} (not a class index" + (f" of its {len(self.classes)} classes)" if self.classes else f"{LABEL_RANGE})")
         return int(raw)

@@ -6,7 +6,7 @@ Anything with ``len(dataset)`` and ``dataset[i]`` works: a torchvision dataset, 
 (a dict) whose image and label fields ``image_column`` / ``label_column`` name (default: the
 first of :data:`IMAGE_FIELDS` / :data:`LABEL_FIELDS` present). The image is a PIL image, a
 numpy array or a tensor (packer/preprocess/arrays.py); the label an integer class index
-(``None`` or -1: unlabeled). Class names come from ``dataset.classes``, or from a Hugging Face
+(a whole float, ``3.0``, too; a name of ``dataset.classes``: its index; ``None`` or -1: unlabeled). Class names come from ``dataset.classes``, or from a Hugging Face
 ``ClassLabel`` feature's ``names``.
 
 Each input is ``dataset[i]``, named ``dataset[i]`` in messages and in the metadata's skipped
