@@ -71,7 +71,7 @@ class ConversionReport:
         shape = "x".join(map(str, self.shape)) if self.shape else "variable shapes"
         return (
             f"wrote {_count(self.written, 'image')} ({shape}, {self.encoding}) to {self.dst}: "
-            f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.images_per_second:,.0f} img/s {self._tail()}"
+            f"{human_bytes(self.payload_bytes)} of samples in {self.seconds:.1f} s, {self.images_per_second:,.0f} img/s {self._tail()}"
         )
 
     #: The class of ``readers`` that reads the output, and the command that shows its samples.
@@ -110,7 +110,7 @@ class TextConversionReport(ConversionReport):
     def summary(self) -> str:
         return (
             f"wrote {_count(self.written, 'document')}, {_count(self.tokens, 'token')} ({self.tokenizer}) to {self.dst}: "
-            f"{human_bytes(self.payload_bytes)} in {self.seconds:.1f} s, {self.tokens_per_second:,.0f} tokens/s {self._tail()}"
+            f"{human_bytes(self.payload_bytes)} of samples in {self.seconds:.1f} s, {self.tokens_per_second:,.0f} tokens/s {self._tail()}"
         )
 
 
