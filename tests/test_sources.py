@@ -238,3 +238,23 @@ def test_an_empty_folder_and_a_packed_dataset_are_named_as_such(image_folder, tm
     assert len(scan_image_folder(mine).items) == 18
     (mine / "packer-index.npy").write_bytes(b"")  # a damaged packer index: np.load raised EOFError through the probe
     assert len(scan_image_folder(mine).items) == 18
+
+
+def test_netpbm_images_convert_as_torchvisions_imagefolder_finds_them(tmp_path):
+    """.ppm and .pgm are on ImageFolder's list of extensions and were left out without a word
+    (an FFCV user's walkthrough): the pixels are Pillow's, a 16-bit PGM scaled to 8 bits."""
+    import numpy as np
+    from PIL import Image
+
+    from packer import convert
+    from readers import open_dataset
+
+    rng = np.random.default_rng(0)
+    color, gray = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), rng.integers(0, 256, (6, 8), dtype=np.uint8)
+    (tmp_path / "src/a").mkdir(parents=True)
+    (tmp_path / "src/b").mkdir()
+    Image.fromarray(color).save(tmp_path / "src/a/x.PPM", format="PPM")
+    Image.fromarray(gray).save(tmp_path / "src/b/y.pgm")
+    read = open_dataset(convert(tmp_path / "src", tmp_path / "o.blob", workers=1).dst)
+    assert len(read) == 2 and read.classes == ["a", "b"]
+    assert np.array_equal(read[0][0].numpy(), color.transpose(2, 0, 1)) and np.array_equal(read[1][0].numpy(), np.stack([gray] * 3))
