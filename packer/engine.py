@@ -288,12 +288,12 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     """
     if placement is not None:  # items as (index, item, offset) entries: packer/placement.py
         with run_map(placement.task(job.task), placement.items(items, writer.resumed_inputs), workers=workers,
-                     chunksize=job.chunksize(workers), on_crash=lambda entry, reason: _crash_failure(entry.item, reason),
+                     chunksize=job.chunksize(workers), on_crash=lambda entry, reason: job.crashed(entry.item, reason),
                      item_timeout=timeout) as results:
             yield results
         return
     if not isinstance(writer, PieceWriter):
-        with run_map(job.task, items, workers=workers, chunksize=job.chunksize(workers), on_crash=_crash_failure,
+        with run_map(job.task, items, workers=workers, chunksize=job.chunksize(workers), on_crash=job.crashed,
                      item_timeout=timeout) as results:
             yield results if job.stage is None else iter(job.stage(results))  # the GPU stage of --decode-device cuda
         return
@@ -313,9 +313,5 @@ def _outcomes(writer: Writer, job: Job, items: Sequence[Any], workers: int | Non
     with run_map(task, pieces, workers=workers, chunksize=1, on_crash=crashed, item_timeout=per_piece) as results:
         yield (outcome for piece in results for outcome in writer.add_piece(piece))
 
-
-def _crash_failure(item: Any, reason: str) -> Failed:
-    """The outcome of an input that killed or hung its worker: skipped, with the reason."""
-    return Failed(item.path, reason)
 
 

@@ -35,10 +35,11 @@ from readers.schema import KINDS, Skipped
 
 from .errors import OptionError, SourceError
 from .options import ImageOptions, SourceOptions
-from .preprocess.task import Encoded, Failed, ImageTask
+from .parallel import is_timeout
+from .preprocess.task import UNREACHABLE, Encoded, Failed, ImageTask
 from .report import ConversionReport
 from .sources.images import ImageFolder, scan_image_folder, warn_one_class_of_class_folders
-from .sources.remote import is_source_url, remote_chunksize
+from .sources.remote import is_source_url, remote_chunksize, store_answers
 from .writers.base import Writer
 from .writers.journal import conversion_fingerprint
 
@@ -88,6 +89,10 @@ class Job:
     def worker_bytes(self) -> int:
         """Memory one worker may need at its peak (the driver caps the worker count by it)."""
         return WORKER_BASE_BYTES
+
+    def crashed(self, item: Any, reason: str) -> Failed:
+        """The outcome of an input that killed or hung its worker: skipped, with the reason."""
+        return Failed(item.path, reason)
 
     def chunksize(self, workers: int | None) -> int | None:
         """Inputs per work unit sent to a worker (``None``: the pool's choice)."""
@@ -152,6 +157,14 @@ class ImageJob(Job):
     def worker_bytes(self) -> int:
         """The base plus an image of ``--max-pixels`` decoded (3 bytes a pixel) and resized from."""
         return WORKER_BASE_BYTES + 2 * 3 * self.image.max_pixels
+
+    def crashed(self, item: Any, reason: str) -> Failed:
+        """As any job's; but an input of a URL SRC that timed out while its store does not answer
+        stops the conversion (resumable), as a read the store refused does: a stalled server made
+        every input time out in turn, each skipped for good."""
+        if is_timeout(reason) and is_source_url(item.path) and not store_answers(item.path):
+            return Failed(item.path, reason, stop=UNREACHABLE)
+        return Failed(item.path, reason)
 
     def chunksize(self, workers: int | None) -> int | None:
         if self.items and is_source_url(self.items[0].path):  # each chunk starts with a round trip

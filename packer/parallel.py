@@ -61,7 +61,7 @@ from .result_slots import ResultSlots, decode_results
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["keep_freed_memory", "ordered_map", "default_workers", "workers_within_cores", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason"]
+__all__ = ["keep_freed_memory", "ordered_map", "default_workers", "workers_within_cores", "WorkerError", "WorkerCrash", "DEFAULT_ITEM_TIMEOUT", "crash_reason", "timeout_reason", "is_timeout"]
 
 #: A second chunk is queued behind the running one only if it pickles to at most this many
 #: bytes: it then fits the pipe's buffer, so sending it never blocks on a busy worker.
@@ -308,7 +308,7 @@ class _Pool(Generic[T, R]):
                 else:
                     self._receive(worker, message)
             elif now >= worker.deadline:
-                self._replace(worker, f"timed out after {self.item_timeout:g} s")
+                self._replace(worker, timeout_reason(self.item_timeout))
 
     def _lost(self, worker: _Worker) -> None:
         """A worker ended without its result. Once started (:data:`~packer.pool_worker.STARTED`),
@@ -409,6 +409,16 @@ def _close_handles(worker: _Worker) -> None:
     worker.tasks.close()
     worker.results.close()
     worker.process.close()
+
+
+def timeout_reason(seconds: float) -> str:
+    """The reason recorded for an input that ran past its time (every executor's wording)."""
+    return f"timed out after {seconds:g} s"
+
+
+def is_timeout(reason: str) -> bool:
+    """Whether an ``on_crash`` reason is :func:`timeout_reason`'s (the input hung, not crashed)."""
+    return reason.startswith("timed out after ")
 
 
 def crash_reason(exitcode: int | None) -> str:

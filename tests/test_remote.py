@@ -12,6 +12,7 @@ import os
 import shutil
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -832,3 +833,42 @@ def test_an_http_src_with_names_that_are_not_utf8_loses_no_image(image_folder, t
     with served(src.parent) as root:
         report = convert(f"{root}/src", tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=1)
     assert report.written == 4 and not report.skipped
+
+
+class _Stalling(_QuietHandler):
+    """Lists folders, and answers no request for an image (a stopped server: the kernel accepts)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.endswith(".jpg"):
+            time.sleep(4)
+            return
+        super().do_GET()
+
+    do_HEAD = do_GET
+
+
+def test_an_http_src_whose_server_stalls_stops_resumably_not_skipping_every_input(image_folder, tmp_path, monkeypatch):
+    """Each input of a stalled store timed out in turn and was skipped for good (with --timeout 5;
+    at the default, a 60 s stall retried outlasts 120 s too): a Streaming/LitData user's walkthrough.
+    An input that times out while its store does not answer now stops the conversion, resumably."""
+    pytest.importorskip("aiohttp", reason="fsspec reads http(s):// URLs with aiohttp")
+    import packer.sources.remote as remote_src
+    from packer.errors import InputError
+
+    monkeypatch.setattr(remote_src, "PROBE_SECONDS", 0.5)
+    src = tmp_path / "served" / "src"
+    for k, picture in enumerate(sorted(image_folder.rglob("*.jpg"))[:2]):
+        (src / "a").mkdir(parents=True, exist_ok=True)
+        shutil.copy(picture, src / "a" / f"{k}.jpg")
+    server = HTTPServer((LOOPBACK, 0), functools.partial(_Stalling, directory=str(src.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        root = f"http://{LOOPBACK}:{server.server_address[1]}"
+        with pytest.raises(InputError, match=r"/src/a/0\.jpg: timed out after 1 s; the conversion stopped: the store did not answer; "
+                                             r"once it does, run the same command with --resume"):
+            convert(f"{root}/src", tmp_path / "h.lmdb", image=ImageOptions(size=16), workers=1, timeout=1)
+        assert not (tmp_path / "h.lmdb").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert remote_src.store_answers(f"{root}/src/a/0.jpg", 0.5) is False  # (gone: refused at once)

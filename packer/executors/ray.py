@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from ..errors import OptionError
-from ..parallel import DEFAULT_ITEM_TIMEOUT, WorkerCrash, WorkerError
+from ..parallel import DEFAULT_ITEM_TIMEOUT, WorkerCrash, WorkerError, timeout_reason
 from ..pool_worker import run_items
 
 __all__ = ["ray_ordered_map", "RayExecutor", "RAY_CRASH_REASON"]
@@ -245,7 +245,7 @@ class _RayRun:
             start, count, ref, _since, lost = head
             if not ready:
                 ray.cancel(ref, force=True)
-                yield from self._isolated(start, count, f"timed out after {self.item_timeout:g} s")
+                yield from self._isolated(start, count, timeout_reason(self.item_timeout))
                 continue
             try:
                 kind, payload = ray.get(ref)
@@ -273,7 +273,7 @@ class _RayRun:
             ready, _ = self.ray.wait([ref], timeout=self.item_timeout)
             if not ready:
                 self.ray.cancel(ref, force=True)
-                yield self._crashed(self.items[i], f"timed out after {self.item_timeout:g} s")
+                yield self._crashed(self.items[i], timeout_reason(self.item_timeout))
                 continue
             try:
                 kind, payload = self.ray.get(ref)

@@ -34,7 +34,7 @@ from readers.schema import Skipped
 from ..errors import OptionError, SourceError
 from .rules import image_order, is_hidden, is_image_name
 
-__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "remote_chunksize", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD"]
+__all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "remote_chunksize", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD", "store_answers", "PROBE_SECONDS"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,6 +46,8 @@ RETRY_DELAY = 0.25
 #: Objects a worker keeps being read (by threads) ahead of the one it converts: an object store
 #: answers in tens of ms and a decode takes a few, so one read at a time leaves the core idle.
 READ_AHEAD = 16
+#: Seconds a store has to answer :func:`store_answers`.
+PROBE_SECONDS = 20.0
 #: Most inputs of a URL SRC sent to a pool worker at once (:func:`remote_chunksize`).
 REMOTE_CHUNK = 64
 #: Errors that are the object's, not the network's: never retried.
@@ -272,6 +274,47 @@ def _transient() -> tuple[type[BaseException], ...]:
     if botocore is not None:
         errors += (botocore.ConnectionError, botocore.HTTPClientError)
     return errors
+
+
+def store_answers(url: str, seconds: float | None = None) -> bool:
+    """Whether the store holding ``url`` answers a request about it within ``seconds`` (default
+    :data:`PROBE_SECONDS`): an answer that the object is missing or forbidden is an answer too.
+    Asked when an input of a URL SRC timed out, to tell a stalled store from an input that hangs
+    its decoder. http(s) is asked with a HEAD request of its own (fsspec's ``info`` turns a
+    connection that fails into "not found")."""
+    import threading
+
+    seconds = PROBE_SECONDS if seconds is None else seconds
+    answered: list[bool] = []
+
+    def ask() -> None:
+        if url[:8].lower().startswith(("http://", "https://")):
+            import urllib.error
+            import urllib.request
+
+            try:
+                urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=seconds).close()  # noqa: S310 - the user's SRC
+            except urllib.error.HTTPError:
+                pass  # (any status is an answer)
+            except (urllib.error.URLError, OSError, ValueError):
+                answered.append(False)
+                return
+            answered.append(True)
+            return
+        try:
+            fs, path = _filesystem_for(url)
+            fs.info(path)
+        except _unanswered():
+            answered.append(False)
+            return
+        except Exception:  # noqa: BLE001 - any other error is the store's answer
+            pass
+        answered.append(True)
+
+    asking = threading.Thread(target=ask, name="packer-store-probe", daemon=True)  # (a stalled request is left behind)
+    asking.start()
+    asking.join(seconds)
+    return bool(answered and answered[0])
 
 
 def _unanswered() -> tuple[type[BaseException], ...]:
