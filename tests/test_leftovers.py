@@ -62,6 +62,33 @@ def test_a_users_file_named_like_a_leftover_is_refused_and_kept(image_folder, tm
     assert tree(out) == before and sorted(p.name for p in out.iterdir()) == [name + suffix]
 
 
+def empty_journal(path: Path) -> None:
+    path.mkdir()
+
+
+def journal_record_of_mine(path: Path) -> None:
+    path.mkdir()
+    for name, text in (("journal.json", "x"), ("samples.i64", ""), ("names.jsonl", "")):
+        (path / name).write_text(text)
+
+
+@pytest.mark.parametrize("journal, named", [(empty_journal, "lacks the samples.i64 and names.jsonl every journal of packer's begins with"),
+                                            (journal_record_of_mine, "journal.json is not a journal packer wrote")])
+@pytest.mark.parametrize("name, fmt", [("d.lmdb", "lmdb"), ("d", "webdataset")])
+@pytest.mark.parametrize("extra", [[], ["--resume"], ["--overwrite"]])
+def test_a_journal_folder_of_no_journal_does_not_make_the_partial_folder_packers(image_folder, tmp_path, journal, named, name, fmt, extra):
+    """An empty DST.partial-journal folder, or one whose journal.json is no journal, made the
+    user's own DST.partial folder packer's leftover: removed without a word (a data-safety walkthrough)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    folder_of_mine(out / (name + ".partial"))
+    journal(out / (name + ".partial-journal"))
+    before = tree(out)
+    result = CliRunner().invoke(cli, ["convert", str(image_folder), str(out / name), "-f", fmt, "--size", "8", "-q", *extra])
+    assert result.exit_code != 0 and named in result.output and "move it away" in result.output, result.output
+    assert tree(out) == before and sorted(p.name for p in out.iterdir()) == [name + ".partial", name + ".partial-journal"]
+
+
 @pytest.mark.parametrize("name, fmt, overwrite", [("d.lmdb", "lmdb", False), ("d", "webdataset", False), ("d.blob", "blob", True), ("d.h5", "hdf5", True)])
 def test_the_users_permissions_on_dst_are_kept(image_folder, tmp_path, name, fmt, overwrite):
     """An empty private folder taken as DST, or a private file replaced with --overwrite, came
@@ -139,5 +166,7 @@ def test_an_older_packers_lock_beside_its_journal_is_taken_over(image_folder, tm
 
     (tmp_path / "d.lmdb.partial-lock").write_text("999999\n")
     (tmp_path / "d.lmdb.partial-journal").mkdir()
+    for name in ("samples.i64", "names.jsonl"):  # (as every journal begins: Journal.start)
+        (tmp_path / "d.lmdb.partial-journal" / name).touch()
     assert convert(image_folder, tmp_path / "d.lmdb", image=ImageOptions(size=8), workers=1).written == 18
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.lmdb"]

@@ -95,18 +95,34 @@ def foreign_leftover(tmp: Path) -> str | None:
     """Why ``tmp`` (``DST.partial``) or the journal folder beside it is not what a conversion of
     packer's leaves behind, so that starting over may not remove it; ``None`` when both are
     packer's or absent. Every run begins its journal before its partial output, so a partial
-    output with no journal beside it is someone else's, unless it is empty; a link is only a
-    link (removing it loses nothing)."""
+    output with no journal beside it is someone else's, unless it is empty, and so is a journal
+    folder without the two files every journal begins with, or whose record is not a journal's
+    (an empty folder, a file of the user's named journal.json: both let DST.partial be removed);
+    a link is only a link (removing it loses nothing)."""
     folder = journal_path(tmp)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         return f"{folder} is not a folder packer made"
     if folder.is_dir():
-        others = sorted(entry.name for entry in folder.iterdir() if entry.name not in JOURNAL_NAMES)
+        names = {entry.name for entry in folder.iterdir()}
+        others = sorted(names - JOURNAL_NAMES)
         if others:
             return f"{folder} holds {', '.join(map(repr, others[:3]))}{' ...' if len(others) > 3 else ''}, which packer's journal never does"
+        if not {ROWS_FILE, NAMES_FILE} <= names:  # (Journal.start makes both at once: an empty folder is someone's)
+            return f"{folder} lacks the {ROWS_FILE} and {NAMES_FILE} every journal of packer's begins with"
+        if JOURNAL_FILE in names and not _is_journal_record(folder / JOURNAL_FILE):
+            return f"{folder / JOURNAL_FILE} is not a journal packer wrote"
     elif tmp.exists() and not tmp.is_symlink() and (any(tmp.iterdir()) if tmp.is_dir() else tmp.stat().st_size):
         return f"{tmp} is not a conversion packer left (no journal beside it)"
     return None
+
+
+def _is_journal_record(path: Path) -> bool:
+    """Whether ``path`` reads as a checkpoint record (written whole: ``journal.tmp``, renamed)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "version" in data and "fingerprint" in data
 
 
 def listing_digest(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str] | None = None) -> str:
