@@ -83,6 +83,31 @@ def test_a_scan_the_decoder_ends_early_is_skipped(tmp_path, capfd):
     assert capfd.readouterr().err == ""
 
 
+def test_a_cut_jpeg_closed_or_zero_filled_is_skipped_and_a_whole_one_with_a_tail_is_not(tmp_path, capfd):
+    """Three cut copies were stored without a word (a data-safety walkthrough): cut, closed with an
+    end marker and followed by other bytes (Pillow's path: half grey), cut where a download had
+    preallocated zeros (no end marker: the zeros decoded as a picture), and the same closed with
+    its marker. A whole JPEG followed by a trailer or by zero padding converts."""
+    buffer = io.BytesIO()
+    _picture().save(buffer, "JPEG", quality=90)
+    whole = buffer.getvalue()
+    half = len(whole) // 2
+    for name, data, said in [
+        ("closed.jpg", whole[:half] + b"\xff\xd9" + whole[half:half + 100], "truncated: its JPEG data ends before the picture does"),
+        ("zeros.jpg", whole[:half] + bytes(len(whole) - half), f"truncated: its JPEG data ends in {len(whole) - half:,} zero bytes, not its"),
+        ("zeros_closed.jpg", whole[:half] + bytes(len(whole) - half) + b"\xff\xd9",
+         f"truncated: {len(whole) - half:,} zero bytes stand for its JPEG data before the end-of-image marker"),
+    ]:
+        result = convert_one(write(tmp_path / name, data))
+        assert isinstance(result, Failed) and result.reason.startswith(said), (name, result)
+    for name, data in (("trailer.jpg", whole + b"a camera's trailer" * 20), ("padded.jpg", whole + bytes(4096))):
+        assert isinstance(convert_one(write(tmp_path / name, data)), Encoded), name
+    from packer.preprocess.fetch import gpu_decodable  # (nvJPEG would decode the zeros: the CPU path says why not)
+
+    assert gpu_decodable(whole + bytes(4096), 10**6) and not gpu_decodable(whole[:half] + bytes(len(whole) - half) + b"\xff\xd9", 10**6)
+    assert capfd.readouterr().err == ""
+
+
 def test_what_a_failing_decoder_printed_is_in_the_skip_reason(tmp_path, capfd):
     result = convert_one(write(tmp_path / "odd.tif", damaged_deflate_tiff()))
     assert isinstance(result, Failed)

@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["decode", "to_uint8", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly"]
+__all__ = ["decode", "to_uint8", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly", "damage_printed", "zeros_at_end", "ZERO_RUN"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -78,13 +78,19 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
         if width < 1 or height < 1:
             raise DecodeError(f"image has no pixels ({width}x{height})")
         factor = reduction_for(height, width, target)
+        if image.format == "JPEG":
+            zeros, closed = zeros_at_end(data)
+            if zeros >= ZERO_RUN and not closed:  # a decoder takes zeros for data: a picture of nothing, no error
+                raise DecodeError(f"truncated: its JPEG data ends in {zeros:,} zero bytes, not its end-of-image marker "
+                                  "(a download or copy cut short)")
         if image.format == "JPEG" and image.mode in ("RGB", "L") and jpeg_ends_cleanly(data):
             pixels = _decode_opencv(data, grayscale, factor)
             if pixels is not None:
                 return pixels
-        elif image.format == "JPEG" and jpeg_ends_cleanly(data):  # CMYK: Pillow's libjpeg says nothing of a scan cut
-            cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_8)  # short (JPEG_CUT_SHORT): an eighth-
-            # size pass lets libjpeg print it to the captured fd 2 (a review found CMYK stored half grey where RGB was skipped)
+        elif image.format == "JPEG":  # CMYK, or data not ending with its marker: Pillow's libjpeg says nothing of a scan
+            cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_8)  # cut short (JPEG_CUT_SHORT) or of data
+            # that ran out (JPEG_RAN_OUT): an eighth-size pass lets libjpeg print it to the captured fd 2 (a review found CMYK
+            # stored half grey where RGB was skipped; a walkthrough, a file cut, closed and followed by other bytes)
         # While decoding, Pillow's own checks (a GIF frame, an ICO entry larger than the header
         # said) refuse at twice its limit, so its limit is the user's half: their --max-pixels.
         with warnings.catch_warnings(), _pillow_limit(max(1, max_pixels // 2)):
@@ -176,12 +182,43 @@ def to_uint8(image: Image.Image, grayscale: bool) -> np.ndarray:
 JPEG_CUT_SHORT = "premature end of data segment"
 
 
-def damage_printed(printed: str) -> str | None:
-    """Why an image the decoder returned is damaged, from what the decoder printed; ``None`` when
-    nothing it printed means missing pixels (extraneous bytes before a marker do not)."""
-    if JPEG_CUT_SHORT in printed.lower():
+#: ... and when the file ends before the end-of-image marker: the pixels decoded from what was there
+#: (zeros, where a download was preallocated) are no picture's.
+JPEG_RAN_OUT = "premature end of jpeg file"
+
+
+#: ... and when bytes are left over after the picture: harmless, unless they are a run of zeros
+#: just before the end marker, where the decoder took zeros for the picture's data (a download
+#: preallocated and cut short, then closed).
+JPEG_LEFT_OVER = "extraneous bytes before marker 0xd9"
+#: Zero bytes at a JPEG's end that make it a cut copy's (16 zero bytes are 128 zero bits of data).
+ZERO_RUN = 16
+
+
+def damage_printed(printed: str, data: bytes = b"") -> str | None:
+    """Why an image the decoder returned is damaged, from what the decoder printed (and the file's
+    ``data``); ``None`` when nothing it printed means missing pixels (extraneous bytes before a
+    marker do not, unless zeros stood in for the picture's data)."""
+    text = printed.lower()
+    if JPEG_CUT_SHORT in text:
         return "truncated: its JPEG data ends before the picture does"
+    if JPEG_RAN_OUT in text:
+        return "truncated: its JPEG data ends without the end-of-image marker"
+    if JPEG_LEFT_OVER in text:
+        zeros, closed = zeros_at_end(data)
+        if closed and zeros >= ZERO_RUN:
+            return f"truncated: {zeros:,} zero bytes stand for its JPEG data before the end-of-image marker (a download or copy cut short)"
     return None
+
+
+def zeros_at_end(data: bytes) -> tuple[int, bool]:
+    """How many zero bytes end ``data``'s JPEG data, and whether an end-of-image marker follows
+    them (zeros after the marker are padding, not counted)."""
+    body = data.rstrip(b"\x00")
+    if body.endswith(_JPEG_END):
+        inner = body[:-2]
+        return len(inner) - len(inner.rstrip(b"\x00")), True
+    return len(data) - len(body), False
 
 
 def jpeg_ends_cleanly(data: bytes) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from PIL import Image
 
-from .decode import jpeg_ends_cleanly
+from .decode import ZERO_RUN, jpeg_ends_cleanly, zeros_at_end
 from .members import MemberTask, ParquetRowTask
 from .task import Encoded, Failed, ImageTask
 
@@ -38,8 +38,9 @@ class Fetched:
 
 def gpu_decodable(data: bytes, max_pixels: int) -> bool:
     """Whether ``data`` is a JPEG the GPU path takes: complete, RGB or gray, within ``max_pixels``.
-    Anything else goes the CPU path, which also gives the exact skip reason of a bad file."""
-    if not jpeg_ends_cleanly(data):
+    Anything else goes the CPU path, which also gives the exact skip reason of a bad file (zeros
+    standing for the data before the end marker: a cut copy's, which nvJPEG would decode)."""
+    if not jpeg_ends_cleanly(data) or zeros_at_end(data)[0] >= ZERO_RUN:
         return False
     try:
         with Image.open(io.BytesIO(data)) as image:

@@ -114,7 +114,7 @@ class ImageTask(WorkUnit):
             except Exception as exc:  # noqa: BLE001 - hostile files break decoders in odd ways; recorded, not hidden
                 failure = f"cannot decode ({type(exc).__name__}: {describe_error(exc)})"
         if failure is None and printed.text:
-            failure = damage_printed(printed.text)
+            failure = damage_printed(printed.text, data)
         if failure is not None:
             return Failed(item.path, f"{failure} (the decoder printed: {printed.text})" if printed.text else failure)
         height, width, channels = pixels.shape
