@@ -182,7 +182,8 @@ def convert(
                 raise type(exc)(str(exc).replace(str(local), f"{dst} (staged in {local.parent})", 1)) from None
         return dataclasses.replace(report, dst=str(dst))
     given = Path(dst)
-    dst = given if executor == "local" else given.resolve()  # (tasks elsewhere see absolute paths)
+    through_link = given.is_symlink() and given.exists()  # the link's target is written, the link kept (it was replaced by a folder)
+    dst = given.resolve() if executor != "local" or through_link else given  # (tasks elsewhere see absolute paths)
     final = get_writer(fmt).destination(dst)
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)

@@ -366,3 +366,25 @@ def test_overwrite_of_a_shard_folder_needs_no_format(src, tmp_path):
     assert report.written == 18 and open_store(tmp_path / "d").meta.shape == (3, 16, 16)
     result = run("convert", src, tmp_path / "new", "--size", "12")  # nothing there: the name must say
     assert result.exit_code == 2 and "cannot tell the format from the name" in result.output
+
+
+@pytest.mark.parametrize("name, fmt", [("d.lmdb", "lmdb"), ("d.h5", "hdf5"), ("d", "webdataset")])
+def test_a_dst_that_is_a_link_writes_its_target_and_keeps_the_link(src, tmp_path, name, fmt):
+    """--overwrite of a link to a packer dataset replaced the link with a new folder beside it, the
+    target (on the disk the link pointed at) left with the old samples (a data-safety walkthrough)."""
+    from readers import open_dataset
+
+    disk = tmp_path / "other-disk"
+    disk.mkdir()
+    target = disk / name
+    convert(src, target, format=fmt, image=ImageOptions(size=8), workers=1)
+    link = tmp_path / name
+    link.symlink_to(target)
+    report = convert(src, link, format=fmt, image=ImageOptions(size=4), workers=1, overwrite=True)
+    assert link.is_symlink() and os.readlink(link) == str(target) and report.dst == link
+    assert open_dataset(target)[0][0].shape == (3, 4, 4) and sorted(p.name for p in disk.iterdir()) == [name]
+    empty = disk / "empty"
+    empty.mkdir()
+    (tmp_path / "e").symlink_to(empty)  # a link to an empty folder: a WebDataset written into it
+    convert(src, tmp_path / "e", format="webdataset", image=ImageOptions(size=4), workers=1)
+    assert (tmp_path / "e").is_symlink() and (empty / "packer.json").is_file()
