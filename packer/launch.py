@@ -15,6 +15,10 @@ numpy otherwise started a thread per core that spun a while at import, in the co
 and in its fork server alike, taking cores from the workers as they started. Set before anything
 imports numpy, so the fork server and the workers inherit it.
 
+The shared memory of a command killed with SIGKILL is removed by multiprocessing's resource
+tracker, which warned of it ("There appear to be 1 leaked shared_memory objects") on the
+terminal, past ``--quiet``: the command's processes take a ``-W`` option that silences that.
+
 A reader of its output that goes away (``packer convert ... 2>&1 | head``, a ``tee`` or pager
 closed, a terminal gone) no longer ends the command: its warnings, progress and summary then go
 nowhere and the work goes on to its end (:class:`_Unread`). A conversion piped to ``head`` had
@@ -30,10 +34,16 @@ import sys
 
 __all__ = ["main"]
 
+#: A ``-W`` option for the processes the command starts (multiprocessing passes ``sys.warnoptions``
+#: on): the resource tracker, which removes the shared memory of a command killed with SIGKILL,
+#: does so without printing a traceback-like warning that no user can act on.
+_QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
 
 def main() -> None:
     """Import the command with Ctrl-C held, then run it (or stop, if one came)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import: the module docstring
+    sys.warnoptions.append(_QUIET_TRACKER)  # (read when the tracker process starts: the module docstring)
     came: list[int] = []
 
     def hold(signum: int, _frame: object) -> None:

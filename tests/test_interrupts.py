@@ -288,3 +288,27 @@ def test_a_hang_up_that_nohup_ignores_stays_ignored() -> None:
     the user's choice, was replaced (a walkthrough). SIGTERM still interrupts."""
     done = subprocess.run([sys.executable, "-c", NOHUP], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["went", "on", "True", "interrupted"], (done.stdout, done.stderr)
+
+
+KILLED = textwrap.dedent("""
+    import os, signal, sys
+    sys.argv = ["packer", *sys.argv[1:]]
+    import packer.writers.base as base
+
+    def killed(self, *args, **kwargs):  # SIGKILL of the command itself, its pool's shared memory in use
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    base.Writer.progress = killed
+    from packer.launch import main
+    main()
+""")
+
+
+def test_a_command_killed_leaves_no_warning_of_its_shared_memory(tmp_path, image_folder) -> None:
+    """multiprocessing's resource tracker, which removes a killed command's shared memory, printed
+    'UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects' and its
+    source line, past --quiet (a data-safety walkthrough)."""
+    dst = tmp_path / "out.lmdb"
+    done = subprocess.run([sys.executable, "-c", KILLED, "convert", str(image_folder), str(dst), "--size", "8", "-q", "-j", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL and done.stderr == "", done.stderr
