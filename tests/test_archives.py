@@ -120,6 +120,38 @@ def test_unsafe_members_and_links_are_refused(image_folder, tmp_path):
     assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [("class_01/link.jpg", "a link inside the archive; not followed")]
 
 
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+def test_a_member_named_twice_and_a_device_or_fifo_member_are_recorded(image_folder, tmp_path, suffix):
+    """Both were left out without a word, the earlier of two members of one name replaced by the
+    later one (a data-safety walkthrough): a folder's FIFO named like an image was recorded, not theirs."""
+    files = class_files(image_folder)
+    archive = tmp_path / f"odd{suffix}"
+    with tarfile.open(archive, "w:gz" if suffix == ".tar.gz" else "w") as tar:
+        for name, data in [("class_00/x.jpg", files[0][1]), ("class_01/c.jpg", files[0][1]), ("class_01/c.jpg", files[1][1])]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, kind in [("class_00/dev.jpg", tarfile.CHRTYPE), ("class_00/fifo.jpg", tarfile.FIFOTYPE)]:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            tar.addfile(info)
+    result = run(archive, tmp_path / "o.lmdb")
+    assert result.exit_code == 0, result.output
+    samples, meta = lmdb_samples(tmp_path / "o.lmdb")
+    assert [(s["path"], s["reason"]) for s in meta["skipped"]] == [
+        ("class_00/dev.jpg", "not a regular file (a device or FIFO member)"),
+        ("class_00/fifo.jpg", "not a regular file (a device or FIFO member)"),
+        ("class_01/c.jpg", "member 2 of 3: the archive holds this name again later, and the last one is converted (as tar -x leaves it)")]
+    alone = tmp_path / "alone.tar"  # the one converted is the last, as tar -x leaves it
+    with tarfile.open(alone, "w") as tar:
+        for name, data in [("class_00/x.jpg", files[0][1]), ("class_01/c.jpg", files[1][1])]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert run(alone, tmp_path / "alone.lmdb").exit_code == 0
+    assert samples == lmdb_samples(tmp_path / "alone.lmdb")[0] and len(samples) == 2
+
+
 def test_damaged_and_unreadable_archives_are_one_line_errors(tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_bytes(b"PK\x03\x04 not really a zip")

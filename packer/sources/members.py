@@ -7,6 +7,7 @@ from __future__ import annotations
 import bz2
 import logging
 import os
+import posixpath
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -16,7 +17,7 @@ from readers.schema import Skipped
 from .images import ImageItem
 from .labels import safe_relative
 from .rules import is_hidden, is_image_name
-from .tarstream import Entry
+from .tarstream import SPECIAL, Entry
 
 __all__ = ["Member", "read_member", "safe_entries", "member_of", "stamp", "pread", "warn_unended"]
 
@@ -83,14 +84,28 @@ def safe_entries(entries: Iterable[Entry], skipped: list[Skipped], prefix: str =
                 folders.add("/".join(parts[:depth]))
         if entry.folder or any(is_hidden(part) for part in parts):
             continue
-        if entry.link or entry.method.startswith(("method", "encrypted")):
+        if entry.link or entry.method.startswith(("method", "encrypted")) or entry.method == SPECIAL:
             if is_image_name(parts[-1]) or name.lower().endswith(".tar"):
-                why = "a link inside the archive; not followed" if entry.link else f"zip member {entry.method}: not supported"
+                why = ("a link inside the archive; not followed" if entry.link else
+                       "not a regular file (a device or FIFO member)" if entry.method == SPECIAL else f"zip member {entry.method}: not supported")
                 skipped.append(Skipped(prefix + name, why))
             continue
         entry.name = name
         kept.append(entry)
-    return kept
+    return _last_of_each_name(kept, skipped, prefix)
+
+
+def _last_of_each_name(kept: list[Entry], skipped: list[Skipped], prefix: str) -> list[Entry]:
+    """``kept`` with one member per name, the last (the one ``tar -x`` leaves); an earlier image
+    of a name that comes again is recorded as skipped (the later one silently replaced it)."""
+    last = {entry.name: i for i, entry in enumerate(kept)}
+    if len(last) == len(kept):
+        return kept
+    for i, entry in enumerate(kept):
+        if last[entry.name] != i and (is_image_name(posixpath.basename(entry.name)) or entry.name.lower().endswith(".tar")):
+            skipped.append(Skipped(prefix + entry.name, f"member {i + 1} of {len(kept)}: the archive holds this name again later, "
+                                                        "and the last one is converted (as tar -x leaves it)"))
+    return [entry for i, entry in enumerate(kept) if last[entry.name] == i]
 
 
 def member_of(archive: str, entry: Entry, label: int, *, name: str | None = None, root: str | None = None,

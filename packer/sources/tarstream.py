@@ -27,12 +27,16 @@ from typing import Callable, Generator, Iterator
 from readers.formats.tar import BLOCK, read_header
 from readers.schema import PackedFormatError
 
-__all__ = ["Entry", "Listing", "list_tar", "stream_tar", "gzip_inflater", "READ_BYTES"]
+__all__ = ["Entry", "Listing", "list_tar", "stream_tar", "gzip_inflater", "READ_BYTES", "SPECIAL"]
 
 #: Compressed bytes read (and inflated) per step.
 READ_BYTES = 1 << 20
 _ZERO_BLOCK = bytes(BLOCK)
 _MAGIC = {b"\x1f\x8b": "gzip", b"BZ": "bzip2", b"\xfd7": "xz"}
+
+
+#: The method of a member that is a device or a FIFO: no file to convert.
+SPECIAL = "special"
 
 
 @dataclass
@@ -69,7 +73,8 @@ class _Names:
 
     def entry(self, name: str, kind: bytes, offset: int, size: int, extension: Callable[[], bytes]) -> Entry | None:
         """The member this header describes (``None`` for an extension header, read through
-        ``extension()``, or a member that is neither a file, a folder nor a link)."""
+        ``extension()``, or a member of a type tar does not define); a device or FIFO member
+        is listed with :data:`SPECIAL` for its method (it holds no bytes)."""
         if kind == b"x":
             records = _pax(extension())
             self.name = records.get("path", self.name)
@@ -85,7 +90,9 @@ class _Names:
             return Entry(name, offset, folder=True)
         if kind in (b"0", b"\0", b"7"):
             return Entry(name, offset, size)
-        return Entry(name, link=True) if kind in (b"1", b"2") else None
+        if kind in (b"1", b"2"):
+            return Entry(name, link=True)
+        return Entry(name, method=SPECIAL) if kind in (b"3", b"4", b"6") else None
 
 
 class Listing(list):
@@ -161,7 +168,7 @@ def _stream_entries(stream: _Stream, keep: Callable[[str], bool], budget: Callab
         name, size, kind = names.header(block, at)
         padded = size + (-size % BLOCK)
         entry = names.entry(name, kind, stream.offset, size, lambda: stream.exactly(size, name))
-        if entry is not None and not entry.link and not entry.folder and keep(entry.name):
+        if entry is not None and not entry.link and not entry.folder and entry.method != SPECIAL and keep(entry.name):
             entry.data = stream.exactly(size, name)
             held += size
             budget(held)
