@@ -1,14 +1,33 @@
-"""The click command class of every ``packer`` command: an option given twice is refused.
+"""The click command class of every ``packer`` command: an option given twice is refused, and
+a peer tool's option is answered with packer's way of doing it.
 
 click keeps the last value of a one-value option typed twice (``--size 224 ... --size 128``)
 and drops the first without a word; packer's options are used or refused, so the command line
-is refused, in one line, naming the option."""
+is refused, in one line, naming the option. An option of FFCV, LitData or MosaicML Streaming
+that packer does not have got click's nearest name, which can mislead: ``--max-res`` was
+offered ``--max-pixels``, which skips larger images where FFCV's ``max_resolution`` shrinks
+them (:data:`PEER_OPTIONS`)."""
 
 from __future__ import annotations
 
 import click
 
-__all__ = ["OnceCommand"]
+__all__ = ["OnceCommand", "PEER_OPTIONS"]
+
+_NO_MAX_RESOLUTION = ("packer has no max_resolution (FFCV's, which shrinks larger images): --size N --resize-mode shorter "
+                      "stores the shorter side at N (shapes vary), --size N a fixed N x N; --max-pixels skips larger images instead")
+#: Options of peer tools packer does not have, and what to use: (the option it applies with, or
+#: ``None``; the line). The option must be the command's for the line to be said.
+PEER_OPTIONS: dict[str, tuple[str | None, str]] = {
+    "--max-res": ("--size", _NO_MAX_RESOLUTION),
+    "--max-resolution": ("--size", _NO_MAX_RESOLUTION),
+    "--compress-probability": ("--encoding", "packer has no compress_probability (FFCV's): --encoding jpeg stores every image "
+                                             "as a JPEG (--quality), raw (the default) stores pixels"),
+    "--jpeg-quality": ("--quality", "use --quality (with --encoding jpeg)"),
+    "--num-workers": ("--workers", "use --workers (-j)"),
+    "--chunk-bytes": ("--shard-bytes", "use --shard-bytes (WebDataset output; LitData's chunk_bytes)"),
+    "--size-limit": ("--shard-bytes", "use --shard-bytes (WebDataset output; MosaicML Streaming's size_limit)"),
+}
 
 
 class OnceCommand(click.Command):
@@ -17,12 +36,26 @@ class OnceCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not ctx.resilient_parsing:
+            _answer_peer_options(self, args)
             _refuse_repeats(self, ctx, args)
         return super().parse_args(ctx, args)
 
 
 class _GivenTwice(click.ClickException):
+    """An option refused (given twice, or a peer tool's): one line, exit 2."""
+
     exit_code = 2  # an option error, as packer's others (one line, no usage block)
+
+
+def _answer_peer_options(command: click.Command, args: list[str]) -> None:
+    """Refuse a peer tool's option (:data:`PEER_OPTIONS`) with packer's way, where it applies."""
+    known = {name for param in command.params for name in getattr(param, "opts", ())}
+    for arg in args:
+        if arg == "--":
+            return
+        name = arg.split("=", 1)[0]
+        if name in PEER_OPTIONS and name not in known and PEER_OPTIONS[name][0] in known:
+            raise _GivenTwice(f"{name}: no such option; {PEER_OPTIONS[name][1]}")
 
 
 def _refuse_repeats(command: click.Command, ctx: click.Context, args: list[str]) -> None:
