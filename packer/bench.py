@@ -19,6 +19,7 @@ recommendation in :mod:`packer.bench_report`. The names of both stay importable 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import re
 import shutil
@@ -206,7 +207,7 @@ def run_bench(
     (:func:`undecodable`) and counted per pipeline in ``BenchReport.skipped``. Temporary files
     go under ``tmp_dir`` (default: the system's) and are removed on return, on error and on Ctrl-C.
     """
-    from .writers import WRITERS, get_writer
+    from .writers import WRITERS
 
     image = image if image is not None else ImageOptions()
     formats = list(WRITERS) if formats is None else list(formats)
@@ -233,25 +234,12 @@ def run_bench(
         converted: dict[str, tuple[Path, float, int]] = {}
         skips: dict[str, list[Skipped]] = {}
         pending: list[tuple[str, BenchRow | None]] = []
-        for name in formats:
-            label = f"{name} ({image.encoding})"
-            try:
-                get_writer(name)
-            except (ImportError, AttributeError) as exc:
-                pending.append((name, BenchRow(label, "", None, note=f"skipped: writer not available ({exc})")))
-                continue
-            from .api import convert
-
-            dst = tmp / f"data{SUFFIX[name]}"
-            say(f"converting {len(items):,} images to {name}")
-            try:
-                done = convert(tmp / "sample", dst, format=name, image=image, workers=cores)
-            except Exception as exc:  # noqa: BLE001 - one format failing must not hide the others; reported
-                pending.append((name, BenchRow(label, "", None, note=f"failed to convert ({type(exc).__name__}: {exc})")))
-                continue
-            converted[name] = (dst, done.images_per_second, disk_bytes(dst))
-            skips[label] = list(done.skipped)
-            pending.append((name, None))
+        once = _SaidOnce(str(tmp / "sample"), str(src))
+        logging.getLogger("packer").addFilter(once)
+        try:
+            _convert_each(formats, items, image, cores, tmp, converted, skips, pending, say)
+        finally:
+            logging.getLogger("packer").removeFilter(once)
 
         # the raw folder reads what the conversions wrote: the same images on both sides
         left_out = undecodable(items, tmp / "sample", image, cores, list(skips.values()))
@@ -290,3 +278,48 @@ def run_bench(
         return report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_each(formats: Sequence[str], items: Sequence[tuple[str, int]], image: ImageOptions, cores: int, tmp: Path,
+                  converted: dict[str, tuple[Path, float, int]], skips: dict[str, list[Skipped]],
+                  pending: list[tuple[str, "BenchRow | None"]], say: Callable[[str], None]) -> None:
+    """Convert the sample to each format: its output, rate and size into ``converted``, its skips
+    into ``skips``, and a row for each format (a placeholder where it converted) into ``pending``."""
+    from .api import convert
+    from .writers import get_writer
+
+    for name in formats:
+        label = f"{name} ({image.encoding})"
+        try:
+            get_writer(name)
+        except (ImportError, AttributeError) as exc:
+            pending.append((name, BenchRow(label, "", None, note=f"skipped: writer not available ({exc})")))
+            continue
+        dst = tmp / f"data{SUFFIX[name]}"
+        say(f"converting {len(items):,} images to {name}")
+        try:
+            done = convert(tmp / "sample", dst, format=name, image=image, workers=cores)
+        except Exception as exc:  # noqa: BLE001 - one format failing must not hide the others; reported
+            pending.append((name, BenchRow(label, "", None, note=f"failed to convert ({type(exc).__name__}: {exc})")))
+            continue
+        converted[name] = (dst, done.images_per_second, disk_bytes(dst))
+        skips[label] = list(done.skipped)
+        pending.append((name, None))
+
+
+class _SaidOnce(logging.Filter):
+    """The conversions' warnings of their inputs' sizes (the enlargement) once, not once per
+    format, naming the user's SRC rather than the bench's scratch copy of its sample."""
+
+    def __init__(self, scratch: str, src: str) -> None:
+        super().__init__()
+        self.scratch, self.src, self.said = scratch, src, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "will be enlarged" not in str(record.msg):
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.args = tuple(arg.replace(self.scratch, self.src, 1) if isinstance(arg, str) else arg for arg in record.args or ())
+        return True

@@ -105,3 +105,13 @@ def test_doctor_leaves_out_the_damaged_image_its_sample_found_and_says_so(tmp_pa
     report = json.loads(out.read_text())
     assert [entry["path"] for entry in report["skipped"]] == ["class_00/broken.jpg"]
     assert report["diagnosis"]["alternatives"][0]["label"] == "packed blob (4 images)"
+
+
+def test_bench_warns_of_enlargement_once_naming_the_source(tmp_path: Path, caplog) -> None:
+    """Each format's conversion warned, naming the bench's scratch copy (/tmp/packer-bench-*/sample/...):
+    four times with -q (an FFCV user's walkthrough)."""
+    src = make_image_folder(tmp_path / "small", classes=2, per_class=3, size=(20, 20))
+    with caplog.at_level("WARNING", logger="packer"):
+        run_bench(src, sample=6, image=ImageOptions(size=32), formats=["blob", "lmdb"], workers=1, seconds=0.05, repeats=1, tmp_dir=tmp_path)
+    said = [r.getMessage() for r in caplog.records if "will be enlarged" in r.getMessage()]
+    assert len(said) == 1 and f"(e.g. {src}/class_00/" in said[0] and "packer-bench-" not in said[0], said
