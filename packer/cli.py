@@ -177,7 +177,7 @@ def cli() -> None:
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=DEFAULT_ITEM_TIMEOUT, show_default=True, help="Seconds one input (an image, a document) may take; a slower one (a hung decoder) is skipped.")
 @click.option("--compression", type=click.Choice(COMPRESSIONS), help="HDF5 only: lossless compression filter (default: none).")
 @click.option("--shard-size", type=click.IntRange(1), help="WebDataset only: samples per shard.")
-@click.option("--shard-bytes", type=click.IntRange(1), help="WebDataset only: payload bytes per shard (at most).")
+@click.option("--shard-bytes", metavar="BYTES", help="WebDataset only: payload bytes per shard (at most): 1000000, 64MB, 1GiB.")
 @click.option("--kind", type=click.Choice(KINDS), help="image or text (default: text for a folder of .txt/.jsonl/.ndjson files, or of .parquet files without an image column, and no images).")
 @click.option("--tokenizer", default="bytes", show_default=True, help="Text: 'bytes' (UTF-8, EOS 256), a tokenizer.json, or a SentencePiece .model.")
 @click.option("--lines", is_flag=True, help="Text: one document per non-empty line of .txt files.")
@@ -208,7 +208,7 @@ def convert(
     timeout: float,
     compression: str | None,
     shard_size: int | None,
-    shard_bytes: int | None,
+    shard_bytes: str | None,
     kind: str | None,
     tokenizer: str,
     lines: bool,

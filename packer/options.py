@@ -64,6 +64,23 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+_BYTE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_BYTES = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
+
+
+def byte_count(value: Any) -> int | None:
+    """A number of bytes: an integer, or text such as ``"64MB"``, ``"1.5 GB"``, ``"512KiB"``
+    (decimal and binary units, LitData's ``chunk_bytes`` spelling); ``None`` if it is none."""
+    whole = as_int(value)
+    if whole is not None or not isinstance(value, str):
+        return whole
+    found = _BYTES.fullmatch(value)
+    if found is None:
+        return None
+    amount = float(found.group(1)) * _BYTE_UNITS[(found.group(2) or "").lower()]
+    return int(amount) if amount == int(amount) or amount >= 1 else None
+
+
 def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
     """``224`` -> (224, 224); ``"160x224"`` -> (160, 224) as (height, width); integers may be
     numpy's or torch's, a pair a numpy array or tensor."""
@@ -223,7 +240,8 @@ class StorageOptions:
     """Format-specific knobs of the writer (one given for another format is refused by :func:`packer.convert`).
 
     ``compression``: HDF5 lossless filter (``gzip`` or ``lzf``), off by default.
-    ``shard_size`` / ``shard_bytes``: WebDataset shard bounds in samples / payload bytes.
+    ``shard_size`` / ``shard_bytes``: WebDataset shard bounds in samples / payload bytes (an
+    integer, or text: ``"64MB"``, ``"1GiB"``).
     """
 
     compression: str | None = None
@@ -233,11 +251,12 @@ class StorageOptions:
     def __post_init__(self) -> None:
         if self.compression is not None and self.compression not in COMPRESSIONS:
             raise OptionError(f"--compression: unknown filter {self.compression!r} (choose from: {', '.join(COMPRESSIONS)})")
-        for name in ("shard_size", "shard_bytes"):
-            value = getattr(self, name)
-            if value is not None and (as_int(value) or 0) <= 0:
-                raise OptionError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")
-            object.__setattr__(self, name, None if value is None else as_int(value))
+        if self.shard_size is not None and (as_int(self.shard_size) or 0) <= 0:
+            raise OptionError(f"--shard-size: must be a positive integer, got {self.shard_size!r}")
+        if self.shard_bytes is not None and (byte_count(self.shard_bytes) or 0) <= 0:
+            raise OptionError(f"--shard-bytes: must be a positive number of bytes (as 1000000, 64MB or 1GiB), got {self.shard_bytes!r}")
+        object.__setattr__(self, "shard_size", None if self.shard_size is None else as_int(self.shard_size))
+        object.__setattr__(self, "shard_bytes", None if self.shard_bytes is None else byte_count(self.shard_bytes))
 
 
 #: ``--eos none``: store documents back to back with no separator token.

@@ -71,6 +71,25 @@ def test_storage_and_run_options_refuse_booleans():
         RunOptions(workers=True)
 
 
+def test_shard_bytes_takes_the_spellings_of_sizes(src, tmp_path):
+    """'64MB' was refused ('not a valid integer range'), LitData's chunk_bytes spelling (a
+    Streaming/LitData user's walkthrough): decimal and binary units, from Python and the command."""
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    assert [StorageOptions(shard_bytes=v).shard_bytes for v in ("64MB", "1.5 GB", "512KiB", "1GiB", "1e6", 7, np.int64(9))] == [
+        64_000_000, 1_500_000_000, 524_288, 2**30, 1_000_000, 7, 9]
+    for wrong in ("64 parsecs", "0MB", True, "-1"):
+        with pytest.raises(OptionError, match=r"^--shard-bytes: must be a positive number of bytes \(as 1000000, 64MB or 1GiB\), got "):
+            StorageOptions(shard_bytes=wrong)
+    for name, bound in (("s", "1KB"), ("n", "1000")):
+        result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / name), "-f", "webdataset", "--size", "8", "--shard-bytes", bound, "-q"])
+        assert result.exit_code == 0, result.output
+    shards = lambda name: sorted(p.read_bytes() for p in (tmp_path / name).glob("*.tar"))  # noqa: E731
+    assert len(shards("s")) > 1 and shards("s") == shards("n")
+
+
 @pytest.mark.parametrize("dst", ["w.lmdb", "w.h5"])
 def test_a_sink_for_a_format_that_takes_none_is_refused(src, tmp_path, dst):
     with pytest.raises(OptionError, match=r"^sink: applies to blob and webdataset output only, not (lmdb|hdf5); drop it$"):
