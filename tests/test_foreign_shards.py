@@ -111,6 +111,10 @@ def test_one_shard_as_src_is_read_as_shards_are(tmp_path):
     assert [read[i][1] for i in range(2)] == [2, 0] and read.classes == [] and read.meta.labeled
     flat = shard(tmp_path / "flat.tar", [("000.jpg", PICTURES[0]), ("000.json", b"{}"), ("001.jpg", PICTURES[1]), ("001.json", b"{}")])
     assert convert(flat, tmp_path / "flat.lmdb", image=ImageOptions(size=8), workers=1).written == 2  # (img2dataset's, unlabeled)
+    photos = shard(tmp_path / "photos.tar", [("2019.05.01 beach.jpg", PICTURES[0]), ("2019.05.01 beach.jpg.json", b"{}"),
+                                             ("2019.05.02 sea.jpg", PICTURES[1]), ("2019.06.01 park.jpg", PICTURES[2]), ("cat.jpg", PICTURES[3])])
+    report = convert(photos, tmp_path / "photos.lmdb", image=ImageOptions(size=8), workers=1)  # a tar of photos (one key, 2019)
+    assert report.written == 4 and not report.skipped
     classes = shard(tmp_path / "classes.tar", [("cat/a.jpg", PICTURES[0]), ("cat/a.json", b"{}"), ("dog/b.jpg", PICTURES[1])])
     assert LMDBDataset(convert(classes, tmp_path / "c.lmdb", image=ImageOptions(size=8), workers=1).dst).classes == ["cat", "dog"]
     ours = tmp_path / "ours"  # packer's own raw shards: class names, and (C, H, W) .npy payloads

@@ -62,14 +62,17 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
 
 def is_shard(entries: list[Entry]) -> bool:
     """Whether the safe ``entries`` of one tar are WebDataset samples rather than image files: a
-    ``.cls`` label member, or, in a tar without folders, an image sharing its key with a member
-    that is no image (``KEY.jpg`` beside ``KEY.json``, as img2dataset writes)."""
+    ``.cls`` label member, or, in a tar without folders, every image the only one of its key and
+    beside a member that is no image (``KEY.jpg`` and ``KEY.json``, as img2dataset writes). A flat
+    tar of photos stays a tar of images: ``2019.05.01 beach.jpg`` and ``2019.05.02 sea.jpg`` share
+    the key ``2019``, and a photo's ``.jpg.json`` sidecar (Google Takeout's) makes no sample."""
     if any(e.name.lower().endswith(".cls") for e in entries):
         return True
     if any("/" in e.name for e in entries):
         return False
-    return any(any(not is_image_name(e.name) for e in group) and any(is_image_name(e.name) for e in group)
-               for _, group in _samples(entries))
+    groups = [[is_image_name(e.name) for e in group] for _, group in _samples(entries)]
+    with_images = [kinds for kinds in groups if any(kinds)]
+    return bool(with_images) and all(sum(kinds) == 1 and not all(kinds) for kinds in with_images)
 
 
 def scan_shard(archive: str, entries: list[Entry], skipped: list[Skipped]) -> ImageFolder:
