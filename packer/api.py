@@ -182,8 +182,12 @@ def convert(
                 raise type(exc)(str(exc).replace(str(local), f"{dst} (staged in {local.parent})", 1)) from None
         return dataclasses.replace(report, dst=str(dst))
     given = Path(dst)
-    through_link = given.is_symlink() and given.exists()  # the link's target is written, the link kept (it was replaced by a folder)
-    dst = given.resolve() if executor != "local" or through_link else given  # (tasks elsewhere see absolute paths)
+    written = get_writer(fmt).destination(given)  # (a WebDataset pattern's: its folder)
+    through_link = written.is_symlink() and written.exists()  # the link's target is written, the link kept (it was replaced by a folder)
+    if executor != "local" or through_link:  # (tasks elsewhere see absolute paths)
+        dst = given.resolve() if written == given else written.resolve() / given.name
+    else:
+        dst = given
     final = get_writer(fmt).destination(dst)
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)

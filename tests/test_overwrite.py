@@ -388,3 +388,5 @@ def test_a_dst_that_is_a_link_writes_its_target_and_keeps_the_link(src, tmp_path
     (tmp_path / "e").symlink_to(empty)  # a link to an empty folder: a WebDataset written into it
     convert(src, tmp_path / "e", format="webdataset", image=ImageOptions(size=4), workers=1)
     assert (tmp_path / "e").is_symlink() and (empty / "packer.json").is_file()
+    convert(src, tmp_path / "e" / "shard-%06d.tar", format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
+    assert (tmp_path / "e").is_symlink() and open_dataset(empty)[0][0].shape == (3, 8, 8)  # a pattern in a linked folder (a review)
