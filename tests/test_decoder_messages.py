@@ -100,8 +100,13 @@ def test_a_cut_jpeg_closed_or_zero_filled_is_skipped_and_a_whole_one_with_a_tail
     ]:
         result = convert_one(write(tmp_path / name, data))
         assert isinstance(result, Failed) and result.reason.startswith(said), (name, result)
-    for name, data in (("trailer.jpg", whole + b"a camera's trailer" * 20), ("padded.jpg", whole + bytes(4096))):
-        assert isinstance(convert_one(write(tmp_path / name, data)), Encoded), name
+    thumbnail = b"Exif\0\0" + b"\xff\xd8\xff\xda\0\x02" + bytes(64) + b"\xff\xd9"  # an APP1 holding a JPEG's markers
+    with_thumbnail = whole[:2] + b"\xff\xe1" + (len(thumbnail) + 2).to_bytes(2, "big") + thumbnail + whole[2:]
+    result = convert_one(write(tmp_path / "thumb_cut.jpg", with_thumbnail[:half + 80] + bytes(len(whole) - half)))
+    assert isinstance(result, Failed) and "zero bytes, not its end-of-image marker" in result.reason, result  # (not the thumbnail's)
+    for name, data in (("trailer.jpg", whole + b"a camera's trailer" * 20), ("padded.jpg", whole + bytes(4096)),
+                       ("trailer_padded.jpg", whole + b"SEFT" * 8 + bytes(32)), ("thumb.jpg", with_thumbnail + b"SEFT" + bytes(64))):
+        assert isinstance(convert_one(write(tmp_path / name, data)), Encoded), name  # (the last two: a diff review)
     from packer.preprocess.fetch import gpu_decodable  # (nvJPEG would decode the zeros: the CPU path says why not)
 
     assert gpu_decodable(whole + bytes(4096), 10**6) and not gpu_decodable(whole[:half] + bytes(len(whole) - half) + b"\xff\xd9", 10**6)

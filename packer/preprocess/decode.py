@@ -8,8 +8,10 @@ Two decoders, one result:
 * Everything else (PNG, GIF's first frame, BMP, TIFF, WebP, CMYK JPEGs, 16-bit, palette,
   alpha) goes through Pillow, which also gives the definitive error for a damaged file.
 
-A JPEG whose data does not end with the end-of-image marker is treated as suspect and sent to
-Pillow, which raises on truncation; some decoders instead return a half-grey image silently.
+A JPEG whose picture does not end with the end-of-image marker (:func:`picture_end`: a trailer may
+follow it) is treated as suspect and sent to Pillow, which raises on truncation; some decoders
+instead return a half-grey image silently. One whose data runs into zeros (a preallocated
+download cut short) is refused before either decodes it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["decode", "to_uint8", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly", "damage_printed", "zeros_at_end", "ZERO_RUN"]
+__all__ = ["decode", "to_uint8", "DecodeError", "reduction_for", "describe_error", "too_many_pixels", "jpeg_ends_cleanly", "damage_printed", "zeros_at_end", "picture_end", "ZERO_RUN"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -78,19 +80,17 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
         if width < 1 or height < 1:
             raise DecodeError(f"image has no pixels ({width}x{height})")
         factor = reduction_for(height, width, target)
-        if image.format == "JPEG":
-            zeros, closed = zeros_at_end(data)
-            if zeros >= ZERO_RUN and not closed:  # a decoder takes zeros for data: a picture of nothing, no error
-                raise DecodeError(f"truncated: its JPEG data ends in {zeros:,} zero bytes, not its end-of-image marker "
-                                  "(a download or copy cut short)")
-        if image.format == "JPEG" and image.mode in ("RGB", "L") and jpeg_ends_cleanly(data):
+        closed = image.format == "JPEG" and (jpeg_ends_cleanly(data) or picture_end(data) is not None)
+        if image.format == "JPEG" and not closed and zeros_at_end(data)[0] >= ZERO_RUN:  # a decoder takes zeros for data
+            raise DecodeError(f"truncated: its JPEG data ends in {zeros_at_end(data)[0]:,} zero bytes, not its end-of-image "
+                              "marker (a download or copy cut short)")
+        if closed and image.mode in ("RGB", "L"):  # (a trailer after the marker is no concern of the decoder's)
             pixels = _decode_opencv(data, grayscale, factor)
             if pixels is not None:
                 return pixels
-        elif image.format == "JPEG":  # CMYK, or data not ending with its marker: Pillow's libjpeg says nothing of a scan
-            cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_8)  # cut short (JPEG_CUT_SHORT) or of data
-            # that ran out (JPEG_RAN_OUT): an eighth-size pass lets libjpeg print it to the captured fd 2 (a review found CMYK
-            # stored half grey where RGB was skipped; a walkthrough, a file cut, closed and followed by other bytes)
+        elif closed:  # CMYK: Pillow's libjpeg says nothing of a scan cut short (JPEG_CUT_SHORT): an eighth-size pass lets
+            cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_8)  # libjpeg print it to the captured
+            # fd 2 (a review found CMYK stored half grey where RGB was skipped)
         # While decoding, Pillow's own checks (a GIF frame, an ICO entry larger than the header
         # said) refuse at twice its limit, so its limit is the user's half: their --max-pixels.
         with warnings.catch_warnings(), _pillow_limit(max(1, max_pixels // 2)):
@@ -182,9 +182,6 @@ def to_uint8(image: Image.Image, grayscale: bool) -> np.ndarray:
 JPEG_CUT_SHORT = "premature end of data segment"
 
 
-#: ... and when the file ends before the end-of-image marker: the pixels decoded from what was there
-#: (zeros, where a download was preallocated) are no picture's.
-JPEG_RAN_OUT = "premature end of jpeg file"
 
 
 #: ... and when bytes are left over after the picture: harmless, unless they are a run of zeros
@@ -202,12 +199,33 @@ def damage_printed(printed: str, data: bytes = b"") -> str | None:
     text = printed.lower()
     if JPEG_CUT_SHORT in text:
         return "truncated: its JPEG data ends before the picture does"
-    if JPEG_RAN_OUT in text:
-        return "truncated: its JPEG data ends without the end-of-image marker"
     if JPEG_LEFT_OVER in text:
         zeros, closed = zeros_at_end(data)
         if closed and zeros >= ZERO_RUN:
             return f"truncated: {zeros:,} zero bytes stand for its JPEG data before the end-of-image marker (a download or copy cut short)"
+    return None
+
+
+def picture_end(data: bytes) -> int | None:
+    """Where a JPEG's picture ends: the offset of the end-of-image marker after its first scan
+    (found by walking the marker segments, so an EXIF thumbnail's marker is passed over), or
+    ``None`` when the file has none: its data runs to the end of the file. Coded data holds no
+    ``FF D9`` (a coded ``FF`` is followed by ``00``), so the first one after the scan begins is it;
+    what follows it (a camera's trailer, padding) is not the picture's."""
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # (fill bytes before a marker)
+            at += 1
+        elif marker == 0xDA:  # the first scan
+            end = data.find(_JPEG_END, at)
+            return end if end >= 0 else None
+        elif marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # markers without a length
+            at += 2
+        else:
+            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
     return None
 
 
