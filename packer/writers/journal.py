@@ -96,9 +96,10 @@ def foreign_leftover(tmp: Path) -> str | None:
     packer's leaves behind, so that starting over may not remove it; ``None`` when both are
     packer's or absent. Every run begins its journal before its partial output, so a partial
     output with no journal beside it is someone else's, unless it is empty, and so is a journal
-    folder without the two files every journal begins with, or whose record is not a journal's
-    (an empty folder, a file of the user's named journal.json: both let DST.partial be removed);
-    a link is only a link (removing it loses nothing)."""
+    folder whose record is not a journal's (a file of the user's named journal.json), or, beside
+    a partial output holding something, one without the two files every journal begins with (an
+    empty folder made DST.partial packer's to remove); a link is only a link (removing it loses
+    nothing)."""
     folder = journal_path(tmp)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         return f"{folder} is not a folder packer made"
@@ -107,13 +108,19 @@ def foreign_leftover(tmp: Path) -> str | None:
         others = sorted(names - JOURNAL_NAMES)
         if others:
             return f"{folder} holds {', '.join(map(repr, others[:3]))}{' ...' if len(others) > 3 else ''}, which packer's journal never does"
-        if not {ROWS_FILE, NAMES_FILE} <= names:  # (Journal.start makes both at once: an empty folder is someone's)
-            return f"{folder} lacks the {ROWS_FILE} and {NAMES_FILE} every journal of packer's begins with"
         if JOURNAL_FILE in names and not _is_journal_record(folder / JOURNAL_FILE):
             return f"{folder / JOURNAL_FILE} is not a journal packer wrote"
-    elif tmp.exists() and not tmp.is_symlink() and (any(tmp.iterdir()) if tmp.is_dir() else tmp.stat().st_size):
+        if not {ROWS_FILE, NAMES_FILE} <= names and _holds_something(tmp):  # (Journal.start makes both at once: a journal
+            return f"{folder} lacks the {ROWS_FILE} and {NAMES_FILE} every journal of packer's begins with"  # killed between, or
+            # half removed, has no partial output to lose)
+    elif _holds_something(tmp):
         return f"{tmp} is not a conversion packer left (no journal beside it)"
     return None
+
+
+def _holds_something(tmp: Path) -> bool:
+    """Whether the partial output ``tmp`` is there with something in it (a link is only a link)."""
+    return tmp.exists() and not tmp.is_symlink() and bool(any(tmp.iterdir()) if tmp.is_dir() else tmp.stat().st_size)
 
 
 def _is_journal_record(path: Path) -> bool:
