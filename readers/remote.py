@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
-__all__ = ["is_url", "open_shard", "open_http", "read_url", "ShardCache", "GOPEN_SCHEMES", "STALL_SECONDS"]
+__all__ = ["is_url", "open_shard", "open_http", "http_request", "read_url", "ShardCache", "GOPEN_SCHEMES", "STALL_SECONDS"]
 
 #: Schemes the webdataset library's ``gopen`` opens itself (the rest go to fsspec).
 GOPEN_SCHEMES = frozenset({"", "file", "pipe", "http", "https"})
@@ -98,22 +98,31 @@ class _HTTPBody(io.RawIOBase):
         super().close()
 
 
+def http_request(url: str, method: str = "GET") -> Any:
+    """A ``urllib.request.Request`` for ``url``, ``user:password@`` in it sent as basic
+    authentication (urllib takes it for the host's name and refuses the URL)."""
+    import base64
+    import urllib.request
+
+    parts = urlparse(url)
+    if parts.username is None:
+        return urllib.request.Request(url, method=method)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    request = urllib.request.Request(parts._replace(netloc=netloc).geturl(), method=method)
+    token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    return request
+
+
 def open_http(url: str) -> BinaryIO:
     """The body of ``url``, opened with up to :data:`HTTP_TRIES` tries, :data:`RETRY_DELAY` s
     apart, then twice as long each time (a 4xx answer is not tried again; a 404 is a
     ``FileNotFoundError``; nothing for :data:`STALL_SECONDS` is an ``OSError`` at once);
     ``user:password@`` in the URL is sent as basic authentication."""
-    import base64
     import urllib.error
     import urllib.request
 
-    parts = urlparse(url)
-    request = urllib.request.Request(url)
-    if parts.username is not None:  # (urllib takes user:password@ for the host's name)
-        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-        request = urllib.request.Request(parts._replace(netloc=netloc).geturl())
-        token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
+    request = http_request(url)
     for attempt in range(HTTP_TRIES):
         last = attempt == HTTP_TRIES - 1
         try:
@@ -124,7 +133,7 @@ def open_http(url: str) -> BinaryIO:
             if exc.code < 500 or last:
                 raise error(f"{url}: the server answered HTTP {exc.code} ({exc.reason})") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:  # refused, no such host, timed out
-            if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            if isinstance(exc, TimeoutError):  # (connected, and no answer: a connect that timed out is a URLError, tried again)
                 raise OSError(f"{url}: nothing arrived for {STALL_SECONDS:g} s: the server stalled") from None
             if last:
                 raise OSError(f"{url}: cannot be read ({getattr(exc, 'reason', exc)}), after {HTTP_TRIES} tries") from None

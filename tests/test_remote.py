@@ -872,3 +872,5 @@ def test_an_http_src_whose_server_stalls_stops_resumably_not_skipping_every_inpu
         server.shutdown()
         server.server_close()
     assert remote_src.store_answers(f"{root}/src/a/0.jpg", 0.5) is False  # (gone: refused at once)
+    with served(src.parent) as root:  # user:password@ is sent as basic authentication, as the readers send it (a review)
+        assert remote_src.store_answers(root.replace("http://", "http://user:p%40ss@") + "/src/a/0.jpg", 5) is True

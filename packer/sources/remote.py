@@ -292,13 +292,17 @@ def store_answers(url: str, seconds: float | None = None) -> bool:
             import urllib.error
             import urllib.request
 
+            from readers.remote import http_request
+
             try:
-                urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=seconds).close()  # noqa: S310 - the user's SRC
+                urllib.request.urlopen(http_request(url, "HEAD"), timeout=seconds).close()  # noqa: S310 - the user's SRC
             except urllib.error.HTTPError:
                 pass  # (any status is an answer)
-            except (urllib.error.URLError, OSError, ValueError):
+            except (urllib.error.URLError, OSError):  # (refused, reset, timed out: no answer)
                 answered.append(False)
                 return
+            except Exception:  # noqa: BLE001 - a malformed answer is an answer
+                pass
             answered.append(True)
             return
         try:
