@@ -316,10 +316,13 @@ class _SaidOnce(logging.Filter):
         self.scratch, self.src, self.said = scratch, src, False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "will be enlarged" not in str(record.msg):
+        from .jobs import ENLARGEMENT
+
+        named = getattr(record, ENLARGEMENT, None)
+        if named is None:
             return True
         if self.said:
             return False
         self.said = True
-        record.args = tuple(arg.replace(self.scratch, self.src, 1) if isinstance(arg, str) else arg for arg in record.args or ())
+        record.args = tuple(arg.replace(self.scratch, self.src, 1) if arg == named else arg for arg in record.args or ())
         return True

@@ -43,7 +43,7 @@ from .sources.remote import is_source_url, remote_chunksize, store_answers
 from .writers.base import Writer
 from .writers.journal import conversion_fingerprint
 
-__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "check_kind_options", "changed_fields", "source_fields"]
+__all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "check_kind_options", "changed_fields", "source_fields", "ENLARGEMENT"]
 
 log = logging.getLogger("packer")
 
@@ -296,6 +296,10 @@ ENLARGEMENT_SAMPLE = 100
 _ORIENTATION = 0x0112
 
 
+#: The enlargement warning's log record attribute: the input it names (packer bench says it once).
+ENLARGEMENT = "packer_enlarged_input"
+
+
 def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
     """Say when the output size enlarges inputs (``--size 512`` on 160x120 images wrote 512x512
     without a word: upsampling adds bytes, not detail), from the headers of up to
@@ -329,7 +333,8 @@ def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
         if image.resize_mode != "center-crop":
             options += f" --resize-mode {image.resize_mode}"
         log.warning("%d of %d inputs sampled are smaller than %s needs and will be enlarged (e.g. %s, %dx%d, width x height): "
-                    "upsampling adds bytes, not detail; smaller sizes keep them as they are", len(enlarged), read, options, path, width, height)
+                    "upsampling adds bytes, not detail; smaller sizes keep them as they are", len(enlarged), read, options, path, width, height,
+                    extra={ENLARGEMENT: path})
 
 
 def _labeled_folder(src: Any, table: Any) -> ImageFolder:

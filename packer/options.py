@@ -6,6 +6,7 @@ The CLI parses strings into these; the Python API takes them directly. An invali
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 import os
@@ -78,7 +79,7 @@ def byte_count(value: Any) -> int | None:
     if found is None:
         return None
     amount = float(found.group(1)) * _BYTE_UNITS[(found.group(2) or "").lower()]
-    return int(amount) if amount == int(amount) or amount >= 1 else None
+    return int(amount) if math.isfinite(amount) and amount == int(amount) else None  # (no fraction of a byte, no 1e400)
 
 
 def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
