@@ -14,6 +14,14 @@ def crash_on_13(x: int) -> int:
     return x
 
 
+def crash_once(marker: str) -> str:
+    """``marker``, after its process died once on it (a segfault, the first time: ``marker`` made)."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        ctypes.string_at(0)
+    return marker
+
+
 def hang_on_5(x: int) -> int:
     """``x``, except that item 5 hangs for a minute."""
     if x == 5:

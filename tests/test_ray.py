@@ -19,7 +19,7 @@ from packer.executors.ray import ray_ordered_map  # noqa: E402
 from packer.info import read_metadata  # noqa: E402
 from packer.parallel import WorkerError  # noqa: E402
 from checkpoints import convert_until_checkpoint, inputs_converted
-from faulty import crash_on_13, hang_on_5
+from faulty import crash_on_13, crash_once, hang_on_5
 
 TIME_FIELDS = {"created"}
 
@@ -50,7 +50,7 @@ def crashed(item, reason):
     return ("crashed", item, reason)
 
 
-def test_a_crash_or_a_hang_on_ray_costs_only_its_item():
+def test_a_crash_or_a_hang_on_ray_costs_only_its_item(tmp_path):
     import sys
 
     import faulty
@@ -67,6 +67,11 @@ def test_a_crash_or_a_hang_on_ray_costs_only_its_item():
             out = list(results)
         assert out[:5] == list(range(5)) and out[6:] == list(range(6, 10))
         assert out[5] == ("crashed", 5, "timed out after 1.5 s")
+        with ray_ordered_map(crash_on_13, [12, 13], workers=1, chunksize=1, on_crash=crashed) as results:  # lost alone twice
+            assert list(results) == [12, ("crashed", 13, "crashed the decoder (Ray worker died)")]
+        marker = str(tmp_path / "died-once")  # a chunk of one whose worker died once (a WebDataset piece): run again (a walkthrough)
+        with ray_ordered_map(crash_once, [marker], workers=1, chunksize=1, on_crash=crashed) as results:
+            assert list(results) == [marker]
     finally:
         for module in (sys.modules[__name__], faulty):
             ray.cloudpickle.unregister_pickle_by_value(module)
@@ -286,3 +291,19 @@ def test_a_ray_address_where_nothing_answers_is_refused_at_once(tmp_path):
         assert not list(tmp_path.glob("o.blob*"))
     finally:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+
+
+def test_a_cluster_asking_for_its_token_says_so(monkeypatch):
+    """Ray 2.60's token authentication refused a joining process in 'InvalidAuthToken' words after
+    twenty lines of retries (a Ray user's walkthrough): the line now says what it asks for."""
+    from packer.errors import OptionError
+    from packer.executors import ray as ray_executor
+
+    class Refusing:
+        @staticmethod
+        def init(**_):
+            raise ConnectionError("Failed to get cluster ID: Unauthenticated: RPC error: InvalidAuthToken: token is missing")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(OptionError, match=r"InvalidAuthToken: token is missing\); the cluster asks for its authentication token"):
+        ray_executor._join(Refusing, None)

@@ -148,7 +148,11 @@ def _join(ray: Any, address: str | None) -> None:
     try:
         ray.init(address=address, **RAY_INIT)
     except (ValueError, ConnectionError, RuntimeError, OSError) as exc:
-        raise OptionError(f"{where}: Ray could not join or start a cluster there ({' '.join(str(exc).split())[:300]})") from None
+        said = ' '.join(str(exc).split())
+        hint = ("; the cluster asks for its authentication token (Ray's token authentication: give this process the "
+                "token and RAY_AUTH_MODE the head has, or run on the head node with --ray-address auto)"
+                if "authtoken" in said.lower().replace(" ", "") or "unauthenticated" in said.lower() else "")
+        raise OptionError(f"{where}: Ray could not join or start a cluster there ({said[:300]}){hint}") from None
 
 
 def _check_reachable(address: str | None, where: str) -> None:
@@ -264,8 +268,11 @@ class _RayRun:
             yield from payload
 
     def _isolated(self, start: int, count: int, reason: str) -> Iterator[Any]:
-        """A lost chunk: run its items one task each, in order; one that is lost alone is the culprit."""
-        if count == 1:
+        """A lost chunk: run its items one task each, in order; one that is lost alone is the culprit.
+        A chunk of one item (a WebDataset piece) that timed out ran alone already; one whose worker
+        died runs once more alone (a worker killed by a node's OOM killer or a preemption is not the
+        input's fault: it failed a whole WebDataset conversion, naming a healthy image)."""
+        if count == 1 and reason != RAY_CRASH_REASON:
             yield self._crashed(self.items[start], reason)
             return
         for i in range(start, start + count):
