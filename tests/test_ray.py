@@ -307,3 +307,14 @@ def test_a_cluster_asking_for_its_token_says_so(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(OptionError, match=r"InvalidAuthToken: token is missing\); the cluster asks for its authentication token"):
         ray_executor._join(Refusing, None)
+
+
+def test_ray_already_joined_takes_auto_and_refuses_another_address(tmp_path, image_folder):
+    """A pipeline that always passes its configured address got 'already initialised' for auto,
+    the cluster it had joined (a Ray user's walkthrough)."""
+    from packer.errors import OptionError
+
+    assert ray.is_initialized()
+    assert convert(image_folder, tmp_path / "a.lmdb", image=ImageOptions(size=8), executor="ray", ray_address="auto").written == 18
+    with pytest.raises(OptionError, match=r"^--ray-address 10\.0\.0\.9:6379: Ray is already initialised in this process \(pass no address, or auto\)$"):
+        convert(image_folder, tmp_path / "b.lmdb", image=ImageOptions(size=8), executor="ray", ray_address="10.0.0.9:6379")

@@ -118,8 +118,8 @@ def ray_ordered_map(
     started_here = not ray.is_initialized()
     if started_here:
         _join(ray, address)
-    elif address is not None:
-        raise OptionError(f"--ray-address {address}: Ray is already initialised in this process (pass no address)")
+    elif address not in (None, "auto"):  # ("auto": the cluster this process joined, as a pipeline's configuration may say)
+        raise OptionError(f"--ray-address {address}: Ray is already initialised in this process (pass no address, or auto)")
     if _remote_chunk is None:
         _remote_chunk = ray.remote(num_cpus=1, max_retries=0)(_run_chunk)
     if workers is None:
@@ -191,8 +191,8 @@ class RayExecutor:
         if not ray.is_initialized():
             _join(ray, self.address)
             self._started = True
-        elif self.address is not None and not self._started:
-            raise OptionError(f"--ray-address {self.address}: Ray is already initialised in this process (pass no address)")
+        elif self.address not in (None, "auto") and not self._started:
+            raise OptionError(f"--ray-address {self.address}: Ray is already initialised in this process (pass no address, or auto)")
         try:
             return max(1, int(ray.cluster_resources().get("CPU", 1)))
         except BaseException:
