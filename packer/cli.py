@@ -24,7 +24,7 @@ from . import api
 from ._version import __version__
 from .cli_command import OnceCommand
 from .doctor_cli import doctor as doctor_command
-from .engine import Interrupted
+from .engine import UNPRINTED_SKIP, Interrupted
 from .errors import OptionError, PackerError
 from .executors import EXECUTORS
 from .info import describe, read_metadata
@@ -92,7 +92,7 @@ class _WarningPrinter(logging.Handler):
     more there were (nothing at all when ``quiet``)."""
 
     def __init__(self, limit: int, *, quiet: bool = False) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.DEBUG)
         self.limit = 0 if quiet else limit
         self.quiet = quiet
         self.count = 0
@@ -102,8 +102,10 @@ class _WarningPrinter(logging.Handler):
         self._write = tqdm.write
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
-        if self.count <= self.limit:
+        if record.levelno < logging.WARNING and not getattr(record, UNPRINTED_SKIP, False):
+            return
+        self.count += 1  # (a skipped input past the engine's own limit is counted, never printed)
+        if self.count <= self.limit and record.levelno >= logging.WARNING:
             self._write(f"warning: {one_line(record.getMessage())}", file=sys.stderr)
 
     def close(self) -> None:
@@ -123,11 +125,13 @@ def _printed_warnings(quiet: bool = False) -> Iterator[None]:
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
+    level, logger.level = logger.level, logging.DEBUG  # (the skips past the engine's limit come as debug records)
     try:
         yield
     finally:
         logger.removeHandler(printer)
         logger.propagate = True
+        logger.setLevel(level)
         printer.close()
 
 

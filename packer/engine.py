@@ -45,11 +45,13 @@ from .writers.base import Writer, partial_path
 from .writers.piece_writer import PieceWriter, Written
 from .writers.journal import foreign_leftover, journal_path, saved_inputs
 
-__all__ = ["run", "Interrupted", "check_unfinished"]
+__all__ = ["run", "Interrupted", "check_unfinished", "SkipWarnings", "SKIP_WARNINGS", "UNPRINTED_SKIP"]
 
 log = logging.getLogger("packer")
 #: Skipped inputs warned of one line each; the rest are counted in one line (all are recorded).
 SKIP_WARNINGS = 50
+#: The attribute of a skipped input's record past :data:`SKIP_WARNINGS` (logged at debug level).
+UNPRINTED_SKIP = "packer_unprinted_skip"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -72,6 +74,8 @@ class SkipWarnings:
         elif self.seen == self.limit + 1:
             log.warning("skipped %s: %s; further skipped inputs are not printed one by one (the summary counts them, and "
                         "the metadata records each: packer info DST lists them)", name, reason)
+        else:  # (a debug record, which the command's warning printer counts: "... and N more warnings")
+            log.debug("skipped %s: %s", name, reason, extra={UNPRINTED_SKIP: True})
 
 
 def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:

@@ -312,3 +312,19 @@ def test_skipped_inputs_past_fifty_are_counted_not_printed(tmp_path, caplog):
     assert len(lines) == SKIP_WARNINGS + 1 and len(report.skipped) == SKIP_WARNINGS + 9 and report.written == 1
     assert lines[-1].endswith("; further skipped inputs are not printed one by one (the summary counts them, and the metadata "
                               "records each: packer info DST lists them)")
+
+
+def test_the_command_counts_every_skipped_input_past_its_printed_warnings(tmp_path):
+    """It printed 20, then '... and 31 more warnings' for 10,000 skips: the engine's own limit of
+    50 hid the rest from its count (a scale walkthrough)."""
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(70):
+        (src / f"{i:03d}.jpg").write_bytes(b"junk")
+    from imagefiles import gradient, jpeg_bytes
+
+    (src / "good.jpg").write_bytes(jpeg_bytes(gradient(8, 8)))
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), str(tmp_path / "o.lmdb")])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert sum(line.startswith("warning: skipped ") for line in lines) == 20 and "warning: ... and 50 more warnings" in lines, lines
