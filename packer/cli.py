@@ -125,7 +125,8 @@ def _printed_warnings(quiet: bool = False) -> Iterator[None]:
     logger = logging.getLogger("packer")
     logger.addHandler(printer)
     logger.propagate = False
-    level, logger.level = logger.level, logging.DEBUG  # (the skips past the engine's limit come as debug records)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # (the skips past the engine's limit come as debug records; setLevel clears logging's cache)
     try:
         yield
     finally:

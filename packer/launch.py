@@ -17,7 +17,9 @@ imports numpy, so the fork server and the workers inherit it.
 
 With ``--executor ray``, Ray's C++ core printed its warnings straight to the terminal (twenty
 lines of ``gcs_client.cc ... Failed to get cluster ID`` while it retried an address), past
-``--quiet``: the command sets ``RAY_BACKEND_LOG_LEVEL=error`` unless the user set it.
+``--quiet``: the command sets ``RAY_BACKEND_LOG_LEVEL=error`` unless the user set it. The Ray
+processes it starts itself (a local instance) inherit it, so their session logs keep errors only;
+``RAY_BACKEND_LOG_LEVEL=warning packer convert ...`` keeps their warnings.
 
 The shared memory of a command killed with SIGKILL is removed by multiprocessing's resource
 tracker, which warned of it ("There appear to be 1 leaked shared_memory objects") on the

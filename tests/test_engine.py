@@ -324,6 +324,9 @@ def test_the_command_counts_every_skipped_input_past_its_printed_warnings(tmp_pa
     from imagefiles import gradient, jpeg_bytes
 
     (src / "good.jpg").write_bytes(jpeg_bytes(gradient(8, 8)))
+    import logging
+
+    assert not logging.getLogger("packer").isEnabledFor(logging.DEBUG)  # (cached: the command must clear it, a review)
     result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), str(tmp_path / "o.lmdb")])
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()

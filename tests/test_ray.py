@@ -308,6 +308,19 @@ def test_a_cluster_asking_for_its_token_says_so(monkeypatch):
     with pytest.raises(OptionError, match=r"InvalidAuthToken: token is missing\); the cluster asks for its authentication token"):
         ray_executor._join(Refusing, None)
 
+    class AuthenticationError(Exception):  # (Ray's own: no token in this process; not an OSError: a review)
+        pass
+
+    class NoToken:
+        exceptions = type("exceptions", (), {"AuthenticationError": AuthenticationError})
+
+        @staticmethod
+        def init(**_):
+            raise AuthenticationError("Token authentication is enabled but no authentication token was found")
+
+    with pytest.raises(OptionError, match=r"no authentication token was found\); the cluster asks for its authentication token"):
+        ray_executor._join(NoToken, None)
+
 
 def test_ray_already_joined_takes_auto_and_refuses_another_address(tmp_path, image_folder):
     """A pipeline that always passes its configured address got 'already initialised' for auto,

@@ -147,12 +147,17 @@ def _join(ray: Any, address: str | None) -> None:
     _check_reachable(given, where)
     try:
         ray.init(address=address, **RAY_INIT)
-    except (ValueError, ConnectionError, RuntimeError, OSError) as exc:
+    except (ValueError, ConnectionError, RuntimeError, OSError, _authentication_error(ray)) as exc:
         said = ' '.join(str(exc).split())
         hint = ("; the cluster asks for its authentication token (Ray's token authentication: give this process the "
                 "token and RAY_AUTH_MODE the head has, or run on the head node with --ray-address auto)"
-                if "authtoken" in said.lower().replace(" ", "") or "unauthenticated" in said.lower() else "")
+                if "authtoken" in said.lower().replace(" ", "") or "authenticat" in said.lower() else "")
         raise OptionError(f"{where}: Ray could not join or start a cluster there ({said[:300]}){hint}") from None
+
+
+def _authentication_error(ray: Any) -> type[BaseException]:
+    """Ray's ``AuthenticationError`` (2.60's token authentication: no token in this process), where it has one."""
+    return getattr(getattr(ray, "exceptions", None), "AuthenticationError", OSError)
 
 
 def _check_reachable(address: str | None, where: str) -> None:
