@@ -122,10 +122,9 @@ def _printed_warnings(quiet: bool = False) -> Iterator[None]:
     """packer's warnings printed while the block runs (:class:`_WarningPrinter`), in place of
     logging's default handler (no ``warning:`` prefix, no limit); how many more, at its end."""
     printer = _WarningPrinter(MAX_WARNINGS, quiet=quiet)
-    logger = logging.getLogger("packer")
+    logger, level = logging.getLogger("packer"), logging.getLogger("packer").level
     logger.addHandler(printer)
     logger.propagate = False
-    level = logger.level
     logger.setLevel(logging.DEBUG)  # (the skips past the engine's limit come as debug records; setLevel clears logging's cache)
     try:
         yield
