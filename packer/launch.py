@@ -15,12 +15,6 @@ numpy otherwise started a thread per core that spun a while at import, in the co
 and in its fork server alike, taking cores from the workers as they started. Set before anything
 imports numpy, so the fork server and the workers inherit it.
 
-With ``--executor ray``, Ray's C++ core printed its warnings straight to the terminal (twenty
-lines of ``gcs_client.cc ... Failed to get cluster ID`` while it retried an address), past
-``--quiet``: the command sets ``RAY_BACKEND_LOG_LEVEL=error`` unless the user set it. The Ray
-processes it starts itself (a local instance) inherit it, so their session logs keep errors only;
-``RAY_BACKEND_LOG_LEVEL=warning packer convert ...`` keeps their warnings.
-
 The shared memory of a command killed with SIGKILL is removed by multiprocessing's resource
 tracker, which warned of it ("There appear to be 1 leaked shared_memory objects") on the
 terminal, past ``--quiet``: the command's processes take a ``-W`` option that silences that.
@@ -49,7 +43,6 @@ _QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 def main() -> None:
     """Import the command with Ctrl-C held, then run it (or stop, if one came)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import: the module docstring
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # (Ray's C++ retry warnings on the terminal: the docstring)
     sys.warnoptions.append(_QUIET_TRACKER)  # (read when the tracker process starts: the module docstring)
     came: list[int] = []
 
