@@ -312,13 +312,13 @@ class _SaidOnce(logging.Filter):
     format, naming the user's SRC rather than the bench's scratch copy of its sample."""
 
     def __init__(self, scratch: str, src: str) -> None:
-        super().__init__()
-        self.scratch, self.src, self.said = scratch, src, False
-
-    def filter(self, record: logging.LogRecord) -> bool:
         from .jobs import ENLARGEMENT
 
-        named = getattr(record, ENLARGEMENT, None)
+        super().__init__()
+        self.scratch, self.src, self.said, self.attribute = scratch, src, False, ENLARGEMENT
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        named = getattr(record, self.attribute, None)
         if named is None:
             return True
         if self.said:

@@ -81,9 +81,10 @@ def decode(data: bytes, *, grayscale: bool, target: tuple[int, int] | None, max_
             raise DecodeError(f"image has no pixels ({width}x{height})")
         factor = reduction_for(height, width, target)
         closed = image.format == "JPEG" and (jpeg_ends_cleanly(data) or picture_end(data) is not None)
-        if image.format == "JPEG" and not closed and zeros_at_end(data)[0] >= ZERO_RUN:  # a decoder takes zeros for data
-            raise DecodeError(f"truncated: its JPEG data ends in {zeros_at_end(data)[0]:,} zero bytes, not its end-of-image "
-                              "marker (a download or copy cut short)")
+        zeros = zeros_at_end(data)[0] if image.format == "JPEG" and not closed else 0
+        if zeros >= ZERO_RUN:  # a decoder takes zeros for data: a picture of nothing, no error
+            raise DecodeError(f"truncated: its JPEG data ends in {zeros:,} zero bytes, not its end-of-image marker "
+                              "(a download or copy cut short)")
         if closed and image.mode in ("RGB", "L"):  # (a trailer after the marker is no concern of the decoder's)
             pixels = _decode_opencv(data, grayscale, factor)
             if pixels is not None:

@@ -26,8 +26,8 @@ or climbs out with ``..``, and a link member, are refused (skipped, with the rea
 ordered as for a folder: by class, then by path.
 
 
-A folder of WebDataset shards, and one shard (a .tar holding ``.cls`` members, or flat with
-``KEY.json`` beside ``KEY.jpg``): packer/sources/shards.py; members as inputs, and reading them
+A folder of WebDataset shards, and one shard (a .tar holding ``.cls`` members, or flat with a
+``KEY.json`` beside each ``KEY.jpg``: ``shards.is_shard``): packer/sources/shards.py; members as inputs, and reading them
 back: packer/sources/members.py.
 """
 

@@ -4,7 +4,7 @@ A worker started by spawn or forkserver imports the program's script again as ``
 without running its ``if __name__ == "__main__":`` block, so an object pickled by reference to a
 class or function defined inside that block, or in a script read from stdin (``python -``),
 cannot be unpickled there ("Can't get attribute 'U' on <module '__mp_main__'>", a worker's
-traceback). :func:`main_names_used` lists the ``__main__`` names an object's pickle refers to;
+traceback). :func:`pickle_and_main_names` lists the ``__main__`` names an object's pickle refers to;
 :func:`importable_in_workers` says whether the script defines them all at its top level.
 """
 
