@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import http.client
 import io
-import numbers
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
+
+from .quantities import byte_count
 
 __all__ = ["is_url", "open_shard", "open_http", "http_request", "read_url", "ShardCache", "GOPEN_SCHEMES", "STALL_SECONDS"]
 
@@ -173,11 +174,12 @@ class ShardCache:
         """``version``: what tells this dataset from another at the same URLs (its metadata
         record): a dataset replaced at its URL was read from the cache as it was (3-channel
         samples under 1-channel metadata; an S3 walkthrough)."""
-        whole = isinstance(max_bytes, numbers.Integral) or (isinstance(max_bytes, float) and max_bytes.is_integer())  # (5e9 too)
-        if isinstance(max_bytes, bool) or not whole or max_bytes < 1:
-            raise ValueError(f"cache_bytes must be a positive number of bytes, got {max_bytes!r}")
+        whole = isinstance(max_bytes, float) and max_bytes.is_integer()  # (5e9 too)
+        count = int(max_bytes) if whole else byte_count(max_bytes)  # (or "10GB", as --shard-bytes takes)
+        if count is None or count < 1:
+            raise ValueError(f"cache_bytes must be a positive number of bytes (or text such as '10GB'), got {max_bytes!r}")
         self.folder = Path(folder)
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = count
         self.version = version
 
     def path(self, url: str) -> Path:

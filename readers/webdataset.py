@@ -129,7 +129,7 @@ class StreamingShards(IterableDataset):
         world_size: int | None = None,
         transform: Transform | None = None,
         cache_dir: str | Path | None = None,
-        cache_bytes: int = 10 << 30,
+        cache_bytes: int | str = 10 << 30,
         batch_size: int | None = None,
         drop_last: bool = False,
         num_workers: int = 0,

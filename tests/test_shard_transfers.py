@@ -142,10 +142,13 @@ def test_a_killed_readers_partial_download_is_cleared_and_cache_bytes_is_checked
     stream = StreamingShards(shards, cache_dir=cache)
     assert len(list(stream)) == len(stream)
     assert not dead.exists() and live.exists()  # (another reader's download in progress is left alone)
-    for wrong in ("1GB", True, 0, 2.5):
-        with pytest.raises(ValueError, match=r"^cache_bytes must be a positive number of bytes, got "):
+    for wrong in ("lots", "1.5B", True, 0, 2.5, None):
+        with pytest.raises(ValueError, match=r"^cache_bytes must be a positive number of bytes \(or text such as '10GB'\), got "):
             StreamingShards(shards, cache_dir=cache, cache_bytes=wrong)
     assert StreamingShards(shards, cache_dir=cache, cache_bytes=5e9).cache.max_bytes == 5_000_000_000
+    # the spellings --shard-bytes takes ("1GB" was refused here while the command took it)
+    assert StreamingShards(shards, cache_dir=cache, cache_bytes="1GB").cache.max_bytes == 10**9
+    assert StreamingShards(shards, cache_dir=cache, cache_bytes="512 MiB").cache.max_bytes == 512 << 20
 
 
 def test_an_http_src_read_that_stalls_times_out(shards, monkeypatch):
