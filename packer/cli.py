@@ -162,6 +162,9 @@ def cli() -> None:
       packer convert imagenet/train train.lmdb --size 224
       packer info train.lmdb
     """
+    for stream in (sys.stdout, sys.stderr):  # a name that is not UTF-8 ('bad\udcff.jpg') printed, not a traceback
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 @cli.command()

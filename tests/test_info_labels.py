@@ -71,3 +71,30 @@ def test_cli_label_file_and_shard_cls_source_are_described_as_labelled(integer_p
         info = runner.invoke(cli, ["info", str(dst)])
         assert info.exit_code == 0 and "integer labels without names" in info.stdout and "unlabeled" not in info.stdout
         assert sorted({label for _, label in open_dataset(dst)}) == [0, 2, 4]
+
+
+def test_names_that_are_not_utf8_print_escaped_under_a_strict_utf8_terminal(tmp_path):
+    """A skipped file named b'bad\\xff.jpg' (its name kept with a lone surrogate, FORMATS.md) made
+    `packer info` and `packer verify --source` end in a UnicodeEncodeError traceback wherever
+    stdout encodes strictly (an ordinary en_US.UTF-8 terminal; a plain-library walkthrough)."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "flat"
+    src.mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(src / f"ok{i}.png")
+    open(os.fsencode(src) + b"/bad\xff.jpg", "wb").close()  # empty: skipped, and recorded by its name
+    dst = tmp_path / "out.blob"
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "packer", *args], capture_output=True, text=True, env=env, errors="replace")  # noqa: E731
+    assert run("convert", str(src), str(dst), "-q").returncode == 0
+    shown = run("info", str(dst))
+    assert shown.returncode == 0, shown.stderr
+    assert "bad\\udcff.jpg" in shown.stdout and "Traceback" not in shown.stderr
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(src / "ok0.png")  # changed since: verify --source names it
+    os.rename(os.fsencode(src / "ok1.png"), os.fsencode(src) + b"/ok1\xfe.png")  # and one gone, one new, not UTF-8
+    checked = run("verify", str(dst), "--source", str(src))
+    assert "Traceback" not in checked.stderr, checked.stderr
+    assert "ok1\\udcfe.png" in checked.stdout + checked.stderr
