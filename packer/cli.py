@@ -22,7 +22,7 @@ from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
 from ._version import __version__
-from .cli_command import OnceCommand
+from .cli_command import escape_unencodable, OnceCommand
 from .doctor_cli import doctor as doctor_command
 from .engine import UNPRINTED_SKIP, Interrupted
 from .errors import OptionError, PackerError
@@ -31,8 +31,7 @@ from .info import describe, read_metadata
 from .interrupts import interruptible
 from .jobs import changed_fields, check_kind_options
 from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
-from .parallel import DEFAULT_ITEM_TIMEOUT
-from .parallel import keep_freed_memory
+from .parallel import DEFAULT_ITEM_TIMEOUT, keep_freed_memory
 from .report import one_line
 from .sources.text import refuse_text_field_without_records
 from .sources.parquet_images import asked_once
@@ -162,9 +161,7 @@ def cli() -> None:
       packer convert imagenet/train train.lmdb --size 224
       packer info train.lmdb
     """
-    for stream in (sys.stdout, sys.stderr):  # a name that is not UTF-8 ('bad\udcff.jpg') printed, not a traceback
-        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
+    escape_unencodable()
 
 
 @cli.command()

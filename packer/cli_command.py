@@ -10,9 +10,11 @@ them (:data:`PEER_OPTIONS`)."""
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-__all__ = ["OnceCommand", "PEER_OPTIONS"]
+__all__ = ["OnceCommand", "PEER_OPTIONS", "escape_unencodable"]
 
 _NO_MAX_RESOLUTION = ("packer has no max_resolution (FFCV's, which shrinks larger images): --size N --resize-mode shorter "
                       "stores the shorter side at N (shapes vary), --size N a fixed N x N; --max-pixels skips larger images instead")
@@ -73,3 +75,12 @@ def _refuse_repeats(command: click.Command, ctx: click.Context, args: list[str])
             names = "/".join(param.opts + param.secondary_opts)
             raise _GivenTwice(f"{names} given more than once; give it once (its values would not all be used)")
         seen.add(param.name)
+
+
+def escape_unencodable() -> None:
+    """Print what the terminal cannot encode escaped: a name that is not UTF-8 (kept as
+    ``'bad\\udcff.jpg'``, FORMATS.md) ended ``packer info`` in a UnicodeEncodeError traceback
+    wherever stdout encodes strictly (an ordinary en_US.UTF-8 terminal)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
