@@ -285,13 +285,14 @@ class Loader:
 
         The whole epoch's batches, except after :meth:`load_state_dict` mid-epoch: then the rest
         of that epoch (``ceil(rest / (batch_size * world_size))``, ``floor`` with ``drop_last``),
-        before and during the resumed iteration, until its last batch or :meth:`set_epoch` moves
-        to another epoch. ``len(ResumableSampler)`` is the same before an iteration (in samples); it
+        before and during the resumed iteration, until its last batch, :meth:`set_epoch` moves
+        to another epoch, or a loop over it breaks off (its iterator dropped: the next iteration
+        starts the epoch again, whole, as ``len`` then says). ``len(ResumableSampler)`` is the same before an iteration (in samples); it
         cannot see the end of a DataLoader's loop, so it reports the next, whole pass during it."""
         if self._cursor.position is not None:  # a loaded position, not iterated yet
             return self.plan.steps(self._cursor.position)
         latest = self._progress
-        if latest.epoch == self.epoch and not latest.ended and latest.batches != latest.total:  # a (resumed) iteration short of its last batch
+        if latest.epoch == self.epoch and latest.under_way():  # a (resumed) iteration short of its last batch, not abandoned
             return self.plan.steps(latest.start)
         return len(self.plan)
 
@@ -308,12 +309,12 @@ class Loader:
         batches = self.batch_indices(start=start)
         self._progress = progress = Pass(self.epoch, start, self._cursor, len(batches))
         if self._gather is not None:
-            return UntilEnded(self._gather.iterate(batches, progress), progress)
+            return progress.follow(UntilEnded(self._gather.iterate(batches, progress), progress))
         if self._decode is not None:
-            return UntilEnded(self._decode.iterate(batches, progress), progress)
+            return progress.follow(UntilEnded(self._decode.iterate(batches, progress), progress))
         it = _ProfiledIterator(batches, self.source, self._pool, self._transfer, self.threads, self.prefetch, progress=progress)
         self._iterators.add(it)
-        return it
+        return progress.follow(it)
 
     def close(self) -> None:
         """Stop the threads of every unfinished iteration (they also stop on their own when abandoned)

@@ -5,6 +5,7 @@ handed out every batch: when its iterator runs out, or when the next iteration b
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 from .epoch import EpochCursor
@@ -20,11 +21,24 @@ class Pass(Progress):
     next epoch: when its iterator runs out, else when the next iteration begins (a loop that
     stops at the count, ``zip(range(len(loader)), loader)``)."""
 
-    __slots__ = ("start", "ended", "total", "moved_on", "_cursor")
+    __slots__ = ("start", "ended", "total", "moved_on", "_cursor", "_iterator")
 
     def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None, total: int = -1) -> None:
         super().__init__(epoch, 0)
         self.start, self.ended, self.total, self.moved_on, self._cursor = start, False, total, False, cursor
+        self._iterator: Any = None
+
+    def follow(self, iterator: Any) -> Any:
+        """Keep track of the pass's iterator (not keep it alive) and return it."""
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def under_way(self) -> bool:
+        """Whether the pass can still hand out batches: not ended, short of its last batch, its
+        iterator still held somewhere (a loop broken off drops it: abandoned, the next iteration
+        starts the epoch again)."""
+        alive = self._iterator is not None and self._iterator() is not None
+        return alive and not self.ended and self.batches != self.total
 
     def moving_on(self) -> bool:
         """Whether :meth:`move_on` would move the loader on now."""

@@ -281,6 +281,24 @@ def test_len_after_a_resume_is_the_rest_until_that_epoch_is_done():
     assert len(loader) == 13 == len(list(loader))
 
 
+def test_len_after_a_resumed_loop_broke_off_is_the_whole_epoch_the_next_loop_reads():
+    """A resumed pass broken off is abandoned: the next ``for`` starts the epoch again, whole, and
+    len() said the rest (8 of 13), so a counted loop read 8 of the restarted 13 batches and did
+    not finish the epoch (a DDP walkthrough). While the iteration is held, it is the rest."""
+    ds = tensors(50)
+    loader, _ = resumed(ds)
+    it = iter(loader)
+    next(it)
+    assert len(loader) == 8  # under way
+    del it  # (a `for` broken off drops its iterator)
+    assert len(loader) == 13
+    counted = [labels for _, (_images, labels) in zip(range(len(loader)), loader)]
+    assert len(counted) == 13 and loader.state_dict()["epoch"] == 1  # the whole epoch 0, then on to epoch 1
+    for _batch in loader:
+        break
+    assert len(loader) == 13
+
+
 def test_len_after_a_resume_and_set_epoch_to_another_epoch_is_whole():
     loader, _ = resumed(tensors(50))
     loader.set_epoch(0)  # the same epoch: the position is kept
