@@ -161,6 +161,7 @@ class StreamingShards(IterableDataset):
         self.transform = transform
         # the epoch, and a resume position in it: (samples each worker skips, the worker whose batch is next)
         self._cursor = EpochCursor()
+        self._resumed_batches: int | None = 0  # the batches of the epoch read before the position loaded
         #: The same in shared memory, which a DataLoader's persistent workers follow.
         self._shared = SharedCursor()
         self.set_epoch(0)
@@ -226,12 +227,14 @@ class StreamingShards(IterableDataset):
     # -- resuming ----------------------------------------------------------------------------
     def state_dict(self, batches: int, *, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
         """The position after this rank's ``DataLoader(self, batch_size=..., num_workers=...)``
-        yielded ``batches`` batches (samples, for ``batch_size=None``) of the current epoch;
-        ``batch_size`` and ``num_workers`` default to the constructor's, and must match them
-        when the constructor has a ``batch_size``.
+        yielded ``batches`` batches (samples, for ``batch_size=None``) in its current iteration:
+        after a resume, counted from the resume position, as ``ResumableSampler.state_dict``
+        counts (``enumerate(loader)``'s count). After the epoch's last batch: the next epoch,
+        nothing of it read, as ``Loader.state_dict`` says. ``batch_size`` and ``num_workers``
+        default to the constructor's, and must match them when the constructor has a ``batch_size``.
 
-        Returns plain JSON-safe values: the epoch, the settings that decide the order, and how
-        many samples each worker has handed out (``skip``)."""
+        Returns plain JSON-safe values: the epoch, the settings that decide the order, how many
+        batches of it were read and how many samples each worker has handed out (``skip``)."""
         batches = whole_number(batches, "state_dict: batches", "a count of batches (an int >= 0)")
         batch_size = self.batch_size if batch_size is None else check_batch_size(batch_size)
         num_workers = self.num_workers if num_workers is None else whole_number(num_workers, "state_dict: num_workers")
@@ -240,9 +243,16 @@ class StreamingShards(IterableDataset):
                 f"state_dict: batch_size={batch_size}, num_workers={num_workers}, but this StreamingShards equalises batches "
                 f"of batch_size={self.batch_size} over num_workers={self.num_workers}: pass the DataLoader's, as the constructor has them"
             )
+        before = self._resumed_batches if self._cursor.position is not None else 0  # (a loaded position applies to this epoch)
+        if before is None and batches:
+            raise ValueError("state_dict: the state loaded was saved by a packer that did not record its batch count, so the "
+                             "batches before it are unknown: save this rank's state from a fresh epoch, or without the resume")
+        batches, epoch = batches + (before or 0), self.epoch
         skip, following = self._position(batches, batch_size, num_workers)
+        if batches and batches == self._position(-1, batch_size, num_workers)[1]:  # the epoch's last batch: the next one
+            batches, epoch, skip, following = 0, epoch + 1, [0] * len(skip), 0
         return {
-            "epoch": self.epoch,
+            "epoch": epoch,
             **self._settings(),
             "num_workers": num_workers,
             "dataset": self._fingerprint(),
@@ -257,6 +267,8 @@ class StreamingShards(IterableDataset):
         size = 1 if batch_size is None else batch_size
         counts = self._shares(num_workers)[1]
         per_worker = [-(-n // size) for n in counts]  # batches each worker yields (the last may be short)
+        if batches < 0:  # (asked for the epoch's batches)
+            return [], sum(per_worker)
         taken = [0] * len(counts)
         left, following = int(batches), 0  # `following`: the worker whose batch comes next
         while left > 0 and any(t < b for t, b in zip(taken, per_worker)):
@@ -309,6 +321,7 @@ class StreamingShards(IterableDataset):
         check_settings({**state, "rank": self.rank}, self._settings(), "dataset")
         if self.meta is not None:
             check_fingerprint(state.get("dataset", {}), self._fingerprint(), "dataset")
+        self._resumed_batches = int(state["batches"]) if "batches" in state else None
         if not other_rank:
             self._cursor.resume(state["epoch"], ([int(n) for n in state["skip"]], int(state.get("first", 0))))
             return

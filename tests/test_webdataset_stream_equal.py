@@ -140,7 +140,13 @@ def test_a_resumed_epoch_yields_the_rest_of_the_padded_epoch_exactly(folders, ta
     resumed = make()
     resumed.load_state_dict(state)
     rest = run(resumed, table, batch_size, num_workers)
-    assert whole[:k] + rest == whole
+    if k == len(whole) and k:  # saved at the epoch's last batch: the next epoch, whole (as Loader.state_dict says)
+        assert (state["epoch"], set(state["skip"])) == (2, {0})
+        following = make()
+        following.set_epoch(2)
+        assert rest == run(following, table, batch_size, num_workers)
+    else:
+        assert whole[:k] + rest == whole
     assert len(resumed) == sum(len(batch) for batch in rest)  # the rest, as len(DataLoader) needs (it said the whole epoch)
     assert run(resumed, table, batch_size, num_workers) == rest  # every iteration of the epoch: the workers cannot clear it
     resumed.set_epoch(2)  # the next epoch is whole again
@@ -272,7 +278,12 @@ def test_one_ranks_state_resumes_every_rank_with_equal_batches(folders, table, s
     for rank, whole in enumerate(wholes):
         resumed = make(rank)
         resumed.load_state_dict(state)
-        assert whole[:k] + run(resumed, table, batch_size, num_workers) == whole, rank
+        if k == len(whole) and k:  # saved at the epoch's last batch: every rank goes on with the next epoch, whole
+            following = make(rank)
+            following.set_epoch(2)
+            assert run(resumed, table, batch_size, num_workers) == run(following, table, batch_size, num_workers), rank
+        else:
+            assert whole[:k] + run(resumed, table, batch_size, num_workers) == whole, rank
 
 
 def test_without_batch_size_another_ranks_state_is_refused_saying_why(folders):
@@ -382,3 +393,40 @@ def test_a_whole_shard_split_better_than_by_sample_is_not_warned_of():
 
     assert uneven_split(1, [[40, 0]], rank_shares([[40, 0]], 8, False), 8, False) is None
     assert "6 repeated of 18" in uneven_split(4, [[5, 5], [5, 3]], rank_shares([[5, 5], [5, 3]], 2, False), 2, False)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_job_resumed_twice_in_one_epoch_counts_batches_as_the_sampler_does(folders, table, num_workers):
+    """state_dict(batches) counts the batches of the current iteration (after a resume, from the
+    resume position: enumerate's count), as ResumableSampler.state_dict does. StreamingShards
+    counted from the epoch's start, the sampler from the resume, so a job resumed twice in one
+    epoch repeated or skipped samples with one of them (a DDP walkthrough)."""
+    def make() -> StreamingShards:
+        stream = StreamingShards(folders[5], shuffle=True, buffer=3, seed=8, batch_size=2, num_workers=num_workers)
+        stream.set_epoch(1)
+        return stream
+
+    whole = run(make(), table, 2, num_workers)
+    first = make()
+    state = json.loads(json.dumps(first.state_dict(3)))  # job 1 read 3 batches
+    second = make()
+    second.load_state_dict(state)
+    assert run(second, table, 2, num_workers)[:2] == whole[3:5]
+    state = json.loads(json.dumps(second.state_dict(2)))  # job 2 read 2 more: enumerate's count since its resume
+    assert state["batches"] == 5
+    third = make()
+    third.load_state_dict(state)
+    assert whole[:5] + run(third, table, 2, num_workers) == whole
+    with pytest.raises(ValueError, match=r"is more than this rank's"):
+        third.state_dict(len(whole))  # (the whole epoch again, counted from its resume: too many)
+
+
+def test_a_state_saved_at_the_epochs_last_batch_is_the_next_epoch_as_the_loaders(folders, table):
+    stream = StreamingShards(folders[5], batch_size=2)
+    stream.set_epoch(1)
+    batches = len(run(stream, table, 2, 0))
+    state = stream.state_dict(batches)
+    assert (state["epoch"], state["batches"], set(state["skip"])) == (2, 0, {0})
+    resumed = StreamingShards(folders[5], batch_size=2)
+    resumed.load_state_dict(state)
+    assert len(run(resumed, table, 2, 0)) == batches  # the next epoch, whole (it yielded none: a loop ran an empty epoch)
