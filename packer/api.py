@@ -19,6 +19,7 @@ from readers.schema import PackedFormatError
 from .destination import check_apart, check_destination
 from .engine import check_unfinished, run
 from .errors import OptionError, OutputExistsError, PackerError, SourceError
+from .files import recover_replaced
 from .jobs import Job, changed_fields, check_source_options, image_job, images_only, resolve_kind
 from .options import DEFAULT_ITEM_TIMEOUT, ImageOptions, RunOptions, SourceOptions, StorageOptions, TextOptions
 from .report import ConversionReport, TextConversionReport
@@ -191,6 +192,7 @@ def convert(
     final = get_writer(fmt).destination(dst)
     if not pyobject and not is_source_url(str(src)):
         check_apart(src, final)
+    recover_replaced(final)  # (a killed --overwrite's: the dataset it was replacing)
     check_unfinished(final, resume=resume, overwrite=overwrite)  # first: a running or interrupted conversion is the news
     refusal = get_writer(fmt).refuse_replacing(dst)
     if refusal is not None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "punch_hole", "allocate", "WriteBehind", "read_ahead"]
+__all__ = ["partial_path", "remove_path", "fsync_path", "release_cached", "fsync_tree", "publish", "recover_replaced", "punch_hole", "allocate", "WriteBehind", "read_ahead"]
 
 
 def partial_path(dst: Path) -> Path:
@@ -151,6 +151,37 @@ def publish(tmp: Path, dst: Path) -> None:
             import logging
 
             logging.getLogger("packer").warning("%s: the dataset it replaced is left at %s (it could not be removed)", dst, old)
+
+
+def recover_replaced(dst: Path) -> None:
+    """Put right what a killed :func:`publish` left (SIGKILL, the OOM killer, power lost): the
+    dataset it replaced, moved aside as ``DST.replaced-PID``, stayed there for good (a full
+    copy nobody removed; an interrupted-conversions walkthrough). With DST published, the copy
+    is removed; without (killed between the two renames), it goes back to DST, the new output
+    staying as ``DST.partial`` to resume. Only a copy whose process is gone is touched."""
+    import logging
+    import re
+
+    pattern = re.compile(re.escape(dst.name) + r"\.replaced-([0-9]+)x*")
+    try:
+        names = [name for name in os.listdir(dst.parent if str(dst.parent) else ".") if pattern.fullmatch(name)]
+    except OSError:
+        return
+    for name in sorted(names):
+        try:
+            os.kill(int(pattern.fullmatch(name).group(1)), 0)  # type: ignore[union-attr]
+            continue  # its conversion is still running (publishing now)
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):  # another user's live process, or no pid at all
+            continue
+        old = dst.with_name(name)
+        if dst.exists() or dst.is_symlink():
+            remove_path(old)
+            logging.getLogger("packer").warning("%s: removed %s, the dataset a killed --overwrite had replaced", dst, name)
+        else:
+            os.replace(old, dst)
+            logging.getLogger("packer").warning("%s: a killed --overwrite had moved the dataset aside as %s; it is back", dst, name)
 
 
 def _mode_for(path: Path, mode: int) -> int:

@@ -390,3 +390,38 @@ def test_a_dst_that_is_a_link_writes_its_target_and_keeps_the_link(src, tmp_path
     assert (tmp_path / "e").is_symlink() and (empty / "packer.json").is_file()
     convert(src, tmp_path / "e" / "shard-%06d.tar", format="webdataset", image=ImageOptions(size=8), workers=1, overwrite=True)
     assert (tmp_path / "e").is_symlink() and open_dataset(empty)[0][0].shape == (3, 8, 8)  # a pattern in a linked folder (a review)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_a_killed_overwrites_moved_aside_dataset_is_removed_or_put_back(src, tmp_path, published):
+    """A SIGKILL inside publish() left the replaced dataset as DST.replaced-PID for good: a full
+    copy nothing removed, or, killed between the two renames, the user's dataset moved aside with
+    DST missing (an interrupted-conversions walkthrough). The next conversion to DST removes the
+    copy once DST is published, or puts it back where DST was."""
+    old, dst = tmp_path / "old.lmdb", tmp_path / "out.lmdb"
+    convert(src, old, image=ImageOptions(size=8), workers=1)
+    before = tree(old)
+    if published:
+        convert(src, dst, image=ImageOptions(size=8), workers=1)
+    aside = tmp_path / f"out.lmdb.replaced-{_dead_pid()}"
+    os.replace(old, aside)
+    live = tmp_path / f"out.lmdb.replaced-{os.getpid()}"  # a conversion still publishing: left alone
+    live.mkdir()
+    if published:
+        result = run("convert", src, dst, "--size", "8", "-j", "1", "--overwrite")
+        assert result.exit_code == 0, result.output
+        assert "removed out.lmdb.replaced-" in result.output and not aside.exists()
+    else:
+        result = run("convert", src, dst, "--size", "8", "-j", "1")
+        assert result.exit_code != 0 and "is back" in result.output and "--overwrite" in result.output  # (DST exists again)
+        assert not aside.exists() and tree(dst) == before
+    assert live.exists()
