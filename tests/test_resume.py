@@ -194,6 +194,8 @@ def test_a_refused_resume_names_every_option_that_changed():
     assert fingerprint_difference(old, new) == ("--grayscale was off in the interrupted run, now on; --resize-mode was center-crop in "
                                                 "the interrupted run, now shorter; --size was 224x224 in the interrupted run, now 128x128")
     assert fingerprint_difference(old, dict(old)) is None
+    # --eos none is "none", no separator (it read "now not set": the default, the opposite; a text walkthrough)
+    assert fingerprint_difference({"--eos": 0}, {"--eos": None}) == "--eos was 0 in the interrupted run, now none"
     tokenizer = {"kind": "huggingface", "vocab_size": 300, "eos_id": 1, "sha256": "ab12", "name": "tok2.json"}
     other = {"kind": "bytes", "vocab_size": 257, "eos_id": 256, "sha256": "", "name": "bytes"}
     # another file: one phrase naming both (every field of the record was listed, a sha256 "now" empty)

@@ -199,6 +199,8 @@ def test_cli_convert_info_head_and_errors(corpus: Path, bpe: Path, tmp_path: Pat
     lines = runner.invoke(cli, ["convert", str(corpus), str(tmp_path / "l.lmdb"), "--lines", "--eos", "none", "-q"])
     assert lines.exit_code == 0, lines.output
     assert TokenDataset(tmp_path / "l.lmdb").meta.tokenizer["eos_id"] is None
+    shown = runner.invoke(cli, ["info", str(tmp_path / "l.lmdb")]).output
+    assert "per document, no EOS)" in shown and "EOS included" not in shown, shown  # (it said "EOS included" of --eos none)
 
 
 def test_jsonl_field(tmp_path: Path) -> None:

@@ -258,7 +258,7 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
             elif key == "listing":
                 continue  # said below, unless an option changed: options (--split, --classes) change it too
             else:
-                changes.append(f"{key} was {_shown(old.get(key))} in the interrupted run, now {_shown(new.get(key))}")
+                changes.append(f"{key} was {_shown(old.get(key), key)} in the interrupted run, now {_shown(new.get(key), key)}")
     if not changes and old.get("listing") != new.get("listing") and not _legacy_same(old, new, "listing"):
         changes.append(SOURCE_CHANGED + _folder_changes(old, new, str(new.get("source", ""))))
     return "; ".join(changes) or None
@@ -279,10 +279,11 @@ def _legacy_same(old: Mapping[str, Any], new: Mapping[str, Any], key: str) -> bo
     return LEGACY[key] not in old and old.get(key) == new.get(LEGACY[key])
 
 
-def _shown(value: Any) -> str:
-    """An option's fingerprinted value as a person typed it: ``224x224``, ``on``, ``not set``."""
+def _shown(value: Any, key: str = "") -> str:
+    """An option's fingerprinted value as a person typed it: ``224x224``, ``on``, ``not set``
+    (``--eos``'s None is ``none``, no separator: what ``--eos none`` gives)."""
     if value is None:
-        return "not set"
+        return "none" if key == "--eos" else "not set"
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
