@@ -180,6 +180,9 @@ def test_an_unfinished_conversion_keeps_its_message(packed_32, tmp_path, fmt, re
     with pytest.raises(IncompleteDatasetError, match="an unfinished conversion") as caught:
         reader(partial)
     one_line(caught.value)
+    (tmp_path / done.name).mkdir()  # DST made beforehand as an empty folder (as for shards/): it said "not a packer dataset"
+    with pytest.raises(IncompleteDatasetError, match=f"is an empty folder; {done.name}.partial is an unfinished conversion: run the same"):
+        reader(tmp_path / done.name)
 
 
 @pytest.mark.parametrize("reader", [r for r in FORMATS if r != "webdataset"])

@@ -11,6 +11,7 @@ one line, another format's dataset (naming it and the class that reads it, from
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from pathlib import Path
 
@@ -108,14 +109,15 @@ def _existing(path: str | Path) -> Path:
     """``path`` (a shard pattern: its folder), unless it is an unfinished conversion or missing (then raise)."""
     refuse_remote(path)
     p = dataset_path(path)
-    if not p.exists():
-        partial = p.with_name(p.name + PARTIAL_SUFFIX)
+    partial = p.with_name(p.name + PARTIAL_SUFFIX)
+    if not p.exists() or (_empty_folder(p) and partial.exists()):  # (an empty folder made for DST: its conversion's news)
         if partial.exists() and not p.name.endswith(PARTIAL_SUFFIX):
             holder = lock_holder(lock_path(partial))
+            state = "is an empty folder" if p.exists() else "does not exist"
             if holder is not None:  # not interrupted: still being written
-                raise IncompleteDatasetError(f"{p}: does not exist yet; a packer conversion (pid {holder}) is writing it now "
+                raise IncompleteDatasetError(f"{p}: {state} yet; a packer conversion (pid {holder}) is writing it now "
                                              f"({partial.name}): wait for it to finish")
-            raise IncompleteDatasetError(f"{p}: does not exist; {partial.name} is an unfinished conversion: {_FINISH}")
+            raise IncompleteDatasetError(f"{p}: {state}; {partial.name} is an unfinished conversion: {_FINISH}")
         raise FileNotFoundError(f"{p}: no such packed dataset")
     if p.name.endswith(PARTIAL_SUFFIX):
         holder = lock_holder(lock_path(p))
@@ -124,6 +126,13 @@ def _existing(path: str | Path) -> Path:
                                          f"to finish and open {p.name[:-len(PARTIAL_SUFFIX)]}")
         raise IncompleteDatasetError(f"{p}: an unfinished conversion (its name ends in {PARTIAL_SUFFIX}): {_FINISH}")
     return p
+
+
+def _empty_folder(p: Path) -> bool:
+    try:
+        return p.is_dir() and next(os.scandir(p), None) is None
+    except OSError:
+        return False
 
 
 def _recognised(p: Path) -> str | None:
