@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-#: A child running ``packer ARGS`` with a checkpoint every 20 ms.
-CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
+#: A child running ``packer ARGS`` with a checkpoint every 20 ms (HDF5, untimed: every sample).
+CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; j.UNTIMED_CHECKPOINT_INPUTS = 1; from packer.cli import cli; cli(sys.argv[1:])"
 
 
 def convert_until_checkpoint(

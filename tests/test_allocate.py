@@ -198,6 +198,7 @@ def test_a_full_disk_at_a_resumed_runs_allocation_keeps_its_checkpoint(tmp_path,
     (tmp_path / "ref").mkdir()
     reference = convert(src, tmp_path / "ref" / f"out.{suffix}", image=ImageOptions(size=SIZE), workers=2)
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     dst = tmp_path / f"out.{suffix}"
     with monkeypatch.context() as patched:
         interrupt_at_call(patched, WRITERS[suffix][0], "add", 90)

@@ -41,6 +41,7 @@ def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, i
     meanwhile): os.fsync for the blob, HDF5 and the published WebDataset shards, lmdb's own
     Environment.sync for LMDB."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     seen = _fsyncs_by_thread(monkeypatch)
     if fmt == "lmdb":  # its data is synced by lmdb's Environment.sync (fdatasync), not os.fsync
         import packer.writers.lmdb as lmdb_writer
@@ -63,6 +64,7 @@ def test_checkpoints_are_made_durable_in_a_thread_where_the_format_allows(fmt, i
 @pytest.mark.parametrize("fmt", ["hdf5", "blob", "webdataset"])  # (LMDB's data sync is lmdb's own, tested below)
 def test_a_failed_background_fsync_is_one_clear_line_and_leaves_nothing(fmt, image_folder, tmp_path, monkeypatch):
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     real = os.fsync
 
     def fsync(fd):
@@ -83,6 +85,7 @@ def test_an_interruption_waits_for_the_running_commit(image_folder, tmp_path, mo
     """Ctrl-C while a commit is being made durable: the run stops only once that commit is whole,
     so what it says is saved is what the journal holds, and --resume finishes the same output."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     reference = convert(image_folder, tmp_path / "ref.blob", image=ImageOptions(size=16), workers=1)
     started, release = threading.Event(), threading.Event()
     real_start = checkpoints.Committer.start
@@ -129,6 +132,8 @@ def test_lmdb_never_resizes_its_map_under_a_running_sync(image_folder, tmp_path,
     import packer.writers.lmdb as lmdb_writer
 
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     monkeypatch.setattr(lmdb_writer, "INITIAL_MAP_SIZE", 1 << 16)  # grows many times
     monkeypatch.setattr(lmdb_writer, "TRANSACTION_BYTES", 1 << 12)
     syncing = threading.Event()
@@ -176,6 +181,7 @@ def test_every_shard_a_checkpoint_lists_was_synced_before_it_is_committed(image_
     journal commits a checkpoint that lists it (in the checkpoint thread, or in the driver for
     the last one, taken while finishing)."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     synced: list[tuple[str, str]] = []  # (thread, file name)
     real_fsync = os.fsync
 

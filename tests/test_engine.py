@@ -218,6 +218,8 @@ def test_ctrl_c_inside_finish_then_resume_gives_the_uninterrupted_result(fmt, na
     from roundtrip_checks import read_plain
 
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     reference = convert(image_folder, tmp_path / f"ref-{name}", format=fmt, image=ImageOptions(size=16), workers=1)
     writer_class = get_writer(fmt)
     real_write_metadata, real_fsync = writer_class._write_metadata, os.fsync
@@ -269,6 +271,8 @@ def test_ctrl_c_while_the_output_is_renamed_is_reported_as_complete(image_folder
     from readers.formats import open_store
 
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     real_replace = os.replace
 
     def replace_with_ctrl_c(src, dst):

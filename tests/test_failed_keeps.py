@@ -34,6 +34,7 @@ def same_samples(a_path, b_path) -> None:
 @pytest.mark.parametrize("suffix", sorted(WRITES))
 def test_a_full_disk_keeps_the_checkpoint_and_resume_finishes(tmp_path, image_folder, monkeypatch, suffix):
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint after every input
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     cls, name, at = WRITES[suffix]
     original, calls = getattr(cls, name), {"n": 0}
 
@@ -63,6 +64,7 @@ def test_a_full_disk_keeps_the_checkpoint_and_resume_finishes(tmp_path, image_fo
 
 def test_a_bad_input_with_on_error_fail_keeps_the_checkpoint(tmp_path, image_folder, monkeypatch):
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     src = tmp_path / "src"
     shutil.copytree(image_folder, src)
     (src / "class_02" / "zzz.jpg").write_bytes(b"not a jpeg")  # the last input
@@ -80,6 +82,7 @@ def test_a_bad_input_with_on_error_fail_keeps_the_checkpoint(tmp_path, image_fol
 def test_nothing_written_still_leaves_nothing(tmp_path, monkeypatch):
     """Every input bad: no sample, so no checkpoint worth keeping (as before)."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)
     for i in range(3):
@@ -93,6 +96,7 @@ def test_a_close_that_fails_as_the_run_is_kept_leaves_the_one_line(tmp_path, ima
     """The blob's buffered close flushed into the full disk: its OSError replaced the one-line
     error in a 45-line traceback (a review)."""
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     original, calls = BlobWriter._write, {"n": 0}
 
     def full(self, *args, **kwargs):

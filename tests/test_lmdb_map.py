@@ -69,6 +69,8 @@ def test_a_resumed_writer_deletes_with_read_ahead_then_goes_on_without(tmp_path,
     import packer.writers.lmdb as lmdb_writer
 
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     dst, fingerprint = tmp_path / "out.lmdb", {"test": 1}
     first = LMDBWriter(dst, fingerprint=fingerprint)
     for i in range(3):

@@ -95,7 +95,7 @@ def test_a_second_command_names_the_first_after_its_checkpoint(image_folder, tmp
     --resume, would be refused only by the lock anyway)."""
     dst = tmp_path / "out.lmdb"
     args = ["convert", str(image_folder), str(dst), "-j", "1", "-q", "--size", "16"]
-    child = "import packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.0; " + SLOW_CHILD  # a checkpoint after every input
+    child = "import packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.0; j.UNTIMED_CHECKPOINT_INPUTS = 1; " + SLOW_CHILD  # a checkpoint after every input
     first = subprocess.Popen([sys.executable, "-c", child, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while saved_inputs(partial_path(dst)) is None:

@@ -125,6 +125,7 @@ def test_a_resumed_placed_conversion_gives_the_uninterrupted_output(tmp_path, mo
     (tmp_path / "ref").mkdir()
     reference = convert(src, tmp_path / "ref" / f"out.{suffix}", image=ImageOptions(size=12), workers=2)
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     dst = tmp_path / f"out.{suffix}"
     with monkeypatch.context() as patched:
         interrupt_at_call(patched, WRITERS[suffix], "add", 25)
@@ -203,6 +204,7 @@ os.pwrite(task._fd, b"\\xff" * 432, int(sys.argv[3]))  # a late worker's sample,
 
 def _interrupted(src: Path, dst: Path, monkeypatch) -> None:
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     with monkeypatch.context() as patched:
         interrupt_at_call(patched, WRITERS[dst.suffix[1:]], "add", 20)
         with pytest.raises(KeyboardInterrupt, match="inputs are saved"):

@@ -452,6 +452,7 @@ def test_resume_from_an_s3_src(s3, local_source, tmp_path, monkeypatch):
 
     with monkeypatch.context() as m:
         m.setattr(journal, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint after every input
+        m.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
         m.setattr(Writer, "progress", die_after_8)
         # as if killed: DST.partial and its journal stay, and the lock goes with the process
         m.setattr(Writer, "abort", lambda self: (self._close(), self._lock.release()))

@@ -28,7 +28,7 @@ FORMATS = ("lmdb", "hdf5", "blob", "webdataset")
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5", "blob": ".blob", "webdataset": ".shards", "webdataset-fragments": ".shards"}
 SHARD_SIZE = 20
 #: The child commits a checkpoint this often (seconds), so a kill lands between checkpoints.
-CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; from packer.cli import cli; cli(sys.argv[1:])"
+CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; j.UNTIMED_CHECKPOINT_INPUTS = 1; from packer.cli import cli; cli(sys.argv[1:])"
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +149,7 @@ def test_an_interrupted_overwrite_of_a_finished_dst_is_resumed_with_both_flags(t
     dst = tmp_path / "r.lmdb"
     convert(image_folder, dst, image=ImageOptions(size=8), workers=1)
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint after every input
+    monkeypatch.setattr(journal, "UNTIMED_CHECKPOINT_INPUTS", 1)  # (HDF5's: by inputs)
     real_add, calls = LMDBWriter.add, {"n": 0}
 
     def add(self, sample):

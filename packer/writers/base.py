@@ -53,6 +53,10 @@ class Writer:
     takes_sink: ClassVar[bool] = False
     #: The :class:`~packer.options.StorageOptions` fields this format uses (others are refused).
     storage_fields: ClassVar[tuple[str, ...]] = ()
+    #: Whether a checkpoint also falls due by time (every few seconds). False: only at fixed
+    #: points of the sample stream (bytes, samples), for a format whose bytes depend on where its
+    #: syncs fall (HDF5), so that its output is the same whatever the machine's speed.
+    timed_checkpoints: ClassVar[bool] = True
 
     @classmethod
     def destination(cls, dst: Path) -> Path:
@@ -103,7 +107,7 @@ class Writer:
         self.resumed_skipped: list[Skipped] = []
         self._journal = _journal.Journal(self.tmp, fingerprint) if fingerprint is not None else None
         self._new_rows: list[tuple[int, ...]] = []  # journal rows (fields of ROW_DTYPE) since the last checkpoint
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint, self._checkpoint_inputs = time.monotonic(), 0
         self._bytes_since_checkpoint = 0
         self._committer = Committer()
         self._seen: tuple[int, Sequence[Skipped]] | None = None  # the last progress() call's inputs and skips
@@ -255,14 +259,18 @@ class Writer:
         if self._journal is None:
             return
         self._seen = (inputs, skipped)
-        due = time.monotonic() - self._last_checkpoint >= _journal.CHECKPOINT_SECONDS
+        if self.timed_checkpoints:
+            due = time.monotonic() - self._last_checkpoint >= _journal.CHECKPOINT_SECONDS
+        else:
+            due = inputs - self._checkpoint_inputs >= _journal.UNTIMED_CHECKPOINT_INPUTS
         try:
             self._committer.check()  # a background commit's error
             if not (due or self._bytes_since_checkpoint >= self._checkpoint_bytes()) or not self._checkpoint_ready(inputs):
                 return
-            if self._committer.busy:  # the last one is still being made durable: the next chance
+            if self._committer.busy and self.timed_checkpoints:  # the last one is still being made durable: the next chance
                 self._deferred = True
                 return
+            self._committer.wait()  # (untimed: at this sample, however long the last one takes)
             self._checkpoint(inputs, skipped, background=self.durable_in_background)
         except OSError as exc:
             raise self.output_error(exc) from None
@@ -283,7 +291,7 @@ class Writer:
             self._committer.start(lambda: self._commit(checkpoint, rows, names))
         else:
             self._commit(checkpoint, rows, names)
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint, self._checkpoint_inputs = time.monotonic(), inputs
         self._bytes_since_checkpoint = 0
 
     def _commit(self, checkpoint: _journal.Checkpoint, rows: np.ndarray, names: list[str]) -> None:
@@ -317,6 +325,7 @@ class Writer:
         """Take up an interrupted run's bookkeeping at ``checkpoint`` and reopen its output."""
         rows = checkpoint.rows
         self.count, self.payload_bytes = checkpoint.samples, checkpoint.payload_bytes
+        self._checkpoint_inputs = checkpoint.inputs
         self.checksums = array("I", (rows["crc32"] & 0xFFFFFFFF).tolist())
         self._note_shapes(rows)
         self.resumed_inputs, self.resumed_skipped = checkpoint.inputs, list(checkpoint.skipped)

@@ -48,6 +48,7 @@ __all__ = [
     "CHECKPOINT_SECONDS",
     "CHECKPOINT_BYTES",
     "BACKGROUND_CHECKPOINT_BYTES",
+    "UNTIMED_CHECKPOINT_INPUTS",
 ]
 
 #: A checkpoint is committed at most this often (seconds) ...
@@ -60,6 +61,8 @@ CHECKPOINT_BYTES = 256 << 20
 #: has less left to write, and the pages it made durable are dropped from the page cache sooner
 #: (``files.release_cached``).
 BACKGROUND_CHECKPOINT_BYTES = 64 << 20
+#: ... or, for a writer without timed checkpoints (``Writer.timed_checkpoints``), this many inputs.
+UNTIMED_CHECKPOINT_INPUTS = 2048
 #: One row per sample written, its columns the journal's own (``samples.i64`` holds them in this
 #: order: another order is another :data:`JOURNAL_VERSION`): where the sample is (``shard``,
 #: ``offset``: WebDataset only, else 0), its size, label and shape, and its checksum. Everyone
