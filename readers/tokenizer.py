@@ -184,10 +184,17 @@ class Tokenizer:
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
-    """``"bytes"``, a ``tokenizer.json`` path or a SentencePiece ``.model`` path -> :class:`Tokenizer`."""
+    """``"bytes"``, a ``tokenizer.json`` path or a SentencePiece ``.model`` path (or a folder
+    holding one, as ``save_pretrained`` writes) -> :class:`Tokenizer`."""
     if str(spec) == "bytes":
         return Tokenizer("bytes", "", BYTES_VOCAB, BYTES_EOS)
     path = Path(spec)
+    if path.is_dir():  # a save_pretrained folder: its tokenizer.json (or its one SentencePiece model)
+        found = [path / "tokenizer.json"] if (path / "tokenizer.json").is_file() else sorted(path.glob("*.model"))
+        if len(found) != 1:
+            raise TokenizerError(f"{path}: a folder without a tokenizer.json" + (" and with several .model files" if found else " or a SentencePiece .model")
+                                 + ": pass the file itself")
+        path = found[0]
     if not path.is_file():
         raise TokenizerError(f"{path}: tokenizer file not found (pass 'bytes', a tokenizer.json or a SentencePiece .model)")
     if path.suffix == ".model":

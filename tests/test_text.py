@@ -89,6 +89,23 @@ def test_round_trip_every_format(fmt: str, corpus: Path, bpe: Path, tmp_path: Pa
     assert ds.meta.tokenizer["eos_id"] == eos and ds.meta.tokenizer["vocab_size"] == library.get_vocab_size()
 
 
+def test_a_save_pretrained_folder_is_its_tokenizer_json(bpe: Path, tmp_path: Path) -> None:
+    """A folder holding tokenizer.json (what save_pretrained writes) was 'tokenizer file not
+    found', sending the user after a path problem (a text walkthrough)."""
+    import shutil
+
+    from readers.tokenizer import TokenizerError, load_tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(bpe, folder / "tokenizer.json")
+    assert load_tokenizer(folder).identity() == load_tokenizer(bpe).identity()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TokenizerError, match=r"a folder without a tokenizer.json or a SentencePiece .model: pass the file itself$"):
+        load_tokenizer(empty)
+
+
 def test_bytes_tokenizer_blocks_cover_stream(corpus: Path, tmp_path: Path) -> None:
     dst = tmp_path / "c.blob"
     _convert(corpus, dst, "blob")
