@@ -9,11 +9,9 @@ from pathlib import Path
 from readers.formats import open_store
 from readers.schema import Metadata
 
-from .report import one_line
+from .report import MAX_LISTED, one_line
 
 __all__ = ["read_metadata", "describe", "disk_usage"]
-
-MAX_LISTED = 20
 
 
 def read_metadata(path: str | Path) -> Metadata:

@@ -15,6 +15,9 @@ __all__ = ["ConversionReport", "TextConversionReport", "human_bytes", "one_line"
 #: its warning in two, the second line looking like a warning of its own (a walkthrough).
 _ESCAPES = {**{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F)}, 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 
+#: Skipped inputs (and classes) ``packer info`` lists before "... N more (see --json)".
+MAX_LISTED = 20
+
 
 def one_line(text: str) -> str:
     """``text`` with its control characters escaped (``\\n``, ``\\x1b``...), so it prints as one line."""
@@ -62,7 +65,8 @@ class ConversionReport:
     def _tail(self) -> str:
         workers = f"with {self.workers} worker{'s' if self.workers != 1 else ''}"
         resumed = f" (resumed after {self.resumed:,} inputs)" if self.resumed else ""
-        listed = "listed in its metadata" if _is_url(self.dst) else f"listed by: packer info {shlex.quote(str(self.dst))}"  # (info reads local paths)
+        every = " --json" if len(self.skipped) > MAX_LISTED else ""  # (info lists MAX_LISTED, then "... N more (see --json)")
+        listed = "listed in its metadata" if _is_url(self.dst) else f"listed by: packer info{every} {shlex.quote(str(self.dst))}"  # (info reads local paths)
         skipped = f"; skipped {len(self.skipped):,} ({listed})" if self.skipped else ""
         return f"{workers}{resumed}{skipped}"
 

@@ -302,6 +302,9 @@ def test_the_summarys_command_is_quoted_for_a_shell(tmp_path):
                               payload_bytes=10, seconds=1.0)
     command = report.summary().split("(listed by: ", 1)[1].rstrip(")")
     assert shlex.split(command) == ["packer", "info", str(dst)]
+    # more than packer info lists: the command that lists them all (it named one cut at 20; a newcomer walkthrough)
+    many = dataclasses.replace(report, skipped=[Skipped(f"a/{i}.jpg", "truncated") for i in range(21)])
+    assert shlex.split(many.summary().split("(listed by: ", 1)[1].rstrip(")")) == ["packer", "info", "--json", str(dst)]
 
 
 def test_skipped_inputs_past_fifty_are_counted_not_printed(tmp_path, caplog):
