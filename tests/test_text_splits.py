@@ -54,3 +54,21 @@ def test_a_datasets_metadata_json_is_no_json_lines(hub, tmp_path, caplog):
     (hub / "dataset_infos.json").write_text("{}")
     convert(hub, tmp_path / "o.blob", source=SourceOptions(split="train"), workers=1)
     assert ".json" not in caplog.text.replace(".jsonl", "")
+
+
+def test_a_corpus_laid_out_by_source_is_not_warned_of_as_splits(tmp_path, caplog):
+    """Folders named by source (arxiv/, github/, as a pre-training mix is laid out) were warned of
+    as splits converted together, with advice (--split arxiv) that drops most of the corpus (a
+    text walkthrough). Folders named as splits still are; --split still picks a folder."""
+    mix = tmp_path / "mix"
+    for name in ("arxiv", "github", "books"):
+        (mix / name).mkdir(parents=True)
+        (mix / name / "part-0.jsonl").write_text(f'{{"text": "{name} doc"}}\n')
+    convert(mix, tmp_path / "mix.blob", workers=1)
+    assert "splits" not in caplog.text and len(documents(tmp_path / "mix.blob")) == 3
+    convert(mix, tmp_path / "arxiv.blob", source=SourceOptions(split="arxiv"), workers=1)
+    assert documents(tmp_path / "arxiv.blob") == ["arxiv doc"]
+    (mix / "validation").mkdir()
+    (mix / "validation" / "part-0.jsonl").write_text('{"text": "held out"}\n')
+    convert(mix, tmp_path / "with-val.blob", workers=1)
+    assert "its files are those of the splits arxiv, books, github, validation" in caplog.text

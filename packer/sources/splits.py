@@ -40,11 +40,21 @@ def split_of(path: Path, root: Path) -> str | None:
     return named[0] if named else folders[-1]
 
 
+def _named_as_split(path: Path, root: Path) -> bool:
+    """Whether ``path`` is named as a split is (a Hub shard, ``test.jsonl``, a folder ``train/``),
+    not only in a folder of its own: a corpus laid out by source (``arxiv/``, ``github/``, as
+    RedPajama's) was warned of as splits converted together (a text walkthrough)."""
+    stem = path.name.split(".", 1)[0]
+    if _SHARD.fullmatch(stem) or _SPLIT_NAMES.fullmatch(stem):
+        return True
+    return root in path.parents and any(_SPLIT_NAMES.fullmatch(part) for part in path.parent.relative_to(root).parts)
+
+
 def of_split(files: list[Path], root: Path, split: str | None, src: Any) -> list[Path]:
     """``files`` of the split ``split`` (all of them, with a warning when they are of several, without)."""
     found = sorted({name for p in files if (name := split_of(p, root)) is not None})
     if split is None:
-        if len(found) > 1:
+        if len(found) > 1 and any(_named_as_split(p, root) for p in files):  # (arxiv/, github/: a mix's sources, no splits)
             likely = "train" if "train" in found else found[0]
             log.warning("%s: its files are those of the splits %s, which are converted together into one dataset; "
                         "to convert one split, pass --split %s", src, ", ".join(found), likely)
