@@ -40,6 +40,7 @@ from .preprocess.task import UNREACHABLE, Encoded, Failed, ImageTask
 from .report import ConversionReport
 from .sources.images import ImageFolder, scan_image_folder, warn_one_class_of_class_folders
 from .sources.remote import is_source_url, remote_chunksize, store_answers
+from .sources.rules import warn_of_empty_classes
 from .writers.base import Writer
 from .writers.journal import conversion_fingerprint
 
@@ -259,8 +260,7 @@ def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None
             _warn_of_text_beside_images(folder, src)
     if advise and not is_source_url(str(src)) and not isinstance(folder.root, str):  # local files: their headers are cheap to read
         _warn_of_enlargement(folder.items, image)
-    for name in folder.empty_classes:
-        log.warning("class folder %r has no images (its label is kept)", name)
+    warn_of_empty_classes(folder.root, folder.empty_classes)
     if class_list is not None and source.classes is not None:  # numbered as another conversion's classes
         from .sources.class_list import with_class_list
 

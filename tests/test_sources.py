@@ -258,3 +258,20 @@ def test_netpbm_images_convert_as_torchvisions_imagefolder_finds_them(tmp_path):
     read = open_dataset(convert(tmp_path / "src", tmp_path / "o.blob", workers=1).dst)
     assert len(read) == 2 and read.classes == ["a", "b"]
     assert np.array_equal(read[0][0].numpy(), color.transpose(2, 0, 1)) and np.array_equal(read[1][0].numpy(), np.stack([gray] * 3))
+
+
+def test_an_empty_class_folder_names_the_files_it_holds_and_the_extensions_converted(tmp_path, caplog):
+    """A class folder of .jfif and .avif files was 'has no images' with no word of why (torchvision
+    lists its extensions; a newcomer walkthrough)."""
+    from PIL import Image
+
+    from packer import ImageOptions, convert
+
+    for cls in ("a", "b"):
+        (tmp_path / "src" / cls).mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "src" / "a" / "x.jpg")
+    Image.new("RGB", (8, 8)).save(tmp_path / "src" / "b" / "x.jfif", "JPEG")
+    (tmp_path / "src" / "b" / "y.avif").write_bytes(b"")
+    convert(tmp_path / "src", tmp_path / "o.blob", image=ImageOptions(size=8), workers=1)
+    assert ("class folder 'b' has no images (its label is kept); its 2 files (e.g. b/x.jfif) are not of the extensions "
+            "converted: .bmp, .gif, .jpeg, .jpg") in caplog.text

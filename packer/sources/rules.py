@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Sequence
 
-__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "is_hidden", "is_image_name", "image_order"]
+__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "is_hidden", "is_image_name", "image_order", "warn_of_empty_classes"]
 
 #: Image file extensions (any case) that are converted.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"})
@@ -32,3 +33,26 @@ def is_image_name(name: str) -> bool:
 def image_order(parts: Sequence[str]) -> list[str]:
     """The sort key of an image inside its class folder: its relative path, part by part."""
     return list(parts)
+
+
+def warn_of_empty_classes(root: object, names: Sequence[str]) -> None:
+    """Warn of each class folder of ``root`` among ``names`` (those holding no image)."""
+    for name in names:
+        logging.getLogger("packer").warning("%s", empty_class_warning(root, name))
+
+
+def empty_class_warning(root: object, name: str) -> str:
+    """The warning for class folder ``name`` of ``root`` holding no image: with the files it
+    holds, if any, by extension (``x.jfif``, ``y.avif`` read as 'no images', with no word of
+    why; a newcomer walkthrough), and the extensions converted."""
+    said = f"class folder {name!r} has no images (its label is kept)"
+    try:
+        others = sorted(os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(str(root), name))
+                        for f in files if not is_hidden(f))
+    except (OSError, TypeError):
+        return said
+    if not others:
+        return said
+    example = os.path.relpath(others[0], str(root))
+    return (f"{said}; its {len(others):,} file{'s' if len(others) != 1 else ''} (e.g. {example}) are not of the extensions "
+            f"converted: {', '.join(sorted(IMAGE_EXTENSIONS))}")
