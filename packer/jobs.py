@@ -318,8 +318,8 @@ def _warn_of_enlargement(items: Sequence[Any], image: ImageOptions) -> None:
                 continue
             with warnings.catch_warnings(), Image.open(item.path) as opened:
                 warnings.simplefilter("ignore")  # (Pillow's DecompressionBombWarning: the conversion has its own --max-pixels)
-                width, height = opened.size
-                if opened.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8):  # shown turned a quarter: as the conversion sees it
+                (width, height), turned = opened.size, getattr(opened, "_tile_size", opened.size) != opened.size  # (a TIFF's: turned by Pillow)
+                if opened.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8) and not turned:  # shown turned a quarter, as converted
                     width, height = height, width
         except Exception:  # noqa: BLE001 - an unreadable input is the conversion's to report
             continue
