@@ -21,6 +21,7 @@ worker count: HDF5's structures are all made in the driver, the samples are byte
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 from array import array
@@ -38,6 +39,8 @@ from ..preprocess.task import Encoded
 from .base import Writer
 from ..files import allocate, fsync_path, punch_hole
 from .journal import Checkpoint, record_shapes
+
+log = logging.getLogger("packer")
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
 
@@ -76,6 +79,7 @@ class HDF5Writer(Writer):
         self._pending: list[Encoded] = []
         self._pending_bytes = 0
         self._layout: str | None = None  # "fixed" or "flat", chosen at the first flush
+        self._moved = False  # samples moved from "fixed" to "flat": the file keeps their first copy's space
         self._written = 0
         self._labels = array("q")
         self._shapes = array("q")  # flat (C, H, W) triples, of every sample written
@@ -102,7 +106,8 @@ class HDF5Writer(Writer):
         _h5_call(self._file.flush)
         shape = getattr(self, "_fixed_shape", None)
         rows = None if self._starts is None else len(self._starts)
-        return {"layout": self._layout, "fixed_shape": list(shape) if shape else None, "written": self._written, "rows": rows}
+        return {"layout": self._layout, "fixed_shape": list(shape) if shape else None, "written": self._written, "rows": rows,
+                "moved": self._moved}
 
     def _durable(self) -> None:
         rows = self._fd  # open since before any worker wrote (closed only after _settle)
@@ -139,6 +144,9 @@ class HDF5Writer(Writer):
         if META_ATTR in self._file.attrs:
             _h5_call(self._file.attrs.__delitem__, META_ATTR)
         self._layout, self._written = state["layout"], checkpoint.samples
+        self._moved = bool(state.get("moved"))
+        if self._layout == "fixed" and IMAGES not in self._file and PAYLOAD in self._file:  # moved to flat after the checkpoint
+            self._layout, self._moved = "flat", True  # (payload holds the checkpoint's rows first, back to back)
         self._labels.extend(rows["label"].tolist())
         if self._layout == "fixed":
             self._fixed_shape = tuple(state["fixed_shape"])
@@ -359,7 +367,7 @@ class HDF5Writer(Writer):
         self._shapes.extend(self._fixed_shape * self._written)
         self._offsets.extend(range(nbytes, (self._written + 1) * nbytes, nbytes))
         del self._file[IMAGES]
-        self._layout = "flat"
+        self._layout, self._moved = "flat", True
 
     # -- finishing ---------------------------------------------------------------------------
     def _write_metadata(self, meta: Metadata) -> None:
@@ -370,6 +378,8 @@ class HDF5Writer(Writer):
         self._reserve(_INDEX_BYTES_PER_SAMPLE * self._written + len(meta.to_json()) + len(names or b""))
         _h5_call(self._write_index, meta, names)
         self._file = None
+        if self._moved:
+            _h5_call(self._compact, meta)
 
     def _write_index(self, meta: Metadata, names: bytes | None) -> None:
         file = self._file
@@ -383,6 +393,34 @@ class HDF5Writer(Writer):
         file.flush()
         file.attrs[META_ATTR] = meta.to_json()  # last: a file without it is unfinished
         file.close()
+
+    def _compact(self, meta: Metadata) -> None:
+        """Copy the finished file's datasets into a new file that replaces it: HDF5 never gives
+        back a deleted dataset's space, so samples moved from ``images`` to ``payload`` (a later
+        sample of another shape) left their first copy dead in the file, up to as large as the
+        samples (a plain-library walkthrough). Chunks are copied as stored (``H5Ocopy``), in
+        the order they were made; with too little free disk the file is kept as it is, said."""
+        folder = self._journal.folder if self._journal is not None else self.tmp.parent
+        target = folder / "compact.h5" if self._journal is not None else self.tmp.with_name(self.tmp.name + "-compact")
+        with h5py.File(self.tmp, "r", locking=False) as file:
+            live = sum(file[name].id.get_storage_size() for name in file)
+            st = os.statvfs(folder)
+            if st.f_bavail * st.f_frsize < live + _HDF5_MARGIN:
+                dead = os.path.getsize(self.tmp) - live
+                log.warning("%s: %d MB of samples moved to the layout of varying shapes stay in the file (too little free disk "
+                            "to copy it without them; h5repack does it later)", self.dst, dead >> 20)
+                return
+            try:
+                with h5py.File(target, "w", libver=LIBVER, locking=False) as compact:
+                    for name in (PAYLOAD, LABELS, CHECKSUMS, SOURCES, OFFSETS, SHAPES):
+                        if name in file:
+                            file.copy(file[name], compact, name=name)
+                    compact.flush()
+                    compact.attrs[META_ATTR] = meta.to_json()  # last, as written
+            except BaseException:
+                target.unlink(missing_ok=True)
+                raise
+        os.replace(target, self.tmp)
 
     def _close(self) -> None:
         if getattr(self, "_fd", -1) >= 0:
