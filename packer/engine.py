@@ -175,6 +175,8 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
                 first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
                 because = f" (first: {first.path}: {first.reason})" if first else ""
                 inputs = len(job.items) + len(job.skipped)  # those the scan already refused too
+                if not inputs:  # ("none of the 0 documents": a corpus of blank lines said nothing of why)
+                    raise InputError(f"{job.source}: no {job.noun}s to convert" + (" (its files are empty or hold blank lines only)" if job.noun == "document" else ""))
                 raise InputError(f"{job.source}: none of the {inputs:,} {job.noun}s could be converted{because}")
             writer.finish(Metadata(
                 format=fmt, count=writer.count, source=job.source, skipped=tuple(skipped), tool_version=__version__,

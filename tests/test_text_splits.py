@@ -72,3 +72,19 @@ def test_a_corpus_laid_out_by_source_is_not_warned_of_as_splits(tmp_path, caplog
     (mix / "validation" / "part-0.jsonl").write_text('{"text": "held out"}\n')
     convert(mix, tmp_path / "with-val.blob", workers=1)
     assert "its files are those of the splits arxiv, books, github, validation" in caplog.text
+
+
+def test_whitespace_and_blank_line_corpora_say_what_they_are(tmp_path):
+    """A whitespace-only document was 'empty document' though it has tokens, and a corpus of
+    blank lines 'none of the 0 documents could be converted' with no reason (a text walkthrough)."""
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "a.jsonl").write_text("\n\n  \n")
+    with pytest.raises(Exception, match=r"blank: no documents to convert \(its files are empty or hold blank lines only\)$"):
+        convert(blank, tmp_path / "b.blob", workers=1)
+    spaces = tmp_path / "spaces"
+    spaces.mkdir()
+    (spaces / "a.txt").write_text("\n\n   \n")
+    (spaces / "b.txt").write_text("hello\n")
+    report = convert(spaces, tmp_path / "s.blob", workers=1)
+    assert [(s.path, s.reason) for s in report.skipped] == [("a.txt", "empty document (whitespace only)")]

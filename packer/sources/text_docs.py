@@ -402,4 +402,4 @@ def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
 
 
 def _nonempty(source: str, text: str) -> str | Skipped:
-    return text if text.strip() else Skipped(source, "empty document")
+    return text if text.strip() else Skipped(source, "empty document" + (" (whitespace only)" if text else ""))
