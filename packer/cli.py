@@ -141,8 +141,8 @@ def label_file_options(command):
         click.option("--path-column", metavar="NAME", help="With --labels: the image path column (default: path, filename, image, id...)."),
         click.option("--label-column", metavar="NAME", help="With --labels or a Parquet SRC: the label column (default: label, class, category...)."),
         click.option("--image-column", metavar="NAME", help="A Parquet SRC: the column of encoded images (default: the Image one, else image, img...)."),
-        click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split)."),
-        click.option("--split", metavar="VALUE", help="With --labels: only the rows of this split (e.g. val); a Parquet SRC: its files of this split."),
+        click.option("--split-column", metavar="NAME", help="With --split: the column it selects on (default: split, subset, set or fold)."),
+        click.option("--split", metavar="VALUE", help="With --labels: only the rows of this split (e.g. val); a Parquet SRC or a text corpus: its files of this split."),
         click.option("--classes", "classes", type=click.Path(), metavar="PATH",
                      help="Number the classes as this list does: a packer dataset (--classes train.lmdb, converting val) "
                           "or a text file of class names, one a line."),
