@@ -130,7 +130,10 @@ def _existing(path: str | Path) -> Path:
 
 def _empty_folder(p: Path) -> bool:
     try:
-        return p.is_dir() and next(os.scandir(p), None) is None
+        if not p.is_dir():
+            return False
+        with os.scandir(p) as entries:
+            return next(entries, None) is None
     except OSError:
         return False
 
