@@ -141,47 +141,59 @@ def publish(tmp: Path, dst: Path) -> None:
             os.replace(old, dst)  # the dataset that was there, back in its place
         raise
     fsync_path(dst.parent if str(dst.parent) else Path("."))
-    if old is not None:
-        remove_path(old)
-        if old.exists():  # a read-only copy (its owner's 555 folder): writable, then removed
-            for folder, _, names in os.walk(old):
-                os.chmod(folder, 0o700)
-            remove_path(old)
-        if old.exists() or old.is_symlink():
-            import logging
+    if old is not None and not _removed(old):
+        import logging
 
-            logging.getLogger("packer").warning("%s: the dataset it replaced is left at %s (it could not be removed)", dst, old)
+        logging.getLogger("packer").warning("%s: the dataset it replaced is left at %s (it could not be removed)", dst, old)
+
+
+def _removed(old: Path) -> bool:
+    """Remove a replaced dataset; whether it is gone."""
+    remove_path(old)
+    if old.exists():  # a read-only copy (its owner's 555 folder): writable, then removed
+        for folder, _, _names in os.walk(old):
+            os.chmod(folder, 0o700)
+        remove_path(old)
+    return not (old.exists() or old.is_symlink())
 
 
 def recover_replaced(dst: Path) -> None:
     """Put right what a killed :func:`publish` left (SIGKILL, the OOM killer, power lost): the
     dataset it replaced, moved aside as ``DST.replaced-PID``, stayed there for good (a full
-    copy nobody removed; an interrupted-conversions walkthrough). With DST published, the copy
-    is removed; without (killed between the two renames), it goes back to DST, the new output
-    staying as ``DST.partial`` to resume. Only a copy whose process is gone is touched."""
+    copy nobody removed; an interrupted-conversions walkthrough). With DST published (there,
+    and no ``DST.partial`` left), the copy is removed; killed between the two renames (no DST,
+    or an empty folder made since), it goes back to DST, the new output staying ``DST.partial``
+    to resume; DST holding something else then, it is left, said. Not while a conversion to
+    DST holds its lock (it may be publishing)."""
     import logging
     import re
 
-    pattern = re.compile(re.escape(dst.name) + r"\.replaced-([0-9]+)x*")
+    from readers.formats.inprogress import lock_holder, lock_path
+
+    say = logging.getLogger("packer").warning
+    pattern = re.compile(re.escape(dst.name) + r"\.replaced-[0-9]+x*")
     try:
-        names = [name for name in os.listdir(dst.parent if str(dst.parent) else ".") if pattern.fullmatch(name)]
+        names = sorted(name for name in os.listdir(dst.parent if str(dst.parent) else ".") if pattern.fullmatch(name))
     except OSError:
         return
-    for name in sorted(names):
-        try:
-            os.kill(int(pattern.fullmatch(name).group(1)), 0)  # type: ignore[union-attr]
-            continue  # its conversion is still running (publishing now)
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError):  # another user's live process, or no pid at all
+    partial = partial_path(dst)
+    if not names or lock_holder(lock_path(partial)) is not None:
+        return
+    for name in names:
+        old, there = dst.with_name(name), dst.exists() or dst.is_symlink()
+        if there and not (partial.exists() or partial.is_symlink()):
+            if _removed(old):
+                say("%s: removed %s, the dataset a killed --overwrite had replaced", dst, name)
+            else:
+                say("%s: %s is the dataset a killed --overwrite replaced (it could not be removed)", dst, name)
             continue
-        old = dst.with_name(name)
-        if dst.exists() or dst.is_symlink():
-            remove_path(old)
-            logging.getLogger("packer").warning("%s: removed %s, the dataset a killed --overwrite had replaced", dst, name)
-        else:
-            os.replace(old, dst)
-            logging.getLogger("packer").warning("%s: a killed --overwrite had moved the dataset aside as %s; it is back", dst, name)
+        if there and dst.is_dir() and not dst.is_symlink() and not os.listdir(dst):
+            dst.rmdir()  # (made again since, empty)
+        elif there:
+            say("%s: %s is the dataset a killed --overwrite had moved aside; DST holds other files now, so it is left there", dst, name)
+            continue
+        os.replace(old, dst)
+        say("%s: a killed --overwrite had moved the dataset aside as %s; it is back", dst, name)
 
 
 def _mode_for(path: Path, mode: int) -> int:

@@ -392,36 +392,54 @@ def test_a_dst_that_is_a_link_writes_its_target_and_keeps_the_link(src, tmp_path
     assert (tmp_path / "e").is_symlink() and open_dataset(empty)[0][0].shape == (3, 8, 8)  # a pattern in a linked folder (a review)
 
 
-def _dead_pid() -> int:
-    import subprocess
-    import sys
-
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-@pytest.mark.parametrize("published", [True, False])
-def test_a_killed_overwrites_moved_aside_dataset_is_removed_or_put_back(src, tmp_path, published):
+@pytest.mark.parametrize("case", ["published", "between renames", "made again empty", "holding other files", "running"])
+def test_a_killed_overwrites_moved_aside_dataset_is_removed_or_put_back(src, tmp_path, case, caplog):
     """A SIGKILL inside publish() left the replaced dataset as DST.replaced-PID for good: a full
     copy nothing removed, or, killed between the two renames, the user's dataset moved aside with
     DST missing (an interrupted-conversions walkthrough). The next conversion to DST removes the
-    copy once DST is published, or puts it back where DST was."""
-    old, dst = tmp_path / "old.lmdb", tmp_path / "out.lmdb"
+    copy once DST is published (there, no DST.partial), or puts it back where DST was (missing,
+    or an empty folder made since: removing the copy there lost both datasets; a review), and
+    leaves it, said, when DST holds other files or a conversion to DST runs."""
+    from packer.files import recover_replaced
+    from packer.locking import DestinationLock
+    from readers.formats.inprogress import lock_path
+
+    old, dst, partial = tmp_path / "old.lmdb", tmp_path / "out.lmdb", tmp_path / "out.lmdb.partial"
     convert(src, old, image=ImageOptions(size=8), workers=1)
     before = tree(old)
-    if published:
+    if case == "published":
         convert(src, dst, image=ImageOptions(size=8), workers=1)
-    aside = tmp_path / f"out.lmdb.replaced-{_dead_pid()}"
+    aside = tmp_path / "out.lmdb.replaced-4242"
     os.replace(old, aside)
-    live = tmp_path / f"out.lmdb.replaced-{os.getpid()}"  # a conversion still publishing: left alone
-    live.mkdir()
-    if published:
-        result = run("convert", src, dst, "--size", "8", "-j", "1", "--overwrite")
-        assert result.exit_code == 0, result.output
-        assert "removed out.lmdb.replaced-" in result.output and not aside.exists()
+    if case != "published":  # the killed run's complete new output, not yet renamed
+        convert(src, tmp_path / "new.lmdb", image=ImageOptions(size=8), workers=1)
+        os.replace(tmp_path / "new.lmdb", partial)
+    if case == "made again empty":
+        dst.mkdir()
+    if case == "holding other files":
+        dst.mkdir()
+        (dst / "notes.txt").write_text("mine")
+    lock = DestinationLock(lock_path(partial), str(dst)).acquire() if case == "running" else None
+    try:
+        recover_replaced(dst)
+    finally:
+        if lock is not None:
+            lock.release()
+    if case == "published":
+        assert not aside.exists() and "removed out.lmdb.replaced-4242" in caplog.text
+    elif case in ("between renames", "made again empty"):
+        assert not aside.exists() and tree(dst) == before and partial.exists() and "it is back" in caplog.text
+    elif case == "holding other files":
+        assert tree(aside) == before and (dst / "notes.txt").read_text() == "mine" and "so it is left there" in caplog.text
     else:
-        result = run("convert", src, dst, "--size", "8", "-j", "1")
-        assert result.exit_code != 0 and "is back" in result.output and "--overwrite" in result.output  # (DST exists again)
-        assert not aside.exists() and tree(dst) == before
-    assert live.exists()
+        assert tree(aside) == before and not caplog.text
+
+
+def test_a_killed_overwrites_copy_is_removed_by_the_next_command(src, tmp_path):
+    old, dst = tmp_path / "old.lmdb", tmp_path / "out.lmdb"
+    convert(src, old, image=ImageOptions(size=8), workers=1)
+    convert(src, dst, image=ImageOptions(size=8), workers=1)
+    os.replace(old, tmp_path / "out.lmdb.replaced-4242")
+    result = run("convert", src, dst, "--size", "8", "-j", "1", "--overwrite")
+    assert result.exit_code == 0 and "removed out.lmdb.replaced-4242" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.lmdb", "s"]
