@@ -65,3 +65,16 @@ def test_a_resume_from_a_checkpoint_taken_before_the_move(mixed, tmp_path, monke
             convert(mixed, dst, image=ImageOptions(), workers=1)
     report = convert(mixed, dst, image=ImageOptions(), workers=1, resume=True)
     assert report.resumed == 40 and plain(dst) == reference
+
+
+def test_too_little_free_disk_keeps_the_file_as_it_is_said(mixed, tmp_path, monkeypatch, caplog):
+    import os
+
+    import packer.writers.hdf5_compact as compacting
+
+    monkeypatch.setattr(hdf5_writer, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(compacting, "free_bytes", lambda folder: 4096)
+    h5 = convert(mixed, tmp_path / "out.h5", image=ImageOptions(), workers=1).dst
+    assert "stay in the file, not copied without them (" in caplog.text and "h5repack does it later" in caplog.text
+    assert h5.stat().st_size > 40 * 3 * 32 * 32 + 3 * 16 * 24 + 64 * 1024 and len(plain(h5)) == 41  # complete, with its dead copy
+    assert sorted(os.listdir(tmp_path)) == ["out.h5", "src"]

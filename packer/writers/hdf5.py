@@ -21,7 +21,6 @@ worker count: HDF5's structures are all made in the driver, the samples are byte
 from __future__ import annotations
 
 import errno
-import logging
 import math
 import os
 from array import array
@@ -38,9 +37,8 @@ from ..placement import Placed, Placement, pwrite_all, wait_for_writers
 from ..preprocess.task import Encoded
 from .base import Writer
 from ..files import allocate, fsync_path, punch_hole
+from .hdf5_compact import compact
 from .journal import Checkpoint, record_shapes
-
-log = logging.getLogger("packer")
 
 __all__ = ["HDF5Writer", "BLOCK_BYTES", "PAYLOAD_CHUNK", "LIBVER"]
 
@@ -378,8 +376,8 @@ class HDF5Writer(Writer):
         self._reserve(_INDEX_BYTES_PER_SAMPLE * self._written + len(meta.to_json()) + len(names or b""))
         _h5_call(self._write_index, meta, names)
         self._file = None
-        if self._moved:
-            _h5_call(self._compact, meta)
+        if self._moved and self._journal is not None:  # (its folder is packer's place for the copy)
+            compact(self.tmp, self._journal.folder / "compact.h5", meta.to_json(), self.dst, LIBVER)
 
     def _write_index(self, meta: Metadata, names: bytes | None) -> None:
         file = self._file
@@ -393,34 +391,6 @@ class HDF5Writer(Writer):
         file.flush()
         file.attrs[META_ATTR] = meta.to_json()  # last: a file without it is unfinished
         file.close()
-
-    def _compact(self, meta: Metadata) -> None:
-        """Copy the finished file's datasets into a new file that replaces it: HDF5 never gives
-        back a deleted dataset's space, so samples moved from ``images`` to ``payload`` (a later
-        sample of another shape) left their first copy dead in the file, up to as large as the
-        samples (a plain-library walkthrough). Chunks are copied as stored (``H5Ocopy``), in
-        the order they were made; with too little free disk the file is kept as it is, said."""
-        folder = self._journal.folder if self._journal is not None else self.tmp.parent
-        target = folder / "compact.h5" if self._journal is not None else self.tmp.with_name(self.tmp.name + "-compact")
-        with h5py.File(self.tmp, "r", locking=False) as file:
-            live = sum(file[name].id.get_storage_size() for name in file)
-            st = os.statvfs(folder)
-            if st.f_bavail * st.f_frsize < live + _HDF5_MARGIN:
-                dead = os.path.getsize(self.tmp) - live
-                log.warning("%s: %d MB of samples moved to the layout of varying shapes stay in the file (too little free disk "
-                            "to copy it without them; h5repack does it later)", self.dst, dead >> 20)
-                return
-            try:
-                with h5py.File(target, "w", libver=LIBVER, locking=False) as compact:
-                    for name in (PAYLOAD, LABELS, CHECKSUMS, SOURCES, OFFSETS, SHAPES):
-                        if name in file:
-                            file.copy(file[name], compact, name=name)
-                    compact.flush()
-                    compact.attrs[META_ATTR] = meta.to_json()  # last, as written
-            except BaseException:
-                target.unlink(missing_ok=True)
-                raise
-        os.replace(target, self.tmp)
 
     def _close(self) -> None:
         if getattr(self, "_fd", -1) >= 0:
