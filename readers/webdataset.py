@@ -247,19 +247,16 @@ class StreamingShards(IterableDataset):
         if before is None and batches:
             raise ValueError("state_dict: the state loaded was saved by a packer that did not record its batch count, so the "
                              "batches before it are unknown: save this rank's state from a fresh epoch, or without the resume")
-        batches, epoch = batches + (before or 0), self.epoch
+        if before is None:  # (batches 0: where the loaded state stands, without a count, as it was saved)
+            skip, following = self._cursor.position  # type: ignore[misc]
+            return {"epoch": self.epoch, **self._settings(), "num_workers": num_workers, "dataset": self._fingerprint(),
+                    "skip": list(skip), "first": following}
+        batches, epoch = batches + before, self.epoch
         skip, following = self._position(batches, batch_size, num_workers)
         if batches and batches == self._position(-1, batch_size, num_workers)[1]:  # the epoch's last batch: the next one
             batches, epoch, skip, following = 0, epoch + 1, [0] * len(skip), 0
-        return {
-            "epoch": epoch,
-            **self._settings(),
-            "num_workers": num_workers,
-            "dataset": self._fingerprint(),
-            "batches": int(batches),
-            "skip": skip,
-            "first": following,
-        }
+        return {"epoch": epoch, **self._settings(), "num_workers": num_workers, "dataset": self._fingerprint(),
+                "batches": int(batches), "skip": skip, "first": following}
 
     def _position(self, batches: int, batch_size: int | None, num_workers: int) -> tuple[list[int], int]:
         """Where this rank's ``num_workers`` workers are in the current epoch after ``batches``
@@ -321,9 +318,9 @@ class StreamingShards(IterableDataset):
         check_settings({**state, "rank": self.rank}, self._settings(), "dataset")
         if self.meta is not None:
             check_fingerprint(state.get("dataset", {}), self._fingerprint(), "dataset")
-        self._resumed_batches = int(state["batches"]) if "batches" in state else None
         if not other_rank:
             self._cursor.resume(state["epoch"], ([int(n) for n in state["skip"]], int(state.get("first", 0))))
+            self._resumed_batches = int(state["batches"]) if "batches" in state else None
             return
         # Equal batches keep the ranks in step: after the same number of batches, this rank's
         # workers are where this rank's own state would put them.
@@ -336,6 +333,7 @@ class StreamingShards(IterableDataset):
             raise ResumeError(f"load_state_dict: batches={state['batches']} is more than rank {self.rank}'s batches in epoch "
                               f"{state['epoch']}: not a state of these shards and settings") from None
         self._cursor.resume(state["epoch"], (skip, following))
+        self._resumed_batches = int(state["batches"])
 
     def _fingerprint(self) -> dict[str, Any]:
         """The metadata's identity of these shards (sample count, source, creation), as states record it."""

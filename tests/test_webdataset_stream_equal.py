@@ -430,3 +430,21 @@ def test_a_state_saved_at_the_epochs_last_batch_is_the_next_epoch_as_the_loaders
     resumed = StreamingShards(folders[5], batch_size=2)
     resumed.load_state_dict(state)
     assert len(run(resumed, table, 2, 0)) == batches  # the next epoch, whole (it yielded none: a loop ran an empty epoch)
+
+
+def test_a_state_without_a_batch_count_and_a_refused_load_keep_the_position(folders):
+    """A state saved before states recorded their batch count: state_dict(0) after loading it
+    gave the epoch's start (a rewind), and a refused load left its batch count behind (a review)."""
+    stream = StreamingShards(folders[5], batch_size=2)
+    state = stream.state_dict(2)
+    old = {k: v for k, v in state.items() if k != "batches"}
+    resumed = StreamingShards(folders[5], batch_size=2)
+    resumed.load_state_dict(old)
+    again = resumed.state_dict(0)
+    assert (again["skip"], again["first"], "batches" in again) == (old["skip"], old["first"], False)
+    with pytest.raises(ValueError, match=r"did not record its batch count"):
+        resumed.state_dict(1)
+    resumed.load_state_dict(state)
+    with pytest.raises(ResumeError):
+        resumed.load_state_dict({**state, "world_size": 2})
+    assert resumed.state_dict(0)["batches"] == 2
