@@ -193,7 +193,7 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
         found = [path / "tokenizer.json"] if (path / "tokenizer.json").is_file() else sorted(path.glob("*.model"))
         if len(found) != 1:
             raise TokenizerError(f"{path}: a folder without a tokenizer.json" + (" and with several .model files" if found else " or a SentencePiece .model")
-                                 + ": pass the file itself")
+                                 + (": pass one of them" if found else ": pass a tokenizer file"))
         path = found[0]
     if not path.is_file():
         raise TokenizerError(f"{path}: tokenizer file not found (pass 'bytes', a tokenizer.json or a SentencePiece .model)")

@@ -71,7 +71,7 @@ def test_a_corpus_laid_out_by_source_is_not_warned_of_as_splits(tmp_path, caplog
     (mix / "validation").mkdir()
     (mix / "validation" / "part-0.jsonl").write_text('{"text": "held out"}\n')
     convert(mix, tmp_path / "with-val.blob", workers=1)
-    assert "its files are those of the splits arxiv, books, github, validation" in caplog.text
+    assert "its files are those of the splits validation and of the folders arxiv, books, github, which" in caplog.text
 
 
 def test_whitespace_and_blank_line_corpora_say_what_they_are(tmp_path):

@@ -47,12 +47,14 @@ def empty_class_warning(root: object, name: str) -> str:
     why; a newcomer walkthrough), and the extensions converted."""
     said = f"class folder {name!r} has no images (its label is kept)"
     try:
-        others = sorted(os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(str(root), name))
-                        for f in files if not is_hidden(f))
+        others = []
+        for folder, folders, files in os.walk(os.path.join(str(root), name)):
+            folders[:] = [f for f in folders if not is_hidden(f)]  # (as the scan leaves them out)
+            others.extend(os.path.join(folder, f) for f in files if not is_hidden(f))
     except (OSError, TypeError):
         return said
     if not others:
         return said
-    example = os.path.relpath(others[0], str(root))
-    return (f"{said}; its {len(others):,} file{'s' if len(others) != 1 else ''} (e.g. {example}) are not of the extensions "
-            f"converted: {', '.join(sorted(IMAGE_EXTENSIONS))}")
+    example = os.path.relpath(min(others), str(root))
+    files = f"its file ({example}) is" if len(others) == 1 else f"its {len(others):,} files (e.g. {example}) are"
+    return f"{said}; {files} not of the extensions converted: {', '.join(sorted(IMAGE_EXTENSIONS))}"

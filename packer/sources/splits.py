@@ -54,10 +54,13 @@ def of_split(files: list[Path], root: Path, split: str | None, src: Any) -> list
     """``files`` of the split ``split`` (all of them, with a warning when they are of several, without)."""
     found = sorted({name for p in files if (name := split_of(p, root)) is not None})
     if split is None:
-        if len(found) > 1 and any(_named_as_split(p, root) for p in files):  # (arxiv/, github/: a mix's sources, no splits)
-            likely = "train" if "train" in found else found[0]
-            log.warning("%s: its files are those of the splits %s, which are converted together into one dataset; "
-                        "to convert one split, pass --split %s", src, ", ".join(found), likely)
+        named = sorted({split_of(p, root) for p in files if _named_as_split(p, root)})  # (arxiv/, github/: a mix's sources)
+        if len(found) > 1 and named:
+            likely = "train" if "train" in named else named[0]
+            others = [name for name in found if name not in named]
+            log.warning("%s: its files are those of the splits %s%s, which are converted together into one dataset; to "
+                        "convert one split, pass --split %s", src, ", ".join(named),
+                        f" and of the folders {', '.join(others)}" if others else "", likely)
         return files
     kept = [p for p in files if split_of(p, root) == split]
     if not kept:

@@ -254,7 +254,8 @@ class Writer:
 
     def progress(self, inputs: int, skipped: Sequence[Skipped]) -> None:
         """``inputs`` inputs are dealt with (``skipped`` of them not written): commit a checkpoint
-        to the resume journal when one is due (every few seconds or hundreds of MB); with
+        to the resume journal when one is due (every few seconds, or without :attr:`timed_checkpoints`
+        every few thousand inputs, or tens of MB); with
         :attr:`durable_in_background`, its ``fsync`` and commit run beside the writing."""
         if self._journal is None:
             return

@@ -115,7 +115,7 @@ def _existing(path: str | Path) -> Path:
             holder = lock_holder(lock_path(partial))
             state = "is an empty folder" if p.exists() else "does not exist"
             if holder is not None:  # not interrupted: still being written
-                raise IncompleteDatasetError(f"{p}: {state} yet; a packer conversion (pid {holder}) is writing it now "
+                raise IncompleteDatasetError(f"{p}: {state}{'' if p.exists() else ' yet'}; a packer conversion (pid {holder}) is writing it now "
                                              f"({partial.name}): wait for it to finish")
             raise IncompleteDatasetError(f"{p}: {state}; {partial.name} is an unfinished conversion: {_FINISH}")
         raise FileNotFoundError(f"{p}: no such packed dataset")
