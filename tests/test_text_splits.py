@@ -88,3 +88,17 @@ def test_whitespace_and_blank_line_corpora_say_what_they_are(tmp_path):
     (spaces / "b.txt").write_text("hello\n")
     report = convert(spaces, tmp_path / "s.blob", workers=1)
     assert [(s.path, s.reason) for s in report.skipped] == [("a.txt", "empty document (whitespace only)")]
+
+
+def test_compressed_data_under_a_plain_name_is_skipped_whole_saying_so(tmp_path):
+    """Gzip data named .jsonl was read line by line: thousands of 'invalid UTF-8' skips (a text walkthrough)."""
+    import gzip
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_bytes(gzip.compress(b'{"text": "hello"}\n{"text": "world"}\n' * 200))
+    (corpus / "b.jsonl").write_text('{"text": "ok"}\n')
+    report = convert(corpus, tmp_path / "o.blob", workers=1)
+    assert [(s.path, s.reason) for s in report.skipped] == [
+        ("a.jsonl", "gzip-compressed data under a plain name: name it a.jsonl.gz to have it read")]
+    assert documents(tmp_path / "o.blob") == ["ok"]

@@ -293,6 +293,8 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     return TextCorpus(root, docs, skipped, files=len(paths), paths=[str(p) for p in paths], images=images)
 
 
+#: A compressed file's first bytes, and the suffix that has it read through its decompressor.
+_COMPRESSED_MAGIC = ((b"\x1f\x8b", ".gz", "gzip"), (b"\x28\xb5\x2f\xfd", ".zst", "zstd"), (b"\xfd7zXZ\x00", ".xz", "xz"))
 #: Bytes a scan reads at once to find a file's lines.
 _BLOCK = 4 << 20
 #: Bytes a blank line may start with: ASCII blanks (those ``str.strip`` removes) and the lead
@@ -312,6 +314,9 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found:
     decompressed bytes)."""
     with open(path, "rb") if file.codec is None else open_decompressed(path, file.codec) as handle:
         block = handle.read(max(_BLOCK, _SNIFF) if by_line or file.codec else _SNIFF)
+        for magic, suffix, codec in _COMPRESSED_MAGIC if file.codec is None else ():  # (gzip named .jsonl: skipped line by line)
+            if block.startswith(magic):
+                return f"{codec}-compressed data under a plain name: name it {path.name}{suffix} to have it read"
         nuls = block[:_SNIFF].count(b"\x00")
         if nuls and (file.kind != "json" or nuls > max(2, len(block[:_SNIFF]) // 100)):  # a JSON line holding one is its line's
             return "binary file (contains NUL bytes), not text"  # fault (its worker skips it); UTF-16 or binary is the file's
