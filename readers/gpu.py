@@ -149,6 +149,8 @@ def _numbers(value: object, owner: str, name: str, count: int, integers: bool = 
     try:
         scalar = hasattr(value, "__index__") and getattr(value, "ndim", 0) == 0  # (an array of sizes has __index__ too)
         items = (value,) * count if integers and scalar else tuple(value)  # type: ignore[arg-type]
+        if integers and len(items) == 1:  # (224,): one size for both, as torchvision takes it
+            items = items * count
         if len(items) != count or any(isinstance(v, (bool, str)) for v in items):
             raise TypeError
         numbers = tuple(operator.index(v) if integers else float(v) for v in items)  # type: ignore[arg-type]

@@ -144,9 +144,15 @@ def test_pipeline_under_torch_compile(batch):
     assert torch.equal(compiled(batch), eager(batch))
 
 
+def test_a_size_of_one_item_is_square_as_torchvisions():
+    """(224,) was refused; torchvision takes a one-item size as a square (a newcomer walkthrough)."""
+    crop = RandomResizedCrop((16,), generator=0)
+    assert crop(torch.zeros(2, 3, 20, 20, dtype=torch.uint8)).shape == (2, 3, 16, 16)
+
+
 @pytest.mark.parametrize("make, says", [
     (lambda: RandomResizedCrop(16.0), "RandomResizedCrop: size must be an integer or 2 integers, got 16.0"),  # ('float' object is not iterable)
-    (lambda: RandomResizedCrop((16,)), r"RandomResizedCrop: size must be an integer or 2 integers, got \(16,\)"),  # (not enough values to unpack)
+    (lambda: RandomResizedCrop((16, 16, 16)), r"RandomResizedCrop: size must be an integer or 2 integers, got \(16, 16, 16\)"),
     (lambda: RandomResizedCrop(True), "RandomResizedCrop: size must be an integer or 2 integers, got True"),
     (lambda: RandomResizedCrop(8, scale=0.5), "RandomResizedCrop: scale must be 2 numbers, got 0.5"),
     (lambda: RandomResizedCrop(8, ratio=("a", 1)), r"RandomResizedCrop: ratio must be 2 numbers, got \('a', 1\)"),
