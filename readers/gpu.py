@@ -101,7 +101,8 @@ class Normalize(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_tensor(images, "Normalize", "a torch uint8 tensor")
         if images.dtype != torch.uint8:
-            raise TypeError(f"Normalize expects uint8 images, got {images.dtype}")
+            raise TypeError(f"Normalize expects uint8 images, got {images.dtype}: give it the batch as read (it scales by "
+                            "1/255 itself); images already float in [0, 1] take torchvision's Normalize(mean, std)")
         _check_images(images, "Normalize")
         channels = images.shape[-3]
         if self.channels not in (1, channels):

@@ -282,7 +282,7 @@ def test_non_tensors_are_named(batch, module, wants):
 
 
 def test_wrong_tensor_dtype_still_names_the_dtype():
-    with pytest.raises(TypeError, match=r"^Normalize expects uint8 images, got torch.float32$"):
+    with pytest.raises(TypeError, match=r"^Normalize expects uint8 images, got torch.float32: give it the batch as read \(it scales by 1/255 itself\); images already float"):
         Normalize()(torch.zeros(3, 4, 4))
 
 
