@@ -171,3 +171,13 @@ def test_bad_label_options_are_one_line_errors(flat, tmp_path):
     result = run(root, tmp_path / "e.lmdb", "--labels", tmp_path / "l.xlsx")
     assert result.exit_code == 2 and "cannot tell the format" in result.output
     assert not any(tmp_path.glob("*.lmdb"))
+
+
+def test_a_csv_separated_by_semicolons_says_so(flat, tmp_path):
+    """'no path column (... it has: file;label); pass --path-column NAME', which could not help (a newcomer walkthrough)."""
+    root, pairs = flat
+    labels = tmp_path / "semi.csv"
+    labels.write_text("file;label\n" + "".join(f"{name};{cls}\n" for name, cls in pairs))
+    result = CliRunner().invoke(cli, ["convert", str(root), str(tmp_path / "o.blob"), "--labels", str(labels), "--size", "8"])
+    assert result.exit_code != 0
+    assert "its columns are separated by ';' (file;label); packer reads a .csv by commas and a .tsv by tabs" in result.output, result.output

@@ -258,6 +258,10 @@ def _column(path: Path, columns: list[str], given: str | None, aliases: tuple[st
     for alias in aliases:
         if key(alias) in normalised:
             return normalised[key(alias)]
+    other = next((sep for sep in (";", "\t", "|") if len(columns) == 1 and sep in columns[0]), None)
+    if other is not None:  # ("it has: id;label" then "pass --path-column NAME", which could not help; a newcomer walkthrough)
+        raise OptionError(f"--labels {path}: its columns are separated by {other!r} ({columns[0]}); packer reads a .csv by commas "
+                          "and a .tsv by tabs: save it so")
     raise OptionError(f"--labels {path}: no {what} column (looked for {', '.join(aliases)}; it has: {', '.join(columns)}); pass {option} NAME")
 
 
