@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from readers.formats import open_store
+from readers.formats.inprogress import is_empty_folder
 from readers.schema import PackedFormatError
 
 from .errors import OptionError, OutputError, OutputExistsError
@@ -72,10 +73,6 @@ def describe_path(path: Path) -> str:
     return "something that is neither a file nor a folder"
 
 
-def _is_empty_folder(path: Path) -> bool:
-    return path.is_dir() and not path.is_symlink() and not any(os.scandir(path))
-
-
 def nothing_to_resume(dst: str) -> str:
     """The line for ``--resume`` of a finished dataset (a local or a URL DST)."""
     return f"{dst}: already complete, nothing to resume; pass --overwrite instead of --resume to convert again, or choose another DST"
@@ -85,7 +82,7 @@ def check_destination(dst: Path, *, overwrite: bool, resume: bool = False) -> No
     """Refuse an existing ``dst`` unless it is an empty folder (there is nothing to lose: the
     folder a WebDataset user makes first) or ``overwrite`` and it is a packer dataset; check that
     its folder exists and is writable."""
-    if (dst.exists() or dst.is_symlink()) and not _is_empty_folder(dst):
+    if (dst.exists() or dst.is_symlink()) and not is_empty_folder(dst):
         if not overwrite and resume and is_packer_dataset(dst):  # a retry of a run that finished before it was stopped
             raise OutputExistsError(nothing_to_resume(str(dst)))
         if not is_packer_dataset(dst):  # (said first: --overwrite would not help)

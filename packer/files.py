@@ -168,7 +168,7 @@ def recover_replaced(dst: Path) -> None:
     import logging
     import re
 
-    from readers.formats.inprogress import lock_holder, lock_path
+    from readers.formats.inprogress import is_empty_folder, lock_holder, lock_path
 
     say = logging.getLogger("packer").warning
     pattern = re.compile(re.escape(dst.name) + r"\.replaced-[0-9]+x*")
@@ -187,7 +187,7 @@ def recover_replaced(dst: Path) -> None:
             else:
                 say("%s: %s is the dataset a killed --overwrite replaced (it could not be removed)", dst, name)
             continue
-        if there and dst.is_dir() and not dst.is_symlink() and not os.listdir(dst):
+        if there and is_empty_folder(dst):
             dst.rmdir()  # (made again since, empty)
         elif there:
             say("%s: %s is the dataset a killed --overwrite had moved aside; DST holds other files now, so it is left there", dst, name)

@@ -253,19 +253,21 @@ class StreamingShards(IterableDataset):
                     "skip": list(skip), "first": following}
         batches, epoch = batches + before, self.epoch
         skip, following = self._position(batches, batch_size, num_workers)
-        if batches and batches == self._position(-1, batch_size, num_workers)[1]:  # the epoch's last batch: the next one
+        if batches and batches == sum(self._batches_per_worker(batch_size, num_workers)[1]):  # the epoch's last batch: the next one
             batches, epoch, skip, following = 0, epoch + 1, [0] * len(skip), 0
         return {"epoch": epoch, **self._settings(), "num_workers": num_workers, "dataset": self._fingerprint(),
                 "batches": int(batches), "skip": skip, "first": following}
+
+    def _batches_per_worker(self, batch_size: int | None, num_workers: int) -> tuple[list[int], list[int]]:
+        """This epoch's samples each worker yields, and its batches (the last may be short)."""
+        counts = self._shares(num_workers)[1]
+        return counts, [-(-n // (batch_size or 1)) for n in counts]
 
     def _position(self, batches: int, batch_size: int | None, num_workers: int) -> tuple[list[int], int]:
         """Where this rank's ``num_workers`` workers are in the current epoch after ``batches``
         batches: the samples each has handed out, and the worker whose batch comes next."""
         size = 1 if batch_size is None else batch_size
-        counts = self._shares(num_workers)[1]
-        per_worker = [-(-n // size) for n in counts]  # batches each worker yields (the last may be short)
-        if batches < 0:  # (asked for the epoch's batches)
-            return [], sum(per_worker)
+        counts, per_worker = self._batches_per_worker(batch_size, num_workers)
         taken = [0] * len(counts)
         left, following = int(batches), 0  # `following`: the worker whose batch comes next
         while left > 0 and any(t < b for t, b in zip(taken, per_worker)):

@@ -11,13 +11,12 @@ one line, another format's dataset (naming it and the class that reads it, from
 from __future__ import annotations
 
 import importlib
-import os
 import re
 from pathlib import Path
 
 from ..schema import FORMATS, IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Store, dataset_path
-from .inprogress import lock_holder, lock_path
+from .inprogress import is_empty_folder, lock_holder, lock_path
 
 __all__ = ["detect_format", "check_format", "open_store", "refuse_remote", "store_class", "reader_hint", "STORES", "DATASETS", "PARTIAL_SUFFIX"]
 
@@ -110,7 +109,7 @@ def _existing(path: str | Path) -> Path:
     refuse_remote(path)
     p = dataset_path(path)
     partial = p.with_name(p.name + PARTIAL_SUFFIX)
-    if not p.exists() or (_empty_folder(p) and partial.exists()):  # (an empty folder made for DST: its conversion's news)
+    if not p.exists() or (is_empty_folder(p) and partial.exists()):  # (an empty folder made for DST: its conversion's news)
         if partial.exists() and not p.name.endswith(PARTIAL_SUFFIX):
             holder = lock_holder(lock_path(partial))
             state = "is an empty folder" if p.exists() else "does not exist"
@@ -126,16 +125,6 @@ def _existing(path: str | Path) -> Path:
                                          f"to finish and open {p.name[:-len(PARTIAL_SUFFIX)]}")
         raise IncompleteDatasetError(f"{p}: an unfinished conversion (its name ends in {PARTIAL_SUFFIX}): {_FINISH}")
     return p
-
-
-def _empty_folder(p: Path) -> bool:
-    try:
-        if not p.is_dir():
-            return False
-        with os.scandir(p) as entries:
-            return next(entries, None) is None
-    except OSError:
-        return False
 
 
 def _recognised(p: Path) -> str | None:

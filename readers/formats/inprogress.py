@@ -17,7 +17,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX (Windows): no probe, readers still import
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["lock_path", "lock_holder", "lock_pid", "lock_text", "is_lock_text"]
+__all__ = ["lock_path", "lock_holder", "lock_pid", "lock_text", "is_lock_text", "is_empty_folder"]
 
 #: What a lock file holds before the pid of the conversion that holds it.
 LOCK_PREFIX = b"packer-lock "
@@ -67,3 +67,15 @@ def lock_holder(path: Path) -> str | None:
     finally:
         os.close(fd)  # (closing it lets go of a lock the probe got)
     return None
+
+
+def is_empty_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder (not a link to one) holding nothing: a DST made beforehand,
+    which a conversion takes, and which says nothing of its own while one runs."""
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return False
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False

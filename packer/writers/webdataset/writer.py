@@ -27,6 +27,7 @@ from readers.formats.webdataset import (
     npy_header,
 )
 from readers.formats import open_store
+from readers.formats.inprogress import is_empty_folder
 from readers.schema import Metadata, PackedFormatError
 
 from ...destination import describe_path, is_packer_dataset
@@ -139,7 +140,7 @@ class ShardWriter(PieceWriter):
         if "%" not in Path(dst).name:
             return None
         folder, pattern = split_destination(Path(dst))
-        if folder.is_dir() and not is_packer_dataset(folder) and any(os.scandir(folder)):  # (it said --overwrite would not help)
+        if folder.is_dir() and not is_packer_dataset(folder) and not is_empty_folder(folder.resolve()):  # (it said --overwrite would not help)
             return (f"{folder}: holds files that are not a packer dataset ({describe_path(folder)}); WebDataset shards are "
                     f"written into a folder of their own, new or empty: for example {folder / 'shards' / pattern}")
         try:
