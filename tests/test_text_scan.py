@@ -194,6 +194,27 @@ def test_a_source_changed_under_a_conversion_stops_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
 
 
+def test_files_no_rule_reads_are_named_not_dropped(tmp_path: Path, caplog) -> None:
+    """A .md or .csv beside the .txt documents was left out without a word (a text walkthrough);
+    it is named, by extension, with the rename that has it read. A folder's notes (README.md at
+    its top) are no documents and go unsaid, as do images and .json files (their own warnings)."""
+    import logging
+
+    src = tmp_path / "c"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("kept", encoding="utf-8")
+    (src / "README.md").write_text("# notes", encoding="utf-8")
+    (src / "sub" / "b.md").write_text("left", encoding="utf-8")
+    (src / "sub" / "c.md").write_text("left", encoding="utf-8")
+    (src / "rows.csv").write_text("x,y", encoding="utf-8")
+    (src / "dataset_info.json").write_text("{}", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="packer"):
+        assert scanned(src) == [("a.txt", "kept")]
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert said == [f"{src}: 3 files are left out (2 .md, 1 .csv; e.g. rows.csv): packer reads .txt, .jsonl, .ndjson and "
+                    ".parquet files (compressed too); rename plain-text documents to .txt to convert them"]
+
+
 def test_ndjson_is_read_and_json_files_are_named_not_dropped(tmp_path: Path, caplog) -> None:
     """.ndjson files are JSON Lines; .json files (Hugging Face's to_json writes JSON Lines under
     that name, and a corpus folder may hold a configuration) were left out without a word."""

@@ -13,6 +13,7 @@ a regular file, a Parquet file without the column) are skipped here and listed a
 from __future__ import annotations
 
 import codecs
+from collections import Counter
 import dataclasses
 import logging
 import os
@@ -94,15 +95,22 @@ def _text_files(root: Path, quiet: bool = False) -> tuple[list[Path], int]:
     files beside them, not read, are said in a warning, unless ``quiet``)."""
     if root.is_file():
         return [root], 0
-    found, images, compressed, json_files = [], 0, 0, 0
+    found, images, compressed, json_files, others = [], 0, 0, 0, []
     for dirpath, filenames in _folders(root, quiet=quiet):
         for name in filenames:
             ext = os.path.splitext(name)[1].lower()
-            if not name.startswith(".") and text_suffix(name):
+            if name.startswith("."):
+                continue
+            if text_suffix(name):
                 found.append(Path(dirpath) / name)
-            images += not name.startswith(".") and ext in IMAGE_EXTENSIONS
-            compressed += not name.startswith(".") and _unread_compressed(name)
-            json_files += not name.startswith(".") and _json_name(name)
+            elif ext in IMAGE_EXTENSIONS:
+                images += 1
+            elif _unread_compressed(name):
+                compressed += 1
+            elif _json_name(name):
+                json_files += 1
+            elif not (name.lower() in METADATA_JSON or (dirpath == str(root) and _is_note(name))):
+                others.append(os.path.join(dirpath, name))
     found, copies = _without_compressed_copies(_each_file_once(root, found, quiet))
     if quiet:
         return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
@@ -115,7 +123,24 @@ def _text_files(root: Path, quiet: bool = False) -> tuple[list[Path], int]:
     if compressed:
         log.warning("%s: %s left out: %s", root, f"{compressed:,} compressed files are" if compressed != 1 else "1 compressed file is",
                     UNREAD_ADVICE)
+    if others:  # (a.md beside b.txt was left out without a word: a text walkthrough)
+        log.warning("%s: %s", root, others_left_out(root, others))
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
+
+
+def others_left_out(root: Path, others: list[str]) -> str:
+    """The warning for files of a corpus folder that no rule reads (``notes.md``, ``rows.csv``):
+    how many of each extension, one for example, and how to have them read."""
+    counts = Counter(os.path.splitext(name)[1].lower() or "no extension" for name in others)
+    kinds = ", ".join(f"{n:,} {ext}" for ext, n in counts.most_common(3)) + (", ..." if len(counts) > 3 else "")
+    example = os.path.relpath(min(others), root)
+    return (f"{len(others):,} file{'s are' if len(others) != 1 else ' is'} left out ({kinds}; e.g. {example}): packer reads "
+            ".txt, .jsonl, .ndjson and .parquet files (compressed too); rename plain-text documents to .txt to convert them")
+
+
+def _is_note(name: str) -> bool:
+    """Whether ``name`` is one of a folder's notes (``README.md``, ``LICENSE``): no document."""
+    return name.split(".", 1)[0].upper() in NOTE_NAMES
 
 
 def _each_file_once(root: Path, files: list[Path], quiet: bool = False) -> list[Path]:
@@ -242,7 +267,7 @@ def scan_text(root: str | os.PathLike[str], *, lines: bool = False, text_field: 
     if not root.exists():
         raise SourceError(f"{root}: no such file or folder")
     paths, images = _text_files(root)
-    notes = [p for p in paths if p.parent == root and p.name.split(".", 1)[0].upper() in NOTE_NAMES]  # (at SRC's top only)
+    notes = [p for p in paths if p.parent == root and _is_note(p.name)]  # (at SRC's top only)
     if notes and len(notes) < len(paths):  # (the data beside them: LICENSE.txt was document 0 of a Parquet corpus)
         log.warning("%s: %s left out: %s", root, ", ".join(p.relative_to(root).as_posix() for p in notes[:3]) + ("..." if len(notes) > 3 else ""),
                     "a folder's notes, not documents; give their folder to convert them")
