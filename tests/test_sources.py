@@ -6,6 +6,7 @@ import pytest
 from imagefiles import gradient, jpeg_bytes, write
 from packer.errors import SourceError
 from packer.sources.images import ImageFolder, scan_image_folder
+from readers.schema import Skipped
 
 JPEG = jpeg_bytes(gradient(8, 8))
 
@@ -258,6 +259,29 @@ def test_netpbm_images_convert_as_torchvisions_imagefolder_finds_them(tmp_path):
     read = open_dataset(convert(tmp_path / "src", tmp_path / "o.blob", workers=1).dst)
     assert len(read) == 2 and read.classes == ["a", "b"]
     assert np.array_equal(read[0][0].numpy(), color.transpose(2, 0, 1)) and np.array_equal(read[1][0].numpy(), np.stack([gray] * 3))
+
+
+def test_images_of_formats_not_converted_are_recorded_as_skipped(tmp_path):
+    """A .jfif or .heic beside a class's .jpg files was left out without a word (torchvision's
+    ImageFolder drops them too): each is a skip record saying what to do, in a local and a URL
+    scan alike, never an input error that --on-error fail stops at; in a folder without classes too."""
+    src = tmp_path / "src"
+    for name in ["a/x.jpg", "a/sub/y.jfif", "a/z.HEIC", "a/.hidden.heic", "a/notes.txt", "b/w.png", "b/deep/v.avif"]:
+        write(src / name, JPEG)
+    local = scan_image_folder(src)
+    assert [i.path for i in local.items] == [str(src / "a/x.jpg"), str(src / "b/w.png")]
+    converted = ".bmp, .gif, .jpeg, .jpg, .pgm, .png, .ppm, .tif, .tiff, .webp"
+    assert local.skipped == [
+        Skipped("a/z.HEIC", f"a .heic image, not a format converted ({converted}): convert it to PNG or JPEG first"),
+        Skipped("a/sub/y.jfif", f"a .jfif image, not a format converted ({converted}): a JPEG under another name: rename it .jpg"),
+        Skipped("b/deep/v.avif", f"a .avif image, not a format converted ({converted}): convert it to PNG or JPEG first"),
+    ]
+    assert local.refused == [] and local.empty_classes == []
+    assert _view(scan_image_folder(f"file://{src}/")) == _view(local)
+    flat = tmp_path / "flat"
+    for name in ["x.jpg", "y.jpe"]:
+        write(flat / name, JPEG)
+    assert [s.path for s in scan_image_folder(flat).skipped] == ["y.jpe"]
 
 
 def test_an_empty_class_folder_names_the_files_it_holds_and_the_extensions_converted(tmp_path, caplog):

@@ -21,7 +21,7 @@ from typing import ClassVar, Iterable, Protocol
 from readers.schema import PackedFormatError, Skipped
 
 from ..errors import SourceError
-from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name
+from .rules import IMAGE_EXTENSIONS, image_order, is_hidden, is_image_name, unread_images
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageItem", "ImageFolder", "FolderTree", "scan_image_folder", "image_files", "is_hidden", "is_image_name",
@@ -187,7 +187,8 @@ def _scan(tree: FolderTree) -> ImageFolder:
     skipped: list[Skipped] = []
     if not class_dirs:
         items = [ImageItem(tree.path(name), -1) for name in top_images]
-        folder = ImageFolder(tree.root, items, [], labeled=False, skipped=list(broken), stamps=tree.stamps(), refused=broken)
+        unread = unread_images("", (name for name, what in entries if what == "file"))
+        folder = ImageFolder(tree.root, items, [], labeled=False, skipped=broken + unread, stamps=tree.stamps(), refused=broken)
     else:
         items = []
         empty = []
@@ -336,6 +337,7 @@ class _LocalTree:
                 continue
             dirnames[:] = kept(dirpath, sorted(d for d in dirnames if not is_hidden(d)))
             found.extend(os.path.join(dirpath, name) for name in kept(dirpath, [n for n in filenames if is_image_name(n)]))
+            skipped.extend(unread_images(os.path.relpath(dirpath, root).replace(os.sep, "/"), filenames))
         found.sort(key=lambda p: image_order(os.path.relpath(p, top).split(os.sep)))
         return found
 

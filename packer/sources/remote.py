@@ -32,7 +32,7 @@ from readers.remote import STALL_SECONDS, is_url
 from readers.schema import Skipped
 
 from ..errors import OptionError, SourceError
-from .rules import image_order, is_hidden, is_image_name
+from .rules import image_order, is_hidden, is_image_name, unread_images
 
 __all__ = ["is_source_url", "url_filesystem", "FsspecTree", "read_url_bytes", "read_ahead", "remote_chunksize", "RemoteReadError", "READ_ATTEMPTS", "READ_AHEAD", "store_answers", "PROBE_SECONDS"]
 
@@ -164,6 +164,10 @@ class FsspecTree:
             if is_image_name(parts[-1]) and not any(is_hidden(p) for p in parts[:-1])
         ]
         inside.sort(key=image_order)
+        # (in the local walk's order: a folder's own files, then its sub-folders')
+        for parts in sorted((p for p in self._files_below.get(folder, ()) if not any(is_hidden(q) for q in p[:-1])),
+                            key=lambda p: (p[:-1], p[-1])):
+            skipped.extend(unread_images("/".join((folder, *parts[:-1])), parts[-1:]))
         return [self.path("/".join((folder, *parts))) for parts in inside]
 
     def path(self, name: str) -> str:

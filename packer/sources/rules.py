@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence
+from typing import Iterable, Sequence
 
-__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "is_hidden", "is_image_name", "image_order", "warn_of_empty_classes"]
+from readers.schema import Skipped
+
+__all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "UNREAD_IMAGE_EXTENSIONS", "is_hidden", "is_image_name", "image_order",
+           "unread_images", "warn_of_empty_classes"]
 
 #: Image file extensions (any case) that are converted.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"})
+#: Image formats met in collections that are not converted (torchvision's ImageFolder leaves them
+#: out too), each with what to do: such a file in a source folder is recorded as skipped, not left
+#: out without a word (a .jfif beside .jpg files, an iPhone's .heic photos).
+UNREAD_IMAGE_EXTENSIONS = {
+    **dict.fromkeys((".jfif", ".jpe", ".jfi"), "a JPEG under another name: rename it .jpg"),
+    **dict.fromkeys((".heic", ".heif", ".avif", ".jxl", ".jp2", ".j2k", ".psd", ".tga", ".ico", ".pbm", ".pnm", ".exr", ".svg",
+                     ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf"), "convert it to PNG or JPEG first"),
+}
 #: Archives read as image sources (packer/sources/archives.py).
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
 
@@ -28,6 +39,19 @@ def is_hidden(name: str) -> bool:
 def is_image_name(name: str) -> bool:
     """A file that is converted: not hidden, with an image extension (any case)."""
     return not is_hidden(name) and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def unread_images(folder: str, names: Iterable[str]) -> list[Skipped]:
+    """The skip records of the files among ``names`` (in the source's ``folder``, relative; "" for
+    its top) whose extension is one of :data:`UNREAD_IMAGE_EXTENSIONS`, sorted by name."""
+    found = []
+    for name in sorted(names):
+        ext = os.path.splitext(name)[1].lower()
+        if ext in UNREAD_IMAGE_EXTENSIONS and not is_hidden(name):
+            found.append(Skipped(f"{folder}/{name}" if folder else name,
+                                 f"a {ext} image, not a format converted ({', '.join(sorted(IMAGE_EXTENSIONS))}): "
+                                 f"{UNREAD_IMAGE_EXTENSIONS[ext]}"))
+    return found
 
 
 def image_order(parts: Sequence[str]) -> list[str]:
