@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from readers.checksums import sample_checksum
+from readers.checksums import sample_checksum, sha256_of_checksums
 from readers.formats import detect_format, store_class
 from readers.formats.base import Store
 from readers.schema import Metadata, PackedFormatError
@@ -172,6 +172,8 @@ def verify(
         report.add("checksums", str(exc))
         stored = None
     report.checksums = stored is not None
+    if stored is not None and meta.checksums_sha256 and sha256_of_checksums(stored) != meta.checksums_sha256:
+        report.add("checksums", "their SHA-256 is not the metadata's checksums_sha256: the stored checksums (or the record) changed after writing")
     if quick and meta.encoding == "raw":  # (it said nothing: as if something had been skipped)
         report.notes.append(f"--quick skips decoding jpeg/png samples; these are {meta.encoding} ({meta.kind}), so every check ran")
     for start in range(0, meta.count, _CHUNK):

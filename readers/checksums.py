@@ -16,6 +16,7 @@ a damaged sample raises :class:`CorruptSampleError`.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import struct
 import zlib
@@ -30,12 +31,18 @@ import numpy as np
 
 from .schema import PackedFormatError
 
-__all__ = ["CHECKSUM", "CHECKSUM_DTYPE", "sample_checksum", "CorruptSampleError"]
+__all__ = ["CHECKSUM", "CHECKSUM_DTYPE", "sample_checksum", "sha256_of_checksums", "CorruptSampleError"]
 
 #: The algorithm name recorded in :attr:`readers.schema.Metadata.checksum`.
 CHECKSUM = "crc32"
 #: How stored checksum arrays are typed on disk: little-endian uint32.
 CHECKSUM_DTYPE = np.dtype("<u4")
+
+
+def sha256_of_checksums(checksums: np.ndarray) -> str:
+    """The metadata's ``checksums_sha256``: SHA-256 (hex) of the per-sample checksums as stored
+    (little-endian uint32, in sample order)."""
+    return hashlib.sha256(np.ascontiguousarray(checksums, CHECKSUM_DTYPE).tobytes()).hexdigest()
 
 
 def sample_checksum(label: int, shape: Sequence[int], payload: bytes | memoryview) -> int:

@@ -166,10 +166,14 @@ def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], owner: str
 
 def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
     """What identifies a dataset's samples by index, JSON-safe: ``samples`` (its length) and, for
-    a packer dataset, its metadata's ``source`` and ``created`` (the conversion that wrote it)."""
+    a packer dataset, its metadata's ``checksums_sha256`` (its samples' content, labels and order:
+    a conversion of the same source again, to any format or on another node, continues a state),
+    or, in a dataset written before that field, its ``source`` and ``created`` (the conversion
+    that wrote it)."""
     fingerprint: dict[str, Any] = {"samples": int(length)}
     meta = getattr(dataset, "meta", None)
-    for key in ("source", "created"):
+    digest = getattr(meta, "checksums_sha256", None)
+    for key in ("checksums_sha256",) if isinstance(digest, str) and digest else ("source", "created"):
         value = getattr(meta, key, None)
         if isinstance(value, str) and value:
             fingerprint[key] = value

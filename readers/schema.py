@@ -113,6 +113,11 @@ class Metadata:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: Per-sample checksum algorithm (``"crc32"``, see ``readers/checksums.py``), "" for none.
     checksum: str = ""
+    #: SHA-256 (hex) of the per-sample checksums as stored, little-endian uint32 in sample order
+    #: ("" in datasets written before it, or without checksums): the same samples, labels and
+    #: order give the same value whichever conversion wrote them, in any format. What a reader's
+    #: resume state names its dataset by (``readers/epoch.py``).
+    checksums_sha256: str = ""
     #: Text datasets: the tokenizer's identity (kind, vocab_size, eos_id, sha256, name).
     tokenizer: Mapping[str, Any] = field(default_factory=dict)
     #: Text datasets: total stored tokens (EOS separators included).
@@ -126,6 +131,9 @@ class Metadata:
         _check(self.encoding in ENCODINGS, f"unknown encoding {self.encoding!r} (known: {', '.join(ENCODINGS)})")
         _check(_is_int(self.count) and self.count >= 0, f"count must be a non-negative integer, got {self.count!r}")
         _check(self.checksum in CHECKSUMS, f"unknown checksum {self.checksum!r} (known: {', '.join(CHECKSUMS[1:])})")
+        _check(self.checksums_sha256 == "" or (isinstance(self.checksums_sha256, str) and len(self.checksums_sha256) == 64
+                                                and all(c in "0123456789abcdef" for c in self.checksums_sha256)),
+               f"checksums_sha256 must be 64 lowercase hex digits or empty, got {self.checksums_sha256!r}")
         if self.kind == "text":
             self._check_text()
             return

@@ -257,6 +257,30 @@ def test_a_state_of_another_dataset_is_refused_naming_what_differs():
         Loader(Packed(12, "/src/a", "2026-01-01"), 4, seed=1).load_state_dict(state)
 
 
+def test_a_state_continues_over_the_same_samples_converted_again_and_not_over_others(image_folder, tmp_path):
+    """A state named its dataset by the conversion's 'created' time: the same source converted
+    again (on each node's own disk, or to another format) refused it (a migrant's walkthrough).
+    The fingerprint is now the digest of the samples' checksums: the same samples, labels and
+    order continue; other samples (another --size) are refused naming it."""
+    from packer import ImageOptions, convert
+    from readers import open_dataset
+
+    paths = {}
+    for name, size in [("a.blob", 16), ("b.lmdb", 16), ("c.blob", 24)]:
+        paths[name] = convert(image_folder, tmp_path / name, image=ImageOptions(size=size), workers=1).dst
+    first = Loader(open_dataset(paths["a.blob"]), 4, shuffle=True, seed=3)
+    batches = iter(first)
+    seen = [int(i) for _ in range(2) for i in next(batches)[1]]
+    state = first.state_dict()
+    assert set(state["dataset"]) == {"samples", "checksums_sha256"}
+    again = Loader(open_dataset(paths["b.lmdb"]), 4, shuffle=True, seed=3)
+    again.load_state_dict(state)
+    rest = [int(i) for _, labels in again for i in labels]
+    assert sorted(seen + rest) == sorted(int(label) for _, label in open_dataset(paths["a.blob"]))  # the epoch's labels, once
+    with pytest.raises(ResumeError, match="another dataset: it was saved over checksums_sha256='[0-9a-f]{64}', this loader reads"):
+        Loader(open_dataset(paths["c.blob"]), 4, shuffle=True, seed=3).load_state_dict(state)
+
+
 def test_a_loader_state_of_the_old_format_loads_exactly():
     """A state saved by the Loader before the global plan (``batches`` per rank): same world size
     or not, the rest is exactly the samples the old run had not read."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -112,6 +113,7 @@ def test_checksums_are_recorded_and_match(packed, fmt):
     assert stored.dtype == np.dtype("<u4") and stored.shape == (len(store),)
     expected = [sample_checksum(label, shape, bytes(payload)) for label, shape, payload in store.records(range(len(store)))]
     assert stored.tolist() == expected
+    assert store.meta.checksums_sha256 == hashlib.sha256(np.array(expected, "<u4").tobytes()).hexdigest()  # (FORMATS.md's recipe)
     report = verify(path)
     assert report.ok and report.checked == len(store), report.faults
 
@@ -378,6 +380,10 @@ def test_metadata_edits_a_reader_relies_on_are_faults(image_folder, tmp_path):
     assert [(f.where, f.message) for f in report.faults] == [
         ("shard shard-000002.tar", "the metadata says it holds 6 samples, the index 5"),
         ("shard shard-000003.tar", "the metadata says it holds 2 samples, the index 3")], report.faults
+    path = _convert(image_folder, tmp_path / "e.shards", "webdataset")
+    _edit_meta(path, lambda r: r.update(checksums_sha256="0" * 64))  # (what resume states name the dataset by)
+    assert [(f.where, f.message) for f in verify(path).faults] == [("checksums", "their SHA-256 is not the metadata's checksums_sha256: "
+                                                                    "the stored checksums (or the record) changed after writing")]
     path = _convert(image_folder, tmp_path / "c.shards", "webdataset")
     _edit_meta(path, lambda r: r.update(count=17))
     assert "metadata 'count' is 17, its shards' sample counts add up to 18" in str(verify(path).faults)

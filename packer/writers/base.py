@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from readers.checksums import CHECKSUM, CHECKSUM_DTYPE
+from readers.checksums import CHECKSUM, CHECKSUM_DTYPE, sha256_of_checksums
 from readers.formats.names import EncodedNames
 from readers.schema import Metadata, Skipped
 
@@ -344,8 +344,9 @@ class Writer:
 
     def finish(self, meta: Metadata) -> None:
         """Write metadata last, sync, and rename the output to its final name."""
-        meta = dataclasses.replace(meta, checksum=CHECKSUM)  # every writer stores per-sample checksums
         self._last_checkpoint_now()
+        meta = dataclasses.replace(meta, checksum=CHECKSUM,  # every writer stores per-sample checksums
+                                   checksums_sha256=sha256_of_checksums(self.checksum_array()))
         try:
             self._write_metadata(meta)
             with signals_deferred():  # a Ctrl-C lands after this, when DST is complete and known to be
