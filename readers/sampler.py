@@ -38,8 +38,8 @@ class ResumableSampler(Sampler[int]):
       not fill a whole step (``batch_size * world_size``) is dropped. Settings whose epoch would
       have no index on a rank (no samples, or ``drop_last`` dropping them all) are refused.
     * Resume: the DataLoader fetches ahead of the loop (workers, prefetching), so the sampler
-      cannot know what the loop consumed: pass it, ``state_dict(batches)`` with the batches the
-      DataLoader yielded in this iteration (and ``batch_size=loader.batch_size``, checked). The
+      cannot know what the loop consumed: pass it, ``state_dict(batches, loader=loader)`` with
+      the batches the DataLoader yielded in this iteration (its batch size and ``drop_last`` checked). The
       state ``{epoch, samples_consumed, seed, shuffle, dataset}`` is the same on every rank that
       stepped together and is interchangeable with
       :meth:`readers.Loader.state_dict`'s. After :meth:`load_state_dict` the next iteration yields
@@ -102,16 +102,29 @@ class ResumableSampler(Sampler[int]):
         self._started = (self.epoch, start)
         return iter(self.plan.rank_indices(self.epoch, start).tolist())
 
-    def state_dict(self, batches: int, *, batch_size: int | None = None) -> dict[str, Any]:
+    def state_dict(self, batches: int, *, loader: Any = None, batch_size: int | None = None) -> dict[str, Any]:
         """The position after the DataLoader yielded ``batches`` batches of the current iteration
         (counted from where it started: after a resume, from the resume position). After the
         iteration's last batch: the next epoch, nothing of it consumed, as
         :meth:`readers.Loader.state_dict` says, so a checkpoint saved at an epoch's last step
-        resumes with the next one. ``batch_size``, the DataLoader's (``loader.batch_size``), is
-        checked against the sampler's: batches of another size are other positions, and the
-        resume would skip or repeat samples without a word."""
+        resumes with the next one.
+
+        ``loader``, the DataLoader (or ``batch_size``, its ``batch_size``), is required and
+        checked: batches of another size than the sampler's are other positions, and the
+        DataLoader's own ``drop_last`` leaves out a last batch the sampler counts; either way
+        the resume would skip or repeat samples without a word (a migrant's walkthrough)."""
         batches = whole_number(batches, "state_dict: batches", "a count of batches (an int >= 0)")
-        if batch_size is not None and batch_size != self.batch_size:
+        if loader is not None:
+            if batch_size is not None:
+                raise ValueError("state_dict: pass loader= or batch_size=, not both")
+            batch_size = getattr(loader, "batch_size", None)
+            if getattr(loader, "drop_last", False) and not self.drop_last:
+                raise ValueError("state_dict: the DataLoader has drop_last=True, which the sampler cannot see: give "
+                                 "ResumableSampler drop_last=True instead and leave the DataLoader's off")
+        if batch_size is None:
+            raise ValueError("state_dict: pass the DataLoader, state_dict(batches, loader=loader) (or batch_size=loader.batch_size): "
+                             "its batches are counted in the sampler's steps only if they are the same size")
+        if batch_size != self.batch_size:
             raise ValueError(f"state_dict: the DataLoader's batch_size={batch_size}, but this sampler's is {self.batch_size}: "
                              "give ResumableSampler the DataLoader's batch_size, or its batches are not the sampler's steps")
         if self._started is None or self._started[0] != self.epoch:  # no iteration of this epoch yet

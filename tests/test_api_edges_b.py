@@ -397,7 +397,7 @@ def test_a_bad_epoch_is_refused_naming_it(epoch, error, four_shards):
 @pytest.mark.parametrize("epoch", [-1, 1.5, "0", None])
 def test_a_saved_state_with_a_bad_epoch_is_refused(epoch, four_shards):
     for reader in (Loader(tensors(10), 4), ResumableSampler(10, 4)):
-        state = {**reader.state_dict(*(() if isinstance(reader, Loader) else (0,))), "epoch": epoch}
+        state = {**(reader.state_dict() if isinstance(reader, Loader) else reader.state_dict(0, batch_size=4)), "epoch": epoch}
         with pytest.raises(ResumeError, match=f"^load_state_dict: the state's epoch must be an integer >= 0, got {epoch!r}$"):
             reader.load_state_dict(state)
     stream = StreamingShards(four_shards)
@@ -493,19 +493,34 @@ def test_a_streaming_state_given_to_the_map_style_readers_says_so(four_shards, s
             reader.load_state_dict(state)
 
 
-def test_the_sampler_checks_the_dataloaders_batch_size_when_given():
+def test_the_sampler_checks_the_dataloaders_batch_size_and_drop_last():
     """A DataLoader batch_size other than the sampler's made the resume skip samples without a
-    word (a walkthrough: 20 of 100 never seen); given, it is checked."""
+    word (a walkthrough: 20 of 100 never seen); it is checked. Left out, it was not (a migrant's
+    walkthrough: 18 skipped): it is required. So is the DataLoader's drop_last refused, which
+    left the epoch's short last batch to a resume that read it as the same epoch's."""
     data = TensorDataset(torch.zeros(100, 1, 1, 1, dtype=torch.uint8), torch.arange(100))
     sampler = ResumableSampler(data, 8, shuffle=False, rank=0, world_size=1)
     loader = DataLoader(data, batch_size=4, sampler=sampler)
     taken = [batch for _, batch in zip(range(5), loader)]
     with pytest.raises(ValueError, match=r"^state_dict: the DataLoader's batch_size=4, but this sampler's is 8: give ResumableSampler"):
         sampler.state_dict(len(taken), batch_size=loader.batch_size)
+    with pytest.raises(ValueError, match=r"^state_dict: the DataLoader's batch_size=4, but this sampler's is 8"):
+        sampler.state_dict(len(taken), loader=loader)
+    with pytest.raises(ValueError, match=r"^state_dict: pass the DataLoader, state_dict\(batches, loader=loader\)"):
+        sampler.state_dict(len(taken))
+    short = ResumableSampler(data, 16, shuffle=False, rank=0, world_size=1)  # 100 = 6 x 16 + 4
+    dropping = DataLoader(data, batch_size=16, sampler=short, drop_last=True)
+    assert len(list(dropping)) == 6
+    with pytest.raises(ValueError, match=r"^state_dict: the DataLoader has drop_last=True, which the sampler cannot see: give "
+                                         r"ResumableSampler drop_last=True instead"):
+        short.state_dict(6, loader=dropping)
+    whole = ResumableSampler(data, 16, shuffle=False, rank=0, world_size=1, drop_last=True)
+    assert len(list(DataLoader(data, batch_size=16, sampler=whole))) == 6
+    assert whole.state_dict(6, loader=DataLoader(data, batch_size=16, sampler=whole, drop_last=True))["epoch"] == 1  # (moot there)
     right = ResumableSampler(data, 4, shuffle=False, rank=0, world_size=1)
     loader = DataLoader(data, batch_size=4, sampler=right)
     seen = [int(i) for _, batch in zip(range(5), loader) for i in batch[1]]
-    state = right.state_dict(5, batch_size=loader.batch_size)
+    state = right.state_dict(5, loader=loader)
     resumed = ResumableSampler(data, 4, shuffle=False, rank=0, world_size=1)
     resumed.load_state_dict(state)
     assert sorted(seen + [int(i) for _, labels in DataLoader(data, batch_size=4, sampler=resumed) for i in labels]) == list(range(100))

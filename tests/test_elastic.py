@@ -154,7 +154,7 @@ def test_sampler_in_a_dataloader_with_workers_resumes_elastically(n, runs, drop_
             it = iter(loader)
             seen += labels_of(next(it) for _ in range(k))
             del it
-            states.append(json.loads(json.dumps(sampler.state_dict(k))))
+            states.append(json.loads(json.dumps(sampler.state_dict(k, loader=loader))))
         assert all(s == states[0] for s in states)
         state = states[0]
         last = finisher(last, start, world, batch, k, n)
@@ -180,7 +180,7 @@ def test_sampler_yields_the_loaders_batches_and_their_states_are_interchangeable
     assert list(sampler) == labels_of(loader)
     it = iter(DataLoader(ds, batch_size=4, sampler=sampler))
     head = labels_of([next(it), next(it)])
-    state = sampler.state_dict(2)
+    state = sampler.state_dict(2, batch_size=4)
     assert state["samples_consumed"] == 16 and state["epoch"] == 5
     other = Loader(ds, 3, seed=3, threads=2)  # one rank, another batch size
     other.load_state_dict(state)
@@ -191,17 +191,17 @@ def test_sampler_yields_the_loaders_batches_and_their_states_are_interchangeable
 
 def test_sampler_state_before_an_iteration_and_bad_counts():
     sampler = ResumableSampler(10, 2, seed=1)
-    assert sampler.state_dict(0)["samples_consumed"] == 0
+    assert sampler.state_dict(0, batch_size=2)["samples_consumed"] == 0
     with pytest.raises(ValueError, match="no iteration of epoch 0 has started"):
-        sampler.state_dict(1)
+        sampler.state_dict(1, batch_size=2)
     list(sampler)
     with pytest.raises(ValueError, match="batches=6 is more than the 5 batches"):
-        sampler.state_dict(6)
+        sampler.state_dict(6, batch_size=2)
     with pytest.raises(ValueError, match="batches must be a count"):
-        sampler.state_dict(-1)
-    assert {k: sampler.state_dict(5)[k] for k in ("epoch", "samples_consumed")} == {"epoch": 1, "samples_consumed": 0}  # as Loader's
-    sampler.load_state_dict(sampler.state_dict(2))
-    assert len(sampler) == 6 and sampler.state_dict(0)["samples_consumed"] == 4  # loaded, not yet iterated
+        sampler.state_dict(-1, batch_size=2)
+    assert {k: sampler.state_dict(5, batch_size=2)[k] for k in ("epoch", "samples_consumed")} == {"epoch": 1, "samples_consumed": 0}  # as Loader's
+    sampler.load_state_dict(sampler.state_dict(2, batch_size=2))
+    assert len(sampler) == 6 and sampler.state_dict(0, batch_size=2)["samples_consumed"] == 4  # loaded, not yet iterated
     sampler.set_epoch(1)  # another epoch: the position is dropped
     assert len(sampler) == 10
     with pytest.raises(TypeError, match="sized dataset or its length"):
@@ -217,8 +217,8 @@ def test_sampler_and_loader_states_after_an_epochs_last_batch_are_the_same():
     loader = Loader(data, 4, seed=3, rank=0, world_size=2)
     for _ in loader:
         pass
-    assert sampler.state_dict(batches) == loader.state_dict()
-    assert sampler.state_dict(batches)["epoch"] == 1 and sampler.state_dict(batches)["samples_consumed"] == 0
+    assert sampler.state_dict(batches, batch_size=4) == loader.state_dict()
+    assert sampler.state_dict(batches, batch_size=4)["epoch"] == 1 and sampler.state_dict(batches, batch_size=4)["samples_consumed"] == 0
 
 
 def test_an_iterable_dataset_is_refused_by_the_sampler():
