@@ -317,7 +317,10 @@ def test_few_shards_per_stream_warn_how_much_an_epoch_repeats(folders, recwarn):
         StreamingShards(folders[5], batch_size=2, num_workers=2, rank=1, world_size=2)  # rank 0 says it
         StreamingShards(folders[5], batch_size=2)
         StreamingShards(folders[5], batch_size=8, drop_last=True)  # 16 of 18: whole batches cost it whatever the shards (a review)
-        StreamingShards(folders[5], batch_size=8)  # 24 for 18: the same
+    with pytest.warns(UserWarning, match=r"^StreamingShards: 1 stream \(1 rank x 1 DataLoader worker\) yields whole batches of 8, "
+                                         r"which leave epoch 0 with 6 repeated of 18 samples \(33%\) however the 4 shards are split; "
+                                         r"use a smaller batch_size"):
+        StreamingShards(folders[5], batch_size=8)  # 24 for 18: the same whatever the shards, but repeats (a migrant's walkthrough)
     # split by sample, each of 6 streams would hold 3 < batch_size: the comparison must not refuse what the shards allow
     StreamingShards(folders[2], batch_size=4, drop_last=True, num_workers=3, rank=0, world_size=2)
 
