@@ -301,3 +301,11 @@ def test_a_loader_state_of_the_old_format_loads_exactly():
         assert sorted(head + rest) == list(range(18))
     with pytest.raises(ResumeError, match="no 'samples_consumed'"):
         Loader(ds, 2, seed=4).load_state_dict({"epoch": 0, "seed": 4, "batches": 2})
+
+
+def test_a_state_saved_with_another_shuffle_is_refused():
+    """Only a seed mismatch was tested through load_state_dict (a mutation sweep)."""
+    state = Loader(tensors(12), 4, shuffle=True).state_dict()
+    for reader, owner in ((Loader(tensors(12), 4, shuffle=False), "loader"), (ResumableSampler(tensors(12), 4, shuffle=False), "sampler")):
+        with pytest.raises(ResumeError, match=f"saved with shuffle=True, this {owner} has shuffle=False"):
+            reader.load_state_dict(state)

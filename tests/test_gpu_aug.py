@@ -171,3 +171,25 @@ def test_numpy_and_torch_integers_are_sizes():
     assert RandomResizedCrop(torch.tensor(5)).size == (5, 5)
     assert RandomResizedCrop(np.array([32, 24])).size == (32, 24)  # (an array of sizes has __index__ too: a review)
     assert RandomResizedCrop(torch.tensor([32, 24])).size == (32, 24)
+
+
+def test_crop_boxes_reach_every_position_including_the_right_and_bottom_edges():
+    """torchvision's randint is inclusive of width - w (a mutation sweep: only the upper bound was checked)."""
+    from readers.gpu import RandomResizedCrop
+
+    boxes = RandomResizedCrop(8, scale=(0.25, 0.25), ratio=(1, 1), generator=0).sample(4000, 16, 16)
+    assert sorted(set(boxes[:, 0].int().tolist())) == list(range(9))  # x in 0..width-w, as torchvision's randint
+    assert sorted(set(boxes[:, 1].int().tolist())) == list(range(9))
+
+
+@pytest.mark.parametrize("height, width", [(100, 10), (10, 100)])
+def test_the_fallback_box_is_the_largest_centred_box_with_the_ratio_clamped(height, width):
+    """Where no try fits (a 10:1 image), torchvision's fallback: the ratio clamped, centred (a mutation sweep)."""
+    from readers.gpu import RandomResizedCrop
+
+    crop = RandomResizedCrop(8, scale=(0.9, 1.0), generator=0)  # no try fits a 10:1 image
+    x, y, w, h = crop.sample(1, height, width)[0].tolist()
+    if height > width:  # tall: full width, height = width / (3/4)
+        assert (w, h) == (width, round(width / crop.ratio[0])) and y == (height - h) // 2
+    else:
+        assert (w, h) == (round(height * crop.ratio[1]), height) and x == (width - w) // 2

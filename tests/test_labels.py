@@ -181,3 +181,35 @@ def test_a_csv_separated_by_semicolons_says_so(flat, tmp_path):
     result = CliRunner().invoke(cli, ["convert", str(root), str(tmp_path / "o.blob"), "--labels", str(labels), "--size", "8"])
     assert result.exit_code != 0
     assert "its columns are separated by ';' (file;label); packer reads a .csv by commas and a .tsv by tabs" in result.output, result.output
+
+
+def _label_table(tmp_path, text):
+    from packer.options import SourceOptions
+    from packer.sources.labels import read_label_rows
+
+    (tmp_path / "l.csv").write_text(text)
+    return read_label_rows(SourceOptions(labels=str(tmp_path / "l.csv")))
+
+
+def test_a_fractional_label_makes_every_label_a_name(tmp_path):
+    """1.5 is no class index: every label is then a class name (a mutation sweep)."""
+    table = _label_table(tmp_path, "path,label\nz.jpg,1.5\ny.jpg,2\nx.jpg,3.0\n")
+    assert table.classes == ["1.5", "2", "3.0"]
+
+
+def test_label_file_samples_are_ordered_by_label_then_path(tmp_path):
+    """Paths whose order disagrees with their labels (a mutation sweep: the fixture's names sorted as their labels)."""
+    from packer.sources.labels import match_rows
+
+    table = _label_table(tmp_path, "path,label\na.jpg,1\nb.jpg,0\nc.jpg,0\n")
+    matched = match_rows(table, {"a.jpg": "A", "b.jpg": "B", "c.jpg": "C"}, lambda item, label: (item, label), "src")
+    assert matched.items == [("B", 0), ("C", 0), ("A", 1)]
+
+
+def test_the_largest_label_is_kept_one_more_is_skipped(tmp_path):
+    """Both sides of MAX_LABEL (a mutation sweep)."""
+    from readers.schema import MAX_LABEL
+
+    table = _label_table(tmp_path, f"path,label\na.jpg,{MAX_LABEL}\nb.jpg,{MAX_LABEL + 1}\n")
+    assert [(r.path, r.label) for r in table.rows] == [("a.jpg", MAX_LABEL)]
+    assert [s.path for s in table.skipped] == ["b.jpg"]

@@ -209,3 +209,16 @@ def test_palette_with_alpha_keeps_its_colours():
     pixels = to_uint8(image.convert("PA"), grayscale=False)
     assert pixels.shape == (2, 4, 3) and tuple(pixels[0, 0]) == (255, 0, 0) and tuple(pixels[0, 3]) == (0, 255, 0)
     assert to_uint8(image.convert("PA"), grayscale=True)[0, 0, 0] == np.asarray(image.convert("L"))[0, 0]
+
+
+def test_pad_centres_the_image_on_its_canvas():
+    """--resize-mode pad centres the image (a mutation sweep: only the plan's sizes were checked)."""
+    from packer import ImageOptions
+    from packer.preprocess.image import preprocess_pixels
+
+    out = preprocess_pixels(np.full((20, 40, 3), 200, np.uint8), ImageOptions(size=(40, 40), resize_mode="pad"))
+    rows = np.flatnonzero(out[:, :, 0].max(1) > 0)
+    assert (rows.min(), rows.max()) == (10, 29)
+    out = preprocess_pixels(np.full((40, 20, 3), 200, np.uint8), ImageOptions(size=(40, 40), resize_mode="pad"))
+    cols = np.flatnonzero(out[:, :, 0].max(0) > 0)
+    assert (cols.min(), cols.max()) == (10, 29)

@@ -320,3 +320,20 @@ def test_the_folders_named_in_a_refusal_cover_every_kind_of_change():
     assert fingerprint_difference(flat, {**flat, "listing": "b", FOLDERS_KEY: {"": [11, "y"]}}).endswith(": its top folder has 1 input more")
     # a journal of an older packer has no folders: the change is said as before
     assert fingerprint_difference({"listing": "a", "source": "/d"}, new).endswith("(files added, removed or modified)")
+
+
+def test_a_file_rewritten_at_the_same_size_changes_the_listing(tmp_path):
+    """A BMP of the same dimensions rewritten keeps its size: the listing stamps the modification
+    time too, so --resume refuses a source changed so (a mutation sweep: no test rewrote a file in place)."""
+    cv2 = pytest.importorskip("cv2")
+    from packer.writers.journal import listing_digest
+
+    path = tmp_path / "a.bmp"  # a BMP of the same dimensions always has the same size
+    cv2.imwrite(str(path), np.zeros((8, 8, 3), np.uint8))
+    before = listing_digest([(str(path), 0)])
+    size = path.stat().st_size
+    cv2.imwrite(str(path), np.full((8, 8, 3), 255, np.uint8))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert path.stat().st_size == size
+    assert listing_digest([(str(path), 0)]) != before

@@ -534,3 +534,18 @@ def test_shard_bytes_alone_sizes_text_shards(tmp_path):
     small = packer.convert(corpus, tmp_path / "t" / "p-%06d.tar", storage=packer.StorageOptions(shard_bytes=20_000), workers=2)
     counts = json.loads((tmp_path / "t" / "packer.json").read_text())["extra"]["shard_counts"]
     assert small.written == 3000 and len(counts) > 3 and max(counts) > 1 and sum(counts) == 3000
+
+
+def test_random_windows_reach_the_last_start_and_work_with_exactly_one_block(tmp_path):
+    """The last start is drawn too, and a stream of exactly one block reads (a mutation sweep)."""
+    import packer
+    from packer.options import TextOptions
+    from readers import TokenDataset
+
+    (tmp_path / "a.txt").write_text("abcdefghi")  # 9 bytes + EOS: 10 tokens
+    packer.convert(tmp_path / "a.txt", tmp_path / "o.blob", text=TextOptions(tokenizer="bytes"))
+    one = TokenDataset(tmp_path / "o.blob", block_size=9, random_windows=True)  # 10 = 9 + 1: one block
+    x, y = one[0]
+    assert len(x) == len(y) == 9
+    starts = {TokenDataset(tmp_path / "o.blob", block_size=8, random_windows=True, seed=s).window_start(0) for s in range(64)}
+    assert starts == {0, 1}

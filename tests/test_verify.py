@@ -410,3 +410,20 @@ def test_files_packer_did_not_write_are_said(image_folder, tmp_path):
     result = CliRunner().invoke(cli, ["verify", str(folder)])
     assert result.exit_code == 0 and result.stdout.startswith(
         f"note: {folder} also holds files packer did not write (README.txt): readers ignore them"), result.output
+
+
+def test_verify_names_an_index_entry_that_no_longer_covers_its_tar_member(tmp_path):
+    """The index-against-member fault, which no test asserted (a mutation sweep)."""
+    import packer
+    from packer import ImageOptions
+    from packer.samples import make_image_folder
+    from readers.formats import open_store
+    from readers.formats.webdataset import INDEX_FILE
+
+    src = make_image_folder(tmp_path / "img", classes=2, per_class=2, size=(20, 20))
+    packer.convert(src, tmp_path / "out", format="webdataset", image=ImageOptions(size=(8, 8), resize_mode="stretch"))
+    index = np.load(tmp_path / "out" / INDEX_FILE)
+    index[1, 2] -= 64  # sample 1's nbytes: its payload now ends before its member does
+    np.save(tmp_path / "out" / INDEX_FILE, index)
+    faults = list(open_store(tmp_path / "out").structure_faults())
+    assert any(what.startswith("the index puts its payload at") for _where, what in faults), faults
