@@ -61,7 +61,9 @@ class MappedRows:
                     return None
                 starts: np.ndarray | None = base + np.arange(n, dtype=np.int64) * nbytes
             elif layout == h5py.h5d.CHUNKED and images.chunks == (1, *shape) and plist.get_nfilters() == 0:
-                starts = chunk_starts(images.id, n, nbytes)
+                starts = _located_before(file, n, nbytes)
+                if starts is None and (starts := chunk_starts(images.id, n, nbytes)) is not None:
+                    _remember(file, n, nbytes, starts)
             else:
                 return None
             if starts is None:
@@ -90,6 +92,29 @@ class MappedRows:
         else:
             for j, start in zip(order.tolist(), starts[order].tolist()):
                 out[j] = data[start : start + nbytes].reshape(shape)
+
+
+#: Chunk starts found in this process, by the file's identity (device, inode, size, modification
+#: time) and the samples' count and size: a DataLoader worker forked from a process that located
+#: them reopens the file (see open_shared_file) but finds them here, instead of visiting every
+#: chunk again at every epoch (about 2 us a sample: 0.3 s per worker at 150,000; a scale
+#: walkthrough). A few files at most; what is found is checked against h5py's reads as ever.
+_STARTS: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def _identity(file: h5py.File, n: int, nbytes: int) -> tuple[int, ...]:
+    st = os.fstat(file.id.get_vfd_handle())
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, n, nbytes
+
+
+def _located_before(file: h5py.File, n: int, nbytes: int) -> np.ndarray | None:
+    return _STARTS.get(_identity(file, n, nbytes))
+
+
+def _remember(file: h5py.File, n: int, nbytes: int, starts: np.ndarray) -> None:
+    if len(_STARTS) >= 4:
+        _STARTS.pop(next(iter(_STARTS)))
+    _STARTS[_identity(file, n, nbytes)] = starts
 
 
 def chunk_starts(dsid: h5py.h5d.DatasetID, n: int, nbytes: int) -> np.ndarray | None:
