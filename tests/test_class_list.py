@@ -152,3 +152,17 @@ def test_a_webdataset_list_is_taken_by_its_shard_pattern(splits, tmp_path):
     result = CliRunner().invoke(cli, ["convert", str(splits / "val"), str(out), "--size", "8", "--classes", str(pattern), "-q"])
     assert result.exit_code == 0, result.output
     assert open_dataset(out).classes == ["class_00", "class_01", "class_02"]
+
+
+def test_a_split_lacking_the_last_class_keeps_every_class_of_the_list(splits, tmp_path):
+    """val without the list's last class: its classes are still the list's three (the first
+    classes in order looked like no renumbering, and the shortcut dropped the last; a mutation sweep)."""
+    src = tmp_path / "val"
+    every = make_image_folder(tmp_path / "all", classes=3, per_class=2, size=(24, 24), seed=5)
+    for name in ("class_00", "class_01"):
+        shutil.copytree(Path(every) / name, src / name)
+    out = tmp_path / "val.lmdb"
+    convert(src, out, image=ImageOptions(size=8), workers=1, source=SourceOptions(classes=str(splits / "train.lmdb")))
+    assert open_dataset(out).classes == open_dataset(splits / "train.lmdb").classes == ["class_00", "class_01", "class_02"]
+    assert labels_by_name(out) == ["class_00", "class_00", "class_01", "class_01"]
+

@@ -101,6 +101,10 @@ def test_each_whole_pass_follows_the_next_epoch(ds):
     loader.set_epoch(5)  # during a pass: the pass is epoch 1's, the next one epoch 5's
     list(it)
     assert loader.epoch == 5
+    for _step, _batch in zip(range(len(loader)), loader):  # a counted pass over epoch 5, to its end
+        pass
+    loader.set_epoch(5)  # the same epoch again, chosen after the pass moved on (a mutation sweep)
+    assert loader.epoch == 5 and loader.state_dict()["epoch"] == 5 and order() == seen(loader, 5)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -288,3 +288,18 @@ def test_readers_import_where_there_is_no_flock():
     code = "import sys; sys.modules['fcntl'] = None; from readers import open_dataset; from readers.formats.inprogress import lock_holder; print(lock_holder('x'))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, "None\n"), done.stderr
+
+
+def test_a_stale_lock_of_a_longer_pid_is_replaced_whole(tmp_path):
+    """The lock file of a killed run whose pid was longer: the pid written over it must not keep
+    its tail ('packer-lock 9517\\n6789012'), which the next run refused as not packer's lock (a mutation sweep)."""
+    from packer.locking import lock_text
+
+    path = tmp_path / "x.lmdb.partial-lock"
+    path.write_bytes(b"packer-lock 123456789012\n")
+    lock = DestinationLock(path, "x").acquire()
+    try:
+        assert path.read_bytes() == lock_text(os.getpid()) and lock_holder(path) == str(os.getpid())
+    finally:
+        lock.release()
+
