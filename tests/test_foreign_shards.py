@@ -58,6 +58,21 @@ def test_the_samples_own_image_is_taken_over_a_mask_or_a_map(tmp_path):
     assert len(streamed) == 3 and all(image.shape == (3, 12, 16) for image, _ in streamed)
 
 
+def test_the_label_is_webdatasets_cls_field_as_streaming_reads_it(tmp_path):
+    """k.orig.cls before k.cls: the conversion took the first member ending in .cls (label 2),
+    where webdataset's cls field, and StreamingShards, say 0 (a webdataset walkthrough)."""
+    import webdataset as wds
+    from readers import open_dataset
+
+    src = shard(tmp_path / "s" / "00000.tar", [("k.jpg", PICTURES[0]), ("k.orig.cls", b"2"), ("k.cls", b"0"),
+                                              ("m.jpg", PICTURES[1]), ("m.cls", b"1")])
+    theirs = [int(label) for label in wds.WebDataset(str(src), shardshuffle=False).to_tuple("cls").map(lambda t: t[0])]
+    assert theirs == [0, 1]
+    assert [label for _, label in StreamingShards(str(src))] == theirs
+    convert(tmp_path / "s", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert [label for _, label in open_dataset(tmp_path / "o.lmdb")] == theirs
+
+
 def test_an_img2dataset_folder_is_shards_and_labels_are_all_or_none(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

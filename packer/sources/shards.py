@@ -17,6 +17,7 @@ import tarfile
 from pathlib import Path
 from typing import Iterable
 
+from readers.formats.webdataset import LABEL_EXTENSION
 from readers.schema import MAX_LABEL, Skipped
 
 from ..errors import SourceError
@@ -113,7 +114,9 @@ def _shard_items(shard: str, entries: list[Entry], classes: list[str], layout: s
             skipped.append(Skipped(where, "no image member in this sample"))
             continue
         label = -1
-        cls = next((e for e in group if e.name.endswith(".cls")), None)
+        # webdataset's "cls" field (after the name's first dot), as StreamingShards reads it: the first member ending in
+        # .cls (k.orig.cls before k.cls) gave the sample another label than webdataset's (a webdataset walkthrough)
+        cls = next((e for e in group if posixpath.basename(e.name).partition(".")[2] == LABEL_EXTENSION), None)
         if cls is not None:
             text = pread(shard, cls.offset, cls.size).decode("ascii", "replace").strip()
             number = re.fullmatch(r"-?[0-9]+", text) and int(text)  # (not isdigit: '²' is a digit to it, and int raised)
