@@ -128,7 +128,7 @@ def uneven_split(shards: int, natural: Sequence[Sequence[int]], shares: Sequence
     """Why equal batches from whole shards are a poor split, or ``None``: where they repeat or
     drop more than a tenth of an epoch's samples. Beyond what the same streams split by sample
     would, too few shards per stream are the cause; else whole batches per stream are, said where
-    they repeat samples (a migrant's walkthrough: 28% repeated went unsaid, as a split by sample
+    they repeat samples (a migrant's walkthrough: such repeats went unsaid where a split by sample
     repeated as many), not where ``drop_last`` asked for short batches to be dropped.
     ``natural``/``shares``: ``[rank][worker]`` samples read and yielded (:func:`rank_shares`)."""
     world_size, workers = len(natural), len(natural[0]) if natural else 1

@@ -383,7 +383,7 @@ def test_a_replaced_file_is_mapped_afresh_and_an_open_store_keeps_its_own(tmp_pa
 
 def test_chunk_starts_found_once_serve_a_forked_worker_and_a_changed_file_is_located_again(tmp_path, packed_32, monkeypatch):
     """A DataLoader worker reopens the file after fork and visited every chunk again at every
-    epoch (0.3 s per worker at 150,000 samples; a scale walkthrough): what this process found
+    epoch (a scale walkthrough): what this process found
     serves it, by the file's identity; the same name holding another file is located afresh."""
     path = shutil.copy(packed_32("hdf5"), tmp_path / "data.h5")
     with h5py.File(path, "r") as f:

@@ -338,7 +338,7 @@ class _LocalTree:
             dirnames[:] = kept(dirpath, sorted(d for d in dirnames if not is_hidden(d)))
             found.extend(os.path.join(dirpath, name) for name in kept(dirpath, [n for n in filenames if is_image_name(n)]))
             skipped.extend(unread_images(os.path.relpath(dirpath, root).replace(os.sep, "/"), filenames))
-        found.sort(key=lambda p: image_order(p[len(top) + 1:].split(os.sep)))  # (os.walk joins below top: relpath cost half the scan)
+        found.sort(key=lambda p: image_order(p[len(top) + 1:].split(os.sep)))  # (os.walk joins below top: no relpath per file)
         return found
 
     def _refuse(self, skipped: list[Skipped], path: str, reason: str) -> None:

@@ -45,12 +45,10 @@ def unread_images(folder: str, names: Iterable[str]) -> list[Skipped]:
     """The skip records of the files among ``names`` (in the source's ``folder``, relative; "" for
     its top) whose extension is one of :data:`UNREAD_IMAGE_EXTENSIONS`, sorted by name."""
     found = []
-    for name in sorted(names):
-        ext = os.path.splitext(name)[1].lower()
-        if ext in UNREAD_IMAGE_EXTENSIONS and not is_hidden(name):
-            found.append(Skipped(f"{folder}/{name}" if folder else name,
-                                 f"a {ext} image, not a format converted ({', '.join(sorted(IMAGE_EXTENSIONS))}): "
-                                 f"{UNREAD_IMAGE_EXTENSIONS[ext]}"))
+    for name in sorted(n for n in names if os.path.splitext(n)[1].lower() in UNREAD_IMAGE_EXTENSIONS and not is_hidden(n)):
+        ext = os.path.splitext(name)[1].lower()  # (only those sorted: this runs over every folder a scan lists)
+        found.append(Skipped(f"{folder}/{name}" if folder else name,
+                             f"a {ext} image, not a format converted ({', '.join(sorted(IMAGE_EXTENSIONS))}): {UNREAD_IMAGE_EXTENSIONS[ext]}"))
     return found
 
 

@@ -61,9 +61,10 @@ class MappedRows:
                     return None
                 starts: np.ndarray | None = base + np.arange(n, dtype=np.int64) * nbytes
             elif layout == h5py.h5d.CHUNKED and images.chunks == (1, *shape) and plist.get_nfilters() == 0:
-                starts = _located_before(file, n, nbytes)
+                key = _identity(file, n, nbytes)
+                starts = _STARTS.get(key)
                 if starts is None and (starts := chunk_starts(images.id, n, nbytes)) is not None:
-                    _remember(file, n, nbytes, starts)
+                    _remember(key, starts)
             else:
                 return None
             if starts is None:
@@ -97,8 +98,8 @@ class MappedRows:
 #: Chunk starts found in this process, by the file's identity (device, inode, size, modification
 #: time) and the samples' count and size: a DataLoader worker forked from a process that located
 #: them reopens the file (see open_shared_file) but finds them here, instead of visiting every
-#: chunk again at every epoch (about 2 us a sample: 0.3 s per worker at 150,000; a scale
-#: walkthrough). A few files at most; what is found is checked against h5py's reads as ever.
+#: chunk again at every epoch, a cost that grows with the samples (a scale walkthrough). A few
+#: files at most; what is found is checked against h5py's reads as ever.
 _STARTS: dict[tuple[int, ...], np.ndarray] = {}
 
 
@@ -107,14 +108,10 @@ def _identity(file: h5py.File, n: int, nbytes: int) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, n, nbytes
 
 
-def _located_before(file: h5py.File, n: int, nbytes: int) -> np.ndarray | None:
-    return _STARTS.get(_identity(file, n, nbytes))
-
-
-def _remember(file: h5py.File, n: int, nbytes: int, starts: np.ndarray) -> None:
+def _remember(key: tuple[int, ...], starts: np.ndarray) -> None:
     if len(_STARTS) >= 4:
         _STARTS.pop(next(iter(_STARTS)))
-    _STARTS[_identity(file, n, nbytes)] = starts
+    _STARTS[key] = starts
 
 
 def chunk_starts(dsid: h5py.h5d.DatasetID, n: int, nbytes: int) -> np.ndarray | None:
