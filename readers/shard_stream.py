@@ -10,6 +10,7 @@ import os
 import random
 import re
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 from urllib.parse import urlparse
@@ -175,6 +176,17 @@ def _label(data: np.ndarray, url: str, name: str) -> int:
     return int(text)
 
 
+def _second_image(url: str, key: str | None, image: tuple[Any, ...] | None, other: str | None, said: bool) -> bool:
+    """Warn, once a shard, of a member ranked as its sample's image but not read (``other``, beside
+    ``image``'s): the conversion records it as skipped (packer/sources/shards.py). Whether warned."""
+    if other is None or image is None or said:
+        return False
+    warnings.warn(f"{url}: member {other} is a second image of the sample {key} (beside {image[3]}) and is not read: "
+                  "webdataset's key ends at the file name's first dot; name each sample's files KEY.EXT, with no dot "
+                  "in KEY (other such members of this shard are not named)", stacklevel=3)
+    return True
+
+
 def expected_shards(meta: Metadata | None) -> dict[str, tuple[int, int]]:
     """Shard file name -> (bytes, samples), as a packer shard folder's metadata records them ({} without)."""
     if meta is None:
@@ -195,22 +207,26 @@ def shard_samples(urls: Sequence[str], cache: Any = None, expected: dict[str, tu
         size, count = (expected or {}).get(shard_name(url), (None, None))
         stream = cache.open(url, size) if cache is not None else open_shard(url)
         try:
-            key, image, label, n, rank = None, None, -1, 0, len(_RANKS)
+            key, image, label, n, rank, other, said = None, None, -1, 0, len(_RANKS), None, False
             for name, data in iter_tar(stream, url):
                 folder, _, base = name.rpartition("/")
                 stem, _, field = base.partition(".")  # (the key: up to the file name's first dot, as webdataset's)
                 stem = f"{folder}/{stem}" if folder else stem
                 if stem != key:
+                    said = said or _second_image(url, key, image, other, said)
                     if image is not None:
                         n += 1
                         yield image, label
-                    key, image, label, rank = stem, None, -1, len(_RANKS)
+                    key, image, label, rank, other = stem, None, -1, len(_RANKS), None
                 ext = field.rsplit(".", 1)[-1].lower()
                 this = _member_rank(field)
                 if this < rank:  # KEY.jpg before KEY.seg.png, KEY.npy before KEY.depth.npy (a mask or a map is no image)
-                    image, rank = (data, ext, url, name), this
+                    image, rank, other = (data, ext, url, name), this, None
+                elif this == rank < len(_RANKS):  # a.b.png, a.c.png: one sample to webdataset, as to the conversion
+                    other = other or name
                 elif field == LABEL_EXTENSION:
                     label = _label(data, url, name)
+            _second_image(url, key, image, other, said)
             if image is not None:
                 n += 1
                 yield image, label

@@ -142,3 +142,26 @@ def test_one_shard_as_src_is_read_as_shards_are(tmp_path):
     packed = ShardDataset(ours)
     assert again.classes == ["x", "y"] and len(again) == len(packed) == 3
     assert all(np.array_equal(again[i][0], packed[i][0]) and again[i][1] == packed[i][1] for i in range(3))
+
+
+def test_a_second_image_of_a_key_is_recorded_and_warned_not_lost(tmp_path):
+    """Stems with a dot (a.b.png, a.c.png) are one sample to webdataset, whose key ends at the file
+    name's first dot: the conversion kept a.b.png and StreamingShards read it, and a.c.png was
+    neither converted nor recorded (a webdataset walkthrough). A mask beside the sample's own
+    image (k.jpg, k.seg.png) is no second image: nothing said."""
+    import webdataset as wds
+    from PIL import Image
+
+    src = shard(tmp_path / "s" / "00000.tar", [("a.b.png", png_bytes(Image.fromarray(gradient(12, 16, seed=5)))), ("a.b.cls", b"0"),
+                                              ("a.c.png", png_bytes(Image.fromarray(gradient(12, 16, seed=6)))), ("a.c.cls", b"1"),
+                                              ("k.jpg", PICTURES[0]), ("k.seg.png", png_bytes(Image.new("L", (16, 12))))])
+    theirs = list(wds.WebDataset(str(src), shardshuffle=False))
+    assert [sorted(k for k in sample if not k.startswith("__")) for sample in theirs] == [
+        ["b.cls", "b.png", "c.cls", "c.png"], ["jpg", "seg.png"]]
+    report = convert(tmp_path / "s", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
+    assert report.written == 2
+    assert [(s.path, "second image of the sample a (beside a.b.png)" in s.reason) for s in report.skipped] == [
+        ("00000.tar/a.c.png", True)]
+    with pytest.warns(UserWarning, match=r"member a\.c\.png is a second image of the sample a \(beside a\.b\.png\)") as said:
+        streamed = list(StreamingShards(str(src)))
+    assert len(streamed) == 2 and len([w for w in said if "second image" in str(w.message)]) == 1

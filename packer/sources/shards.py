@@ -109,10 +109,15 @@ def _shard_items(shard: str, entries: list[Entry], classes: list[str], layout: s
     items = []
     for key, group in _samples(entries):
         where = prefix + key
-        payload = _payload(key, group)
-        if payload is None:
+        found = _payload(key, group)
+        if not found:
             skipped.append(Skipped(where, "no image member in this sample"))
             continue
+        payload = found[0]
+        # a.b.png and a.c.png are one sample to webdataset (the key ends at the first dot): the second was lost unsaid
+        skipped += [Skipped(prefix + other.name, f"a second image of the sample {key} (beside {posixpath.basename(payload.name)}): "
+                            "webdataset's key ends at the file name's first dot; name each sample's files KEY.EXT, "
+                            "with no dot in KEY") for other in found[1:]]
         label = -1
         # webdataset's "cls" field (after the name's first dot), as StreamingShards reads it: the first member ending in
         # .cls (k.orig.cls before k.cls) gave the sample another label than webdataset's (a webdataset walkthrough)
@@ -139,10 +144,11 @@ def _shard_folder(root: str, items: list[Member], classes: list[str], skipped: l
     return ImageFolder(root, items, classes if labeled else [], labeled, skipped, [], stamps=stamps)
 
 
-def _payload(key: str, group: list[Entry]) -> Entry | None:
-    """The image of a sample: its ``KEY.jpg`` (``.png``...) first, then another member named as an
-    image is (``KEY.seg.png`` after it: a mask is no image of the sample), then ``KEY.npy``, then
-    another ``.npy`` (``KEY.depth.npy``)."""
+def _payload(key: str, group: list[Entry]) -> list[Entry]:
+    """The image of a sample and the members ranked as it is, which are not read (none: no image):
+    its ``KEY.jpg`` (``.png``...) first, then another member named as an image is (``KEY.seg.png``
+    after it: a mask is no image of the sample), then ``KEY.npy``, then another ``.npy``
+    (``KEY.depth.npy``). ``a.b.png`` beside ``a.c.png``: ``a.b.png``, and ``a.c.png`` not read."""
     def field(entry: Entry) -> str:
         return entry.name[len(key) + 1:].lower()
 
@@ -150,7 +156,7 @@ def _payload(key: str, group: list[Entry]) -> Entry | None:
               [e for e in group if is_image_name(posixpath.basename(e.name))],
               [e for e in group if field(e) == "npy"],
               [e for e in group if e.name.lower().endswith(_PAYLOAD_EXTENSIONS)])
-    return next((found[0] for found in ranked if found), None)
+    return next((found for found in ranked if found), [])
 
 
 def _samples(entries: list[Entry]) -> Iterable[tuple[str, list[Entry]]]:
