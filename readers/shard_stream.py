@@ -77,7 +77,11 @@ def shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[
 
 
 def shard_name(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1].split()[-1] if url else url
+    """The shard's file name: the URL's last part (a ``pipe:`` command's last word's): a space is
+    part of a file name (``my train-000000.tar``), and a shard of it was refused as not listed."""
+    if url.startswith("pipe:"):
+        url = url.split()[-1]
+    return url.rstrip("/").rsplit("/", 1)[-1]
 
 
 def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metadata | None]:

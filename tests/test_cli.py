@@ -292,6 +292,22 @@ def test_a_shard_pattern_reads_back_as_it_was_written(tmp_path, image_folder):
     assert run("info", pattern).exit_code == 0
 
 
+def test_a_shard_name_with_a_space_streams_and_space_padding_is_refused(tmp_path, image_folder):
+    """``my train-%06d.tar`` converted, and StreamingShards refused its shards as not listed (it
+    took a URL's last word, for ``pipe:``); ``%6d`` names shards ``t-     0.tar``, which no brace
+    pattern names: refused in one line, before anything is written."""
+    from readers import StreamingShards
+
+    pattern = tmp_path / "wds" / "my train-%06d.tar"
+    assert run("convert", image_folder, pattern, "--size", "8", "-q").exit_code == 0
+    for given in (pattern.parent, pattern, tmp_path / "wds" / "my train-{000000..000000}.tar"):
+        assert len(list(StreamingShards(str(given)))) == 18
+    result = run("convert", image_folder, tmp_path / "spaced" / "t-%6d.tar", "--size", "8")
+    assert result.exit_code != 0 and not (tmp_path / "spaced").exists()
+    assert "pads the shard number with spaces; pad it with zeros, for example t-%06d.tar" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_progress_in_a_log_is_whole_lines(monkeypatch):
     """Piped into a log, tqdm's frames ("\\r" each) piled up between the warnings (a walkthrough):
     off a terminal, progress is a whole line every LOG_LINE_SECONDS, with the rate and time left."""

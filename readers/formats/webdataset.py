@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import re
 import tarfile
 from functools import lru_cache
 from pathlib import Path
@@ -124,10 +125,11 @@ def sample_key(index: int) -> str:
 def check_pattern(pattern: str) -> str:
     """Return ``pattern`` if it is a valid shard file name pattern (one ``%d``, ends in .tar)."""
     if not _PATTERN_RE.fullmatch(pattern):
-        raise PackedFormatError(
-            f"{pattern!r}: a shard name pattern needs exactly one %d field and the .tar suffix, "
-            "for example train-%06d.tar"
-        )
+        raise PackedFormatError(f"{pattern!r}: a shard name pattern needs exactly one %d field and the .tar suffix, "
+                                "for example train-%06d.tar")
+    if re.search(r"%[1-9][0-9]*d", pattern):  # t-%6d.tar: 't-     0.tar', which no brace pattern names
+        zeros = re.sub(r"%([1-9][0-9]*)d", r"%0\1d", pattern)
+        raise PackedFormatError(f"{pattern!r}: pads the shard number with spaces; pad it with zeros, for example {zeros}")
     return pattern
 
 
