@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 __all__ = [
-    "SharedCursor",
     "EpochPlan",
     "EpochCursor",
     "ResumeError",
@@ -291,57 +290,6 @@ class EpochCursor:
         """Make the next iteration follow ``epoch`` from ``position`` (a loaded state, already checked)."""
         self.epoch = state_epoch(epoch)
         self.position = position
-
-
-class SharedCursor:
-    """A worker-split dataset's epoch and resume position (``(skips per worker, first)``), also
-    in shared memory: a DataLoader's persistent workers keep their copy of the dataset from
-    epoch to epoch and take, at each iteration, what :meth:`publish` gave since (torch shares
-    the tensor with them, forked or spawned; a plain pickle copies it). A position for more
-    than :data:`SLOTS` workers is not shared: such workers keep the one they started with."""
-
-    SLOTS = 1024
-    __slots__ = ("tensor", "seen")
-
-    def __getstate__(self) -> tuple[torch.Tensor, int]:
-        return self.tensor, self.seen
-
-    def __setstate__(self, state: tuple[torch.Tensor, int]) -> None:
-        tensor, self.seen = state
-        # torch's own pickling (a DataLoader starting workers) shares the memory; a plain pickle
-        # or a deepcopy brings a private copy: shared again, between this copy and its workers
-        self.tensor = tensor if tensor.is_shared() else tensor.share_memory_()
-
-    def __init__(self) -> None:
-        # generation, epoch, position (0: none, 1: here, 2: too large to share), first worker, worker count, skips...
-        self.tensor = torch.zeros(5 + self.SLOTS, dtype=torch.int64).share_memory_()
-        self.seen = 0
-
-    def publish(self, cursor: EpochCursor) -> None:
-        """Make ``cursor``'s epoch and position what every copy follows from its next iteration."""
-        t, position = self.tensor, cursor.position
-        t[1] = cursor.epoch
-        shared = position is not None and len(position[0]) <= self.SLOTS
-        t[2] = 0 if position is None else 1 if shared else 2
-        if shared:
-            skips, first = position
-            t[3], t[4] = int(first), len(skips)
-            t[5 : 5 + len(skips)] = torch.as_tensor(list(skips), dtype=torch.int64)
-        t[0] += 1  # last: a copy that sees the new generation sees the fields before it
-        self.seen = int(t[0])
-
-    def follow(self, cursor: EpochCursor) -> None:
-        """In a copy (a persistent worker's): take the epoch and position published since it was made."""
-        t = self.tensor
-        generation = int(t[0])
-        if generation == self.seen:
-            return
-        self.seen = generation
-        kind, count = int(t[2]), int(t[4])
-        if kind == 2:  # (not shared: the copy's own)
-            cursor.resume(int(t[1]), cursor.position)
-        else:
-            cursor.resume(int(t[1]), ([int(n) for n in t[5 : 5 + count]], int(t[3])) if kind else None)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Sequence, TypeVar
 
 from .epoch import check_batch_size, flag, mix_seed, resolve_rank, whole_number
 
-__all__ = ["ShardPlan", "equal_batches", "rank_shares"]
+__all__ = ["ShardPlan", "equal_batches", "rank_shares", "worker_position"]
 
 T = TypeVar("T")
 
@@ -168,3 +168,23 @@ def _round_robin_first(batches: Sequence[int], steps: int) -> list[int]:
             taken[w] += 1
             left -= 1
     return taken
+
+
+def worker_position(counts: list[int], batches: int, batch_size: int | None) -> tuple[list[int], int]:
+    """Where a rank's DataLoader workers, yielding ``counts`` samples each this epoch, are after
+    ``batches`` batches of ``batch_size`` (``None``: samples) handed out by the DataLoader's
+    in-order round robin (an exhausted worker skipped): the samples each has handed out, and the
+    worker whose batch comes next. More batches than the epoch has: a ``ValueError``."""
+    size = 1 if batch_size is None else batch_size
+    per_worker = [-(-n // size) for n in counts]
+    taken = [0] * len(counts)
+    left, following = int(batches), 0
+    while left > 0 and any(t < b for t, b in zip(taken, per_worker)):
+        for w in range(len(counts)):
+            if left and taken[w] < per_worker[w]:
+                taken[w] += 1
+                left -= 1
+                following = (w + 1) % len(counts)
+    if left:
+        raise ValueError(f"state_dict: batches={batches} is more than this rank's {sum(per_worker)} batches per epoch")
+    return [min(n, t * size) for n, t in zip(counts, taken)], following

@@ -23,9 +23,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .dataset import PackedDataset
-from .epoch import (EpochCursor, ResumeError, SharedCursor, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, flag,
+from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprint, check_settings, dataset_fingerprint, flag,
                     positive_number, resolve_rank, whole_number)
-from .shard_plan import ShardPlan, rank_shares, uneven_split
+from .shard_plan import ShardPlan, rank_shares, uneven_split, worker_position
+from .shared_cursor import SharedCursor
 from .formats.webdataset import ShardStore
 from .schema import PackedFormatError
 from .shard_stream import decode_member, expected_shards, resolve_shards, shard_name, shard_samples, shuffled
@@ -66,8 +67,8 @@ class StreamingShards(IterableDataset):
     sample is read once per epoch over all ranks and workers (plus the padding below). With
     ``shuffle``, samples pass through a shuffle buffer of ``buffer`` samples seeded from (seed,
     epoch, rank, worker). Call :meth:`set_epoch` before each epoch (as with
-    ``DistributedSampler``); the epoch is kept in shared memory, so ``persistent_workers=True``
-    workers follow it too.
+    ``DistributedSampler``; a shuffled pass that repeats one run to its end warns); the epoch is
+    kept in shared memory, so ``persistent_workers=True`` workers follow it too.
 
     Remote shards (readers/remote.py): http(s) URLs stream through urllib (a server that sends
     nothing for ``STALL_SECONDS`` is an error, not a hang), other fsspec URLs
@@ -266,19 +267,7 @@ class StreamingShards(IterableDataset):
     def _position(self, batches: int, batch_size: int | None, num_workers: int) -> tuple[list[int], int]:
         """Where this rank's ``num_workers`` workers are in the current epoch after ``batches``
         batches: the samples each has handed out, and the worker whose batch comes next."""
-        size = 1 if batch_size is None else batch_size
-        counts, per_worker = self._batches_per_worker(batch_size, num_workers)
-        taken = [0] * len(counts)
-        left, following = int(batches), 0  # `following`: the worker whose batch comes next
-        while left > 0 and any(t < b for t, b in zip(taken, per_worker)):
-            for w in range(len(counts)):  # DataLoader's in-order round robin, skipping exhausted workers
-                if left and taken[w] < per_worker[w]:
-                    taken[w] += 1
-                    left -= 1
-                    following = (w + 1) % len(counts)
-        if left:
-            raise ValueError(f"state_dict: batches={batches} is more than this rank's {sum(per_worker)} batches per epoch")
-        return [min(n, t * size) for n, t in zip(counts, taken)], following
+        return worker_position(self._shares(num_workers)[1], batches, batch_size)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue the epoch of ``state`` (from :meth:`state_dict`) where it
@@ -373,7 +362,9 @@ class StreamingShards(IterableDataset):
                 f"StreamingShards: equal batches were computed for num_workers={self.num_workers}, this DataLoader has "
                 f"{num_workers if info is not None else 0} workers; pass the DataLoader's num_workers to StreamingShards"
             )
-        skip = 0
+        if worker == 0 and self._shared.repeats(num_workers) and self.rank == 0 and (self.shuffle or self._cursor.position):
+            self._warn_repeat()
+        skip, loader_worker = 0, worker
         if self._cursor.position is not None:
             skips, first = self._cursor.position
             if len(skips) != num_workers:
@@ -393,6 +384,14 @@ class StreamingShards(IterableDataset):
         for encoded, label in self._positions(urls, worker, skip, own, share):
             sample = decode_member(*encoded, self.meta)
             yield (self.transform(sample) if self.transform is not None else sample), label
+        self._shared.finished(loader_worker)
+
+    def _warn_repeat(self) -> None:
+        """A pass follows the epoch (and resume position) the last one followed to its end: said,
+        as DistributedSampler's users are never told (webdataset's and Streaming's move on)."""
+        again = f"the rest of epoch {self.epoch} after the resume" if self._cursor.position else f"epoch {self.epoch}'s order"
+        warnings.warn(f"StreamingShards: this pass yields {again} again, as the last pass did to its end: call "
+                      "set_epoch(epoch) before each epoch (as with DistributedSampler)", stacklevel=3)
 
     def _worker_checks(self, worker: int, num_workers: int) -> None:
         """In a DataLoader worker: follow the epoch and position :meth:`set_epoch` and
