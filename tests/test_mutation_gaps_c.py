@@ -99,7 +99,8 @@ def test_a_label_row_naming_an_image_in_a_hidden_folder_is_skipped_and_recorded(
     """A row of --labels naming `.hidden/x.png` (an image that is there, in a hidden folder, which
     packer never enters) is not converted but recorded as skipped with its row; the other rows
     convert. Mutant: image_files keeping hidden folders (`dirnames[:] = sorted(dirnames)`): the
-    hidden image was converted as a third sample."""
+    hidden image was converted as a third sample. The reason said "no such image", where the
+    image is there (the sweep's report): it now says why it is not read."""
     root = tmp_path / "images"
     colours = {"a.png": (255, 0, 0), "b.png": (0, 0, 255), ".hidden/x.png": (0, 255, 0)}
     for name, colour in colours.items():
@@ -111,7 +112,8 @@ def test_a_label_row_naming_an_image_in_a_hidden_folder_is_skipped_and_recorded(
     dst = tmp_path / "out.lmdb"
     report = convert(root, dst, image=ImageOptions(size=8), source=SourceOptions(labels=str(labels)), workers=1)
     assert report.written == 2
-    assert [(s.path, s.reason.endswith("(labels.csv:3)")) for s in report.skipped] == [(".hidden/x.png", True)]
+    assert [(s.path, s.reason) for s in report.skipped] == [(".hidden/x.png", "a hidden file or folder (labels.csv:3): packer "
+                                                             "reads none (a name starting with '.', or a system folder); rename it")]
     meta, samples = read_plain(dst)  # with lmdb itself
     assert meta["count"] == 2 and [s["path"] for s in meta["skipped"]] == [".hidden/x.png"]
     classes = meta["classes"]  # every name of the file, sorted: blue, green, red

@@ -39,7 +39,7 @@ from readers.schema import MAX_LABEL, Skipped
 
 from ..errors import OptionError, SourceError
 from ..options import SourceOptions
-from .rules import IMAGE_EXTENSIONS, image_order
+from .rules import IMAGE_EXTENSIONS, image_order, is_hidden
 
 __all__ = ["LISTED_AGAIN", "LABEL_RANGE", "PATH_COLUMNS", "LABEL_COLUMNS", "SPLIT_COLUMNS", "LabelRow", "LabelTable", "Matched", "read_label_rows", "match_rows", "labeled_items",
            "safe_relative", "file_digest"]
@@ -174,7 +174,10 @@ def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, in
         if name is None:
             skipped.append(Skipped(row.path, f"path leaves {where} (absolute, or '..'; {row.where}); refused"))
             continue
-        if name not in inputs:
+        if name not in inputs and any(is_hidden(part) for part in name.split("/")):  # (it may be there: never read)
+            skipped.append(Skipped(name, f"a hidden file or folder ({row.where}): packer reads none (a name starting with "
+                                         "'.', or a system folder); rename it"))
+        elif name not in inputs:
             skipped.append(Skipped(name, f"no such image in {where} ({row.where})"))
         elif name in first:
             skipped.append(Skipped(name, f"{LISTED_AGAIN} {row.where} (the first row, {first[name]}, is used)"))
