@@ -27,7 +27,7 @@ from .doctor_cli import doctor as doctor_command
 from .engine import UNPRINTED_SKIP, Interrupted
 from .errors import OptionError, PackerError
 from .executors import EXECUTORS
-from .info import describe, read_metadata
+from .info import describe, read_metadata, streamed_as
 from .interrupts import interruptible
 from .jobs import changed_fields, check_kind_options
 from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
@@ -271,7 +271,7 @@ def convert(
             )
         click.echo(report.summary())  # (a Ctrl-C as it prints: the output is complete, as below says)
         if not quiet:
-            click.echo(report.next_steps())
+            click.echo(report.next_steps(streamed_as(report.dst) if report.format == "webdataset" else None))
     except Interrupted as exc:
         raise _UserError(str(exc), EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:

@@ -7,11 +7,13 @@ import os
 from pathlib import Path
 
 from readers.formats import open_store
+from readers.formats.base import dataset_path
 from readers.schema import Metadata
 
 from .report import MAX_LISTED, one_line
+from .writers.webdataset import brace_pattern
 
-__all__ = ["read_metadata", "describe", "disk_usage"]
+__all__ = ["read_metadata", "describe", "disk_usage", "streamed_as"]
 
 
 def read_metadata(path: str | Path) -> Metadata:
@@ -55,6 +57,26 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
         ("skipped", f"{len(meta.skipped):,}"),
     ]
     return _render(path, rows, meta)
+
+
+def streamed_as(path: str | Path) -> str | None:
+    """How webdataset reads the local WebDataset at ``path`` (its brace pattern and shard count),
+    for the line after a conversion; ``None`` where its metadata cannot be read (a URL) or its
+    shards follow no pattern."""
+    try:
+        meta = read_metadata(path)
+    except (OSError, ValueError):
+        return None
+    braces = brace_pattern(str(dataset_path(path)), meta)
+    count = len(meta.extra.get("shards") or [])
+    return f"{braces!r} ({count:,} shard{'s' if count != 1 else ''})" if braces else None
+
+
+def _shards(path: str | Path, meta: Metadata) -> str:
+    """The ``shards`` row: how many, and the brace pattern webdataset reads them by."""
+    count = len(meta.extra.get("shards") or [])
+    braces = brace_pattern(str(dataset_path(path)), meta)
+    return f"{count:,}" + (f": {braces}" if braces else "")
 
 
 def _geometry(pre: dict, size_text: str) -> str:
@@ -110,7 +132,10 @@ def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
 
 
 def _render(path: str | Path, rows: list[tuple[str, str]], meta: Metadata) -> str:
-    """Aligned ``key value`` rows under the path, then the skipped inputs (at most MAX_LISTED)."""
+    """Aligned ``key value`` rows under the path (a WebDataset's shards before its size), then the
+    skipped inputs (at most MAX_LISTED)."""
+    if meta.format == "webdataset":
+        rows.insert(-2, ("shards", _shards(path, meta)))
     lines = [str(path)] + [f"  {key:<11}{value}" for key, value in rows]
     for entry in meta.skipped[:MAX_LISTED]:
         lines.append(f"    {one_line(entry.path)}: {one_line(entry.reason)}")

@@ -82,16 +82,18 @@ class ConversionReport:
     reader_class = ""
     look_command = "preview"
 
-    def next_steps(self) -> str:
+    def next_steps(self, streamed: str | None = None) -> str:
         """One line for a person who has just converted: the Python that reads the output, and
-        the command that shows some of it (the path as given, so the line can be pasted)."""
+        the command that shows some of it (the path as given, so the line can be pasted);
+        ``streamed``: a local WebDataset's brace pattern, as webdataset reads it (packer/info.py)."""
         reader = self.reader_class or DATASETS[self.format][1]
         if _is_url(self.dst):  # packer's commands and the map-style readers open local paths
             folder = str(self.dst).rstrip("/")
             if self.format == "webdataset":  # (streamed from its folder's URL: the shard pattern is not a URL it takes)
                 return f"read it: readers.StreamingShards({(folder.rsplit('/', 1)[0] if '%' in folder.rsplit('/', 1)[-1] else folder)!r})"
             return f"read it: copy it to a local disk, then readers.{reader}(its local path)"
-        return f"read it: readers.{reader}({str(self.dst)!r}); see it: packer {self.look_command} {shlex.quote(str(self.dst))}"
+        stream = f"; stream it: readers.StreamingShards({str(self.dst)!r}), or webdataset's {streamed}" if streamed else ""
+        return f"read it: readers.{reader}({str(self.dst)!r}){stream}; see it: packer {self.look_command} {shlex.quote(str(self.dst))}"
 
 
 @dataclass

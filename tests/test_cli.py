@@ -355,8 +355,13 @@ def test_the_line_after_the_summary_reads_and_shows_the_output(tmp_path, image_f
     assert result.exit_code == 0, result.output
     summary, steps = result.stdout.splitlines()[-2:]
     written = int(re.search(r"wrote (\d+)", summary).group(1))
-    code, command = re.fullmatch(r"read it: (readers\.\w+\(.*\)); see it: packer (.*)", steps).groups()
+    code, streamed, braces, command = re.fullmatch(r"read it: (readers\.\w+\([^)]*\))(?:; stream it: (readers\.StreamingShards\([^)]*\)), "
+                                                   r"or webdataset's '([^']*)' \(1 shard\))?; see it: packer (.*)", steps).groups()
     assert len(eval(code, {"readers": readers})) == written  # noqa: S307 - the line is meant to be pasted
+    if dst_name.endswith(".tar"):  # a WebDataset's streamed too, and named as webdataset reads it
+        import webdataset as wds
+
+        assert len(list(eval(streamed, {"readers": readers}))) == len(list(wds.WebDataset(braces, shardshuffle=False))) == written  # noqa: S307
     words = command.split()
     shown = run(words[0], *words[1:], *(["-o", tmp_path / "sheet.png"] if words[0] == "preview" else []))
     assert shown.exit_code == 0, shown.output

@@ -35,7 +35,7 @@ the worker count: the output is identical whatever the worker count (and whether
 """
 
 from .pieces import Piece, PieceResult, PieceTask
-from .destination import pattern_refusal
+from .destination import brace_pattern, pattern_refusal
 from .writer import DEFAULT_SHARD_SIZE, ShardSink, ShardWriter, split_destination
 
-__all__ = ["ShardWriter", "ShardSink", "PieceTask", "Piece", "PieceResult", "split_destination", "pattern_refusal", "DEFAULT_SHARD_SIZE"]
+__all__ = ["ShardWriter", "ShardSink", "PieceTask", "Piece", "PieceResult", "split_destination", "pattern_refusal", "brace_pattern", "DEFAULT_SHARD_SIZE"]

@@ -5,6 +5,7 @@ metadata last."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from readers.formats.webdataset import META_FILE, ShardStore, parse_metadata
@@ -13,7 +14,7 @@ from readers.schema import Metadata
 from ...errors import OutputExistsError
 from ...remote import Uploader
 
-__all__ = ["RemoteShards", "pattern_refusal"]
+__all__ = ["RemoteShards", "pattern_refusal", "brace_pattern"]
 
 
 def pattern_refusal(folder: str, pattern: str, meta: Metadata) -> str | None:
@@ -27,6 +28,18 @@ def pattern_refusal(folder: str, pattern: str, meta: Metadata) -> str | None:
     beside = f"{parent}/{stem if stem != name else f'{name}-{stem}'}" if parent else (stem if stem != name else f"{name}-{stem}")
     return (f"{folder}: holds a WebDataset of shards named {old}, not {pattern}; a folder holds one dataset, so writing "
             f"{pattern} there would delete those shards: write it to a folder of its own, for example {beside}/{pattern}")
+
+
+def brace_pattern(folder: str, meta: Metadata) -> str | None:
+    """The shards of the dataset ``meta`` in ``folder`` as webdataset's (and StreamingShards')
+    brace pattern takes them, ``folder/train-{000000..000009}.tar`` (one shard: its path);
+    ``None`` where they are not named ``shard_pattern % 0, 1, ...`` (or the metadata has no pattern)."""
+    names, pattern = list(meta.extra.get("shards") or []), meta.extra.get("shard_pattern")
+    if not names or not isinstance(pattern, str) or names != [pattern % i for i in range(len(names))]:
+        return None
+    head, field, tail = re.split(r"(%0?[0-9]*d)", pattern, maxsplit=1)
+    numbers = field % 0 if len(names) == 1 else f"{{{field % 0}..{field % (len(names) - 1)}}}"
+    return f"{folder.rstrip('/')}/{head}{numbers}{tail}"
 
 
 class RemoteShards:
