@@ -168,8 +168,12 @@ def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
     a packer dataset, its metadata's ``checksums_sha256`` (its samples' content, labels and order:
     a conversion of the same source again, to any format or on another node, continues a state),
     or, in a dataset written before that field, its ``source`` and ``created`` (the conversion
-    that wrote it)."""
+    that wrote it); and ``items``, where an index names something made from the samples (a
+    :class:`~readers.TokenDataset`'s blocks: their size, and random windows' seed), its ``item_identity``."""
     fingerprint: dict[str, Any] = {"samples": int(length)}
+    items = getattr(dataset, "item_identity", None)
+    if isinstance(items, str):
+        fingerprint["items"] = items
     meta = getattr(dataset, "meta", None)
     digest = getattr(meta, "checksums_sha256", None)
     for key in ("checksums_sha256",) if isinstance(digest, str) and digest else ("source", "created"):

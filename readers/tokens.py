@@ -75,6 +75,14 @@ class TokenDataset(Dataset):
             return len(self.tokens)
         return (self.tokens.num_tokens - 1) // self.block_size
 
+    @property
+    def item_identity(self) -> str:
+        """What an index names, for a resume state's fingerprint (readers/epoch.py): a state saved
+        over blocks of another size, or random windows of another seed, reads other tokens."""
+        if self.block_size is None:
+            return "documents"
+        return f"blocks of {self.block_size} tokens, " + (f"random windows of seed {self.seed}" if self.random_windows else "consecutive")
+
     def window_start(self, index: int) -> int:
         """First token of block ``index`` in the flat stream."""
         n = len(self)

@@ -268,3 +268,23 @@ def test_an_expected_tokenizer_that_is_no_file_is_one_line(converted):
     with pytest.raises(TokenizerError, match=r"expect_tokenizer='gpt2' is no file: give the tokenizer file it was made with"):
         TokenDataset(converted("blob"), expect_tokenizer="gpt2")
     assert len(TokenDataset(converted("blob"), expect_tokenizer="bytes")) == len(DOCS)
+
+
+def test_a_resume_state_over_other_blocks_is_refused_naming_them(converted):
+    """A Loader or ResumableSampler state names its samples by index; a TokenDataset's index is a
+    block, so a state saved over random windows of seed 0 loaded into windows of seed 1 (the same
+    count) continued over other tokens without a word (last session's left-alone list)."""
+    from readers import Loader, ResumableSampler
+    from readers.epoch import ResumeError
+
+    path = converted("blob")
+    saved = Loader(TokenDataset(path, block_size=4, random_windows=True, seed=0), batch_size=2).state_dict()
+    same = Loader(TokenDataset(path, block_size=4, random_windows=True, seed=0), batch_size=2)
+    same.load_state_dict(saved)
+    for other, said in [(TokenDataset(path, block_size=4, random_windows=True, seed=1), "random windows of seed 1"),
+                        (TokenDataset(path, block_size=4), "blocks of 4 tokens, consecutive")]:
+        assert len(other) == len(same.dataset)
+        with pytest.raises(ResumeError, match=rf"saved over items='blocks of 4 tokens, random windows of seed 0', .* reads items='.*{said}'"):
+            Loader(other, batch_size=2).load_state_dict(saved)
+        with pytest.raises(ResumeError, match="items="):
+            ResumableSampler(other, 2).load_state_dict(saved)
