@@ -200,7 +200,10 @@ class StreamingShards(IterableDataset):
         """For each of ``num_workers`` DataLoader workers (0: none) of this rank, this epoch: the
         samples of its shards, and how many it yields (padded or truncated, :func:`equal_batches`)."""
         if self.meta is None:
-            raise TypeError("StreamingShards: the number of samples is unknown (no packer metadata beside these shards)")
+            folders = sorted({url.rsplit("/", 1)[0] for url in self.urls if "/" in url})
+            why = (f"shards of {len(folders)} folders ({folders[0]}, {folders[1]}...), each folder's metadata counting only its own: "
+                   "stream one folder's shards" if len(folders) > 1 else "no packer metadata beside these shards")
+            raise TypeError(f"StreamingShards: the number of samples is unknown ({why})")
         key = (self.epoch, max(1, num_workers))
         if getattr(self, "_shares_cache", (None,))[0] != key:
             natural, shares = self._every_share(*key)

@@ -165,3 +165,19 @@ def test_a_second_image_of_a_key_is_recorded_and_warned_not_lost(tmp_path):
     with pytest.warns(UserWarning, match=r"member a\.c\.png is a second image of the sample a \(beside a\.b\.png\)") as said:
         streamed = list(StreamingShards(str(src)))
     assert len(streamed) == 2 and len([w for w in said if "second image" in str(w.message)]) == 1
+
+
+def test_the_length_of_shards_of_two_datasets_says_why_it_is_unknown(tmp_path):
+    """Shards of two packer folders said "no packer metadata beside these shards", where each had
+    its own (last session's left-alone list): the message names the folders; foreign shards keep it."""
+    import packer
+
+    for name in ("one", "two"):
+        packer.convert([(np.full((4, 4, 3), 9, np.uint8), 0)] * 2, tmp_path / name, format="webdataset", workers=1)
+    both = StreamingShards([str(tmp_path / "one" / "shard-000000.tar"), str(tmp_path / "two" / "shard-000000.tar")])
+    assert len(list(both)) == 4
+    with pytest.raises(TypeError, match=rf"shards of 2 folders \({tmp_path}/one, {tmp_path}/two\.\.\.\), each folder's metadata"):
+        len(both)
+    foreign = shard(tmp_path / "f" / "00000.tar", [("a.jpg", PICTURES[0])])
+    with pytest.raises(TypeError, match="no packer metadata beside these shards"):
+        len(StreamingShards(str(foreign)))
