@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .codecs import decode_image
-from .formats import check_format
+from .formats import PARTIAL_SUFFIX, check_format
 from .formats.base import dataset_path, local_path, refuse_other_pattern
 from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
 from .schema import MAX_LABEL, TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
@@ -138,14 +138,16 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
 
 
 def _check_local(paths: Iterator[str]) -> None:
-    """Refuse, in one line, a local shard that is missing, a folder, or a regular file that is
-    not a tar (by its name or its first bytes: another packer format's dataset is named, with
-    the class that reads it). ``-`` (standard input, to the webdataset library's ``gopen``) and
+    """Refuse, in one line, a local shard that is missing, a folder, a shard of an unfinished
+    conversion (in its ``DST.partial``), or a regular file that is not a tar (by its name or its
+    first bytes: another packer format's dataset is named, with the class that reads it). ``-`` (standard input, to the webdataset library's ``gopen``) and
     other non-regular files (a named pipe, ``/dev/stdin``) are left to the reading: their bytes
     can be read once only."""
     for path in paths:
         if path == "-":
             continue
+        if os.path.basename(os.path.dirname(os.path.abspath(path))).endswith(PARTIAL_SUFFIX):  # an unfinished conversion's
+            check_format(os.path.dirname(path) or ".", ShardStore.format_name)  # shards, by pattern or list: refused as its folder is
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such shard (StreamingShards reads .tar shards, a packer shard folder or URLs)")
         if os.path.isdir(path):

@@ -60,6 +60,23 @@ def test_streaming_shards_of_a_folder_being_written_names_the_writer(tmp_path, g
         StreamingShards(source)
 
 
+def test_shards_inside_an_unfinished_conversion_are_refused_by_pattern_and_list(tmp_path):
+    """StreamingShards refused DST.partial as a folder, but a brace pattern or a list of its shards
+    streamed an interrupted conversion's part as a dataset (a text walkthrough): refused alike."""
+    import numpy as np
+
+    import packer
+    from readers import StreamingShards
+
+    packer.convert([(np.zeros((4, 4, 3), np.uint8), 0)] * 6, tmp_path / "out", format="webdataset", workers=1,
+                   storage=packer.StorageOptions(shard_size=2))
+    (tmp_path / "out").rename(tmp_path / "out.partial")  # what an interrupted run leaves: whole shards, no DST
+    inside = tmp_path / "out.partial"
+    for given in (str(inside / "shard-{000000..000001}.tar"), [str(inside / "shard-000000.tar")], str(inside)):
+        with pytest.raises(IncompleteDatasetError, match=r"out\.partial: an unfinished conversion \(its name ends in \.partial\)"):
+            StreamingShards(given)
+
+
 def test_a_second_command_is_refused_and_the_first_finishes(image_folder, tmp_path):
     dst = tmp_path / "out.lmdb"
     args = ["convert", str(image_folder), str(dst), "-j", "1", "-q", "--size", "16"]
