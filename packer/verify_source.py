@@ -77,8 +77,14 @@ def check_source_applies(meta: Metadata, path: str | Path, options: SourceOption
     any check, as convert refuses an option that does not apply before converting anything."""
     from .errors import OptionError
 
-    if meta.kind == "text" and options is not None and options != SourceOptions():
+    if meta.kind != "text" or options is None:
+        return
+    if dataclasses.replace(options, split=None) != SourceOptions():
         raise OptionError(f"--labels, --classes and their options: apply to image datasets, and {path} holds text; drop them")
+    recorded = meta.preprocessing.get("split")
+    if options.split is not None and options.split != recorded:  # (the recorded split is read: one that agrees is no news)
+        read = f"its files of the split {recorded!r}" if recorded else "every file of its corpus"
+        raise OptionError(f"--split {options.split}: {path} was converted from {read}, which --source reads as recorded; drop --split")
 
 
 def compare_source(store: Store, source: str | Path, report: Report, workers: int | None,

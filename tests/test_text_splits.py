@@ -40,6 +40,13 @@ def test_split_picks_a_splits_files_and_several_are_said(hub, tmp_path, caplog):
     assert documents(tmp_path / "v.blob") == ["four"]
     checked = CliRunner().invoke(cli, ["verify", str(tmp_path / "v.blob"), "--source", str(hub)])  # (the recorded split)
     assert checked.exit_code == 0 and "1 compared with the source" in checked.output, checked.output
+    # --split on a text verify: the help says it applies; it was refused as "--labels, --classes and their options"
+    agreed = CliRunner().invoke(cli, ["verify", str(tmp_path / "v.blob"), "--source", str(hub), "--split", "validation"])
+    assert agreed.exit_code == 0 and "1 compared with the source" in agreed.output, agreed.output
+    for dataset, split, read in (("v.blob", "train", "its files of the split 'validation'"), ("all.blob", "train", "every file of its corpus")):
+        other = CliRunner().invoke(cli, ["verify", str(tmp_path / dataset), "--source", str(hub), "--split", split])
+        assert other.exit_code == 2 and other.stderr.strip() == (
+            f"Error: --split {split}: {tmp_path / dataset} was converted from {read}, which --source reads as recorded; drop --split")
     with pytest.raises(OptionError, match=r"^--split: no file of .* is of the split 'test' \(its splits: train, validation\)$"):
         convert(hub, tmp_path / "t.blob", text=TextOptions(), source=SourceOptions(split="test"), workers=1)
 
