@@ -203,6 +203,13 @@ def subset_of(indices: Any, length: int, owner: str) -> tuple[np.ndarray, str]:
     return array, hashlib.sha256(np.append(np.int64(length), array).astype("<i8").tobytes()).hexdigest()[:16]
 
 
+def follow_epoch(dataset: Any, epoch: int) -> None:
+    """Tell a dataset whose items depend on the epoch (a :class:`~readers.TokenDataset`'s random
+    windows: its ``set_epoch``) the epoch an iteration reads; other datasets are left alone."""
+    if getattr(dataset, "item_identity", None) is not None and callable(getattr(dataset, "set_epoch", None)):
+        dataset.set_epoch(epoch)
+
+
 def check_fingerprint(saved: Any, mine: Mapping[str, Any], owner: str) -> None:
     """Refuse a state saved over another dataset: a :class:`ResumeError` names the first field of
     the fingerprint that differs (fields only one side has are not compared, but ``subset``: a

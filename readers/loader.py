@@ -47,7 +47,7 @@ from torch.profiler import record_function
 from .cuda import CudaTransfer, resolve_device
 from .dataset import store_of
 from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
-from .epoch import (EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, position_state, positive_number, read_position_state,
+from .epoch import (EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, follow_epoch, position_state, positive_number, read_position_state,
                     resolve_rank, subset_of)
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator
 from .nvjpeg import require_cuda
@@ -308,6 +308,7 @@ class Loader:
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
         batches = self.batch_indices(start=start)
         self._progress = progress = Pass(self.epoch, start, self._cursor, len(batches))
+        follow_epoch(self.dataset, self.epoch)
         if self._gather is not None:
             return progress.follow(UntilEnded(self._gather.iterate(batches, progress), progress))
         if self._decode is not None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import IterableDataset, Sampler
 
-from .epoch import EpochCursor, EpochPlan, dataset_fingerprint, position_state, read_position_state, resolve_rank, whole_number
+from .epoch import EpochCursor, EpochPlan, dataset_fingerprint, follow_epoch, position_state, read_position_state, resolve_rank, whole_number
 
 __all__ = ["ResumableSampler"]
 
@@ -70,6 +70,7 @@ class ResumableSampler(Sampler[int]):
         self.plan = EpochPlan(int(length), batch_size, shuffle, seed, drop_last, rank, world_size)  # (it checks the flags)
         self.plan.refuse_empty("ResumableSampler")
         self._fingerprint = dataset_fingerprint(data_source, length)
+        self._data_source = data_source
         self._cursor = EpochCursor()
         self._started: tuple[int, int] | None = None  # (epoch, position) of the latest iteration
 
@@ -100,6 +101,7 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         start, self._cursor.position = self._start(), None  # a resume applies to one iteration
         self._started = (self.epoch, start)
+        follow_epoch(self._data_source, self.epoch)
         return iter(self.plan.rank_indices(self.epoch, start).tolist())
 
     def state_dict(self, batches: int, *, loader: Any = None, batch_size: int | None = None) -> dict[str, Any]:

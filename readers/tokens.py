@@ -5,10 +5,11 @@
 input and the next-token targets, as uint16/uint32 tensors (half or a quarter of int64 over the
 host-to-device copy); :class:`WidenTokens` widens them to int64 on the device. Blocks are
 non-overlapping (block ``i`` starts at token ``i * block_size``; the last one ends inside the
-stream), or with ``random_windows=True`` start anywhere, drawn from ``(seed, i)``: the same
-windows every epoch (the epoch is not drawn from; nanoGPT's ``get_batch`` draws new ones each
-batch), so open it with another ``seed`` per epoch for fresh ones. Without ``block_size``, item
-``i`` is document ``i``.
+stream), or with ``random_windows=True`` start anywhere, drawn from ``(seed, i)`` and the epoch
+(:meth:`TokenDataset.set_epoch`, which :class:`readers.Loader` and :class:`readers.ResumableSampler`
+call at each iteration): fresh windows every epoch, as nanoGPT's ``get_batch`` draws new ones (it
+does each batch), the same ones again for the same epoch (a resume). Without ``block_size``,
+item ``i`` is document ``i``.
 
 :meth:`TokenDataset.read_batch` fills ``(N, block_size + 1)`` windows (inputs ``w[:, :-1]``,
 targets ``w[:, 1:]``) for :class:`readers.Loader`; its labels are each window's start position in the stream.
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .epoch import positive_number
+from .epoch import positive_number, whole_number
 from .formats.base import checked_index
 from .formats.tokens import TokenStore
 from .schema import Metadata
@@ -63,6 +64,8 @@ class TokenDataset(Dataset):
         self.block_size = block_size
         self.random_windows = random_windows
         self.seed = seed
+        #: The epoch random windows are drawn for, in shared memory: DataLoader workers, persistent too, follow it.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         if block_size is not None and self.tokens.num_tokens < block_size + 1:
             raise ValueError(f"{path}: {self.tokens.num_tokens} tokens is too few for one block of {block_size} (+1 target)")
 
@@ -83,6 +86,16 @@ class TokenDataset(Dataset):
             return "documents"
         return f"blocks of {self.block_size} tokens, " + (f"random windows of seed {self.seed}" if self.random_windows else "consecutive")
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose random windows are read (0 until :meth:`set_epoch`)."""
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw random windows for ``epoch`` (nothing changes for blocks or documents): the Loader
+        and ResumableSampler call it at each iteration; call it yourself with another sampler."""
+        self._epoch.fill_(whole_number(epoch, "set_epoch: epoch"))
+
     def window_start(self, index: int) -> int:
         """First token of block ``index`` in the flat stream."""
         n = len(self)
@@ -91,7 +104,8 @@ class TokenDataset(Dataset):
         if not self.random_windows:
             return index * self.block_size
         high = self.tokens.num_tokens - self.block_size  # start + block_size + 1 <= num_tokens
-        return int(np.random.default_rng((self.seed, index)).integers(0, high))
+        epoch = int(self._epoch)  # (epoch 0 draws as before epochs were drawn from)
+        return int(np.random.default_rng((self.seed, index) if not epoch else (self.seed, index, epoch)).integers(0, high))
 
     def __getitem__(self, index: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if self.block_size is None:

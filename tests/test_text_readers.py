@@ -288,3 +288,50 @@ def test_a_resume_state_over_other_blocks_is_refused_naming_them(converted):
             Loader(other, batch_size=2).load_state_dict(saved)
         with pytest.raises(ResumeError, match="items="):
             ResumableSampler(other, 2).load_state_dict(saved)
+
+
+def test_random_windows_are_drawn_afresh_each_epoch_and_again_for_a_resume(converted):
+    """Random windows were the same every epoch (a text walkthrough: nanoGPT draws new ones each
+    batch): they are drawn from the epoch too, which the Loader gives the dataset; the same epoch
+    draws the same windows, so a resume mid-epoch reads exactly the rest."""
+    from readers import Loader
+
+    path = converted("blob")
+    stream = np.concatenate([np.asarray(doc) for doc in DOCS])
+    ds = TokenDataset(path, block_size=4, random_windows=True, seed=5)
+    loader = Loader(ds, batch_size=4)
+    epochs = [[int(s) for _, starts in loader for s in starts] for _ in range(2)]
+    assert sorted(epochs[0]) != sorted(epochs[1]) and loader.epoch == 2
+    for window in ds.read_batch(range(len(ds)))[0]:  # (epoch 1's, read last): windows of the stream
+        assert any((stream[i : i + 5] == window).all() for i in range(len(stream) - 4))
+    fresh = Loader(TokenDataset(path, block_size=4, random_windows=True, seed=5), batch_size=4)
+    fresh.set_epoch(1)
+    it = iter(fresh)
+    head = [int(s) for s in next(it)[1]]
+    state = fresh.state_dict()
+    resumed = Loader(TokenDataset(path, block_size=4, random_windows=True, seed=5), batch_size=4)
+    resumed.load_state_dict(state)
+    assert head + [int(s) for _, starts in resumed for s in starts] == epochs[1]
+
+
+def test_a_sampler_gives_persistent_workers_each_epochs_windows(converted):
+    """Through ResumableSampler and a DataLoader's persistent workers (their copies of the dataset
+    follow the epoch in shared memory): each epoch's windows are the Loader's for that epoch."""
+    from torch.utils.data import DataLoader
+
+    from readers import Loader, ResumableSampler
+
+    path = converted("blob")
+    ds = TokenDataset(path, block_size=4, random_windows=True, seed=5)
+    sampler = ResumableSampler(ds, 4, shuffle=False)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, persistent_workers=True)
+    reference = Loader(TokenDataset(path, block_size=4, random_windows=True, seed=5), batch_size=4, shuffle=False)
+    seen = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        seen.append(torch.cat([x for x, _ in loader]))
+        reference.set_epoch(epoch)
+        list(reference)  # (its iteration gives its dataset the epoch)
+        windows, _ = reference.dataset.read_batch(range(len(ds)))
+        assert torch.equal(seen[-1], torch.from_numpy(windows[:, :-1].astype(np.int64)).to(seen[-1].dtype)), epoch
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
