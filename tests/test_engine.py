@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -89,21 +90,29 @@ def test_a_text_journal_of_an_earlier_packer_is_refused_not_resumed(corpus, tmp_
     assert journal.exists() and dst.with_name("t.lmdb.partial").exists()
 
 
-def test_a_resume_after_the_corpus_changed_says_to_put_it_back(tmp_path):
+@pytest.mark.parametrize("change", ["append", "touch"])
+def test_a_resume_after_the_corpus_changed_says_to_put_it_back(tmp_path, change):
     """The refusal said "run with the same options to finish it", which cannot help when a
-    source file changed (an LLM user's walkthrough): it says to put the source back."""
+    source file changed (an LLM user's walkthrough): it says to put the source back. A file only
+    touched is refused too (its modification time is what is recorded), and the refusal named
+    no file, and said nothing of touching (a text walkthrough): it names the files modified since."""
     src = tmp_path / "c"
     src.mkdir()
     (src / "a.txt").write_text("".join(f"line {i}\n" for i in range(20000)), encoding="utf-8")
+    (src / "b.txt").write_text("untouched\n", encoding="utf-8")
     dst = tmp_path / "t.lmdb"
     args = ["convert", str(src), str(dst), "--lines", "-j", "2", "-q"]
     convert_until_checkpoint(args, journal_path(dst.with_name("t.lmdb.partial")) / "journal.json")
-    with open(src / "a.txt", "a", encoding="utf-8") as more:
-        more.write("late\n")
+    if change == "append":
+        with open(src / "a.txt", "a", encoding="utf-8") as more:
+            more.write("late\n")
+    else:
+        os.utime(src / "a.txt")
     refused = CliRunner().invoke(cli, [*args, "--resume"])
     assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified): its top "
-                                       "folder has files modified; put the source back as it was to finish it, or with --overwrite "
-                                       "instead of --resume") in refused.stderr
+                                       "folder has files modified (a.txt modified since the interrupted run listed them); put the source "
+                                       "back as it was to finish it (a file touched, or rewritten with the same bytes, counts as modified: "
+                                       "its modification time differs), or with --overwrite instead of --resume") in refused.stderr, refused.stderr
 
 
 def test_text_inputs_that_crash_or_hang_a_worker_are_skipped(tmp_path):

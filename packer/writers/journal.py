@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -180,6 +181,10 @@ def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str
 #: record is rewritten at every checkpoint).
 FOLDERS_KEY = "listing by folder"
 MAX_FOLDERS = 2000
+#: When the source was listed (``time.time_ns()``): a resume names the files modified since.
+LISTED_KEY = "listed at"
+#: Files named in a folder whose files were modified.
+MAX_NAMED = 3
 
 
 def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str) -> str:
@@ -198,9 +203,22 @@ def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str)
         elif before[folder] != after[folder]:
             more = after[folder][0] - before[folder][0]
             changes.append(f"{name} has {abs(more):,} input{'s' if abs(more) != 1 else ''} {'more' if more > 0 else 'fewer'}" if more
-                           else f"{name} has files modified")
+                           else f"{name} has files modified{_modified_since(folder, old.get(LISTED_KEY), source)}")
     shown = ", ".join(changes[:5]) + (f", and {len(changes) - 5:,} more folders" if len(changes) > 5 else "")
     return f": {shown}" if shown else ""
+
+
+def _modified_since(folder: str, listed: Any, source: str) -> str:
+    """`` (a.txt, b.txt modified since the interrupted run listed them)``: the files of the local
+    ``folder`` modified after ``listed`` (ns; a file put back with an older time is not named)."""
+    if not isinstance(listed, int) or is_url(source) or not os.path.isdir(folder):
+        return ""
+    with os.scandir(folder) as entries:
+        newer = sorted(e.name for e in entries if e.is_file() and e.stat().st_mtime_ns > listed)
+    if not newer:
+        return ""
+    more = f" and {len(newer) - MAX_NAMED:,} more" if len(newer) > MAX_NAMED else ""
+    return f" ({', '.join(newer[:MAX_NAMED])}{more} modified since the interrupted run listed them)"
 
 
 def conversion_fingerprint(
@@ -214,8 +232,8 @@ def conversion_fingerprint(
     options = {f"--{k.replace('_', '-')}": v for k, v in {**dict(image), **dict(storage)}.items()}
     folders: dict[str, Any] = {}
     listing, given = listing_digests(items, stamps, folders)
-    return {"format": format, "source": source, "dst": os.path.abspath(dst), "--on-error": on_error,
-            "listing": listing, LEGACY["listing"]: given, LEGACY["dst"]: str(dst), FOLDERS_KEY: folders, **options}
+    return {"format": format, "source": source, "dst": os.path.abspath(dst), "--on-error": on_error, "listing": listing,
+            LEGACY["listing"]: given, LEGACY["dst"]: str(dst), FOLDERS_KEY: folders, LISTED_KEY: time.time_ns(), **options}
 
 
 #: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
@@ -246,8 +264,8 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
     "the source folder changed" would blame files that did not."""
     changes = []
     for key in sorted(set(old) | set(new)):
-        if key in LEGACY.values() or key == FOLDERS_KEY:
-            continue  # compared through their keys, below; the folders only name what changed
+        if key in LEGACY.values() or key in (FOLDERS_KEY, LISTED_KEY):
+            continue  # compared through their keys, below; the folders and the time only name what changed
         if key in LEGACY and old.get(key) != new.get(key) and _legacy_same(old, new, key):
             continue  # a journal written before paths were made absolute: the same, as it spelled it
         if key == "--on-error" and (old.get(key), new.get(key)) == ("fail", "skip"):
@@ -348,7 +366,8 @@ class Journal:
             if any(old.get(key) != self.fingerprint.get(key) for key in EXPLAINED):
                 advice = "finish it with that packer"
             elif difference.startswith(SOURCE_CHANGED):
-                advice = "put the source back as it was to finish it"
+                advice = ("put the source back as it was to finish it (a file touched, or rewritten with the same bytes, counts "
+                          "as modified: its modification time differs)")
             else:
                 advice = "run with the same options to finish it"
             raise ResumeRefused(difference, advice)
