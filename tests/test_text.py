@@ -271,6 +271,12 @@ def test_parquet_text_column(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["convert", str(bad), str(tmp_path / "q.blob"), "--text-field", "body", "-q"])
     assert result.exit_code == 1 and "c.parquet: cannot read Parquet column 'body' (" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # two files skipped whole were "none of the 2 documents" (a text walkthrough): inputs
+    for name in ("d", "e"):
+        pq.write_table(pa.table({"other": ["a", "b", "c"]}), bad / f"{name}.parquet")
+    (bad / "c.parquet").unlink()
+    result = CliRunner().invoke(cli, ["convert", str(bad), str(tmp_path / "r.blob"), "--text-field", "body", "-q"])
+    assert result.exit_code == 1 and "none of the 2 inputs could be converted (first: d.parquet: no Parquet column 'body'" in result.stderr
 
 
 def test_lines_split_at_newlines_only(tmp_path: Path) -> None:
@@ -520,6 +526,11 @@ def test_records_without_the_field_first_do_not_refuse_the_corpus(tmp_path):
     report = packer.convert(corpus, tmp_path / "a.blob", workers=1)
     assert report.written == 1 and [(s.path, s.reason) for s in report.skipped] == [
         ("a.jsonl:1", "a JSON array, not an object: JSON Lines hold one object a line")]
+    # a bare string or number said 'no string field' too (a text walkthrough)
+    (corpus / "a.jsonl").write_text('"just a string"\n7\nnull\n' + json.dumps({"text": "c"}) + "\n")
+    report = packer.convert(corpus, tmp_path / "s.blob", workers=1)
+    assert report.written == 1 and [(s.path, s.reason.split(",")[0]) for s in report.skipped] == [
+        ("a.jsonl:1", "a JSON string"), ("a.jsonl:2", "a JSON number"), ("a.jsonl:3", "a JSON null")]
 
 
 def test_shard_bytes_alone_sizes_text_shards(tmp_path):

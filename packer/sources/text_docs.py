@@ -389,8 +389,9 @@ def _text(doc: DocSpan, raw: bytes) -> str | Skipped:
     except json.JSONDecodeError as exc:
         return Skipped(doc.source, f"not JSON ({exc.msg}: column {exc.colno})")
     field = doc.file.field
-    if isinstance(record, list):  # (a JSON array on one line: 'no string field' blamed --text-field)
-        return Skipped(doc.source, "a JSON array, not an object: JSON Lines hold one object a line")
+    if not isinstance(record, dict):  # (a JSON array or a bare string on one line: 'no string field' blamed --text-field)
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(record), "number")
+        return Skipped(doc.source, f"a JSON {kind}, not an object: JSON Lines hold one object a line")
     value = record.get(field) if isinstance(record, dict) else None
     if not isinstance(value, str):
         strings = [key for key, item in record.items() if isinstance(item, str)][:8] if isinstance(record, dict) else []
