@@ -335,3 +335,13 @@ def test_a_sampler_gives_persistent_workers_each_epochs_windows(converted):
         windows, _ = reference.dataset.read_batch(range(len(ds)))
         assert torch.equal(seen[-1], torch.from_numpy(windows[:, :-1].astype(np.int64)).to(seen[-1].dtype)), epoch
     assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
+
+
+def test_a_whole_document_keeps_its_windows_line_endings(tmp_path):
+    """README: a whole .txt document is tokenised as its bytes are, \\r\\n kept (nanoGPT's
+    open().read() would make it \\n): the bytes tokenizer's ids are the file's bytes, then EOS."""
+    corpus = tmp_path / "crlf"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(b"one\r\ntwo\r\n")
+    packer.convert(corpus, tmp_path / "c.blob", workers=1)
+    assert TokenDataset(tmp_path / "c.blob")[0].tolist() == list(b"one\r\ntwo\r\n") + [EOS]
