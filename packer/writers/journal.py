@@ -181,13 +181,14 @@ def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str
 #: record is rewritten at every checkpoint).
 FOLDERS_KEY = "listing by folder"
 MAX_FOLDERS = 2000
-#: When the source was listed (``time.time_ns()``): a resume names the files modified since.
+#: The journal record's time of the conversion's start (``time.time_ns()``, kept by resumes): a
+#: refused resume names the files modified since.
 LISTED_KEY = "listed at"
 #: Files named in a folder whose files were modified.
 MAX_NAMED = 3
 
 
-def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str) -> str:
+def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str, listed: Any = None) -> str:
     """Which folders of a changed source differ, for a person ("" when a record lacks them)."""
     before, after = old.get(FOLDERS_KEY) or {}, new.get(FOLDERS_KEY) or {}
     if not before or not after:
@@ -203,7 +204,7 @@ def _folder_changes(old: Mapping[str, Any], new: Mapping[str, Any], source: str)
         elif before[folder] != after[folder]:
             more = after[folder][0] - before[folder][0]
             changes.append(f"{name} has {abs(more):,} input{'s' if abs(more) != 1 else ''} {'more' if more > 0 else 'fewer'}" if more
-                           else f"{name} has files modified{_modified_since(folder, old.get(LISTED_KEY), source)}")
+                           else f"{name} has files modified{_modified_since(folder, listed, source)}")
     shown = ", ".join(changes[:5]) + (f", and {len(changes) - 5:,} more folders" if len(changes) > 5 else "")
     return f": {shown}" if shown else ""
 
@@ -233,7 +234,7 @@ def conversion_fingerprint(
     folders: dict[str, Any] = {}
     listing, given = listing_digests(items, stamps, folders)
     return {"format": format, "source": source, "dst": os.path.abspath(dst), "--on-error": on_error, "listing": listing,
-            LEGACY["listing"]: given, LEGACY["dst"]: str(dst), FOLDERS_KEY: folders, LISTED_KEY: time.time_ns(), **options}
+            LEGACY["listing"]: given, LEGACY["dst"]: str(dst), FOLDERS_KEY: folders, **options}
 
 
 #: Fingerprint keys whose value older journals recorded in another spelling, and the key of that spelling.
@@ -256,7 +257,7 @@ SOURCE_CHANGED = "the source folder changed since the interrupted run (files add
 EXPLAINED = {"inputs": "the interrupted run was made by an earlier packer, which counted this source's inputs another way"}
 
 
-def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any], listed: Any = None) -> str | None:
     """Every difference between two fingerprints, for a person (``"; "``-joined; a changed
     ``--size`` also changes the default ``--resize-mode``, and naming only the first, by name,
     named the one the user did not touch); ``None`` if they agree. A changed listing of inputs
@@ -264,8 +265,8 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
     "the source folder changed" would blame files that did not."""
     changes = []
     for key in sorted(set(old) | set(new)):
-        if key in LEGACY.values() or key in (FOLDERS_KEY, LISTED_KEY):
-            continue  # compared through their keys, below; the folders and the time only name what changed
+        if key in LEGACY.values() or key == FOLDERS_KEY:
+            continue  # compared through their keys, below; the folders only name what changed
         if key in LEGACY and old.get(key) != new.get(key) and _legacy_same(old, new, key):
             continue  # a journal written before paths were made absolute: the same, as it spelled it
         if key == "--on-error" and (old.get(key), new.get(key)) == ("fail", "skip"):
@@ -281,7 +282,7 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any]) -> st
             else:
                 changes.append(f"{key} was {_shown(old.get(key), key)} in the interrupted run, now {_shown(new.get(key), key)}")
     if not changes and old.get("listing") != new.get("listing") and not _legacy_same(old, new, "listing"):
-        changes.append(SOURCE_CHANGED + _folder_changes(old, new, str(new.get("source", ""))))
+        changes.append(SOURCE_CHANGED + _folder_changes(old, new, str(new.get("source", "")), listed))
     return "; ".join(changes) or None
 
 
@@ -332,6 +333,7 @@ class Journal:
     def __init__(self, tmp: Path, fingerprint: Mapping[str, Any]) -> None:
         self.folder = journal_path(tmp)
         self.fingerprint = dict(fingerprint)
+        self.listed_at = time.time_ns()  # (a resume keeps the interrupted run's)
         self._rows_file = self.folder / ROWS_FILE
         self._names_file = self.folder / NAMES_FILE
         self._json_file = self.folder / JOURNAL_FILE
@@ -361,7 +363,7 @@ class Journal:
         if not isinstance(data, dict) or data.get("version") != JOURNAL_VERSION:
             return None
         old = data.get("fingerprint", {})
-        difference = fingerprint_difference(old, self.fingerprint)
+        difference = fingerprint_difference(old, self.fingerprint, data.get(LISTED_KEY))
         if difference is not None:
             if any(old.get(key) != self.fingerprint.get(key) for key in EXPLAINED):
                 advice = "finish it with that packer"
@@ -371,6 +373,8 @@ class Journal:
             else:
                 advice = "run with the same options to finish it"
             raise ResumeRefused(difference, advice)
+        if isinstance(data.get(LISTED_KEY), int):
+            self.listed_at = data[LISTED_KEY]
         samples = int(data["samples"])
         with open(self._rows_file, "r+b") as handle:
             handle.truncate(samples * _ROW_BYTES)  # rows after the checkpoint are not durable
@@ -413,6 +417,7 @@ class Journal:
         record = {
             "version": JOURNAL_VERSION,
             "fingerprint": self.fingerprint,
+            LISTED_KEY: self.listed_at,
             "inputs": checkpoint.inputs,
             "samples": checkpoint.samples,
             "payload_bytes": checkpoint.payload_bytes,
