@@ -584,7 +584,7 @@ def test_local_disk_holds_only_the_shards_waiting_for_upload(s3, many_images, tm
     assert files < 30 // 2
     # the metadata upload starts only once every other file is stored (two upload threads run at once)
     assert stored[-1] == "packer.json" and sorted(stored_before_metadata) == sorted(stored[:-1])
-    assert {"packer-index.npy", "packer-crc32.npy", "packer-sources.json"} <= set(stored_before_metadata) and len(stored) == 30 + 4
+    assert {"packer-index.npy", "packer-crc32.npy", "packer-sources.json", "wids-index.json"} <= set(stored_before_metadata) and len(stored) == 30 + 5
     assert not remote.staging_folder(url).exists()
     assert_same_output(s3, "packer-test/bounded", convert(many_images, tmp_path / "local", **options).dst)
 

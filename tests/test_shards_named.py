@@ -62,3 +62,33 @@ def test_shard_bytes_caps_every_shard_and_raw_samples_fill_them(image_folder, tm
     assert sum(counts) == 18 and max(sizes) <= cap and len(counts) > 1
     if encoding == "raw":
         assert len(set(counts[:-1])) == 1 and counts[-1] <= counts[0], counts
+
+
+def test_wids_opens_the_index_beside_the_shards_and_verify_checks_it(image_folder, tmp_path):
+    """webdataset's indexed reader (wids) needs a shard list with sample counts for random access,
+    which a packer WebDataset did not have: wids-index.json is written beside the shards, and wids
+    itself reads every sample as ShardDataset does; verify says when it no longer lists the shards."""
+    import io
+    import json
+
+    import numpy as np
+    wids = pytest.importorskip("wids")
+    from readers import ShardDataset
+
+    out = tmp_path / "out"
+    run("convert", image_folder, out / "train-%06d.tar", "--size", "8", "--shard-size", "5", "-q")
+    theirs = wids.ShardListDataset(str(out / "wids-index.json"), cache_dir=str(tmp_path / "cache"), transformations=[])
+    ours = ShardDataset(out)
+    assert len(theirs) == len(ours) == 18 and theirs.spec["name"] == "train"
+    for i in range(len(ours)):
+        sample, (image, label) = theirs[i], ours[i]
+        payload, cls = (sample[ext] if isinstance(sample[ext], bytes) else sample[ext].read() for ext in (".npy", ".cls"))
+        assert np.array_equal(np.load(io.BytesIO(payload)), image.numpy()) and int(cls) == label
+    index = out / "wids-index.json"
+    record = json.loads(index.read_text())
+    record["shardlist"][1]["nsamples"] += 1
+    index.write_text(json.dumps(record))
+    checked = CliRunner().invoke(cli, ["verify", str(out)])
+    assert checked.exit_code == 1 and "wids-index.json: does not list the metadata's shards, sample counts and sizes" in checked.output
+    index.unlink()
+    assert "wids-index.json: missing: the metadata records it" in CliRunner().invoke(cli, ["verify", str(out)]).output

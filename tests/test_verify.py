@@ -378,6 +378,7 @@ def test_metadata_edits_a_reader_relies_on_are_faults(image_folder, tmp_path):
     _edit_meta(path, lambda r: r["extra"].update(shard_counts=[5, 5, 6, 2]))  # 18 samples: 5, 5, 5, 3
     report = verify(path)
     assert [(f.where, f.message) for f in report.faults] == [
+        ("wids-index.json", "does not list the metadata's shards, sample counts and sizes: convert again"),  # (written from the counts)
         ("shard shard-000002.tar", "the metadata says it holds 6 samples, the index 5"),
         ("shard shard-000003.tar", "the metadata says it holds 2 samples, the index 3")], report.faults
     path = _convert(image_folder, tmp_path / "e.shards", "webdataset")

@@ -22,6 +22,7 @@ from packer.writers.webdataset import ShardWriter
 from readers import IncompleteDatasetError, PackedFormatError, ShardDataset, StreamingShards, UnsupportedVersionError
 from readers.formats import open_store
 from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, sample_key, tar_header
+from readers.formats.wids import WIDS_FILE
 
 
 def make(src: Path, dst: Path, *, workers: int = 1, size: int = 16, **storage) -> Path:
@@ -53,7 +54,7 @@ def test_shards_bounded_by_sample_count(tmp_path, image_folder):
     names = [m.name for path in tars(dst) for m in members(path)]
     assert names[:4] == ["0000000000.npy", "0000000000.cls", "0000000001.npy", "0000000001.cls"]
     assert [len(members(p)) // 2 for p in tars(dst)] == [5, 5, 5, 3]
-    assert sorted(os.listdir(dst)) == sorted([INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE, META_FILE, *meta.extra["shards"]])
+    assert sorted(os.listdir(dst)) == sorted([INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE, META_FILE, WIDS_FILE, *meta.extra["shards"]])
     assert [p.stat().st_size for p in tars(dst)] == meta.extra["shard_sizes"]
 
 

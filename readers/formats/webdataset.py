@@ -36,6 +36,7 @@ from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import SHARD_NAME, Fault, Record, Store, refuse_other_pattern
 from .names import decode_source_names
+from .wids import WIDS_FILE, wids_faults
 from .tar import BLOCK, iter_tar, tar_members
 
 __all__ = [
@@ -91,8 +92,6 @@ LABEL_EXTENSION = "cls"
 KEY_FORMAT = "%010d"
 RECORD = 20 * BLOCK  # tar files end with zero blocks up to a multiple of this, as tarfile writes
 
-_PATTERN_RE = SHARD_NAME
-
 
 def index_records(array: np.ndarray) -> np.ndarray:
     """The (count, 7) int64 index as stored -> (count,) records of :data:`INDEX_DTYPE` (a view
@@ -124,7 +123,7 @@ def sample_key(index: int) -> str:
 
 def check_pattern(pattern: str) -> str:
     """Return ``pattern`` if it is a valid shard file name pattern (one ``%d``, ends in .tar)."""
-    if not _PATTERN_RE.fullmatch(pattern):
+    if not SHARD_NAME.fullmatch(pattern):
         raise PackedFormatError(f"{pattern!r}: a shard name pattern needs exactly one %d field and the .tar suffix, "
                                 "for example train-%06d.tar")
     if re.search(r"%[1-9][0-9]*d", pattern):  # t-%6d.tar: 't-     0.tar', which no brace pattern names
@@ -249,7 +248,7 @@ class ShardStore(Store):
 
     format_name = "webdataset"
     label = "WebDataset"
-    own_names = frozenset({META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE})
+    own_names = frozenset({META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE, WIDS_FILE})
 
     def _written_names(self) -> list[str]:
         return list(self.meta.extra["shards"])
@@ -352,6 +351,7 @@ class ShardStore(Store):
         """Every shard is a valid tar holding, in order, each of its samples' ``KEY.EXT`` and
         ``KEY.cls`` members, at the offsets and sizes of the member index, with the index's
         labels; a ``.npy`` member's header gives the sample's shape and dtype."""
+        yield from wids_faults(self.path, self.meta)
         index = self._files.get().index
         extension, dtype, shapes = EXTENSIONS[self.meta.encoding], self.meta.dtype, record_shapes(index).tolist()
         for number, name in enumerate(self.shards):

@@ -26,6 +26,7 @@ from readers.formats.webdataset import (
     index_array,
     npy_header,
 )
+from readers.formats.wids import WIDS_FILE, wids_index
 from readers.formats import open_store
 from readers.formats.inprogress import is_empty_folder
 from readers.schema import Metadata, PackedFormatError
@@ -362,6 +363,7 @@ class ShardWriter(PieceWriter):
             "shard_pattern": self.pattern,
             "index": INDEX_FILE,
             "index_columns": list(INDEX_COLUMNS),
+            "wids_index": WIDS_FILE,
         }
 
     def _write_metadata(self, meta: Metadata) -> None:
@@ -372,6 +374,7 @@ class ShardWriter(PieceWriter):
         names = self.source_names_bytes()
         if names is not None:
             (self.tmp / SOURCES_FILE).write_bytes(names)
+        (self.tmp / WIDS_FILE).write_bytes(wids_index(self.pattern, self.shards, self.shard_counts, self.shard_sizes))
         leftovers = [p.name for p in self.tmp.iterdir() if p.name.startswith(TMP_PREFIX)]
         if leftovers:  # pragma: no cover - internal invariant
             raise OSError(errno.EIO, f"unpublished shard files {leftovers}")
@@ -383,7 +386,7 @@ class ShardWriter(PieceWriter):
         if self.sink is None:
             super()._publish()
             return
-        for name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE):
+        for name in (INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE, WIDS_FILE):
             if (self.tmp / name).exists():
                 self.sink.put(self.tmp / name)
         self.sink.flush()
