@@ -254,7 +254,7 @@ def test_example_diagnose_folder_flips_from_data_bound_to_compute_bound(tmp_path
                             capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
-    found = re.fullmatch(r"folder: data-bound, (\d+)% waiting, .*; blob: [a-z -]+, (\d+)% waiting, .*", last)
+    found = re.fullmatch(r"folder: (?:partly )?data-bound, (\d+)% waiting, .*; blob: [a-z -]+, (\d+)% waiting, .*", last)  # (partly: a busy machine)
     assert found, result.stdout
     assert int(found[2]) < int(found[1]) / 2
     assert "diagnosis of the JPEG folder (PIL, 1 workers)" in result.stdout and "diagnosis of the blob (readers.Loader)" in result.stdout
