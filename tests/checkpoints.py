@@ -18,11 +18,13 @@ CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; j
 
 
 def convert_until_checkpoint(
-    args: list[str], journal: Path, timeout: float = 60.0, *, setup: str = "", until: Callable[[], bool] | None = None
+    args: list[str], journal: Path, timeout: float = 60.0, *, setup: str = "", until: Callable[[], bool] | None = None,
+    sig: int = signal.SIGKILL,
 ) -> int:
     """Run ``packer *args`` in a child process, SIGKILL it (and its workers) soon after ``journal``
     appears (and ``until()`` is true), and return how many inputs the last checkpoint committed.
-    ``setup``: Python statements the child runs first (to patch a constant)."""
+    ``setup``: Python statements the child runs first (to patch a constant); ``sig``: another
+    signal to the process group (SIGINT: a Ctrl-C, which the child handles before it exits)."""
     child = f"{setup}; {CHILD}" if setup else CHILD
     proc = subprocess.Popen([sys.executable, "-c", child, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + timeout
@@ -31,8 +33,8 @@ def convert_until_checkpoint(
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.005)
     time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()  # reaps it and closes the pipes
+    os.killpg(proc.pid, sig)
+    proc.communicate(timeout=timeout)  # reaps it and closes the pipes
     return json.loads(journal.read_text())["inputs"]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import shutil
 import struct
 from pathlib import Path
 
@@ -140,6 +142,33 @@ def stored_parts(state: Path) -> int:
         return sum(p["etag"] is not None and p["number"] > 1 for p in json.loads(state.read_text())["parts"])
     except (OSError, ValueError):
         return 0
+
+
+def test_ctrl_c_then_resume_a_blob_to_s3(s3, big_source, tmp_path, monkeypatch, small_parts):
+    """A Ctrl-C once parts were stored aborted the upload and deleted its record, so --resume was
+    refused ('the interrupted upload's record is missing') and the saved inputs were lost (a
+    walkthrough; only SIGKILL was tested): the upload stays open and --resume finishes it."""
+    import packer.parallel as parallel
+    from packer.multipart import state_path
+    from packer.remote import staging_folder
+
+    url = "s3://packer-test/interrupted.blob"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (the staging folder is this machine's, not the test's)
+    partial = staging_folder(url) / "interrupted.blob.partial"
+    journal = partial.with_name(partial.name + "-journal") / "journal.json"
+    args = ["convert", str(big_source), url, "-j", "1", "-q", "--size", "224", "-f", "blob"]
+    saved = convert_until_checkpoint(args, journal, setup=SMALL_PARTS, until=lambda: stored_parts(state_path(partial)) >= 2,
+                                     sig=signal.SIGINT)
+    assert 0 < saved < 600 and state_path(partial).exists()
+    s3.invalidate_cache()
+    assert open_uploads(s3) == ["interrupted.blob"] and not s3.exists("packer-test/interrupted.blob")
+    with inputs_converted(monkeypatch, parallel) as sizes:
+        report = convert(big_source, url, format="blob", image=IMAGE, workers=1, resume=True)
+    assert report.written == 600 and sizes == [600 - report.resumed] and report.resumed >= saved
+    assert open_uploads(s3) == [] and not staging_folder(url).exists()
+    local = convert(big_source, tmp_path / "local.blob", format="blob", image=IMAGE, workers=1)
+    s3.get("packer-test/interrupted.blob", str(tmp_path / "fetched.blob"))
+    assert_same_blob(tmp_path / "fetched.blob", Path(local.dst))
 
 
 def test_sigkill_then_resume_a_blob_to_s3(s3, big_source, tmp_path, monkeypatch, small_parts):

@@ -66,6 +66,9 @@ class BlobSink(Protocol):
     def abort(self) -> None:
         """The conversion failed: drop whatever was stored."""
 
+    def close(self) -> None:
+        """The conversion stopped (interrupted): stop sending, what was stored kept for a resume."""
+
 
 class RemoteBlob:
     """:class:`~packer.remote.RemoteDestination` of a blob: streamed by S3 multipart upload where
@@ -252,11 +255,21 @@ class BlobWriter(Writer):
         self.tmp.unlink()
 
     def _close(self) -> None:
+        """Close the file and stop the sink's threads, its upload left open: an interrupted run
+        (:meth:`suspend`) keeps it for ``--resume`` (a Ctrl-C aborted it, and with it the saved
+        progress); :meth:`abort` drops it."""
         handle = getattr(self, "_file", None)
         if handle is not None and not handle.closed:
             handle.close()
         if self.sink is not None:
-            self.sink.abort()
+            self.sink.close()
+
+    def abort(self) -> None:
+        try:
+            super().abort()
+        finally:
+            if self.sink is not None:
+                self.sink.abort()
 
 
 def _little_endian(values: array, itemsize: int) -> bytes:
