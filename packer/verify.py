@@ -237,10 +237,12 @@ def _check_samples(store: Store, indices: range, stored: np.ndarray | None, quic
     for i, (label, shape, payload) in zip(indices, records):
         where = store.where(i)
         report.checked += 1
-        if meta.labeled and meta.classes and not 0 <= label < len(meta.classes):
-            report.add(where, f"label {label} is not a class index (0..{len(meta.classes) - 1})")
-        elif meta.labeled and label < 0:  # integer labels without names: any index, never negative (-1 is unlabeled)
-            report.add(where, f"label {label} is negative in a labeled dataset")
+        if meta.labeled and label == -1:
+            pass  # one sample unlabeled (README: STL10's unlabeled split, a ClassLabel's missing label), stored as -1
+        elif meta.labeled and meta.classes and not 0 <= label < len(meta.classes):
+            report.add(where, f"label {label} is not a class index (0..{len(meta.classes) - 1}, or -1: unlabeled)")
+        elif meta.labeled and label < 0:  # integer labels without names: any index, never below -1 (unlabeled)
+            report.add(where, f"label {label} is negative in a labeled dataset (only -1, unlabeled, is)")
         elif not meta.labeled and label != -1:
             report.add(where, f"label {label} in an unlabeled dataset (expected -1)")
         if meta.kind == "image" and ((meta.shape is not None and tuple(shape) != tuple(meta.shape)) or shape[0] != meta.channels):

@@ -358,6 +358,9 @@ def test_minus_one_is_an_unlabeled_sample_and_a_label_after_none_is_not_dropped(
     report = packer.convert(_Listed([(image, 1), (image, -1), (image, np.array(0)), (image, np.array([1]))]), tmp_path / "m.blob",
                             workers=1)
     assert report.skipped == [] and [open_dataset(tmp_path / "m.blob")[i][1] for i in range(4)] == [1, -1, 0, 1]
+    from packer.verify import verify  # a fault per -1 there, where README says -1 is one sample unlabeled (a walkthrough)
+
+    assert verify(tmp_path / "u.blob").ok and verify(tmp_path / "m.blob").ok
     report = packer.convert(_Listed([(image, None), (image, 1), (image, None)]), tmp_path / "n.blob", workers=1)
     assert [(s.path, s.reason) for s in report.skipped] == [
         ("dataset[1]", "label 1, but dataset[0] has none, so the dataset converts unlabeled (give dataset[0] its label)")]
