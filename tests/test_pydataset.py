@@ -434,3 +434,27 @@ def test_labels_given_as_class_names_or_whole_floats_are_class_indices(tmp_path)
     unnamed = [(np.zeros((4, 4, 3), np.uint8), "dog")] * 2
     with pytest.raises(packer.PackerError, match=r"\(first: dataset\[0\]: label 'dog' is a name, and the dataset has no classes list"):
         packer.convert(unnamed, tmp_path / "u.blob", workers=1)
+
+
+class _Unidentified:
+    """Sample 1 raises as a Hugging Face Image() column raises on bytes PIL cannot identify."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i):
+        if i == 1:
+            import io
+
+            from PIL import Image
+            Image.open(io.BytesIO(b"not an image"))
+        return np.zeros((4, 4, 3), np.uint8), 0
+
+
+def test_a_reading_error_names_no_memory_address(tmp_path):
+    """PIL's 'cannot identify image file <_io.BytesIO object at 0x7f...>' went into the metadata,
+    so two runs' metadata and blob bytes differed (an HF walkthrough; README: identical whatever
+    the worker count, apart from created)."""
+    reports = [packer.convert(_Unidentified(), tmp_path / f"o{n}.blob", workers=n) for n in (1, 2)]
+    assert [[(s.path, s.reason) for s in r.skipped] for r in reports] == [
+        [("dataset[1]", "reading it raised UnidentifiedImageError: cannot identify image file")]] * 2

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import OptionError, SourceError
 from ..options import SourceOptions
+from ..preprocess.decode import describe_error
 from .images import ImageFolder, ImageItem
 
 __all__ = ["is_python_dataset", "describe_dataset", "DatasetItem", "LoadedItem", "ParentItem", "DatasetReader", "scan_dataset", "dataset_identity",
@@ -127,9 +128,10 @@ class DatasetReader:
 
 
 def reading_error(exc: BaseException) -> str:
-    """The skip reason of a sample whose reading raised."""
-    text = str(exc).strip().splitlines()
-    return f"reading it raised {type(exc).__name__}" + (f": {text[0][:200]}" if text else "")
+    """The skip reason of a sample whose reading raised, reproducible: PIL's 'cannot identify
+    image file <_io.BytesIO object at 0x7f...>' made the metadata differ from run to run."""
+    text = describe_error(exc)
+    return f"reading it raised {type(exc).__name__}" + (f": {text[:200]}" if text != type(exc).__name__ else "")
 
 
 def scan_dataset(dataset: Any, options: SourceOptions) -> tuple[ImageFolder, DatasetReader, bool, bool]:
