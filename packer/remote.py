@@ -250,10 +250,17 @@ class RemoteDestination(Protocol):
         """What packer's dataset at ``root`` holds that its conversion did not write (``--overwrite`` refuses it)."""
         ...
 
+    @staticmethod
+    def replaced_whole() -> bool:
+        """Whether the finished output replaces what is at ``root`` in one step (a blob object),
+        so ``--overwrite`` leaves the old one until then; else it is removed before converting."""
+        ...
+
 
 def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> None:
-    """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's (then remove it),
-    or ``resume`` of an unfinished upload (its writer keeps what its journal lists)."""
+    """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's (then remove it,
+    unless the output replaces it whole as it is stored), or ``resume`` of an unfinished upload
+    (its writer keeps what its journal lists)."""
     fs, root = dst_filesystem(url)
     root = root.rstrip("/")
     try:
@@ -279,7 +286,8 @@ def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrit
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
         raise OutputError(f"{dst}: a packer dataset that also holds files packer did not write ({shown}); --overwrite would "
                           "delete them with it: move them out, or choose another DST")
-    fs.rm(root, recursive=True)
+    if not remote.replaced_whole():  # (shards are written over one by one: the old ones go first; README says so)
+        fs.rm(root, recursive=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -120,6 +120,38 @@ def test_a_failed_blob_conversion_aborts_its_upload(s3, big_source, monkeypatch,
     assert not staging_folder(url).exists()
 
 
+def test_a_failed_overwrite_leaves_the_blob_it_would_replace(s3, big_source, tmp_path, monkeypatch, small_parts):
+    """--overwrite of an s3:// blob removed the old object before converting, so a run that failed
+    (or was interrupted) left nothing (an HF walkthrough), where README says the old one stays
+    until the new one is complete: the upload's completion replaces it."""
+    from packer.writers.blob import BlobWriter
+
+    from packer.remote import staging_folder
+
+    url = "s3://packer-test/kept.blob"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (the staging folder is this machine's, not the test's)
+    small = dict(format="blob", image=ImageOptions(size=8), workers=1)
+    convert(big_source, url, **small)
+    before = s3.cat("packer-test/kept.blob")
+    real_write = BlobWriter._write
+
+    def failing_write(self, index, sample):
+        if index == 300:
+            raise OSError(5, "simulated I/O error")
+        return real_write(self, index, sample)
+
+    monkeypatch.setattr(BlobWriter, "_write", failing_write)
+    with pytest.raises(OutputError, match="simulated I/O error"):
+        convert(big_source, url, format="blob", image=IMAGE, workers=1, overwrite=True)
+    s3.invalidate_cache()
+    assert s3.cat("packer-test/kept.blob") == before and open_uploads(s3) == []
+    monkeypatch.setattr(BlobWriter, "_write", real_write)
+    convert(big_source, url, format="blob", image=IMAGE, workers=1, overwrite=True)
+    s3.invalidate_cache()
+    s3.get("packer-test/kept.blob", str(tmp_path / "new.blob"))
+    assert_same_blob(tmp_path / "new.blob", Path(convert(big_source, tmp_path / "local.blob", format="blob", image=IMAGE, workers=1).dst))
+
+
 def test_a_failed_part_upload_stops_the_conversion(s3, big_source, monkeypatch, small_parts):
     import packer.multipart as multipart
 

@@ -99,6 +99,10 @@ class RemoteBlob:
     def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
         return False
 
+    @staticmethod
+    def replaced_whole() -> bool:
+        return True  # the upload's completion (or the whole file's) replaces the object: the old one stays until then
+
 
 class BlobWriter(Writer):
     """Streams samples into ``DST.partial``; sections, metadata and finally the header at the end."""

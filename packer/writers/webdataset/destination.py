@@ -73,6 +73,10 @@ class RemoteShards:
         return sorted(name for name in (str(n).rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)) if name not in written)
 
     @staticmethod
+    def replaced_whole() -> bool:
+        return False  # shards are stored one by one under the old ones' names
+
+    @staticmethod
     def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
         """An empty folder (a local DST's rule too); shards of another name beside a shard
         pattern are refused, even with ``--overwrite``, which would delete them with the folder."""
