@@ -188,6 +188,12 @@ def test_hugging_face_dataset(reference, tmp_path):
     packer.convert(dataset, dst, image=ImageOptions(size=16), workers=2)
     samples, meta = lmdb_samples(dst)
     assert samples == reference[0] and meta["classes"] == CLASSES
+    # a DatasetDict said "image_column: the dataset has no image... column (it has: train); name it" (an HF walkthrough)
+    from packer.errors import SourceError
+
+    with pytest.raises(SourceError, match=r"^a DatasetDict of the splits train, test: convert one split, dataset\['train'\]$"):
+        packer.convert(datasets.DatasetDict(train=dataset, test=dataset), tmp_path / "dd.lmdb", image=ImageOptions(size=16), workers=1)
+    assert not (tmp_path / "dd.lmdb").exists()
 
 
 NO_MAIN_GUARD = '''

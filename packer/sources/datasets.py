@@ -211,6 +211,10 @@ def _warn_unstored(dataset: Any, reader: "DatasetReader") -> None:
 
 def _columns(dataset: Any, options: SourceOptions) -> tuple[str | None, str | None]:
     """The image and label fields of a dataset of records (``None, None`` for tuples)."""
+    values = getattr(dataset, "values", None)
+    if isinstance(dataset, dict) and dataset and all(hasattr(split, "column_names") for split in values()):
+        splits = list(dataset)  # a DatasetDict: 'no image column (it has: train)' blamed the column
+        raise SourceError(f"a DatasetDict of the splits {', '.join(splits)}: convert one split, dataset[{splits[0]!r}]")
     names = _record_fields(dataset)
     if names is None:
         if options.image_column or options.label_column:
