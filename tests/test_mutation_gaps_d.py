@@ -2,7 +2,9 @@
 and info modules) found untested, the most harmful first: a user's shards at a URL taken for an
 unfinished upload of packer's (``--overwrite`` deleted them), a shard cut short by exactly its
 last sample, a worker given more samples than it reads under ``drop_last``, TokenDataset's size
-checks and block count, and PAX headers in a third-party shard. Each was seen failing under its mutant."""
+checks and block count, PAX headers in a third-party shard, a shuffle buffer holding a whole shard,
+a tar of dated photos and a sidecar, info's size of a file, and the next line's quoting. Each was
+seen failing under its mutant."""
 
 from __future__ import annotations
 
@@ -101,3 +103,34 @@ def test_pax_headers_in_a_third_party_shard_keep_its_samples_labels(tmp_path):
                 tar.addfile(info, io.BytesIO(data))
     theirs = [int(s["cls"]) for s in wds.WebDataset(str(path), shardshuffle=False)]
     assert theirs == [0, 1] and [label for _, label in StreamingShards(str(path))] == theirs
+
+
+def test_one_shard_in_a_buffer_larger_than_it_is_still_shuffled(tmp_path):
+    """Mutant (the buffer's last pool left in order): with every sample of a worker in the buffer,
+    a shuffled stream came out in stored order."""
+    samples = [(np.full((2, 2, 3), i, np.uint8), 0) for i in range(18)]
+    packer.convert(samples, tmp_path / "one", format="webdataset", workers=1)
+    order = [int(image[0, 0, 0]) for image, _ in StreamingShards(tmp_path / "one", shuffle=True, buffer=1000, seed=1)]
+    assert sorted(order) == list(range(18)) and order != list(range(18))
+
+
+def test_a_tar_of_photos_and_a_sidecar_is_images_not_a_shard():
+    """Mutant (``sum(kinds) >= 1``): photos named by date (one key, '2019') and a Takeout .json
+    sidecar were taken for one WebDataset sample, as is_shard's docstring says they must not be."""
+    from packer.sources.shards import is_shard
+    from packer.sources.tarstream import Entry
+
+    names = ["2019.05.01 beach.jpg", "2019.05.02 sea.jpg", "2019.05.02 sea.jpg.json"]
+    assert not is_shard([Entry(name, 512 * i, 10) for i, name in enumerate(names)])
+    assert is_shard([Entry(name, 512 * i, 10) for i, name in enumerate(["k1.jpg", "k1.json", "k2.jpg", "k2.json"])])
+
+
+def test_info_counts_a_files_bytes_and_the_next_line_quotes_a_path_with_a_space(tmp_path):
+    """Mutants: disk_usage of a file (a blob) was 0 bytes; 'see it: packer preview my data.blob'
+    could not be pasted without shlex.quote."""
+    from packer.info import disk_usage
+    from packer.report import ConversionReport
+
+    report = packer.convert([(np.zeros((4, 4, 3), np.uint8), 0)] * 2, tmp_path / "my data.blob", workers=1)
+    assert disk_usage(tmp_path / "my data.blob") == (tmp_path / "my data.blob").stat().st_size > 0
+    assert isinstance(report, ConversionReport) and report.next_steps().endswith(f"packer preview '{tmp_path}/my data.blob'")
