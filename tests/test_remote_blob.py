@@ -98,11 +98,10 @@ def test_blob_streams_to_s3_while_it_is_written(s3, big_source, tmp_path, monkey
     assert_same_blob(tmp_path / "fetched.blob", Path(local.dst))
 
 
-def test_a_failed_blob_conversion_aborts_its_upload(s3, big_source, monkeypatch, small_parts):
-    from packer.remote import staging_folder
+def fail_sample_300(monkeypatch) -> None:
+    """Make the blob writer fail, as a disk does, at sample 300."""
     from packer.writers.blob import BlobWriter
 
-    url = "s3://packer-test/failed.blob"
     real_write = BlobWriter._write
 
     def failing_write(self, index, sample):
@@ -111,6 +110,13 @@ def test_a_failed_blob_conversion_aborts_its_upload(s3, big_source, monkeypatch,
         return real_write(self, index, sample)
 
     monkeypatch.setattr(BlobWriter, "_write", failing_write)
+
+
+def test_a_failed_blob_conversion_aborts_its_upload(s3, big_source, monkeypatch, small_parts):
+    from packer.remote import staging_folder
+
+    url = "s3://packer-test/failed.blob"
+    fail_sample_300(monkeypatch)
     with pytest.raises(OutputError, match="simulated I/O error") as raised:
         convert(big_source, url, format="blob", image=IMAGE, workers=1)
     # said of the DST as given, with where it was staged (it named only the staging path: an S3 walkthrough)
@@ -124,28 +130,21 @@ def test_a_failed_overwrite_leaves_the_blob_it_would_replace(s3, big_source, tmp
     """--overwrite of an s3:// blob removed the old object before converting, so a run that failed
     (or was interrupted) left nothing (an HF walkthrough), where README says the old one stays
     until the new one is complete: the upload's completion replaces it."""
-    from packer.writers.blob import BlobWriter
-
     from packer.remote import staging_folder
 
     url = "s3://packer-test/kept.blob"
     shutil.rmtree(staging_folder(url), ignore_errors=True)  # (the staging folder is this machine's, not the test's)
-    small = dict(format="blob", image=ImageOptions(size=8), workers=1)
-    convert(big_source, url, **small)
+    convert(big_source, url, format="blob", image=ImageOptions(size=8), workers=1)
     before = s3.cat("packer-test/kept.blob")
+    from packer.writers.blob import BlobWriter
+
     real_write = BlobWriter._write
-
-    def failing_write(self, index, sample):
-        if index == 300:
-            raise OSError(5, "simulated I/O error")
-        return real_write(self, index, sample)
-
-    monkeypatch.setattr(BlobWriter, "_write", failing_write)
+    fail_sample_300(monkeypatch)
     with pytest.raises(OutputError, match="simulated I/O error"):
         convert(big_source, url, format="blob", image=IMAGE, workers=1, overwrite=True)
     s3.invalidate_cache()
     assert s3.cat("packer-test/kept.blob") == before and open_uploads(s3) == []
-    monkeypatch.setattr(BlobWriter, "_write", real_write)
+    monkeypatch.setattr(BlobWriter, "_write", real_write)  # (undo() would drop small_parts' patches too)
     convert(big_source, url, format="blob", image=IMAGE, workers=1, overwrite=True)
     s3.invalidate_cache()
     s3.get("packer-test/kept.blob", str(tmp_path / "new.blob"))
