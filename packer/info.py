@@ -8,6 +8,7 @@ from pathlib import Path
 
 from readers.formats import open_store
 from readers.formats.base import dataset_path
+from readers.formats.webdataset import read_metadata as read_shard_metadata
 from readers.schema import Metadata
 
 from .report import MAX_LISTED, one_line
@@ -62,12 +63,14 @@ def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
 def streamed_as(path: str | Path) -> str | None:
     """How webdataset reads the local WebDataset at ``path`` (its brace pattern and shard count),
     for the line after a conversion; ``None`` where its metadata cannot be read (a URL) or its
-    shards follow no pattern."""
+    shards follow no pattern. Only its record is read (opening the store loads the index and
+    checks every shard, which the conversion has just written)."""
+    folder = dataset_path(path)
     try:
-        meta = read_metadata(path)
+        meta = read_shard_metadata(folder)
     except (OSError, ValueError):
         return None
-    braces = brace_pattern(str(dataset_path(path)), meta)
+    braces = brace_pattern(str(folder), meta)
     count = len(meta.extra.get("shards") or [])
     return f"{braces!r} ({count:,} shard{'s' if count != 1 else ''})" if braces else None
 
