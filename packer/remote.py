@@ -6,7 +6,11 @@
   at most :data:`MAX_PENDING` published shards wait for upload, past that the conversion waits
   (back-pressure), so local disk holds only the shards being written or waiting. At the end
   the index and checksum files go up, and the metadata record last, once everything else is
-  stored: a reader that finds the metadata finds every shard it lists. With ``--executor ray``
+  stored: a reader that finds the metadata finds every shard it lists. Until then the folder
+  also holds an in-progress marker object (readers/formats/uploading.py), stored first, which
+  readers given the shards by a brace pattern refuse. ``--overwrite`` of a finished dataset
+  stores the new one at ``URL.partial`` and copies it over once whole (server-side), so a run
+  that fails or is interrupted leaves the old one as it was. With ``--executor ray``
   the tasks return their shards' bytes to the driver instead of writing files (they may run on
   nodes that do not see the staging folder). A failed conversion removes what it uploaded.
   ``--resume`` works: a checkpoint lists only shards already uploaded, the journal stays in the
@@ -27,7 +31,7 @@
   SRC, as for a local SRC, and the metadata's ``source`` is the URL.
 
 An existing remote DST is refused unless ``overwrite`` (or, for an unfinished WebDataset upload
-without its metadata, ``resume``).
+without its metadata, ``resume``; an interrupted ``--overwrite``'s ``URL.partial`` too).
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ import tempfile
 import threading
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from readers.remote import is_url
+
+from readers.formats import PARTIAL_SUFFIX
 
 from .destination import nothing_to_resume
 from .errors import OutputError, PackerError
@@ -92,16 +98,23 @@ class Uploader:
     :meth:`put` queues a finished local file; ``threads`` background threads upload each under
     its name below ``url`` and then delete the local copy. At most ``max_pending`` files wait or
     upload at once: past that :meth:`put` blocks, so a conversion faster than the network waits
-    instead of filling the local disk. Call :meth:`close` when done (or :meth:`discard`).
+    instead of filling the local disk. ``marker``: ``(name, bytes)`` stored first, neither listed
+    by :meth:`stored` nor removed until :meth:`publish` (the format's ``publish`` removes it).
+    Call :meth:`close` when done (or :meth:`discard`).
     """
 
-    def __init__(self, url: str, *, max_pending: int = MAX_PENDING, threads: int = UPLOAD_THREADS) -> None:
+    def __init__(self, url: str, *, max_pending: int = MAX_PENDING, threads: int = UPLOAD_THREADS,
+                 marker: tuple[str, bytes] | None = None, publish: Callable[[Any, str], None] | None = None) -> None:
         if max_pending < 1 or threads < 1:
             raise ValueError(f"max_pending and threads must be positive, got {max_pending}, {threads}")
         self.url = url.rstrip("/")
         self.fs, root = dst_filesystem(self.url)
         self.root = root.rstrip("/")
         self.max_pending = max_pending
+        self._marker = marker[0] if marker else None
+        self._on_publish = publish
+        #: Whether :meth:`publish` began: what is stored is then whole, and never discarded.
+        self.publishing = False
         self._local = _is_local(self.fs)  # a local folder must exist before files go in (object stores: no folders)
         self._queue: collections.deque[Path] = collections.deque()
         self._busy = 0
@@ -111,6 +124,19 @@ class Uploader:
         self._threads = [threading.Thread(target=self._run, name=f"packer-upload-{i}", daemon=True) for i in range(threads)]
         for thread in self._threads:
             thread.start()
+        if marker is not None:
+            self._store_marker(marker[1])
+
+    def _store_marker(self, content: bytes) -> None:
+        try:
+            if self._local:
+                self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(f"{self.root}/{self._marker}", content)
+        except BaseException as exc:
+            self.close()
+            if not isinstance(exc, OSError):
+                raise
+            raise OutputError(f"{self.url}: cannot store there ({exc})") from None
 
     # -- ShardSink --------------------------------------------------------------------------
     def put(self, path: Path) -> None:
@@ -138,7 +164,9 @@ class Uploader:
             entries = self.fs.ls(self.root, detail=True)
         except OSError as exc:
             raise OutputError(f"{self.url}: cannot list ({exc})") from None
-        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries if e.get("type") == "file"}
+        named = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries if e.get("type") == "file"}
+        named.pop(self._marker, None)  # (not the writer's: it stays while the upload runs)
+        return named
 
     def remove(self, names: Sequence[str]) -> None:
         """Delete the files ``names`` below the URL."""
@@ -153,11 +181,24 @@ class Uploader:
         a failed conversion leaves nothing behind (what did reach it has no metadata, so no
         reader accepts it even if this fails)."""
         self.close()
+        if self.publishing:  # (whole: the writer keeps its checkpoint, and --resume publishes it again)
+            return
         try:
             if self.fs.exists(self.root):
                 self.fs.rm(self.root, recursive=True)
         except OSError as exc:
             log.warning("%s: could not remove the partial upload (%s); no reader accepts it (no metadata)", self.url, exc)
+
+    def publish(self) -> None:
+        """Everything is stored, the metadata record last: make it the destination (``publish``,
+        given by the format: the marker goes, or a staged copy replaces the dataset it stands for)."""
+        self.flush()
+        self.publishing = True
+        try:
+            if self._on_publish is not None:
+                self._on_publish(self.fs, self.root)
+        except OSError as exc:
+            raise OutputError(f"{self.url}: publishing the upload failed ({exc}); it is whole there: --resume publishes it again") from None
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -224,8 +265,10 @@ class RemoteDestination(Protocol):
     ``remote``: packer/writers/webdataset/destination.py, packer/writers/blob.py)."""
 
     @staticmethod
-    def sink(url: str) -> Any:
-        """The writer's sink for ``url`` (``None``: the finished file is uploaded whole)."""
+    def sink(url: str, final: str) -> Any:
+        """The writer's sink storing at ``url`` the output that ends at ``final`` (the same URL,
+        or ``final`` + ``.partial`` where :meth:`replaced_whole` is false and a dataset is
+        replaced); ``None``: the finished file is uploaded whole."""
         ...
 
     @staticmethod
@@ -253,19 +296,52 @@ class RemoteDestination(Protocol):
     @staticmethod
     def replaced_whole() -> bool:
         """Whether the finished output replaces what is at ``root`` in one step (a blob object),
-        so ``--overwrite`` leaves the old one until then; else it is removed before converting."""
+        so ``--overwrite`` leaves the old one until then; else ``--overwrite`` of a finished
+        dataset stores the new one beside it, at ``URL.partial``, and its sink's publishing
+        copies it over."""
         ...
 
 
-def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> None:
-    """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's (then remove it,
-    unless the output replaces it whole as it is stored), or ``resume`` of an unfinished upload
-    (its writer keeps what its journal lists)."""
+def _store_url(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> str:
+    """Where the conversion to ``url`` stores its output: ``url``, or ``url.partial`` (an
+    ``--overwrite`` of a finished dataset, or the ``--resume`` of one interrupted); refuses what
+    :func:`_check_remote_dst` refuses, and a ``url.partial`` left by an interrupted
+    ``--overwrite`` unless ``resume`` (carried on) or ``overwrite`` (removed first)."""
+    beside = url + PARTIAL_SUFFIX
+    if not remote.replaced_whole():
+        fs, root = dst_filesystem(beside)
+        if _exists(fs, root.rstrip("/"), dst):
+            if not remote.is_ours(fs, root.rstrip("/"), staged=staging_folder(url).exists()):
+                raise OutputError(f"{dst}: {beside} is there and is not packer's; an --overwrite at a URL stores the new "
+                                  "dataset there before replacing the old one: move it, or choose another DST")
+            if resume:
+                return beside
+            if not overwrite:
+                raise OutputError(f"{dst}: an interrupted --overwrite left its new dataset unfinished in {beside}; "
+                                  "--resume carries it on, --overwrite starts over")
+            fs.rm(root.rstrip("/"), recursive=True)
+    return beside if _check_remote_dst(url, dst, remote, overwrite=overwrite, resume=resume) else url
+
+
+def _exists(fs: Any, root: str, dst: str) -> bool:
+    """``fs.exists(root)``, a backend's own error (credentials: PermissionError; a bad URL) in one line."""
+    try:
+        return bool(fs.exists(root))
+    except Exception as exc:  # noqa: BLE001 - (said in one line)
+        said = (str(exc).splitlines() or [repr(exc)])[0]
+        raise OutputError(f"{dst}: cannot look there ({type(exc).__name__}: {said}); check the URL and the credentials") from None
+
+
+def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> bool:
+    """Refuse an existing DST at ``url`` unless ``overwrite`` and it is packer's, or ``resume``
+    of an unfinished upload (its writer keeps what its journal lists). Whether the new output is
+    to be stored beside it: a finished dataset replaced by one not :meth:`~RemoteDestination.replaced_whole`
+    (an unfinished upload replaced is removed first: no reader takes it)."""
     fs, root = dst_filesystem(url)
     root = root.rstrip("/")
     try:
-        if not fs.exists(root) or remote.nothing_to_lose(fs, root, url, dst):
-            return
+        if not _exists(fs, root, dst) or remote.nothing_to_lose(fs, root, url, dst):
+            return False
     except PackerError:  # (an OutputExistsError of its own)
         raise
     except Exception as exc:  # noqa: BLE001 - a backend's own errors (credentials: PermissionError; a bad URL): one line
@@ -273,7 +349,7 @@ def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrit
         raise OutputError(f"{dst}: cannot look there ({type(exc).__name__}: {said}); check the URL and the credentials") from None
     unfinished = remote.unfinished(fs, root)
     if resume and unfinished:
-        return
+        return False
     if not overwrite:
         if resume and remote.is_ours(fs, root, staged=False):
             raise OutputError(nothing_to_resume(dst))
@@ -286,8 +362,11 @@ def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrit
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
         raise OutputError(f"{dst}: a packer dataset that also holds files packer did not write ({shown}); --overwrite would "
                           "delete them with it: move them out, or choose another DST")
-    if not remote.replaced_whole():  # (shards are written over one by one: the old ones go first; README says so)
+    if remote.replaced_whole():
+        return False
+    if unfinished:
         fs.rm(root, recursive=True)
+    return not unfinished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,10 +393,10 @@ def remote_destination(dst: str, remote: RemoteDestination, *, overwrite: bool, 
     staging = staging_folder(folder_url)
     # before the DST is checked or removed: another conversion on this machine may be uploading it
     with DestinationLock(lock_path(staging), str(dst)):
-        _check_remote_dst(folder_url, str(dst), remote, overwrite=overwrite, resume=resume)
+        store_url = _store_url(folder_url, str(dst), remote, overwrite=overwrite, resume=resume)
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         local_dst = staging / (local_pattern or folder_url.rsplit("/", 1)[-1])
-        sink = remote.sink(folder_url)
+        sink = remote.sink(store_url, folder_url)
         try:
             yield Staging(local_dst, sink)
             if sink is None:

@@ -22,6 +22,7 @@ from .codecs import decode_image
 from .formats import PARTIAL_SUFFIX, check_format
 from .formats.base import dataset_path, local_path, refuse_other_pattern
 from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
+from .formats.uploading import UPLOAD_MARKER, upload_refusal
 from .schema import MAX_LABEL, TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
 #: Names of local files taken as shards without reading their first bytes.
@@ -114,6 +115,7 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
         folder_url = source.rstrip("/")  # a remote shard folder: its metadata lists the shards
         raw = read_url(f"{folder_url}/{META_FILE}")
         if raw is None:
+            _refuse_unfinished_upload(folder_url)
             raise IncompleteDatasetError(f"{folder_url}: no {META_FILE}: the upload did not finish or this is not a packer shard folder")
         meta = parse_metadata(raw, folder_url)
         return [f"{folder_url}/{name}" for name in meta.extra["shards"]], meta
@@ -129,12 +131,23 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
     remote_folders = {url.rsplit("/", 1)[0] for url in urls if is_url(url)}
     if len(remote_folders) == 1 and all(is_url(u) for u in urls):
         raw = read_url(f"{next(iter(remote_folders))}/{META_FILE}")
+        if raw is None:  # foreign shards, or packer's being uploaded (its marker)
+            _refuse_unfinished_upload(next(iter(remote_folders)))
         meta = parse_metadata(raw, next(iter(remote_folders))) if raw is not None else None
     if len(folders) == 1 and all(not urlparse(u).scheme for u in urls):
         folder = Path(next(iter(folders)) or ".")
         if (folder / META_FILE).exists():
             meta = read_metadata(folder)
     return urls, meta
+
+
+def _refuse_unfinished_upload(folder_url: str) -> None:
+    """Refuse, in one line, shards in a folder at a URL that holds packer's upload marker: an
+    upload in progress, or one interrupted (readers/formats/uploading.py)."""
+    from .remote import read_url
+
+    if read_url(f"{folder_url}/{UPLOAD_MARKER}") is not None:
+        raise IncompleteDatasetError(upload_refusal(folder_url))
 
 
 def _check_local(paths: Iterator[str]) -> None:

@@ -75,7 +75,7 @@ class RemoteBlob:
     the store has it, else staged whole and uploaded at the end."""
 
     @staticmethod
-    def sink(url: str) -> MultipartUpload | None:
+    def sink(url: str, final: str) -> MultipartUpload | None:  # (a blob is stored at its URL: replaced whole)
         fs, root = remote_urls.dst_filesystem(url)
         return MultipartUpload(fs, root.rstrip("/"), url) if supports_multipart(fs) else None
 

@@ -38,6 +38,7 @@ from .base import SHARD_NAME, Fault, Record, Store, refuse_other_pattern
 from .names import decode_source_names
 from .wids import WIDS_FILE, wids_faults
 from .tar import BLOCK, iter_tar, tar_members
+from .uploading import UPLOAD_MARKER
 
 __all__ = [
     "ShardStore",
@@ -59,8 +60,7 @@ __all__ = [
     "tar_header",
     "npy_header",
     "sample_array_shape",
-    "read_metadata",
-    "parse_metadata",
+    "read_metadata", "parse_metadata",
     "check_pattern",
     "iter_tar",
 ]
@@ -248,7 +248,7 @@ class ShardStore(Store):
 
     format_name = "webdataset"
     label = "WebDataset"
-    own_names = frozenset({META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE, WIDS_FILE})
+    own_names = frozenset({META_FILE, INDEX_FILE, CHECKSUM_FILE, SOURCES_FILE, WIDS_FILE, UPLOAD_MARKER})
 
     def _written_names(self) -> list[str]:
         return list(self.meta.extra["shards"])

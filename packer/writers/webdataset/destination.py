@@ -1,20 +1,23 @@
 """Where a WebDataset may be written: a folder holds one dataset (:func:`pattern_refusal`), and a
 DST at a URL (:class:`RemoteShards`; packer/remote.py stages the conversion and calls it) gets
 its shards uploaded one by one as they are published (:class:`~packer.remote.Uploader`), the
-metadata last."""
+metadata last, with an in-progress marker (readers/formats/uploading.py) there until then; an
+``--overwrite`` of a finished dataset stores the new one at ``URL.partial`` and copies it over
+once it is whole (:func:`replace_with`)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from readers.formats.uploading import UPLOAD_MARKER, marker_bytes
 from readers.formats.webdataset import META_FILE, ShardStore, parse_metadata
 from readers.schema import Metadata
 
 from ...errors import OutputExistsError
 from ...remote import Uploader
 
-__all__ = ["RemoteShards", "pattern_refusal", "brace_pattern"]
+__all__ = ["RemoteShards", "pattern_refusal", "brace_pattern", "replace_with"]
 
 
 def pattern_refusal(folder: str, pattern: str, meta: Metadata) -> str | None:
@@ -46,8 +49,17 @@ class RemoteShards:
     """:class:`~packer.remote.RemoteDestination` of WebDataset shards."""
 
     @staticmethod
-    def sink(url: str) -> Uploader:
-        return Uploader(url)
+    def sink(url: str, final: str) -> Uploader:
+        """Stores the marker first; publishing removes it (``url`` is ``final``) or copies the
+        whole upload over the dataset at ``final`` (:func:`replace_with`)."""
+        url, final = url.rstrip("/"), final.rstrip("/")
+        marker = (UPLOAD_MARKER, marker_bytes())
+        if url == final:
+            return Uploader(url, marker=marker, publish=lambda fs, root: fs.rm_file(f"{root}/{UPLOAD_MARKER}"))
+        if not url.startswith(final):  # pragma: no cover - packer/remote.py stores beside final only
+            raise ValueError(f"{url}: not beside {final}")
+        suffix = len(url) - len(final)  # (its path in the filesystem: the final one's and the suffix)
+        return Uploader(url, marker=marker, publish=lambda fs, root: replace_with(fs, root, root[:-suffix]))
 
     @staticmethod
     def unfinished(fs: Any, root: str) -> bool:
@@ -61,7 +73,7 @@ class RemoteShards:
         if fs.exists(f"{root}/{META_FILE}"):
             return True
         names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
-        return staged and all(name.endswith(".tar") or name in ShardStore.own_names for name in names)
+        return (staged or UPLOAD_MARKER in names) and all(name.endswith(".tar") or name in ShardStore.own_names for name in names)
 
     @staticmethod
     def foreign_content(fs: Any, root: str) -> list[str]:
@@ -74,7 +86,7 @@ class RemoteShards:
 
     @staticmethod
     def replaced_whole() -> bool:
-        return False  # shards are stored one by one under the old ones' names
+        return False  # shards are stored one by one under the old ones' names: --overwrite stores beside
 
     @staticmethod
     def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
@@ -88,3 +100,27 @@ class RemoteShards:
             if refusal is not None:
                 raise OutputExistsError(refusal)
         return False
+
+
+def replace_with(fs: Any, staged: str, root: str) -> None:
+    """Make the whole upload at ``staged`` (its metadata record stored) the dataset at ``root``,
+    which it replaces: the marker goes to ``root`` and its metadata record goes (no reader takes
+    it from here on), every file of ``staged`` is copied over (server-side where the store can),
+    the old files it has not replaced go, the metadata record is copied last, then the marker and
+    ``staged`` go. Cut short anywhere, it is done again whole (by ``--resume``)."""
+    def names(folder: str) -> set[str]:
+        fs.invalidate_cache(folder)
+        return {str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(folder, detail=False)} if fs.exists(folder) else set()
+
+    fs.pipe_file(f"{root}/{UPLOAD_MARKER}", marker_bytes())
+    if fs.exists(f"{root}/{META_FILE}"):
+        fs.rm_file(f"{root}/{META_FILE}")
+    new = sorted(names(staged) - {META_FILE, UPLOAD_MARKER})
+    if new:
+        fs.copy([f"{staged}/{name}" for name in new], [f"{root}/{name}" for name in new])
+    stale = sorted(names(root) - set(new) - {META_FILE, UPLOAD_MARKER})
+    if stale:
+        fs.rm([f"{root}/{name}" for name in stale])
+    fs.copy(f"{staged}/{META_FILE}", f"{root}/{META_FILE}")
+    fs.rm_file(f"{root}/{UPLOAD_MARKER}")
+    fs.rm(staged, recursive=True)

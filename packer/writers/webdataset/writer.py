@@ -90,7 +90,16 @@ class ShardSink(Protocol):
         """Delete stored files (a resumed run drops shards stored after its checkpoint)."""
 
     def discard(self) -> None:
-        """Stop storing and delete everything stored: the conversion failed."""
+        """Stop storing and delete everything stored: the conversion failed (not once :meth:`publish` began)."""
+
+    def publish(self) -> None:
+        """Everything is stored, the metadata record last: make it the destination (raise what
+        failed; what is stored stays, whole, for ``--resume`` to publish again)."""
+
+    @property
+    def publishing(self) -> bool:
+        """Whether :meth:`publish` began."""
+        ...
 
 
 
@@ -391,8 +400,19 @@ class ShardWriter(PieceWriter):
                 self.sink.put(self.tmp / name)
         self.sink.flush()
         self.sink.put(self.tmp / META_FILE)
-        self.sink.flush()
+        self.sink.publish()  # (a failure keeps the checkpoint: _keeps)
         remove_path(self.tmp)
+
+    def _last_checkpoint_now(self) -> None:
+        """With a sink, a checkpoint of every input whether one is due or not: publishing may
+        fail, and --resume then publishes the whole upload with nothing to convert again."""
+        if self.sink is not None and self._journal is not None and self._seen is not None:
+            self._deferred = True
+        super()._last_checkpoint_now()
+
+    def _keeps(self, exc_type: type[BaseException]) -> bool:
+        """As a local run's, and a sink's publishing that failed: what it stored is whole."""
+        return super()._keeps(exc_type) or (self.sink is not None and self.sink.publishing)
 
     def abort(self) -> None:
         """Drop the unfinished output, and what the sink stored of it."""
