@@ -464,3 +464,24 @@ def test_a_reading_error_names_no_memory_address(tmp_path):
     reports = [packer.convert(_Unidentified(), tmp_path / f"o{n}.blob", workers=n) for n in (1, 2)]
     assert [[(s.path, s.reason) for s in r.skipped] for r in reports] == [
         [("dataset[1]", "reading it raised UnidentifiedImageError: cannot identify image file")]] * 2
+
+
+def test_a_refused_resume_says_the_dataset_changed_not_its_digests(tmp_path):
+    """A Hugging Face dataset changed since the interrupted run: the refusal said "dataset was
+    datasets:abc123 in the interrupted run, now datasets:..." (an HF walkthrough)."""
+    from packer.writers.journal import fingerprint_difference
+
+    def fingerprint(dataset) -> dict:
+        return image_job(dataset, ImageOptions(size=16), SourceOptions(image_column="img", label_column="fine")).fingerprint(
+            "lmdb", tmp_path / "o.lmdb", {}, "skip")
+
+    mapped = Records()
+    mapped._fingerprint = "9f86d081884c7d65"
+    assert fingerprint_difference(fingerprint(Records()), fingerprint(mapped)) == (
+        "the dataset is not the one the interrupted run converted: its Hugging Face fingerprint was abc123, now "
+        "9f86d081884c (a .map, .filter, .select or .shuffle makes another dataset)")
+    changed = ArrayDataset("hwc")
+    changed.items[3] = (changed.items[3][0] // 2, changed.items[3][1])
+    said = fingerprint_difference(image_job(ArrayDataset("hwc"), ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip"),
+                                  image_job(changed, ImageOptions(size=16)).fingerprint("lmdb", tmp_path / "o.lmdb", {}, "skip"))
+    assert said == "the dataset is not the one the interrupted run converted: its samples or their order changed"

@@ -37,7 +37,7 @@ from ..options import SourceOptions
 from ..preprocess.decode import describe_error
 from .images import ImageFolder, ImageItem
 
-__all__ = ["is_python_dataset", "describe_dataset", "DatasetItem", "LoadedItem", "ParentItem", "DatasetReader", "scan_dataset", "dataset_identity",
+__all__ = ["is_python_dataset", "describe_dataset", "DatasetItem", "LoadedItem", "ParentItem", "DatasetReader", "scan_dataset", "dataset_identity", "identity_difference",
            "IMAGE_FIELDS", "LABEL_FIELDS", "MAX_PICKLE"]
 
 log = logging.getLogger("packer")
@@ -179,6 +179,15 @@ def dataset_identity(dataset: Any, reader: DatasetReader) -> str:
             if loaded.image is not None:
                 digest.update(np.asarray(loaded.image).tobytes())
         return f"samples:{digest.hexdigest()}"
+
+
+def identity_difference(old: str, new: str) -> str:
+    """How a refused ``--resume`` says the dataset's identity changed (two :func:`dataset_identity`
+    values), not by its digests ("dataset was datasets:538d... in the interrupted run": an HF walkthrough)."""
+    if old.startswith("datasets:") and new.startswith("datasets:"):
+        return (f"the dataset is not the one the interrupted run converted: its Hugging Face fingerprint was {old[9:21]}, now "
+                f"{new[9:21]} (a .map, .filter, .select or .shuffle makes another dataset)")
+    return "the dataset is not the one the interrupted run converted: its samples or their order changed"
 
 
 def _record_fields(dataset: Any) -> list[str] | None:

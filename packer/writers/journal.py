@@ -33,6 +33,8 @@ from readers.formats.webdataset import INDEX_DTYPE, record_shapes
 from readers.remote import is_url
 from readers.schema import Skipped
 
+from ..sources.datasets import identity_difference
+
 __all__ = [
     "Journal",
     "Checkpoint",
@@ -275,8 +277,8 @@ def fingerprint_difference(old: Mapping[str, Any], new: Mapping[str, Any], liste
             changes.extend(_file_difference(key, old[key], new[key]))  # (a tokenizer)
             continue
         if old.get(key) != new.get(key):
-            if key in EXPLAINED:
-                changes.append(EXPLAINED[key])
+            if key in EXPLAINED or key == "--dataset":  # (a Python dataset's identity: said, not its digests)
+                changes.append(EXPLAINED[key] if key in EXPLAINED else identity_difference(str(old.get(key)), str(new.get(key))))
             elif key == "listing":
                 continue  # said below, unless an option changed: options (--split, --classes) change it too
             else:
