@@ -123,13 +123,16 @@ def test_rows_without_an_image_or_a_label_are_skipped_and_recorded(tmp_path):
             {"image": {"bytes": None, "path": "/elsewhere/a.jpg"}, "label": 0},
             {"image": {"bytes": b"not an image", "path": None}, "label": 0},
             {"image": {"bytes": data, "path": None}, "label": None},
-            {"image": {"bytes": data, "path": None}, "label": 2}]
+            {"image": {"bytes": data, "path": None}, "label": 2},
+            {"image": {"bytes": None, "path": None}, "label": 1},  # said 'only a path' too (an HF walkthrough)
+            {"image": None, "label": 1}]
     write_parquet(tmp_path / "src" / "x.parquet", rows, hf_metadata())
     report = convert(tmp_path / "src", tmp_path / "o.lmdb", image=ImageOptions(size=8), workers=1)
     reasons = {s.path: s.reason for s in report.skipped}
-    assert reasons["x.parquet:2"] == "the row holds no image bytes (only a path to the image, not embedded)"
+    assert reasons["x.parquet:2"] == "the row holds no image bytes, only a path to the image, not embedded (/elsewhere/a.jpg)"
     assert reasons["x.parquet:4"] == "no label (column 'label' holds None)"
-    assert "x.parquet:3" in reasons and len(reasons) == 3
+    assert reasons["x.parquet:6"] == reasons["x.parquet:7"] == "the row holds no image (null)"
+    assert "x.parquet:3" in reasons and len(reasons) == 5
     assert [(name, label) for name, (label, _) in plain_samples(tmp_path / "o.lmdb").items()] == [("x.parquet:1", 1), ("x.parquet:5", 2)]
 
 

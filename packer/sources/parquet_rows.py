@@ -52,7 +52,7 @@ class _Cursor:
         self.struct = item.struct
         self._batches: Iterator[Any] = pq.ParquetFile(handle).iter_batches(
             batch_size=BATCH_ROWS, row_groups=[item.group], columns=[item.column], use_threads=False)
-        self.start, self.values = 0, None  # the kept batch: rows start .. start + len(values)
+        self.start, self.values, self.paths = 0, None, None  # the kept batch: rows start .. start + len(values)
 
     def value(self, row: int) -> bytes | None:
         """Row ``row``'s image bytes (``None``: null); ``row`` not before the kept batch."""
@@ -64,7 +64,12 @@ class _Cursor:
                 raise ValueError("the Parquet file changed since it was listed (its row group is shorter)")
             column = batch.column(0)
             self.values = column.field("bytes") if self.struct else column
+            self.paths = column.field("path") if self.struct and column.type.get_field_index("path") >= 0 else None
         return self.values[row - self.start].as_py()
+
+    def path(self, row: int) -> str | None:
+        """Row ``row``'s image path (a struct's ``path`` field; ``None``: null or none), once :meth:`value` read it."""
+        return None if self.paths is None else self.paths[row - self.start].as_py()
 
 
 _cursor: _Cursor | None = None
@@ -85,12 +90,13 @@ def read_row_image(item: ParquetRow) -> bytes:
             _cursor = None
             _cursor = _Cursor(item)
         data = _cursor.value(item.row)
+        path = _cursor.path(item.row) if data is None else None
     except pa.ArrowException as exc:
         _cursor = None
         raise ValueError(f"cannot read its row group from the Parquet file ({exc})") from None
     except (OSError, ValueError):  # (its place in the group is no longer known: the next row starts the stream again)
         _cursor = None
         raise
-    if data is None:
-        raise ValueError("the row holds no image bytes" + (" (only a path to the image, not embedded)" if item.struct else ""))
+    if data is None:  # (a path alone: a dataset saved without embedding its images; else no image at all)
+        raise ValueError(f"the row holds no image bytes, only a path to the image, not embedded ({path})" if path else "the row holds no image (null)")
     return data
