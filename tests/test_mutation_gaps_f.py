@@ -1,8 +1,8 @@
 """Tests for behaviour a fifth mutation sweep found untested on the converting side: a compressed
 document shorter than the scan found it, a packer shard's label equal to its class count, the
-warning of a shard folder's unended shard, --split rows in two splits, the next line for a
-file:// DST, and info's EOS id 0 and lists of exactly MAX_LISTED. Each was seen failing under
-its mutant."""
+warning of a shard folder's unended shard, --split rows in two splits, a label row's id
+matching two files, the next line for a file:// DST, and info's EOS id 0 and lists of exactly
+MAX_LISTED. Each was seen failing under its mutant."""
 
 from __future__ import annotations
 
@@ -123,6 +123,18 @@ def test_a_row_in_two_splits_is_listed_and_an_image_no_row_names_is_still_said(t
                                 workers=1)
     said = [r.getMessage() for r in caplog.records if "not in" in r.getMessage()]
     assert report.written == 2 and said == [f"1 image in {tmp_path / 'i'} is not in {tmp_path / 'l.csv'} (not converted)"]
+
+
+def test_an_id_without_extension_matching_two_files_is_not_given_either(tmp_path):
+    """Mutant (``len(stems[name]) >= 1``): the id ``cat1`` beside cat1.jpg and cat1.png labelled
+    whichever came first; which file the row means is not known. It is skipped, naming both (the
+    reason said 'no such image', of an id two images have)."""
+    flat_images(tmp_path / "i", ["cat1.jpg", "cat1.png", "dog.png"])
+    write_csv(tmp_path / "l.csv", [{"path": "cat1", "label": "cat"}, {"path": "dog", "label": "dog"}])
+    report = packer.convert(tmp_path / "i", tmp_path / "o.lmdb", source=SourceOptions(labels=str(tmp_path / "l.csv")), workers=1)
+    assert report.written == 1
+    [cat] = [s for s in report.skipped if s.path == "cat1"]
+    assert cat.reason == "names 2 images (cat1.jpg, cat1.png): give the file name with its extension (l.csv:2)"
 
 
 def test_the_line_after_a_conversion_to_a_file_url_names_a_reader_that_opens_it(tmp_path):

@@ -177,6 +177,9 @@ def match_rows(table: LabelTable, inputs: Mapping[str, T], make: Callable[[T, in
         if name not in inputs and any(is_hidden(part) for part in name.split("/")):  # (it may be there: never read)
             skipped.append(Skipped(name, f"a hidden file or folder ({row.where}): packer reads none (a name starting with "
                                          "'.', or a system folder); rename it"))
+        elif name not in inputs and len(matches := stems.get(name, ()) if not posixpath.splitext(name)[1] else ()) > 1:
+            skipped.append(Skipped(name, f"names {len(matches)} images ({', '.join(sorted(matches)[:3])}{', ...' if len(matches) > 3 else ''}): "
+                                         f"give the file name with its extension ({row.where})"))
         elif name not in inputs:
             skipped.append(Skipped(name, f"no such image in {where} ({row.where})"))
         elif name in first:
