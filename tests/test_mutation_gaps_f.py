@@ -75,19 +75,26 @@ def test_a_packer_shards_label_equal_to_its_class_count_is_skipped(tmp_path):
     assert list(packer.info.read_metadata(tmp_path / "o.lmdb").classes) == ["class_00", "class_01", "class_02"]
 
 
-def test_a_shard_folders_shard_without_its_end_blocks_is_warned_of_and_converted(tmp_path, caplog):
-    """Mutant (scan_shards without warn_unended): a shard cut at a member's end, a copy that may
-    have stopped early, was converted without a word."""
+def third_party_shards(folder, count: int) -> None:
+    """``count`` shards of 3 labeled PNG samples each, as tarfile writes them, in ``folder``."""
     png = png_bytes(Image.fromarray(gradient(6, 6)))
-    (tmp_path / "s").mkdir()
-    for s in range(2):
-        with tarfile.open(tmp_path / "s" / f"{s}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+    folder.mkdir(exist_ok=True)
+    for s in range(count):
+        with tarfile.open(folder / f"{s}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
             for k in range(3):
                 for name, data in ((f"k{s}{k}.png", png), (f"k{s}{k}.cls", str(k).encode())):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-            end = tar.offset  # where its last member ends
+
+
+def test_a_shard_folders_shard_without_its_end_blocks_is_warned_of_and_converted(tmp_path, caplog):
+    """Mutant (scan_shards without warn_unended): a shard cut at a member's end, a copy that may
+    have stopped early, was converted without a word."""
+    third_party_shards(tmp_path / "s", 2)
+    with tarfile.open(tmp_path / "s" / "1.tar") as tar:
+        last = tar.getmembers()[-1]
+        end = last.offset_data + -(-last.size // 512) * 512  # where its last member ends
     cut = tmp_path / "s" / "1.tar"
     cut.write_bytes(cut.read_bytes()[:end])
     with tarfile.open(cut) as tar:
@@ -180,3 +187,23 @@ def test_info_lists_of_exactly_max_listed_say_no_more(lmdb_32):
     assert exact.count("not an image") == MAX_LISTED
     over = describe(lmdb_32, dataclasses.replace(meta, classes=names, skipped=skips))
     assert ", ... (1 more)" in over and over.endswith("    ... 1 more (see --json)")
+
+
+def test_shards_beside_class_folders_and_images_beside_shards_are_recorded_not_dropped(tmp_path):
+    """A folder of shards with a class folder in it is a folder of images (is_shard_folder, under
+    its mutant taken for shards, the class folder then dropped): its shards' 6 samples were left
+    out without a word, as were an image and a .tgz beside a folder of shards. Each is skipped and
+    recorded, saying what converts it."""
+    third_party_shards(tmp_path / "mixed", 2)
+    flat_images(tmp_path / "mixed" / "cats", ["a.png"])
+    report = packer.convert(tmp_path / "mixed", tmp_path / "o.lmdb", workers=1)
+    assert report.written == 1 and [(s.path, s.reason) for s in report.skipped] == [
+        (name, f"an archive in a folder of images is not opened: convert it on its own (packer convert {name} DST)")
+        for name in ("0.tar", "1.tar")]
+    third_party_shards(tmp_path / "shards", 2)
+    Image.fromarray(gradient(6, 6)).save(tmp_path / "shards" / "stray.png")
+    (tmp_path / "shards" / "more.tgz").write_bytes(gzip.compress(b""))
+    report = packer.convert(tmp_path / "shards", tmp_path / "s.lmdb", workers=1)
+    assert report.written == 6 and [s.path for s in report.skipped] == ["more.tgz", "stray.png"]
+    assert report.skipped[0].reason.startswith("an archive (not a .tar shard) beside the shards")
+    assert report.skipped[1].reason.startswith("an image beside the shards")

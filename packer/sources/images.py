@@ -197,8 +197,8 @@ def _scan(tree: FolderTree) -> ImageFolder:
             if not found:
                 empty.append(name)
             items.extend(ImageItem(path, label) for path in found)
-        for name in top_images:
-            skipped.append(Skipped(name, "outside any class folder (not labeled)"))
+        skipped += [Skipped(name, "outside any class folder (not labeled)") for name in top_images]  # (shards beside class
+        skipped += unread_images("", (name for name, what in entries if what == "file"))  # folders too: all dropped unsaid)
         refused = broken + list(getattr(tree, "refused", ()))
         first = set(refused)
         skipped = refused + [entry for entry in skipped if entry not in first]

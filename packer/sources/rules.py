@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 from readers.schema import Skipped
 
 __all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "UNREAD_IMAGE_EXTENSIONS", "is_hidden", "is_image_name", "image_order",
-           "unread_images", "warn_of_empty_classes"]
+           "unread_images", "unread_archive", "warn_of_empty_classes"]
 
 #: Image file extensions (any case) that are converted.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"})
@@ -43,13 +43,21 @@ def is_image_name(name: str) -> bool:
 
 def unread_images(folder: str, names: Iterable[str]) -> list[Skipped]:
     """The skip records of the files among ``names`` (in the source's ``folder``, relative; "" for
-    its top) whose extension is one of :data:`UNREAD_IMAGE_EXTENSIONS`, sorted by name."""
+    its top) whose extension is one of :data:`UNREAD_IMAGE_EXTENSIONS`, or that are archives (a
+    folder's images are read, not an archive's in it: WebDataset shards beside class folders were
+    left out without a word), sorted by name."""
     found = []
-    for name in sorted(n for n in names if os.path.splitext(n)[1].lower() in UNREAD_IMAGE_EXTENSIONS and not is_hidden(n)):
+    for name in sorted(n for n in names if (os.path.splitext(n)[1].lower() in UNREAD_IMAGE_EXTENSIONS
+                                            or n.lower().endswith(ARCHIVE_SUFFIXES)) and not is_hidden(n)):
         ext = os.path.splitext(name)[1].lower()  # (only those sorted: this runs over every folder a scan lists)
-        found.append(Skipped(f"{folder}/{name}" if folder else name,
+        found.append(Skipped(f"{folder}/{name}" if folder else name, unread_archive(name) if ext not in UNREAD_IMAGE_EXTENSIONS else
                              f"a {ext} image, not a format converted ({', '.join(sorted(IMAGE_EXTENSIONS))}): {UNREAD_IMAGE_EXTENSIONS[ext]}"))
     return found
+
+
+def unread_archive(name: str) -> str:
+    """Why the archive ``name`` in a source folder is skipped, and what converts it."""
+    return f"an archive in a folder of images is not opened: convert it on its own (packer convert {name} DST)"
 
 
 def image_order(parts: Sequence[str]) -> list[str]:

@@ -3,9 +3,9 @@ to the first dot of the file name), its image ``KEY.jpg`` (``.png``, ...; else a
 an image or ``.npy`` extension: :func:`_payload`) and its label the ``.cls`` member (where some
 samples have one, those without are skipped and recorded); order is the shards' (sorted by
 name), then the members'. Side files beside the shards (img2dataset's ``.parquet`` and
-``_stats.json``) are left as they are. Shards
-packer wrote keep their class names (their ``packer.json``). Nothing is unpacked: workers read
-each member by offset (packer/sources/members.py)."""
+``_stats.json``) are left as they are; an image or another archive beside them is skipped and
+recorded. Shards packer wrote keep their class names (their ``packer.json``). Nothing is
+unpacked: workers read each member by offset (packer/sources/members.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from readers.schema import MAX_LABEL, Skipped
 from ..errors import SourceError
 from .images import ImageFolder
 from .members import Member, member_of, pread, safe_entries, stamp, warn_unended
-from .rules import is_hidden, is_image_name
+from .rules import ARCHIVE_SUFFIXES, IMAGE_EXTENSIONS, is_hidden, is_image_name
 from .tarstream import Entry, list_tar
 
 __all__ = ["is_shard_folder", "scan_shards", "is_shard", "scan_shard"]
@@ -46,7 +46,9 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
     shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tar") and not is_hidden(p.name))
     classes, layout = _packer_record(folder)
     items: list[Member] = []
-    skipped: list[Skipped] = []
+    skipped = [Skipped(p.name, _beside_shards(p.name)) for p in sorted(folder.iterdir())  # (they were dropped unsaid)
+               if not p.name.endswith(".tar") and not is_hidden(p.name) and p.name.lower().endswith((*IMAGE_EXTENSIONS, *ARCHIVE_SUFFIXES))
+               and p.is_file()]
     for shard in shards:
         try:
             entries = list_tar(str(shard))
@@ -59,6 +61,13 @@ def scan_shards(src: str | os.PathLike[str]) -> ImageFolder:
     if not items:
         raise SourceError(f"{src}: no samples with an image found in its {len(shards)} shards")
     return _shard_folder(str(folder), items, classes, skipped)
+
+
+def _beside_shards(name: str) -> str:
+    """Why the image or archive ``name`` beside a folder's shards is skipped, and what converts it."""
+    what = "an image" if is_image_name(name) else "an archive (not a .tar shard)"
+    fix = "move it into a folder of images" if is_image_name(name) else f"convert it on its own (packer convert {name} DST)"
+    return f"{what} beside the shards: a folder of shards converts the samples of its .tar shards; {fix}"
 
 
 def is_shard(entries: list[Entry]) -> bool:
