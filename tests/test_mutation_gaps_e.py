@@ -99,7 +99,7 @@ def test_a_tar_shard_named_without_dot_tar_is_read_as_webdataset_reads_it(tmp_pa
     theirs = [int(s["cls"]) for s in wds.WebDataset(str(tmp_path / "train-0"), shardshuffle=False)]
     assert theirs == [0, 1] and [label for _, label in StreamingShards([str(tmp_path / "train-0")])] == theirs
     (tmp_path / "notes").write_bytes(b"not a tar at all" * 64)
-    with pytest.raises(Exception, match="notes"):  # a file that is no tar is still refused, naming it
+    with pytest.raises(PackedFormatError, match=r"notes: not a folder of WebDataset shards"):  # no tar: still refused, named
         StreamingShards([str(tmp_path / "notes")])
 
 
