@@ -119,7 +119,7 @@ class Uploader:
         self._queue: collections.deque[Path] = collections.deque()
         self._busy = 0
         self._error: BaseException | None = None
-        self._closed = False
+        self._closed = self._stopped = False
         self._cond = threading.Condition()
         self._threads = [threading.Thread(target=self._run, name=f"packer-upload-{i}", daemon=True) for i in range(threads)]
         for thread in self._threads:
@@ -149,9 +149,9 @@ class Uploader:
             self._cond.notify_all()
 
     def flush(self) -> None:
-        """Wait until every queued file is uploaded; raise :class:`OutputError` if one failed."""
+        """Wait until every queued file is uploaded; raise :class:`OutputError` if one failed (or :meth:`stop` came)."""
         with self._cond:
-            while (self._queue or self._busy) and self._error is None:
+            while (self._queue or self._busy) and self._error is None and not self._stopped:
                 self._cond.wait()
             self._check()
 
@@ -201,13 +201,24 @@ class Uploader:
             raise OutputError(f"{self.url}: publishing the upload failed ({exc}); it is whole there: --resume publishes it again") from None
 
     # -- lifetime ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop now (an interrupted run): queued files are dropped and a :meth:`flush` waiting
+        fails; uploads in progress are left to their threads, never waited for (a slow store kept
+        a Ctrl-C waiting minutes: an HF walkthrough). No checkpoint lists their files, so a
+        resumed run deletes what they store; the process's end ends them."""
+        with self._cond:
+            self._closed = self._stopped = True
+            self._queue.clear()
+            self._cond.notify_all()
+
     def close(self) -> None:
-        """Stop the upload threads (after :meth:`flush`, nothing is left; else queued files are dropped)."""
+        """Stop the upload threads (after :meth:`flush`, nothing is left; else queued files are
+        dropped, and uploads in progress finish, unless :meth:`stop` came first)."""
         with self._cond:
             self._closed = True
             self._queue.clear()
             self._cond.notify_all()
-        for thread in self._threads:
+        for thread in self._threads if not self._stopped else ():
             thread.join()
 
     def _check(self) -> None:

@@ -5,6 +5,8 @@ marker object, and readers given its shards by a brace pattern refuse them."""
 
 from __future__ import annotations
 
+import shutil
+
 import fsspec
 import numpy as np
 import pytest
@@ -165,6 +167,7 @@ def test_a_killed_overwrite_keeps_the_old_dataset_and_resumes_beside_it(s3, tmp_
     for i in range(240):
         write(src / f"c{i % 2}" / f"{i:04d}.jpg", data)
     url = "s3://packer-test/killed"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (machine-wide: an earlier run's journal)
     convert(src, url, format="webdataset", image=ImageOptions(size=8), workers=1)
     before = files(s3, "packer-test/killed")
     journal = staging_folder(url) / "killed.partial-journal" / "journal.json"

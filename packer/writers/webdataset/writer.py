@@ -92,6 +92,10 @@ class ShardSink(Protocol):
     def discard(self) -> None:
         """Stop storing and delete everything stored: the conversion failed (not once :meth:`publish` began)."""
 
+    def stop(self) -> None:
+        """Stop at once (the run was interrupted): drop what waits, fail a flush waiting, and leave
+        what is being stored (no checkpoint lists it)."""
+
     def publish(self) -> None:
         """Everything is stored, the metadata record last: make it the destination (raise what
         failed; what is stored stays, whole, for ``--resume`` to publish again)."""
@@ -409,6 +413,13 @@ class ShardWriter(PieceWriter):
         if self.sink is not None and self._journal is not None and self._seen is not None:
             self._deferred = True
         super()._last_checkpoint_now()
+
+    def suspend(self) -> None:
+        """As a local run's; a sink stops first, its uploads in progress not waited for (nor by a
+        checkpoint being committed: it is dropped, the one before stands)."""
+        if self.sink is not None:
+            self.sink.stop()
+        super().suspend()
 
     def _keeps(self, exc_type: type[BaseException]) -> bool:
         """As a local run's, and a sink's publishing that failed: what it stored is whole."""
