@@ -32,12 +32,13 @@ import numbers
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 __all__ = [
+    "EpochItems",
     "EpochPlan",
     "EpochCursor",
     "ResumeError",
@@ -163,6 +164,22 @@ def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], owner: str
             )
 
 
+@runtime_checkable
+class EpochItems(Protocol):
+    """A map-style dataset whose index names something made from its samples, which may depend
+    on the epoch (:class:`~readers.TokenDataset`: blocks, or random windows drawn per epoch): the
+    Loader and :class:`~readers.ResumableSampler` put :attr:`item_identity` in a resume state's
+    fingerprint and call :meth:`set_epoch` at each iteration (:func:`follow_epoch`)."""
+
+    @property
+    def item_identity(self) -> str:
+        """What an index names (``"blocks of 1024 tokens, consecutive"``)."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s items from here on."""
+
+
 def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
     """What identifies a dataset's samples by index, JSON-safe: ``samples`` (its length) and, for
     a packer dataset, its metadata's ``checksums_sha256`` (its samples' content, labels and order:
@@ -171,9 +188,8 @@ def dataset_fingerprint(dataset: Any, length: int) -> dict[str, Any]:
     that wrote it); and ``items``, where an index names something made from the samples (a
     :class:`~readers.TokenDataset`'s blocks: their size, and random windows' seed), its ``item_identity``."""
     fingerprint: dict[str, Any] = {"samples": int(length)}
-    items = getattr(dataset, "item_identity", None)
-    if isinstance(items, str):
-        fingerprint["items"] = items
+    if isinstance(dataset, EpochItems):
+        fingerprint["items"] = str(dataset.item_identity)
     meta = getattr(dataset, "meta", None)
     digest = getattr(meta, "checksums_sha256", None)
     for key in ("checksums_sha256",) if isinstance(digest, str) and digest else ("source", "created"):
@@ -204,9 +220,9 @@ def subset_of(indices: Any, length: int, owner: str) -> tuple[np.ndarray, str]:
 
 
 def follow_epoch(dataset: Any, epoch: int) -> None:
-    """Tell a dataset whose items depend on the epoch (a :class:`~readers.TokenDataset`'s random
-    windows: its ``set_epoch``) the epoch an iteration reads; other datasets are left alone."""
-    if getattr(dataset, "item_identity", None) is not None and callable(getattr(dataset, "set_epoch", None)):
+    """Tell an :class:`EpochItems` dataset (a :class:`~readers.TokenDataset`'s random windows) the
+    epoch an iteration reads; other datasets are left alone."""
+    if isinstance(dataset, EpochItems):
         dataset.set_epoch(epoch)
 
 

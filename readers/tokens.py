@@ -35,7 +35,8 @@ __all__ = ["TokenDataset", "WidenTokens"]
 
 
 class TokenDataset(Dataset):
-    """Training blocks (``block_size``) or documents of a packed text dataset.
+    """Training blocks (``block_size``) or documents of a packed text dataset (an
+    :class:`~readers.epoch.EpochItems`: its index names a block, a window or a document).
 
     ``expect_tokenizer``: ``"bytes"``, a tokenizer file or its sha256; a dataset made with another
     tokenizer is refused. ``in_memory``: a blob is copied once into shared memory (as
