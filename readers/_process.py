@@ -16,7 +16,7 @@ from typing import Callable, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["PerProcess", "HandleCache", "file_key", "rerunning_parent_script"]
+__all__ = ["PerProcess", "HandleCache", "file_key", "opened_key", "check_unreplaced", "replaced_error", "rerunning_parent_script"]
 
 
 class PerProcess(Generic[T]):
@@ -61,10 +61,37 @@ def rerunning_parent_script() -> bool:
     return False
 
 
-def file_key(path: str) -> tuple[int, ...]:
+def file_key(path: str | os.PathLike[str]) -> tuple[int, ...]:
     """Identity of a file's current contents: a replaced file may reuse the inode, not its mtime."""
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def opened_key(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+    """:func:`file_key` of the file that identifies a dataset as a reader opens it (``None``
+    where there is none: the opening says why)."""
+    try:
+        return file_key(path)
+    except OSError:
+        return None
+
+
+def check_unreplaced(path: str | os.PathLike[str], expected: tuple[int, ...] | None, dataset: str) -> None:
+    """Raise :class:`~readers.schema.DatasetReplacedError` when the file at ``path`` is not the
+    one ``expected`` (:func:`opened_key`) was taken of: a process (a DataLoader worker of a
+    later epoch) or a shard opened after a conversion's ``--overwrite`` replaced the dataset
+    would read the new one, mixed with the old (as a walkthrough's epoch did). Datasets never
+    change once written, so any other file means another dataset."""
+    if expected is not None and opened_key(path) != expected:
+        raise replaced_error(dataset)
+
+
+def replaced_error(dataset: str) -> Exception:
+    """The :class:`~readers.schema.DatasetReplacedError` of ``dataset``."""
+    from .schema import DatasetReplacedError
+
+    return DatasetReplacedError(f"{dataset}: replaced since this reader opened it (a conversion's --overwrite?); a reader "
+                                "reads one dataset, never two mixed: open it again to read the new one")
 
 
 class Handle(Protocol):

@@ -71,6 +71,11 @@ class IncompleteDatasetError(PackedFormatError):
     """The dataset has no metadata record: the conversion did not finish."""
 
 
+class DatasetReplacedError(PackedFormatError):
+    """The dataset was replaced (a conversion's ``--overwrite``) after this reader opened it: a
+    reader reads one dataset, never two mixed."""
+
+
 class UnsupportedVersionError(PackedFormatError):
     """The dataset was written with a newer format version than this reader understands."""
 

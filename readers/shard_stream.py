@@ -6,22 +6,25 @@ sample shuffle buffer (:func:`shuffled`). The layout is ``readers/formats/webdat
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
 import tarfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
 import torch
 
+from ._process import check_unreplaced, opened_key
 from .codecs import decode_image
 from .formats import PARTIAL_SUFFIX, check_format
 from .formats.base import dataset_path, local_path, refuse_other_pattern
-from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, parse_npy, read_metadata
+from .formats.npy import parse_npy
+from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, read_metadata
 from .formats.uploading import UPLOAD_MARKER, upload_refusal
 from .schema import MAX_LABEL, TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -214,17 +217,35 @@ def expected_shards(meta: Metadata | None) -> dict[str, tuple[int, int]]:
     return {name: (int(size), int(count)) for name, size, count in zip(extra["shards"], extra["shard_sizes"], extra["shard_counts"])}
 
 
+def replaced_check(urls: Sequence[str], meta: Metadata | None) -> Callable[[], None] | None:
+    """For the local shards of one packer folder (``meta``: its metadata, just read): a check
+    that the folder still holds that dataset (:func:`~readers._process.check_unreplaced`), made
+    after each shard opens; ``None`` for other shards."""
+    folders = {os.path.dirname(os.path.abspath(url)) for url in urls if not urlparse(url).scheme}
+    if meta is None or len(folders) != 1 or len(urls) != sum(not urlparse(url).scheme for url in urls):
+        return None
+    path = os.path.join(next(iter(folders)), META_FILE)
+    return functools.partial(check_unreplaced, path, opened_key(path), next(iter(folders)))
+
+
 def shard_samples(urls: Sequence[str], cache: Any = None, expected: dict[str, tuple[int, int]] | None = None,
-                  ) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
+                  check: Callable[[], None] | None = None) -> Iterator[tuple[tuple[np.ndarray, str, str, str], int]]:
     """``((payload, ext, url, member name), label)`` of every sample of ``urls``, still encoded;
     ``cache``: a :class:`~readers.remote.ShardCache` that keeps the shards read; ``expected``
     (:func:`expected_shards`): a shard the metadata lists that ends before its last sample (a
-    file or transfer cut short at a tar block) is an error, not a shorter epoch, and is never cached."""
+    file or transfer cut short at a tar block) is an error, not a shorter epoch, and is never
+    cached; ``check`` (:func:`replaced_check`) runs as each shard opens."""
     from .remote import open_shard
 
     for url in urls:
         size, count = (expected or {}).get(shard_name(url), (None, None))
         stream = cache.open(url, size) if cache is not None else open_shard(url)
+        if check is not None:
+            try:
+                check()
+            except BaseException:
+                stream.close()
+                raise
         try:
             key, image, label, n, rank, other, said = None, None, -1, 0, len(_RANKS), None, False
             for name, data in iter_tar(stream, url):

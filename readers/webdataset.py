@@ -29,7 +29,7 @@ from .shard_plan import ShardPlan, rank_shares, uneven_split, worker_position
 from .shared_cursor import SharedCursor
 from .formats.webdataset import ShardStore
 from .schema import PackedFormatError
-from .shard_stream import decode_member, expected_shards, resolve_shards, shard_name, shard_samples, shuffled
+from .shard_stream import decode_member, expected_shards, replaced_check, resolve_shards, shard_name, shard_samples, shuffled
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -136,6 +136,7 @@ class StreamingShards(IterableDataset):
         num_workers: int = 0,
     ) -> None:
         self.urls, self.meta = resolve_shards(urls_or_path)
+        self._unreplaced = replaced_check(self.urls, self.meta)  # (a folder replaced mid-epoch: an error, never two datasets mixed)
         if batch_size is not None:
             batch_size = check_batch_size(batch_size)
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
@@ -421,7 +422,7 @@ class StreamingShards(IterableDataset):
                 while rest and n + counts.get(shard_name(rest[0]), skip + 1) <= skip:
                     n += counts[shard_name(rest[0])]
                     rest = rest[1:]
-            samples = shard_samples(rest, self.cache, expected_shards(self.meta))
+            samples = shard_samples(rest, self.cache, expected_shards(self.meta), self._unreplaced)
             if self.shuffle:
                 samples = shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
             for sample in samples:
@@ -433,7 +434,7 @@ class StreamingShards(IterableDataset):
         n = own or 0
         while share is not None and n < share:  # the padding (equal_batches pads only workers with samples)
             before = n
-            for sample in shard_samples(urls, self.cache, expected_shards(self.meta)):
+            for sample in shard_samples(urls, self.cache, expected_shards(self.meta), self._unreplaced):
                 if n >= share:
                     break
                 if n >= skip:

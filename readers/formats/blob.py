@@ -46,7 +46,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .._process import PerProcess, rerunning_parent_script
+from .._process import PerProcess, check_unreplaced, opened_key, replaced_error, rerunning_parent_script
 from ..checksums import CHECKSUM_DTYPE
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from .base import Record, Store, magic_mismatch
@@ -288,7 +288,7 @@ class _Opener:
     def __call__(self) -> _View:
         buffer = self.source()
         if len(buffer) < self.header.end or bytes(buffer[: HEADER.size + SOURCES_HEADER.size]) != self.header.pack():
-            raise PackedFormatError(f"{self.path}: the file changed since it was opened; open the dataset again")
+            raise replaced_error(self.path)  # (a copy loaded afresh: its header is another dataset's)
 
         def section(name: str, dtype: np.dtype) -> np.ndarray:
             offset, length = self.header.sections[name]
@@ -325,9 +325,11 @@ class _MapFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.key = opened_key(path)  # (the dataset this store reads: checked as each process maps it)
 
     def __call__(self) -> np.ndarray:
         with open(self.path, "rb") as handle:
+            check_unreplaced(self.path, self.key, self.path)
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mapped, np.uint8)
 

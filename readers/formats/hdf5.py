@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import h5py
 import numpy as np
 
-from .._process import HandleCache, PerProcess, file_key
+from .._process import HandleCache, PerProcess, check_unreplaced, file_key, opened_key
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store, dataset_path, magic_mismatch
 from .hdf5_rows import H5_ERRORS, MappedRows
@@ -206,9 +206,10 @@ class _FileOpener:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.key = opened_key(path)  # (the dataset this store reads: checked as each process opens it)
 
     def __call__(self) -> "_SharedFile":
-        return open_shared_file(self.path)
+        return open_shared_file(self.path, self.key)
 
 
 class _SharedFile:
@@ -327,8 +328,9 @@ class _SharedFile:
 _handles: HandleCache[_SharedFile] = HandleCache()
 
 
-def open_shared_file(path: str) -> _SharedFile:
-    """The read-only file of ``path`` for this process, opened once.
+def open_shared_file(path: str, expected: tuple[int, ...] | None = None) -> _SharedFile:
+    """The read-only file of ``path`` for this process, opened once; ``expected``: the
+    :func:`~readers._process.opened_key` of the file when a store first opened it (another is refused).
 
     A file inherited through fork is closed in this process and opened afresh: HDF5 would
     otherwise hand the new open the inherited library state.
@@ -337,6 +339,8 @@ def open_shared_file(path: str) -> _SharedFile:
         key = file_key(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such HDF5 dataset") from None
+    if expected is not None and key != expected:
+        check_unreplaced(path, expected, path)
 
     def open_file() -> _SharedFile:
         try:

@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 import lmdb
 import numpy as np
 
-from .._process import HandleCache, PerProcess, file_key
+from .._process import HandleCache, PerProcess, check_unreplaced, file_key, opened_key
 from ..checksums import CHECKSUM_DTYPE
 from .names import decode_source_names
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
@@ -184,9 +184,10 @@ class _EnvOpener:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.key = opened_key(os.path.join(path, DATA_FILE))  # (the dataset this store reads: checked as each process opens it)
 
     def __call__(self) -> "_SharedEnv":
-        return open_shared_env(self.path)
+        return open_shared_env(self.path, self.key)
 
 
 class _ColdReads:
@@ -284,8 +285,9 @@ def _refuse_truncated(env: lmdb.Environment, path: str) -> None:
                                      "the copy or conversion did not finish: copy or convert it again")
 
 
-def open_shared_env(path: str) -> _SharedEnv:
-    """The read-only environment of ``path`` for this process, opened once.
+def open_shared_env(path: str, expected: tuple[int, ...] | None = None) -> _SharedEnv:
+    """The read-only environment of ``path`` for this process, opened once; ``expected``: the
+    :func:`~readers._process.opened_key` of its file when a store first opened it (another is refused).
 
     An environment inherited through fork is closed (in this process only: with lock=False,
     that unmaps our copy and closes our file descriptor) and opened afresh.
@@ -296,6 +298,8 @@ def open_shared_env(path: str) -> _SharedEnv:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such LMDB dataset") from None
         raise PackedFormatError(f"{path}: not an LMDB dataset (no {DATA_FILE} inside)") from None
+    if expected is not None and key != expected:
+        check_unreplaced(os.path.join(path, DATA_FILE), expected, path)
 
     def open_env() -> _SharedEnv:
         try:

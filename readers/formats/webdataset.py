@@ -18,27 +18,25 @@ index) and :func:`iter_tar` (streaming). Nothing here imports torch or the webda
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 import re
 import tarfile
-from functools import lru_cache
 from pathlib import Path
-from tokenize import TokenError
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .._process import PerProcess
+from .._process import PerProcess, check_unreplaced, opened_key
 from ..checksums import CHECKSUM_DTYPE
 from ..encodings import ENCODINGS
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
-from .base import SHARD_NAME, Fault, Record, Store, refuse_other_pattern
+from .base import SHARD_NAME, Fault, Record, Store, dataset_path, refuse_other_pattern
 from .names import decode_source_names
 from .wids import WIDS_FILE, wids_faults
 from .tar import BLOCK, iter_tar, tar_members
 from .uploading import UPLOAD_MARKER
+from .npy import npy_faults, sample_array_shape
 
 __all__ = [
     "ShardStore",
@@ -58,8 +56,6 @@ __all__ = [
     "LABEL_EXTENSION",
     "sample_key",
     "tar_header",
-    "npy_header",
-    "sample_array_shape",
     "read_metadata", "parse_metadata",
     "check_pattern",
     "iter_tar",
@@ -160,50 +156,6 @@ def tar_header(name: str, size: int) -> bytes:
     return info.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
 
 
-@lru_cache(maxsize=64)
-def npy_header(shape: tuple[int, ...], dtype: str = "uint8") -> bytes:
-    """The .npy (version 1.0) header of a C-ordered array of ``shape`` (a multiple of 64 bytes).
-
-    Images are uint8 ``(C, H, W)``; a text document is a little-endian uint16/uint32 token array
-    ``(n,)`` (:func:`sample_array_shape`).
-    """
-    buffer = io.BytesIO()
-    descr = np.dtype(dtype).newbyteorder("<").str if np.dtype(dtype).itemsize > 1 else "|u1"
-    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": tuple(shape)})
-    return buffer.getvalue()
-
-
-def sample_array_shape(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
-    """Shape of a sample's ``.npy`` member: ``(C, H, W)`` for pixels, ``(n,)`` for a token document."""
-    return tuple(shape) if dtype == "uint8" else (int(shape[-1]),)
-
-
-@lru_cache(maxsize=64)
-def _parse_npy_header(header: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
-    stream = io.BytesIO(header)
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-    else:
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-    if fortran:
-        raise ValueError("Fortran-ordered arrays are not packer samples")
-    return tuple(shape), dtype, stream.tell()
-
-
-def parse_npy(data: bytes | memoryview | np.ndarray) -> tuple[tuple[int, ...], np.dtype, int]:
-    """Shape, dtype and data offset of an .npy file held in ``data`` (headers are cached)."""
-    view = memoryview(data).cast("B")
-    if len(view) < 10 or bytes(view[:6]) != b"\x93NUMPY":
-        raise PackedFormatError("not an .npy file")
-    major = view[6]
-    size = int.from_bytes(view[8:10], "little") + 10 if major == 1 else int.from_bytes(view[8:12], "little") + 12
-    try:
-        return _parse_npy_header(bytes(view[:size]))
-    except (ValueError, SyntaxError, TypeError, TokenError, RecursionError) as exc:  # (numpy tokenises the header's text)
-        raise PackedFormatError(f"bad .npy header ({exc})") from None
-
-
 def read_metadata(folder: str | Path) -> Metadata:
     """The validated metadata record of a shard folder."""
     folder = Path(folder)
@@ -254,10 +206,11 @@ class ShardStore(Store):
         return list(self.meta.extra["shards"])
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
+        key = opened_key(dataset_path(path) / META_FILE)  # (the dataset read: checked as each process and shard opens)
         super().__init__(path, verify=verify)
         self.shards: tuple[str, ...] = tuple(self.meta.extra["shards"])
         refuse_other_pattern(path, self.path, self.shards)
-        self._files = PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"])))
+        self._files = PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"]), key))
         self._check_files()
 
     @classmethod
@@ -382,7 +335,7 @@ class ShardStore(Store):
                 if text != str(int(row["label"])).encode("ascii"):
                     yield sample, f"its .{LABEL_EXTENSION} member says {bytes(text[:20]).decode('ascii', 'replace')!r}, the index says {int(row['label'])}"
                 if extension == EXTENSIONS["raw"]:
-                    yield from _npy_faults(data[at:offset], sample_array_shape(tuple(shapes[i]), dtype), dtype, sample)
+                    yield from npy_faults(data[at:offset], sample_array_shape(tuple(shapes[i]), dtype), dtype, sample)
 
 
 def load_index(folder: str | Path) -> np.ndarray:
@@ -402,18 +355,6 @@ def load_index(folder: str | Path) -> np.ndarray:
     return index_records(index)
 
 
-def _npy_faults(header: bytes, shape: tuple[int, ...], dtype: str, where: str) -> Iterator[Fault]:
-    """A raw sample's ``.npy`` header (the member's bytes before the indexed payload) describes
-    ``shape`` of little-endian ``dtype``, and ends where the payload starts."""
-    try:
-        got_shape, got_dtype, size = parse_npy(header)
-    except PackedFormatError as exc:
-        yield where, f"its .npy member header: {exc}"
-        return
-    if size != len(header) or got_shape != tuple(shape) or got_dtype != np.dtype(dtype).newbyteorder("<"):
-        yield where, f"its .npy header says {got_dtype} {got_shape} in {size} bytes, expected {dtype} {tuple(shape)} in {len(header)}"
-
-
 def _check_shard_size(path: Path, expected: int) -> None:
     try:
         size = path.stat().st_size
@@ -428,14 +369,15 @@ def _check_shard_size(path: Path, expected: int) -> None:
 class _ShardFiles:
     """Picklable opener and, once opened, this process's index and shard maps."""
 
-    def __init__(self, folder: str, shards: tuple[str, ...], sizes: tuple[int, ...]) -> None:
-        self.folder, self.shards, self.sizes = folder, shards, sizes
+    def __init__(self, folder: str, shards: tuple[str, ...], sizes: tuple[int, ...], key: tuple[int, ...] | None = None) -> None:
+        self.folder, self.shards, self.sizes, self.key = folder, shards, sizes, key
         self.index: np.ndarray = np.empty(0, INDEX_DTYPE)
         self._maps: dict[int, mmap.mmap] = {}
 
     def __call__(self) -> "_ShardFiles":
-        opened = _ShardFiles(self.folder, self.shards, self.sizes)
+        opened = _ShardFiles(self.folder, self.shards, self.sizes, self.key)
         opened.index = load_index(self.folder)
+        check_unreplaced(Path(self.folder) / META_FILE, self.key, self.folder)  # (after: the index read is this dataset's)
         return opened
 
     def map(self, shard: int) -> mmap.mmap:
@@ -446,5 +388,7 @@ class _ShardFiles:
                 size = os.fstat(handle.fileno()).st_size
                 if size != self.sizes[shard]:
                     _check_shard_size(path, self.sizes[shard])
-                data = self._maps[shard] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            check_unreplaced(Path(self.folder) / META_FILE, self.key, self.folder)  # (after: the shard opened is this dataset's)
+            self._maps[shard] = data
         return data

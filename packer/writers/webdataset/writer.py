@@ -24,8 +24,8 @@ from readers.formats.webdataset import (
     SOURCES_FILE,
     check_pattern,
     index_array,
-    npy_header,
 )
+from readers.formats.npy import npy_header
 from readers.formats.wids import WIDS_FILE, wids_index
 from readers.formats import open_store
 from readers.formats.inprogress import is_empty_folder
