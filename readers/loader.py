@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import weakref
 from typing import Any, Iterator, Literal
 
@@ -304,10 +305,17 @@ class Loader:
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._progress.move_on()  # the last pass handed out every batch, its iterator not run out (Pass)
+        last = self._progress
+        last.move_on()  # the last pass handed out every batch, its iterator not run out (Pass)
         start, self._cursor.position = self._cursor.position or 0, None  # a resume applies to one iteration
         batches = self.batch_indices(start=start)
-        self._progress = progress = Pass(self.epoch, start, self._cursor, len(batches))
+        restarts = last.restarts + 1 if last.cut_short() and last.epoch == self.epoch and start == 0 else 0
+        self._progress = progress = Pass(self.epoch, start, self._cursor, len(batches), restarts)
+        if restarts == 2:  # (once: a look at one batch and then the epoch is no repeat)
+            warnings.warn(f"Loader: epoch {self.epoch} begins again at its first batch, a third time: the passes before "
+                          f"stopped after {last.batches} of {last.total} batches, and only a pass that hands out every batch "
+                          "moves on to the next epoch, so each reads the same first batches; call loader.set_epoch(epoch) "
+                          "before each epoch (as with DistributedSampler), or keep one iterator and draw from it", stacklevel=2)
         follow_epoch(self.dataset, self.epoch)
         if self._gather is not None:
             return progress.follow(UntilEnded(self._gather.iterate(batches, progress), progress))

@@ -21,12 +21,19 @@ class Pass(Progress):
     next epoch: when its iterator runs out, else when the next iteration begins (a loop that
     stops at the count, ``zip(range(len(loader)), loader)``)."""
 
-    __slots__ = ("start", "ended", "total", "moved_on", "_cursor", "_iterator")
+    __slots__ = ("start", "ended", "total", "moved_on", "restarts", "_cursor", "_iterator")
 
-    def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None, total: int = -1) -> None:
+    def __init__(self, epoch: int, start: int, cursor: EpochCursor | None = None, total: int = -1, restarts: int = 0) -> None:
         super().__init__(epoch, 0)
         self.start, self.ended, self.total, self.moved_on, self._cursor = start, False, total, False, cursor
+        #: Passes before this one that began its epoch at its start and were cut short (:meth:`cut_short`).
+        self.restarts = restarts
         self._iterator: Any = None
+
+    def cut_short(self) -> bool:
+        """Whether this pass began its epoch at its start and stopped after some of its batches
+        (a loop broken off), its epoch not chosen since: the next pass begins the epoch again."""
+        return self.start == 0 and 0 < self.batches < self.total and not self.ended and not self.moved_on
 
     def follow(self, iterator: Any) -> Any:
         """Keep track of the pass's iterator (not keep it alive) and return it."""

@@ -10,6 +10,7 @@ the sampler yields the indices of the Loader's batches, in order.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 from torch.utils.data import IterableDataset, Sampler
@@ -73,6 +74,7 @@ class ResumableSampler(Sampler[int]):
         self._data_source = data_source
         self._cursor = EpochCursor()
         self._started: tuple[int, int] | None = None  # (epoch, position) of the latest iteration
+        self._chosen, self._repeats = False, 0  # set_epoch (or a state loaded) since it; iterations repeating its epoch
 
     batch_size = property(lambda self: self.plan.batch_size, doc="Samples per batch (the DataLoader's).")
     shuffle = property(lambda self: self.plan.shuffle, doc="Whether each epoch's order is a permutation.")
@@ -90,6 +92,7 @@ class ResumableSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the next iteration; a resume position loaded for another epoch is dropped."""
         self._cursor.set_epoch(epoch)
+        self._chosen = True
 
     def _start(self) -> int:
         return self._cursor.position or 0
@@ -100,7 +103,15 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         start, self._cursor.position = self._start(), None  # a resume applies to one iteration
-        self._started = (self.epoch, start)
+        repeat = self.shuffle and self._started == (self.epoch, start) == (self.epoch, 0) and not self._chosen
+        self._repeats = self._repeats + 1 if repeat else 0
+        # its passes run in the DataLoader's hands, so it cannot move on by itself: it says so, once (at the
+        # third: a look at the order before the epoch is no repeat)
+        if self._repeats == 2:
+            warnings.warn(f"ResumableSampler: epoch {self.epoch}'s order a third time: no set_epoch between its iterations, "
+                          "so each repeats it; call sampler.set_epoch(epoch) before each epoch, as with DistributedSampler",
+                          stacklevel=2)
+        self._started, self._chosen = (self.epoch, start), False
         follow_epoch(self._data_source, self.epoch)
         return iter(self.plan.rank_indices(self.epoch, start).tolist())
 
@@ -146,6 +157,7 @@ class ResumableSampler(Sampler[int]):
         ``Loader.state_dict``); another dataset, ``seed`` or ``shuffle`` raises :class:`~readers.epoch.ResumeError`."""
         epoch, consumed = read_position_state(state, self.plan, self._fingerprint, "sampler")
         self._cursor.resume(epoch, consumed)
+        self._chosen = True
         self._started = None
 
     def __repr__(self) -> str:

@@ -550,3 +550,70 @@ def test_a_state_saved_at_an_epochs_last_step_resumes_with_the_next_epoch(ds):
     resumed = Loader(ds, 4, seed=6, threads=1)
     resumed.load_state_dict(states[-1])
     assert len(resumed) == 5 and resumed.batch_indices()[0].tolist() == loader.batch_indices(1)[0].tolist()
+
+
+def test_a_loop_that_breaks_off_each_pass_is_warned_of_once(ds):
+    """A fixed number of steps per epoch (``if i == 2: break``) began the same epoch at its first
+    batch every time, so training saw the same few batches, and nothing said so (an FFCV user's
+    walkthrough: FFCV moves on at every iteration). The third such start warns, once; a look at
+    one batch before whole passes, and passes that choose their epoch, do not."""
+    import warnings
+
+    def steps(loader: Loader, n: int) -> list[int]:
+        taken = []
+        for i, (_images, labels) in enumerate(loader):
+            taken += labels.tolist()
+            if i == n - 1:
+                break
+        return taken
+
+    loader = Loader(ds, 4, seed=3, threads=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        orders = [steps(loader, 2) for _ in range(5)]
+    assert orders == [orders[0]] * 5 and loader.epoch == 0
+    said = [str(w.message) for w in caught if "begins again" in str(w.message)]
+    assert said == ["Loader: epoch 0 begins again at its first batch, a third time: the passes before stopped after 2 of 5 "
+                    "batches, and only a pass that hands out every batch moves on to the next epoch, so each reads the same "
+                    "first batches; call loader.set_epoch(epoch) before each epoch (as with DistributedSampler), or keep one "
+                    "iterator and draw from it"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        looked = Loader(ds, 4, seed=3, threads=2)
+        steps(looked, 1)  # a look at one batch, then whole passes
+        for _ in range(3):
+            list(looked)
+        chosen = Loader(ds, 4, seed=3, threads=2)
+        for _ in range(4):
+            chosen.set_epoch(0)  # the same epoch, chosen each time: asked for
+            steps(chosen, 2)
+
+
+def test_a_resumable_sampler_repeating_a_shuffled_epoch_says_so(ds):
+    """Without set_epoch, every DataLoader pass over a ResumableSampler follows epoch 0's order
+    (as DistributedSampler's), and nothing said so (StreamingShards warns of it)."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    from readers import ResumableSampler
+
+    sampler = ResumableSampler(ds, 4, shuffle=True, seed=1)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        orders = [[label for _images, labels in loader for label in labels.tolist()] for _ in range(4)]
+    assert orders == [orders[0]] * 4
+    assert [str(w.message) for w in caught] == ["ResumableSampler: epoch 0's order a third time: no set_epoch between its iterations, "
+                                                "so each repeats it; call sampler.set_epoch(epoch) before each epoch, as with "
+                                                "DistributedSampler"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = ResumableSampler(ds, 4, shuffle=True, seed=1)
+        for _ in range(3):  # the same epoch, chosen each time: asked for
+            chosen.set_epoch(0)
+            list(DataLoader(ds, batch_size=4, sampler=chosen))
+        unshuffled = ResumableSampler(ds, 4, shuffle=False)
+        list(unshuffled), list(unshuffled), list(unshuffled)  # (the same order is the order asked for)
+        looked = ResumableSampler(ds, 4, shuffle=True, seed=1)
+        list(looked), list(DataLoader(ds, batch_size=4, sampler=looked))  # a look at the order, then the epoch
