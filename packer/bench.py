@@ -46,6 +46,7 @@ from .bench_timing import (
 )
 from .errors import OptionError, SourceError
 from .options import ImageOptions
+from .memory import total_memory
 from .parallel import default_workers, ordered_map
 from .preprocess.task import Failed, ImageTask
 from .sources.images import ImageFolder, ImageItem, scan_image_folder
@@ -138,11 +139,11 @@ def scratch_folder(tmp_dir: str | Path | None, prefix: str) -> Path:
         raise OptionError(f"{where}: cannot create a folder there ({exc.strerror or exc})") from None
 
 
-def sample_folder(src: str | Path, dst: Path, sample: int) -> list[tuple[str, int]]:
+def sample_folder(src: str | Path, dst: Path, sample: int) -> tuple[list[tuple[str, int]], int]:
     """Link an evenly spaced ``sample`` of ``src``'s images into ``dst`` (same class folders).
 
-    Returns the sampled ``(path, label)`` items in ``dst``. Deterministic: the same folder
-    always gives the same sample.
+    Returns the sampled ``(path, label)`` items in ``dst`` and how many images ``src`` holds.
+    Deterministic: the same folder always gives the same sample.
     """
     folder = scan_folder_of_images(src)
     items = folder.items
@@ -158,7 +159,7 @@ def sample_folder(src: str | Path, dst: Path, sample: int) -> list[tuple[str, in
         target.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.abspath(item.path), target)
         linked.append((str(target), item.label))
-    return linked
+    return linked, len(folder.items)
 
 
 def undecodable(
@@ -225,9 +226,9 @@ def run_bench(
 
     tmp = scratch_folder(tmp_dir, "packer-bench-")
     try:
-        items = sample_folder(src, tmp / "sample", sample)
+        items, found = sample_folder(src, tmp / "sample", sample)
         report = BenchReport(src, len(items), image, cores, batch_size, seconds=seconds, repeats=repeats,
-                             machine=cpu_model(), usable_cores=default_workers())
+                             machine=cpu_model(), usable_cores=default_workers(), folder_images=found, memory=total_memory())
         # Every conversion first: the raw-folder timing runs packer's OpenCV preprocessing in this
         # process, and a process pool forked after OpenCV's own thread pool has run can hang in
         # the child (seen here: cv2.setNumThreads blocking in pthread_cond_destroy).

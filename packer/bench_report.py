@@ -20,6 +20,8 @@ SUFFIX: dict[str, str] = {**{fmt: suffix for suffix, fmt in reversed(SUFFIXES.it
 
 #: The pipeline name of the unpacked folder, the baseline every packed format is compared with.
 RAW_FOLDER = "raw folder"
+#: The share of this machine's memory a blob recommended may take (the training process needs the rest).
+BLOB_MEMORY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class BenchReport:
     #: Where it was measured: the CPU model (:func:`cpu_model`) and the cores this process may use.
     machine: str = ""
     usable_cores: int = 0
+    #: Images in SRC (the sample's share of them gives each format's projected size), and this
+    #: machine's memory in bytes (``None``: unknown): a blob is read from RAM, whole.
+    folder_images: int = 0
+    memory: int | None = None
 
     def setup(self) -> str:
         """One line: the machine measured on and the settings that shape the figures."""
@@ -85,9 +91,33 @@ class BenchReport:
                 f"of the {self.images:,} sampled: {counts}; first: {first.path}: {first.reason}")
 
     def best(self) -> BenchRow | None:
-        """The fastest packed format and reader."""
-        rows = [row for row in self.measured if row.pipeline != RAW_FOLDER]
+        """The fastest packed format and reader, of those that fit: a blob is read from RAM, so
+        one whose projected size (:meth:`projected`) is over :data:`BLOB_MEMORY_SHARE` of this
+        machine's memory is not."""
+        rows = [row for row in self.measured if row.pipeline != RAW_FOLDER and not self.too_big(row)]
         return max(rows, key=lambda row: row.rate.median) if rows else None
+
+    def projected(self, row: BenchRow) -> float | None:
+        """Bytes ``row``'s format would take for the whole of SRC, from the sample's (``None``: unknown)."""
+        images = self.read(row.pipeline)
+        if not row.bytes_on_disk or not images or self.folder_images <= images:
+            return float(row.bytes_on_disk) if row.bytes_on_disk else None
+        return row.bytes_on_disk / images * self.folder_images
+
+    def too_big(self, row: BenchRow) -> bool:
+        """Whether ``row`` is a blob that would not fit in this machine's memory."""
+        size = self.projected(row)
+        return row.pipeline.startswith("blob") and size is not None and self.memory is not None and size > BLOB_MEMORY_SHARE * self.memory
+
+    def memory_note(self) -> str:
+        """Why the fastest measured row is not recommended (a blob too big for memory), or ``""``."""
+        rows = [row for row in self.measured if row.pipeline != RAW_FOLDER]
+        fastest = max(rows, key=lambda row: row.rate.median) if rows else None
+        if fastest is None or not self.too_big(fastest):
+            return ""
+        return (f"Not {fastest.pipeline}, though fastest here: read from RAM whole, it would take about {_size(self.projected(fastest))} "
+                f"for the folder's {self.folder_images:,} images, over {BLOB_MEMORY_SHARE:.0%} of this machine's "
+                f"{_size(self.memory)} of memory (where it fits, convert with -f blob).\n")
 
     def table(self) -> str:
         """A markdown table: images/s median (min-max), ratio to the raw folder at its best, size, conversion speed;
@@ -117,8 +147,10 @@ class BenchReport:
         if base is not None:
             speed += f", {best.rate.median / base.rate.median:.1f}x the raw folder at its best ({base.rate.median:,.0f} with {base.reader})"
         size = f"{_size(best.bytes_on_disk)} for {images:,} images{per_image}"
+        if self.folder_images > images and best.bytes_on_disk:
+            size += f"; about {_size(self.projected(best))} for the folder's {self.folder_images:,}"
         return (
-            f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
+            self.memory_note() + f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
             f"  packer convert {shlex.quote(str(self.src))} DST{SUFFIX[fmt]}{'' if format_for_path(SUFFIX[fmt]) == fmt else f' --format {fmt}'}{options}"
         )
 
@@ -134,6 +166,8 @@ class BenchReport:
             "repeats": self.repeats,
             "machine": self.machine,
             "usable_cores": self.usable_cores,
+            "folder_images": self.folder_images,
+            "memory": self.memory,
             "rows": [asdict(row) for row in self.rows],
             "skipped": {pipeline: [entry.to_dict() for entry in entries] for pipeline, entries in self.skipped.items()},
         }

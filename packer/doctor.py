@@ -205,7 +205,7 @@ def run_doctor(
             # the conversion first: a process pool forked after the DataLoader's workers ran is not needed then
             from .api import convert
 
-            picked = sample_folder(src, tmp / "sample", sample)
+            picked, _found = sample_folder(src, tmp / "sample", sample)
             say(f"converting a sample of {len(picked):,} images to a blob (--size {size})")
             done = convert(tmp / "sample", tmp / "sample.blob", format="blob", image=ImageOptions(size=size), workers=max(1, cores))
             from readers.blob import RAMDataset

@@ -1,5 +1,6 @@
-"""Memory: how much this machine has free (the one place that reads it: the worker cap in
-packer/engine.py, the compressed-tar buffer in packer/sources/archives.py), and how a
+"""Memory: how much this machine has, and has free (the one place that reads it: the worker cap
+in packer/engine.py, the compressed-tar buffer in packer/sources/archives.py, the blob
+recommendation in packer/bench_report.py), and how a
 conversion process keeps what it frees (:func:`keep_freed_memory`)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["available_memory", "keep_freed_memory"]
+__all__ = ["available_memory", "total_memory", "keep_freed_memory"]
 
 
 def available_memory() -> int | None:
@@ -22,6 +23,14 @@ def available_memory() -> int | None:
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def total_memory() -> int | None:
+    """Bytes of this machine's physical memory (``sysconf``), or ``None`` where it is not known."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return None
 

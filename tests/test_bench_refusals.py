@@ -67,3 +67,31 @@ def test_the_folder_baseline_gives_torch_writable_pixels(tmp_path: Path, monkeyp
     image, label = FolderDataset([(str(src / "a" / "0.png"), 3)], ImageOptions())[0]
     assert handed == [True] and label == 3 and tuple(image.shape) == (3, 30, 20)
     assert np.array_equal(image.permute(1, 2, 0).numpy(), np.asarray(Image.open(src / "a" / "0.png").convert("RGB")))
+
+
+def test_a_blob_the_machine_cannot_hold_is_not_recommended(tmp_path):
+    """bench recommended the RAM blob from a 100-image sample (15 MB) with no word of the whole
+    folder, whose blob would be larger than the machine's memory (an FFCV user's walkthrough).
+    The size is projected from the sample; a blob over half the memory gives way to the next
+    fastest, saying why; one that fits is recommended with its projected size."""
+    from packer import ImageOptions
+    from packer.bench_report import BenchReport, BenchRow
+    from packer.bench_timing import Rate
+
+    def report(memory: int) -> BenchReport:
+        made = BenchReport(tmp_path / "imagenet", 100, ImageOptions(size=224), 2, 64, folder_images=1_000_000, memory=memory)
+        made.rows = [BenchRow("raw folder", "DataLoader(num_workers=2)", Rate(400, 415, 420, 3)),
+                     BenchRow("blob (raw)", "Loader", Rate(9000, 9500, 9900, 3), 15_100_000, 800.0),
+                     BenchRow("lmdb (raw)", "Loader", Rate(5000, 5200, 5400, 3), 16_000_000, 700.0)]
+        return made
+
+    small = report(64 * 10**9).recommendation()
+    assert small.startswith("Not blob (raw), though fastest here: read from RAM whole, it would take about 151.0 GB for the "
+                            "folder's 1,000,000 images, over 50% of this machine's 64.0 GB of memory (where it fits, convert with -f blob).\n"
+                            "Recommendation: lmdb (raw) read with Loader: 5,200 images/s"), small
+    assert "16.0 MB for 100 images, 160 KB per image; about 160.0 GB for the folder's 1,000,000." in small
+    big = report(512 * 10**9).recommendation()
+    assert big.startswith("Recommendation: blob (raw) read with Loader: 9,500 images/s") and "about 151.0 GB for the folder's 1,000,000" in big
+    unknown = BenchReport(tmp_path / "x", 100, ImageOptions(size=224), 2, 64, folder_images=100, memory=None)
+    unknown.rows = report(1).rows
+    assert unknown.recommendation().startswith("Recommendation: blob (raw)") and "for the folder's" not in unknown.recommendation()
