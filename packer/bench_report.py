@@ -149,6 +149,9 @@ class BenchReport:
         size = f"{_size(best.bytes_on_disk)} for {images:,} images{per_image}"
         if self.folder_images > images and best.bytes_on_disk:
             size += f"; about {_size(self.projected(best))} for the folder's {self.folder_images:,}"
+        if self.image.output_size is None and best.reader.startswith("DataLoader"):  # (a plain one fails: "stack expects each
+            size += ("; its images vary in shape, so the DataLoader needs a collate_fn that keeps them as a list, as here "
+                     "(packer.bench_timing.collate), or a fixed --size for readers.Loader")  # tensor to be equal size": a walkthrough)
         return (
             self.memory_note() + f"Recommendation: {best.pipeline} read with {best.reader}: {speed}; {size}.\n"
             f"  packer convert {shlex.quote(str(self.src))} DST{SUFFIX[fmt]}{'' if format_for_path(SUFFIX[fmt]) == fmt else f' --format {fmt}'}{options}"

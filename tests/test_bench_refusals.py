@@ -95,3 +95,18 @@ def test_a_blob_the_machine_cannot_hold_is_not_recommended(tmp_path):
     unknown = BenchReport(tmp_path / "x", 100, ImageOptions(size=224), 2, 64, folder_images=100, memory=None)
     unknown.rows = report(1).rows
     assert unknown.recommendation().startswith("Recommendation: blob (raw)") and "for the folder's" not in unknown.recommendation()
+
+
+def test_a_recommendation_of_images_of_varying_shape_says_how_a_dataloader_reads_them(tmp_path):
+    """--resize-mode shorter: bench recommended "read with DataLoader(num_workers=0)", and a plain
+    DataLoader then failed "stack expects each tensor to be equal size" (bench used a collate_fn)."""
+    from packer import ImageOptions
+    from packer.bench_report import BenchReport, BenchRow
+    from packer.bench_timing import Rate
+
+    made = BenchReport(tmp_path / "x", 10, ImageOptions(size=64, resize_mode="shorter"), 2, 8, folder_images=10)
+    made.rows = [BenchRow("lmdb (raw)", "DataLoader(num_workers=0)", Rate(900, 1000, 1100, 3), 1_000_000, 500.0)]
+    assert ("its images vary in shape, so the DataLoader needs a collate_fn that keeps them as a list, as here "
+            "(packer.bench_timing.collate), or a fixed --size for readers.Loader.") in made.recommendation()
+    made.image = ImageOptions(size=64)
+    assert "collate_fn" not in made.recommendation()
