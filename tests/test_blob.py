@@ -176,3 +176,33 @@ def test_mapped_dataset_under_forked_workers(packed_32):
     want = torch.stack([ds[i][0] for i in range(len(ds))])
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
     assert torch.equal(torch.cat([x for x, _ in loader]), want)
+
+
+def test_a_blob_larger_than_the_memory_available_is_one_line_before_loading(image_folder, tmp_path, monkeypatch):
+    """RAMDataset loaded a blob whatever its size: under a memory limit a traceback ending in
+    'OSError: [Errno 12] Cannot allocate memory', on a real node the OOM killer (an FFCV user's
+    walkthrough). Now a blob larger than the memory available is refused before any of it is
+    loaded, and one the kernel will not take is one line too; mapped, it still reads."""
+    import errno
+    import os
+
+    import readers.formats.blob as blob
+
+    dst = convert(image_folder, tmp_path / "d.blob", image=ImageOptions(size=16), workers=1).dst
+    size = os.path.getsize(dst)
+    monkeypatch.setattr(blob, "available_memory", lambda: size - 1)
+    said = f"{size / 1e6:,.1f} MB, more than the {(size - 1) / 1e6:,.1f} MB"
+    with pytest.raises(PackedFormatError, match=rf"^{dst}: cannot be read from memory: {said} of memory this "
+                                                r"machine has available; read it mapped, RAMDataset\(path, in_memory=False\)"):
+        RAMDataset(dst)
+    assert RAMDataset(dst, in_memory=False)[0][0].shape == (3, 16, 16)
+    monkeypatch.setattr(blob, "available_memory", lambda: None)
+
+    def refused(*args):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "ftruncate", refused)
+    with pytest.raises(PackedFormatError, match=r"cannot be read from memory: no memory to load it into \(Cannot allocate memory\)"):
+        RAMDataset(dst)
+    monkeypatch.undo()
+    assert RAMDataset(dst)[0][0].shape == (3, 16, 16)

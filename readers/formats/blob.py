@@ -34,6 +34,7 @@ copy on first use.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -48,6 +49,7 @@ import numpy as np
 
 from .._process import PerProcess, check_unreplaced, opened_key, replaced_error, rerunning_parent_script
 from ..checksums import CHECKSUM_DTYPE
+from ..machine import available_memory
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from .base import Record, Store, magic_mismatch
 from .names import decode_source_names
@@ -364,7 +366,14 @@ class MemoryCopy:
             )
         with open(self.path, "rb", buffering=0) as handle:
             size = os.fstat(handle.fileno()).st_size
-            fd = os.memfd_create(f"packer-blob:{os.path.basename(self.path)}", os.MFD_CLOEXEC)
+            available = available_memory()
+            if available is not None and size > available:  # (loading it would be killed for memory, or fail mid-way)
+                raise PackedFormatError(self._no_room(f"{_amount(size)}, more than the {_amount(available)} of memory this "
+                                                      "machine has available"))
+            try:
+                fd = os.memfd_create(f"packer-blob:{os.path.basename(self.path)}", os.MFD_CLOEXEC)
+            except OSError as exc:
+                raise PackedFormatError(self._no_room(f"no memory to load it into ({exc.strerror})")) from None
             try:
                 os.ftruncate(fd, size)
                 with mmap.mmap(fd, size, access=mmap.ACCESS_WRITE) as target:
@@ -376,10 +385,16 @@ class MemoryCopy:
                         position += got
                     view.release()
                 self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-            except BaseException:
+            except BaseException as exc:
                 os.close(fd)
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOMEM, errno.ENOSPC):  # (a ulimit, a full /dev/shm)
+                    raise PackedFormatError(self._no_room(f"no memory to load it into ({exc.strerror})")) from None
                 raise
         self._own(fd)
+
+    def _no_room(self, why: str) -> str:
+        return (f"{self.path}: cannot be read from memory: {why}; read it mapped, RAMDataset(path, in_memory=False) "
+                "(its pages come from the page cache), or convert to LMDB or HDF5")
 
     def _own(self, fd: int) -> None:
         """Keep ``fd`` open while this copy lives: a ``weakref.finalize`` closes it when the copy is
@@ -395,6 +410,10 @@ class MemoryCopy:
         """ForkingPickler's reduction: the memfd travels as a descriptor, not as bytes."""
         self()  # loaded, so there is something to share
         return (_attach, (self.path, len(self._map), DupFd(self._fd)))  # type: ignore[arg-type]
+
+
+def _amount(size: int) -> str:
+    return f"{size / 1e9:,.1f} GB" if size >= 1e8 else f"{size / 1e6:,.1f} MB"
 
 
 def _attach(path: str, size: int, dupfd) -> MemoryCopy:
