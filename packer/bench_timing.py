@@ -172,6 +172,8 @@ def usual_crop(image: Any, size: tuple[int, int], shorter: int) -> Any:
 class UsualFolder(Dataset):
     """The usual per-file pipeline: PIL open, ``Resize`` + ``CenterCrop`` (:func:`usual_crop`),
     uint8 ``(C, H, W)`` tensor, label; no float normalisation (the GPU's job, as with packer).
+    A file PIL cannot read raises ``OSError`` naming it (the error's first line, as a DataLoader
+    worker's is re-raised).
 
     ``shorter``: the ``Resize`` side (``ImageOptions.resize``; the standard 256 for 224)."""
 
@@ -186,8 +188,11 @@ class UsualFolder(Dataset):
         from PIL import Image
 
         path, label = self.items[index]
-        with Image.open(path) as image:
-            pixels = np.asarray(usual_crop(image.convert(self.mode), self.size, self.shorter))
+        try:
+            with Image.open(path) as image:
+                pixels = np.asarray(usual_crop(image.convert(self.mode), self.size, self.shorter))
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL's decode errors: one line naming the file (a worker's too)
+            raise OSError(f"{path}: {exc}") from exc
         pixels = pixels.reshape(*pixels.shape[:2], -1)
         return torch.from_numpy(pixels.copy()).permute(2, 0, 1), label
 

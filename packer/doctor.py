@@ -4,10 +4,12 @@
 resize in a torch ``DataLoader`` with worker processes; a packed dataset: ``readers.Loader``),
 takes the user's ``step(images, labels)`` (``--step module:function``) or a built-in model-free
 step of a given cost (:class:`CostStep`), and runs :func:`readers.diagnose` on them.
-For a folder it also converts an evenly spaced sample to a temporary blob and times
+For a folder it converts an evenly spaced sample to a temporary blob and times
 ``readers.Loader`` over it in the same rounds, so "convert it" comes with a figure measured on
-this machine. An image that conversion skips as undecodable is left out of the folder's loader
-too (said in the report), so a damaged file found in the sample does not stop the diagnosis.
+this machine; the folder's loader reads the same sampled images (never one outside the sample,
+which nothing checked). An image that conversion skips as undecodable is left out of the
+folder's loader too (said in the report), so a damaged file found in the sample does not stop
+the diagnosis; one that PIL alone cannot read stops it with one line naming the file.
 The chart (``--plot``) is :func:`plot`.
 """
 
@@ -153,11 +155,11 @@ def run_doctor(
     """Diagnose a training loop over ``src`` (an image folder or a packed dataset).
 
     ``step``: ``"module:function"`` (``function(images, labels)``), else :class:`CostStep` of
-    ``step_ms`` (default :data:`DEFAULT_STEP_MS`; refused with ``step``). A folder is read by
-    :class:`PILFolder` (``size``, default :data:`DEFAULT_SIZE`) in a ``DataLoader`` with
-    ``workers`` processes (default: all cores), and a ``sample`` of it (default
-    :data:`DEFAULT_SAMPLE`) is converted to a temporary blob (removed on return) whose
-    ``readers.Loader`` is the measured alternative. A packed dataset is read as it was
+    ``step_ms`` (default :data:`DEFAULT_STEP_MS`; refused with ``step``). A ``sample`` of a folder
+    (default :data:`DEFAULT_SAMPLE`) is read by :class:`PILFolder` (``size``, default
+    :data:`DEFAULT_SIZE`) in a ``DataLoader`` with ``workers`` processes (default: all cores),
+    and converted to a temporary blob (removed on return) whose ``readers.Loader`` is the
+    measured alternative. A packed dataset is read as it was
     converted: ``size``, ``workers`` and ``sample`` are refused for it. ``src`` may be a local
     path or a ``file://`` URL; another URL is refused.
     """
@@ -200,7 +202,6 @@ def run_doctor(
             alternatives: dict[str, tuple[Any, str]] = {}
         else:
             folder = scan_folder_of_images(src)
-            items = [(item.path, item.label) for item in folder.items]
             cores = default_workers() if workers is None else workers
             # the conversion first: a process pool forked after the DataLoader's workers ran is not needed then
             from .api import convert
@@ -212,11 +213,13 @@ def run_doctor(
 
             packed = Loader(RAMDataset(tmp / "sample.blob"), batch_size)
             how = (f"packer convert {shlex.quote(str(src))} train.blob --size {size} (converting ran at {done.images_per_second:,.0f} img/s here: "
-                   f"~{_duration(len(items) / max(done.images_per_second, 1e-9))} for the {len(items):,} images), "
+                   f"~{_duration(len(folder.items) / max(done.images_per_second, 1e-9))} for the {len(folder.items):,} images), "
                    f"then readers.Loader(readers.RAMDataset('train.blob'), {batch_size})")
             alternatives = {f"packed blob ({done.written} images)": (packed, how)}  # the sample, less what it skipped
-            unreadable = {entry.path for entry in done.skipped}  # named relative to SRC: the sample keeps its paths
-            items = [(item.path, item.label) for item in folder.items if folder.relative(item.path) not in unreadable]
+            # the folder's loader reads the sampled images the conversion read (named relative to SRC: the sample keeps
+            # its paths), never an image outside the sample, which nothing checked (as packer bench reads its sample)
+            sampled = {str(Path(path).relative_to(tmp / "sample")) for path, _ in picked} - {entry.path for entry in done.skipped}
+            items = [(item.path, item.label) for item in folder.items if folder.relative(item.path) in sampled]
             loader = _folder_loader(items, size, batch_size, cores)
             if cores < default_workers():  # more workers: measured too, in the same rounds
                 more = default_workers()

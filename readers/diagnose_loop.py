@@ -141,7 +141,13 @@ class _Cycle:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The message's first line; for an error re-raised from a DataLoader worker ("Caught OSError
+    in DataLoader worker process 1." and the worker's traceback), the worker's own message."""
     text = str(exc).strip().splitlines()
+    if len(text) > 2 and text[0].startswith("Caught ") and "Original Traceback" in text[1]:
+        original = text[-1].partition(": ")[2].strip()  # "OSError: path: what went wrong"
+        if original:
+            return original
     return text[0] if text else "(no message)"
 
 

@@ -115,3 +115,35 @@ def test_bench_warns_of_enlargement_once_naming_the_source(tmp_path: Path, caplo
         run_bench(src, sample=6, image=ImageOptions(size=32), formats=["blob", "lmdb"], workers=1, seconds=0.05, repeats=1, tmp_dir=tmp_path)
     said = [r.getMessage() for r in caplog.records if "will be enlarged" in r.getMessage()]
     assert len(said) == 1 and f"(e.g. {src}/class_00/" in said[0] and "packer-bench-" not in said[0], said
+
+
+def test_doctor_never_reads_an_image_outside_its_sample(tmp_path: Path) -> None:
+    """A truncated JPEG the sample did not pick: the folder's loader read the whole folder and
+    stopped at it (``OSError: Truncated File Read``, or, from a worker, ``Caught OSError in
+    DataLoader worker process 1.``, naming no file)."""
+    src = make_image_folder(tmp_path / "images", classes=2, per_class=8, size=(48, 64))
+    outside = src / "class_00" / "img_00001.jpg"  # an evenly spaced sample of 4 of the 16 takes every 4th
+    outside.write_bytes((src / "class_00" / "img_00000.jpg").read_bytes()[:55])
+    out = tmp_path / "doctor.json"
+    result = CliRunner().invoke(cli, ["doctor", str(src), "--workers", "1", "--sample", "4", "--batch-size", "2", "--batches", "2",
+                                      "--rounds", "1", "--step-ms", "1", "--size", "32", "-q", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["skipped"] == []
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_image_pil_cannot_read_stops_the_folder_loader_naming_it(tmp_path: Path, workers: int) -> None:
+    from torch.utils.data import DataLoader
+
+    from packer.bench_timing import collate
+    from packer.doctor import CostStep, PILFolder
+    from readers.diagnose_loop import LoaderError, diagnose
+
+    src = damaged_folder(tmp_path / "images", good=1)
+    items = [(str(path), 0) for path in sorted((src / "class_00").glob("*.jpg"))]
+    loader = DataLoader(PILFolder(items, 32), batch_size=2, num_workers=workers, collate_fn=collate)
+    with pytest.raises(LoaderError) as caught:
+        diagnose(loader, CostStep(0), batches=1, rounds=1, device="cpu")
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1, message
+    assert f"raised OSError: {src / 'class_00' / 'broken.jpg'}: " in message, message
