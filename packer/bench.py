@@ -200,7 +200,7 @@ def run_bench(
 ) -> BenchReport:
     """Convert a sample of ``src`` to each format and time reading it against the raw folder.
 
-    ``image``: the preprocessing (as ``packer convert``); ``formats``: default every format;
+    ``image``: the preprocessing (as ``packer convert``); ``formats``: default every format (one given twice is timed once);
     ``workers``: conversion processes and the largest ``num_workers`` tried (default: all
     cores); ``seconds``: the shortest timed pass; ``repeats``: timed passes per figure (after
     one warm-up). A format whose writer or reader cannot be imported yet is reported as
@@ -211,7 +211,7 @@ def run_bench(
     from .writers import WRITERS
 
     image = image if image is not None else ImageOptions()
-    formats = list(WRITERS) if formats is None else list(formats)
+    formats = list(WRITERS) if formats is None else list(dict.fromkeys(formats))  # each format once, in the order first given
     for name in formats:
         if name not in WRITERS:
             raise OptionError(f"--format: unknown format {name!r} (choose from: {', '.join(WRITERS)})")

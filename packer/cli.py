@@ -365,7 +365,7 @@ def preview(path: Path, output: Path, count: int, seed: int, tile: int) -> None:
 @click.option("--grayscale", is_flag=True, help="Store one channel.")
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True, help="raw uint8 pixels, or jpeg/png files.")
 @click.option("--quality", type=click.IntRange(1, 100), help="JPEG quality, with --encoding jpeg only (default: 90).")
-@click.option("--format", "-f", "formats", multiple=True, type=click.Choice(sorted(WRITERS)), help="Formats to try (repeatable; default: all).")
+@click.option("--format", "-f", "formats", multiple=True, type=click.Choice(sorted(WRITERS)), help="Formats to try (repeatable, each timed once; default: all).")
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--workers", "-j", type=click.IntRange(1), help="Conversion processes and largest num_workers tried (default: all cores).")
 @click.option("--seconds", type=click.FloatRange(0, min_open=True), default=2.0, show_default=True, help="Shortest timed pass.")

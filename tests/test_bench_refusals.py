@@ -110,3 +110,16 @@ def test_a_recommendation_of_images_of_varying_shape_says_how_a_dataloader_reads
             "(packer.bench_timing.collate), or a fixed --size for readers.Loader.") in made.recommendation()
     made.image = ImageOptions(size=64)
     assert "collate_fn" not in made.recommendation()
+
+
+def test_a_format_given_twice_is_timed_once_in_the_order_first_given(image_folder: Path, tmp_path: Path) -> None:
+    """``-f lmdb -f blob -f lmdb`` converted lmdb twice into one scratch path: a row "failed to
+    convert (OutputExistsError: .../data.lmdb: already exists ...)"."""
+    quick = [arg for arg in QUICK if arg not in ("-f", "blob")]
+    result = CliRunner().invoke(cli, ["bench", str(image_folder), "--size", "16", "-f", "lmdb", "-f", "blob", "-f", "lmdb",
+                                      "--tmp-dir", str(tmp_path), *quick])
+    assert result.exit_code == 0, result.output
+    assert "failed" not in result.output and "already exists" not in result.output, result.output
+    pipelines = [line.split("|")[1].strip() for line in result.output.splitlines() if line.startswith("| ") and "(raw)" in line]
+    assert list(dict.fromkeys(pipelines)) == ["lmdb (raw)", "blob (raw)"], result.output
+    assert list(tmp_path.iterdir()) == []
