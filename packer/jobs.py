@@ -206,7 +206,7 @@ class ImageJob(Job):
         }
 
     def report(self, **counts: Any) -> ConversionReport:
-        return ConversionReport(encoding=self.image.encoding, **counts)
+        return ConversionReport(encoding=self.image.encoding, classes=tuple(self.folder.classes), labeled=self.folder.labeled, **counts)
 
 
 def image_job(src: Any, image: ImageOptions, source: SourceOptions | None = None, *, workers: int | None = None,

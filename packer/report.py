@@ -53,6 +53,10 @@ class ConversionReport:
     #: ``written`` and ``payload_bytes``, not in this run's rates).
     resumed_written: int = 0
     resumed_bytes: int = 0
+    #: The dataset's class names and whether it is labeled (``None``: not known to this report,
+    #: which then says nothing of labels).
+    classes: tuple[str, ...] | None = None
+    labeled: bool = True
 
     @property
     def images_per_second(self) -> float:
@@ -74,9 +78,18 @@ class ConversionReport:
         """One line for a person."""
         shape = "x".join(map(str, self.shape)) if self.shape else "variable shapes"
         return (
-            f"wrote {_count(self.written, 'image')} ({shape}, {self.encoding}) to {self.dst}: "
+            f"wrote {_count(self.written, 'image')}{self._labels()} ({shape}, {self.encoding}) to {self.dst}: "
             f"{human_bytes(self.payload_bytes)} of samples in {self.seconds:.1f} s, {self.images_per_second:,.0f} img/s {self._tail()}"
         )
+
+    def _labels(self) -> str:
+        """" in 5 classes", " in 1 class" (every image in one: said even with --quiet, which hides the
+        warning), " with integer labels" (labels without names), ", unlabeled", or nothing when not known."""
+        if self.classes is None:
+            return ""
+        if self.classes:
+            return f" in {len(self.classes):,} class{'es' if len(self.classes) != 1 else ''}"
+        return " with integer labels" if self.labeled else ", unlabeled"
 
     #: The class of ``readers`` that reads the output, and the command that shows its samples.
     reader_class = ""

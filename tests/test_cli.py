@@ -23,7 +23,7 @@ def test_convert_then_info(tmp_path, image_folder):
     dst = tmp_path / "out.lmdb"
     result = run("convert", image_folder, dst, "--size", "24", "--workers", "2", "--quiet")
     assert result.exit_code == 0, result.output
-    assert "wrote 18 images (3x24x24, raw)" in result.stdout and "img/s" in result.stdout
+    assert "wrote 18 images in 3 classes (3x24x24, raw)" in result.stdout and "img/s" in result.stdout
     assert len(LMDBDataset(dst)) == 18
     info = run("info", dst)
     assert info.exit_code == 0
@@ -80,6 +80,27 @@ def test_a_source_one_level_too_high_is_warned_about(tmp_path, image_folder):
     right = run("convert", tmp_path / "imagenet" / "train", tmp_path / "right.lmdb", "--size", "8", "-j", "1")
     assert right.exit_code == 0 and "warning" not in right.stderr
 
+
+
+def test_the_quiet_summary_says_how_many_classes(tmp_path, image_folder):
+    """--quiet hides the one-class warning: the summary line said only "wrote 18 images (...)", so
+    a scripted run of a SRC one level too high (or without class folders) showed nothing amiss."""
+    import shutil
+
+    shutil.copytree(image_folder, tmp_path / "imagenet" / "train")
+    lines = {}
+    for name, src, extra in [("high", tmp_path / "imagenet", []), ("flat", image_folder / "class_01", []),
+                             ("ints", tmp_path / "flat", ["--labels", tmp_path / "labels.csv"])]:
+        if name == "ints":
+            shutil.copytree(image_folder / "class_01", src)
+            (tmp_path / "labels.csv").write_text("path,label\n" + "".join(f"{p.name},{i % 2}\n" for i, p in enumerate(sorted(src.iterdir()))))
+        result = run("convert", src, tmp_path / f"{name}.blob", "--size", "8", "-j", "1", "-q", *extra)
+        assert result.exit_code == 0, result.output
+        assert result.stderr == "", result.stderr
+        lines[name] = result.stdout
+    assert lines["high"].startswith("wrote 18 images in 1 class (3x8x8, raw) to "), lines["high"]
+    assert lines["flat"].startswith("wrote 6 images, unlabeled (3x8x8, raw) to "), lines["flat"]
+    assert lines["ints"].startswith("wrote 6 images with integer labels (3x8x8, raw) to "), lines["ints"]
 
 
 def test_a_packer_dataset_beside_the_class_folders_is_no_class(tmp_path, image_folder):

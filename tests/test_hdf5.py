@@ -199,7 +199,7 @@ def test_cli_convert_and_info(tmp_path, image_folder):
     runner = CliRunner()
     result = runner.invoke(cli, ["convert", str(image_folder), str(dst), "--size", "16", "-j", "1", "--compression", "lzf", "-q"])
     assert result.exit_code == 0, result.output
-    assert "wrote 18 images (3x16x16, raw)" in result.stdout
+    assert "wrote 18 images in 3 classes (3x16x16, raw)" in result.stdout
     info = runner.invoke(cli, ["info", str(dst)])
     assert info.exit_code == 0, info.output
     assert "hdf5, format version 1" in info.stdout and "samples    18" in info.stdout

@@ -267,7 +267,7 @@ def test_cli_convert_and_info(tmp_path, image_folder):
     dst = tmp_path / "out_dir"
     result = CliRunner().invoke(cli, ["convert", str(image_folder), str(dst), "--format", "webdataset", "--shard-size", "5", "--size", "12", "-q"])
     assert result.exit_code == 0, result.output
-    assert "wrote 18 images (3x12x12, raw)" in result.stdout
+    assert "wrote 18 images in 3 classes (3x12x12, raw)" in result.stdout
     assert len(tars(dst)) == 4
     info = CliRunner().invoke(cli, ["info", str(dst)])
     assert info.exit_code == 0 and "webdataset" in info.stdout and "samples    18" in info.stdout
