@@ -51,6 +51,7 @@ from .device_decode import DECODE_MODES, DeviceDecode, decodable_store
 from .epoch import (EpochCursor, EpochPlan, check_batch_size, dataset_fingerprint, follow_epoch, position_state, positive_number, read_position_state,
                     resolve_rank, subset_of)
 from .filling import BatchSource, BufferPool, BufferSlot, FillingIterator
+from .foreign_args import refuse_foreign
 from .nvjpeg import require_cuda
 from .passes import Pass, UntilEnded
 
@@ -147,6 +148,12 @@ class Loader:
     Threads stop when an iteration ends, is abandoned (``break``, garbage collection) or
     :meth:`close` is called.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Loader":
+        # a DataLoader's or FFCV's argument (num_workers=, pin_memory=...): refused naming the Loader's own,
+        # before Python's plain "unexpected keyword argument"; __init__ keeps its signature
+        refuse_foreign(kwargs, cls.__name__)
+        return super().__new__(cls)
 
     def __init__(
         self,
