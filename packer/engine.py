@@ -18,6 +18,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -76,6 +77,25 @@ class SkipWarnings:
                         "the metadata records each: packer info DST lists them)", name, reason)
         else:  # (a debug record, which the command's warning printer counts: "... and N more warnings")
             log.debug("skipped %s: %s", name, reason, extra={UNPRINTED_SKIP: True})
+
+
+def none_converted_because(skipped: Sequence[Skipped], first: Skipped) -> str:
+    """Why none of the inputs converted: ``" (first: PATH: REASON)"`` when ``first``'s kind of reason
+    is the most common, else the most common kind's count and an example first, then the first
+    skip (403 images over --max-pixels were said as the one unreadable file that came first). A kind is the
+    reason without its numbers and parenthesised details ("80x64 has 5,120 pixels..." and
+    "640x480 has 307,200 pixels..." are one)."""
+    kinds: dict[str, list[Skipped]] = {}
+    for entry in skipped:
+        kinds.setdefault(_reason_kind(entry.reason), []).append(entry)
+    most = max(kinds.values(), key=len)
+    if len(kinds.get(_reason_kind(first.reason), ())) >= len(most):  # the first skip's kind is (one of) the most common
+        return f" (first: {first.path}: {first.reason})"
+    return f" (most common, {len(most):,} of the {len(skipped):,}: {most[0].path}: {most[0].reason}; first: {first.path}: {first.reason})"
+
+
+def _reason_kind(reason: str) -> str:
+    return re.sub(r"\d[\d,.x]*", "N", re.sub(r"\([^()]*\)", "", reason)).strip()
 
 
 def check_unfinished(dst: Path, *, resume: bool, overwrite: bool) -> None:
@@ -173,7 +193,7 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
             _drive(job, writer, skipped, options, workers, run_map, units, warn_skip, in_memory=sink is not None and options.executor != "local")
             if writer.count == 0:
                 first = skipped[len(job.skipped)] if len(skipped) > len(job.skipped) else (skipped[0] if skipped else None)
-                because = f" (first: {first.path}: {first.reason})" if first else ""
+                because = none_converted_because(skipped, first) if first else ""
                 inputs = len(job.items) + len(job.skipped)  # those the scan already refused too
                 if not inputs:  # ("none of the 0 documents": a corpus of blank lines said nothing of why)
                     raise InputError(f"{job.source}: no {job.noun}s to convert" + (" (its files are empty or hold blank lines only)" if job.noun == "document" else ""))

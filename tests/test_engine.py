@@ -347,3 +347,23 @@ def test_the_command_counts_every_skipped_input_past_its_printed_warnings(tmp_pa
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
     assert sum(line.startswith("warning: skipped ") for line in lines) == 20 and "warning: ... and 50 more warnings" in lines, lines
+
+
+def test_none_converted_names_the_most_common_reason_with_its_count(tmp_path):
+    """Every image over --max-pixels and one unreadable file sorted first: the error said only
+    "(first: a/corrupt.jpg: not a readable image ...)", not why the other images were skipped."""
+    from packer.samples import make_image_folder
+
+    src = make_image_folder(tmp_path / "src", classes=2, per_class=3, size=(40, 30))
+    (src / "class_00" / "corrupt.jpg").write_bytes(b"not a jpeg")
+    (src / "class_01" / "cut.jpg").write_bytes((src / "class_01" / "img_00000.jpg").read_bytes()[:60])
+    result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "out.blob"), "--size", "16", "--max-pixels", "10", "-j", "1", "-q"])
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"Error: {src}: none of the 8 images could be converted (most common, 6 of the 8: class_00/img_00000.jpg: "), line
+    assert "more than --max-pixels 10; first: class_00/corrupt.jpg: not a readable image" in line, line
+    # one kind of reason (numbers and details aside): said as before
+    (src / "class_00" / "corrupt.jpg").unlink()
+    (src / "class_01" / "cut.jpg").unlink()
+    result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "out.blob"), "--size", "16", "--max-pixels", "10", "-j", "1", "-q"])
+    assert "none of the 6 images could be converted (first: class_00/img_00000.jpg: 30x40 has 1,200 pixels, more than --max-pixels 10)" in result.stderr
