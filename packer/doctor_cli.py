@@ -54,6 +54,11 @@ def doctor(src: str, step: str | None, step_ms: float | None, batch_size: int, s
             raise OptionError(f"{option} {path}: no such folder {folder}")
         if folder is not None and not os.access(folder, os.W_OK):
             raise OptionError(f"{option} {path}: cannot write in {folder} (permission denied)")
+    if trace is not None:  # made before converting the sample: a folder that cannot be made is said naming --trace
+        try:
+            trace.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OptionError(f"--trace {trace}: cannot create that folder ({exc.strerror or exc})") from None
     if batches < rounds:  # refused before converting the sample, in the options' own terms
         raise click.BadParameter(f"{batches} is fewer than --rounds ({rounds}): each round times at least one batch", param_hint="--batches")
     if plot is not None:  # refuse before measuring for a minute

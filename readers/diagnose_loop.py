@@ -336,13 +336,19 @@ def diagnose(
     names each that is faster, its measured rate and ``how`` (the change to make).
 
     Raises :class:`StepError` when the step raises, :class:`LoaderError` when the loader raises
-    or yields something that is not a batch, :class:`DiagnoseError` for bad arguments.
+    or yields something that is not a batch, :class:`DiagnoseError` for bad arguments (a
+    ``trace`` folder that cannot be created among them, before anything is measured).
     """
     if batches < rounds or rounds < 1 or warmup < 0:
         raise DiagnoseError(f"batches={batches}, rounds={rounds}, warmup={warmup}: need rounds >= 1, batches >= rounds, warmup >= 0")
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DiagnoseError(f"device={str(device)!r}: CUDA is not available here; use device='cpu'")
+    if trace is not None:  # made before measuring: a folder that cannot be made said, not a raw OSError after the rounds
+        try:
+            Path(trace).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DiagnoseError(f"trace={os.fspath(trace)!r}: cannot create that folder ({exc.strerror or exc})") from None
     name = name or type(loader).__name__
     cycle = _Cycle(loader, name)
     others = {label: (_Cycle(alt, label), how) for label, (alt, how) in (alternatives or {}).items()}

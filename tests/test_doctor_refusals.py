@@ -75,3 +75,22 @@ def test_a_folder_of_images_named_partial_is_still_read(image_folder: Path, tmp_
     shutil.copytree(image_folder, src)
     result = CliRunner().invoke(cli, ["doctor", str(src), "--size", "16", "--sample", "4", "--workers", "0", "--step-ms", "1", *QUICK])
     assert result.exit_code == 0 and result.output.startswith("diagnosis of DataLoader(PILFolder, num_workers=0)"), result.output
+
+
+def test_a_trace_folder_that_cannot_be_made_names_trace_before_measuring(packed_32, tmp_path: Path) -> None:
+    """``--trace /proc/x`` ended, after the whole measurement, in a raw ``[Errno 2] No such file
+    or directory: '/proc/x'`` naming no option."""
+    import torch
+
+    import readers
+    from readers.diagnose_loop import DiagnoseError
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    code, line = one_line_error(["doctor", str(packed_32("blob")), "--trace", str(blocked / "x"), *QUICK])
+    assert code == 2 and line == f"Error: --trace {blocked / 'x'}: cannot create that folder (Not a directory)", line
+    steps = []
+    with pytest.raises(DiagnoseError, match=r"^trace='.*a-file/x': cannot create that folder \(Not a directory\)$"):
+        readers.diagnose([(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2))] * 2,
+                         lambda images, labels: steps.append(1), batches=1, rounds=1, device="cpu", trace=blocked / "x")
+    assert steps == []  # refused before measuring

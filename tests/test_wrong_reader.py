@@ -238,3 +238,23 @@ def test_streaming_shards_refuses_a_folder_whose_listed_shard_is_gone(packed_32,
     for given in (copy, str(copy)):
         with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(first))}: no such shard"):
             StreamingShards(given)
+
+
+@pytest.mark.parametrize("opener", ["open_dataset", "ShardDataset"])
+def test_a_brace_pattern_of_shards_says_to_open_the_folder_or_stream_it(packed_32, opener):
+    """``packer convert`` prints webdataset's brace pattern of the shards; given to a map-style
+    reader it said only "no such packed dataset"."""
+    import readers
+
+    folder = packed_32("webdataset")
+    shards = sorted(p.name for p in folder.glob("*.tar"))
+    pattern = f"{folder}/{shards[0][:-10]}{{{shards[0][-10:-4]}..{shards[-1][-10:-4]}}}.tar"
+    with pytest.raises(FileNotFoundError) as caught:
+        getattr(readers, opener)(pattern)
+    line = one_line(caught.value)
+    assert line == (f"{pattern}: a brace pattern of shards, which webdataset expands; a packer dataset is opened by its folder: "
+                    f"readers.ShardDataset({str(folder)!r}) (or open_dataset({str(folder)!r})), or stream the pattern with "
+                    f"readers.StreamingShards({pattern!r})"), line
+    assert len(list(StreamingShards(pattern))) == len(ShardDataset(folder))  # what it says works
+    with pytest.raises(FileNotFoundError, match="no such packed dataset$"):  # no folder there: nothing to point to
+        getattr(readers, opener)(f"{folder}-missing/shard-{{000000..000001}}.tar")

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ..schema import FORMATS, IncompleteDatasetError, Metadata, PackedFormatError
-from .base import Store, dataset_path
+from .base import Store, dataset_path, missing_dataset
 from .inprogress import is_empty_folder, lock_holder, lock_path
 
 __all__ = ["detect_format", "check_format", "open_store", "refuse_remote", "store_class", "reader_hint", "STORES", "DATASETS", "PARTIAL_SUFFIX"]
@@ -117,7 +117,7 @@ def _existing(path: str | Path) -> Path:
                 raise IncompleteDatasetError(f"{p}: {state}{'' if p.exists() else ' yet'}; a packer conversion (pid {holder}) is writing it now "
                                              f"({partial.name}): wait for it to finish")
             raise IncompleteDatasetError(f"{p}: {state}; {partial.name} is an unfinished conversion: {_FINISH}")
-        raise FileNotFoundError(f"{p}: no such packed dataset")
+        raise missing_dataset(p)
     if p.name.endswith(PARTIAL_SUFFIX):
         holder = lock_holder(lock_path(p))
         if holder is not None:  # as for DST above: it said 'run it again with --resume' of a running one

@@ -47,7 +47,7 @@ from ..checksums import CorruptSampleError, sample_checksum
 from ..codecs import decode_into
 from ..schema import Metadata, PackedFormatError
 
-__all__ = ["Store", "Record", "Fault", "dataset_path", "checked_index", "local_path", "magic_mismatch", "SHARD_NAME", "refuse_other_pattern"]
+__all__ = ["Store", "Record", "Fault", "dataset_path", "checked_index", "local_path", "magic_mismatch", "SHARD_NAME", "refuse_other_pattern", "missing_dataset"]
 
 #: One stored sample as a format hands it over: label, (C, H, W) shape, payload bytes.
 #: The payload may be a view that is only valid until the next record is requested.
@@ -66,6 +66,21 @@ def dataset_path(path: str | Path) -> Path:
     URL, as ``packer convert`` writes to, is its local path."""
     p = Path(local_path(path))
     return p.parent if SHARD_NAME.fullmatch(p.name) and not p.exists() else p
+
+
+#: A brace pattern of shards, as webdataset expands it and ``packer convert`` prints it: ``shard-{000000..000008}.tar``.
+_BRACES = re.compile(r"\{[^{}]*\.\.[^{}]*\}|\{[^{}]*,[^{}]*\}")
+
+
+def missing_dataset(path: Path) -> FileNotFoundError:
+    """The error for a ``path`` where no packed dataset is; a brace pattern of shards (what
+    ``packer convert`` prints for webdataset) says to open their folder, or stream the pattern."""
+    if _BRACES.search(path.name) and path.parent.is_dir():
+        folder = str(path.parent)
+        return FileNotFoundError(f"{path}: a brace pattern of shards, which webdataset expands; a packer dataset is opened by its "
+                                 f"folder: readers.ShardDataset({folder!r}) (or open_dataset({folder!r})), or stream the pattern "
+                                 f"with readers.StreamingShards({str(path)!r})")
+    return FileNotFoundError(f"{path}: no such packed dataset")
 
 
 def refuse_other_pattern(given: str | Path, folder: Path, shards: Sequence[str]) -> None:
@@ -130,7 +145,7 @@ class Store:
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
         self.path = dataset_path(path)
         if not self.path.exists():
-            raise FileNotFoundError(f"{self.path}: no such packed dataset")
+            raise missing_dataset(self.path)
         reason = self.mismatch(self.path)
         if reason is not None:
             raise PackedFormatError(f"{self.path}: {reason}")
