@@ -54,6 +54,7 @@ from .sources.images import ImageFolder, ImageItem, scan_image_folder
 __all__ = [
     "run_bench",
     "sample_folder",
+    "SaidOfSource",
     "scan_folder_of_images",
     "local_source",
     "scratch_folder",
@@ -235,7 +236,7 @@ def run_bench(
         converted: dict[str, tuple[Path, float, int]] = {}
         skips: dict[str, list[Skipped]] = {}
         pending: list[tuple[str, BenchRow | None]] = []
-        once = _SaidOnce(str(tmp / "sample"), str(src))
+        once = SaidOfSource(str(tmp / "sample"), str(src))
         logging.getLogger("packer").addFilter(once)
         try:
             _convert_each(formats, items, image, cores, tmp, converted, skips, pending, say)
@@ -308,9 +309,9 @@ def _convert_each(formats: Sequence[str], items: Sequence[tuple[str, int]], imag
         pending.append((name, None))
 
 
-class _SaidOnce(logging.Filter):
+class SaidOfSource(logging.Filter):
     """The conversions' warnings of their inputs' sizes (the enlargement) once, not once per
-    format, naming the user's SRC rather than the bench's scratch copy of its sample."""
+    format, naming the user's SRC rather than the scratch copy of its sample (bench's, doctor's)."""
 
     def __init__(self, scratch: str, src: str) -> None:
         from .jobs import ENLARGEMENT

@@ -15,6 +15,7 @@ The chart (``--plot``) is :func:`plot`.
 
 from __future__ import annotations
 
+import logging
 import importlib
 import os
 import shlex
@@ -31,7 +32,7 @@ from torch.utils.data import DataLoader
 from readers.diagnose_loop import DiagnoseError, Diagnosis, diagnose
 from readers.schema import PackedFormatError, Skipped
 
-from .bench import local_source, sample_folder, scan_folder_of_images, scratch_folder, unfinished_conversion
+from .bench import SaidOfSource, local_source, sample_folder, scan_folder_of_images, scratch_folder, unfinished_conversion
 from .bench_timing import UsualFolder, collate
 from .errors import OptionError, PackerError, SourceError
 from .options import ImageOptions
@@ -208,7 +209,12 @@ def run_doctor(
 
             picked, _found = sample_folder(src, tmp / "sample", sample)
             say(f"converting a sample of {len(picked):,} images to a blob (--size {size})")
-            done = convert(tmp / "sample", tmp / "sample.blob", format="blob", image=ImageOptions(size=size), workers=max(1, cores))
+            said = SaidOfSource(str(tmp / "sample"), str(src))  # (its warnings name SRC, not the scratch copy: a walkthrough)
+            logging.getLogger("packer").addFilter(said)
+            try:
+                done = convert(tmp / "sample", tmp / "sample.blob", format="blob", image=ImageOptions(size=size), workers=max(1, cores))
+            finally:
+                logging.getLogger("packer").removeFilter(said)
             from readers.blob import RAMDataset
 
             packed = Loader(RAMDataset(tmp / "sample.blob"), batch_size)

@@ -147,3 +147,15 @@ def test_an_image_pil_cannot_read_stops_the_folder_loader_naming_it(tmp_path: Pa
     message = str(caught.value)
     assert len(message.splitlines()) == 1, message
     assert f"raised OSError: {src / 'class_00' / 'broken.jpg'}: " in message, message
+
+
+def test_doctor_warns_of_enlargement_naming_the_source(tmp_path: Path, caplog) -> None:
+    """doctor's conversion of its sample warned naming its scratch copy
+    (/tmp/packer-doctor-*/sample/bird/img003.jpg; an FFCV user's walkthrough)."""
+    from packer.doctor import run_doctor
+
+    src = make_image_folder(tmp_path / "small", classes=2, per_class=3, size=(20, 20))
+    with caplog.at_level("WARNING", logger="packer"):
+        run_doctor(src, size=32, sample=6, workers=1, batch_size=2, batches=2, rounds=1, step_ms=1)
+    said = [r.getMessage() for r in caplog.records if "will be enlarged" in r.getMessage()]
+    assert len(said) == 1 and f"(e.g. {src}/class_00/" in said[0] and "packer-doctor-" not in said[0], said
