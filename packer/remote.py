@@ -48,9 +48,8 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from readers.remote import is_url
-
 from readers.formats import PARTIAL_SUFFIX
+from readers.remote import is_url
 
 from .destination import nothing_to_resume
 from .errors import OutputError, PackerError
