@@ -67,6 +67,7 @@ def test_a_failed_overwrite_leaves_the_dataset_it_would_replace(s3, images, monk
     dataset. Now the new one is stored at URL.partial, with the marker, while the old one stays
     readable; the failure removes URL.partial and nothing else."""
     url = "s3://packer-test/kept"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (machine-wide: an earlier run's journal)
     convert(images, url, **OLD)
     before, samples = files(s3, "packer-test/kept"), read_all(url)
     assert len(samples) == 60 and samples[0][0] == (3, 12, 12)
@@ -90,6 +91,7 @@ def test_a_fresh_upload_holds_the_marker_until_its_metadata(s3, images, monkeypa
     """An unfinished upload has no metadata record, and neither do foreign shards: StreamingShards
     took a brace pattern over it, and read whatever shards were there. The marker tells them apart."""
     url = "s3://packer-test/fresh"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (machine-wide: an earlier run's journal)
     seen = []
 
     def check(writer):
@@ -114,6 +116,7 @@ def test_an_overwrite_leaves_exactly_the_new_dataset(s3, images, tmp_path, schem
     byte for byte (no old shard, no marker), and no URL.partial is left."""
     url = "s3://packer-test/replaced" if scheme == "s3" else f"file://{tmp_path / 'replaced'}"
     fs, root = (s3, "packer-test/replaced") if scheme == "s3" else fsspec.core.url_to_fs(url)
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (machine-wide: an earlier run's journal)
     convert(images, url, **OLD)
     assert len(files(fs, root)) == 30 + 5
     convert(images, url, overwrite=True, **NEW)
@@ -129,6 +132,7 @@ def test_a_publish_cut_short_is_done_again_by_resume(s3, images, monkeypatch):
     import packer.remote as remote
 
     url = "s3://packer-test/cut"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (machine-wide: an earlier run's journal)
     convert(images, url, **OLD)
     real_copy, copies = s3.copy, []
 
@@ -192,6 +196,7 @@ def test_a_killed_overwrite_keeps_the_old_dataset_and_resumes_beside_it(s3, tmp_
 def test_a_folder_beside_the_url_that_is_not_packers_is_left(s3, images):
     """URL.partial holding a user's objects is neither used nor removed by an --overwrite."""
     url = "s3://packer-test/beside"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)  # (machine-wide: an earlier run's journal)
     convert(images, url, **OLD)
     s3.pipe({"packer-test/beside.partial/notes.txt": b"mine"})
     with pytest.raises(OutputError, match=r"s3://packer-test/beside.partial is there and is not packer's"):
