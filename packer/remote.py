@@ -293,6 +293,14 @@ class RemoteDestination(Protocol):
         ...
 
     @staticmethod
+    def is_staged(fs: Any, root: str) -> bool:
+        """Whether what is at ``root`` (``URL.partial``) is the new dataset an ``--overwrite``
+        stores there (``--resume`` carries it on, ``--overwrite`` removes it); asked only where
+        not :meth:`replaced_whole`. Anything else there, a finished dataset of that name
+        included, is left alone."""
+        ...
+
+    @staticmethod
     def nothing_to_lose(fs: Any, root: str, url: str, dst: str) -> bool:
         """Whether what is at ``root`` may be written over as it is (an empty folder); raises
         :class:`~packer.errors.OutputExistsError` where even ``--overwrite`` must leave it."""
@@ -316,21 +324,27 @@ def _store_url(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool
     """Where the conversion to ``url`` stores its output: ``url``, or ``url.partial`` (an
     ``--overwrite`` of a finished dataset, or the ``--resume`` of one interrupted); refuses what
     :func:`_check_remote_dst` refuses, and a ``url.partial`` left by an interrupted
-    ``--overwrite`` unless ``resume`` (carried on) or ``overwrite`` (removed first)."""
+    ``--overwrite`` unless ``resume`` (carried on) or ``overwrite`` (removed first). Anything
+    else at ``url.partial`` (a finished dataset a user named so) is left alone, and refused only
+    where the new dataset would be stored there."""
     beside = url + PARTIAL_SUFFIX
+    in_the_way = False  # someone else's (a finished dataset of that name too): left, refused where needed
     if not remote.replaced_whole():
         fs, root = dst_filesystem(beside)
         if _exists(fs, root.rstrip("/"), dst):
-            if not remote.is_ours(fs, root.rstrip("/"), staged=staging_folder(url).exists()):
-                raise OutputError(f"{dst}: {beside} is there and is not packer's; an --overwrite at a URL stores the new "
-                                  "dataset there before replacing the old one: move it, or choose another DST")
-            if resume:
-                return beside
-            if not overwrite:
-                raise OutputError(f"{dst}: an interrupted --overwrite left its new dataset unfinished in {beside}; "
-                                  "--resume carries it on, --overwrite starts over")
-            fs.rm(root.rstrip("/"), recursive=True)
-    return beside if _check_remote_dst(url, dst, remote, overwrite=overwrite, resume=resume) else url
+            in_the_way = not remote.is_staged(fs, root.rstrip("/"))
+            if not in_the_way:
+                if resume:
+                    return beside
+                if not overwrite:
+                    raise OutputError(f"{dst}: an interrupted --overwrite left its new dataset unfinished in {beside}; "
+                                      "--resume carries it on, --overwrite starts over")
+                fs.rm(root.rstrip("/"), recursive=True)
+    stored_beside = _check_remote_dst(url, dst, remote, overwrite=overwrite, resume=resume)
+    if stored_beside and in_the_way:  # (_check_remote_dst removed nothing: a finished dataset is replaced)
+        raise OutputError(f"{dst}: {beside} is there and is not packer's upload of a new dataset; an --overwrite at a URL "
+                          "stores the new dataset there before replacing the old one: move it, or choose another DST")
+    return beside if stored_beside else url
 
 
 def _exists(fs: Any, root: str, dst: str) -> bool:

@@ -92,6 +92,10 @@ class RemoteBlob:
             return False
 
     @staticmethod
+    def is_staged(fs: Any, root: str) -> bool:
+        return False  # (never asked: a blob is replaced whole, never stored beside)
+
+    @staticmethod
     def foreign_content(fs: Any, root: str) -> list[str]:
         return []  # (one file: nothing of anyone else's inside)
 

@@ -76,6 +76,15 @@ class RemoteShards:
         return (staged or UPLOAD_MARKER in names) and all(name.endswith(".tar") or name in ShardStore.own_names for name in names)
 
     @staticmethod
+    def is_staged(fs: Any, root: str) -> bool:
+        """The new dataset of an ``--overwrite`` (:func:`replace_with` not done): its marker, stored
+        first and removed last, and only shards and packer's own files (or an empty folder, of a
+        ``file://`` run killed before its marker). A finished dataset named ``URL.partial`` by its
+        user has no marker."""
+        names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
+        return not names or (UPLOAD_MARKER in names and all(name.endswith(".tar") or name in ShardStore.own_names for name in names))
+
+    @staticmethod
     def foreign_content(fs: Any, root: str) -> list[str]:
         """Names in a finished dataset's folder that its conversion did not write (a user's
         README): ``--overwrite`` removed them with the folder, where a local DST refuses."""
