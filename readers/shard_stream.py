@@ -105,6 +105,7 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
         source = str(source)
     if isinstance(source, Path) or (isinstance(source, str) and os.path.isdir(source)):
         folder = Path(source)
+        _refuse_unfinished_local(str(folder))
         check_format(folder, ShardStore.format_name)  # another format's dataset, or none at all: one line
         meta = read_metadata(folder)
         if isinstance(given, str):
@@ -153,15 +154,27 @@ def _refuse_unfinished_upload(folder_url: str) -> None:
         raise IncompleteDatasetError(upload_refusal(folder_url))
 
 
+def _refuse_unfinished_local(folder: str) -> None:
+    """:func:`_refuse_unfinished_upload` for a local folder: a ``file://`` DST is uploaded into
+    its final folder, marker first, as an object store's is."""
+    if os.path.exists(os.path.join(folder, UPLOAD_MARKER)) and not os.path.exists(os.path.join(folder, META_FILE)):
+        raise IncompleteDatasetError(upload_refusal(folder))
+
+
 def _check_local(paths: Iterator[str]) -> None:
     """Refuse, in one line, a local shard that is missing, a folder, a shard of an unfinished
     conversion (in its ``DST.partial``), or a regular file that is not a tar (by its name or its
     first bytes: another packer format's dataset is named, with the class that reads it). ``-`` (standard input, to the webdataset library's ``gopen``) and
     other non-regular files (a named pipe, ``/dev/stdin``) are left to the reading: their bytes
     can be read once only."""
+    folders: set[str] = set()
     for path in paths:
         if path == "-":
             continue
+        folder = os.path.dirname(path) or "."
+        if folder not in folders:  # (once per folder: a list may name thousands of its shards)
+            folders.add(folder)
+            _refuse_unfinished_local(folder)
         if os.path.basename(os.path.dirname(os.path.abspath(path))).endswith(PARTIAL_SUFFIX):  # an unfinished conversion's
             check_format(os.path.dirname(path) or ".", ShardStore.format_name)  # shards, by pattern or list: refused as its folder is
         if not os.path.exists(path):

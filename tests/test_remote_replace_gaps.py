@@ -4,6 +4,7 @@ S3 on 127.0.0.1, and file://). Each test names the mutant or the bug it was seen
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -11,7 +12,10 @@ import pytest
 from packer import convert
 from packer.errors import OutputError
 from packer.remote import staging_folder
-from test_remote_replace import NEW, OLD, files, read_all
+from readers.formats.uploading import UPLOAD_MARKER
+from readers.schema import IncompleteDatasetError
+from readers.webdataset import StreamingShards
+from test_remote_replace import NEW, OLD, failing_after, files, read_all
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +44,25 @@ def test_a_finished_dataset_named_like_the_staging_url_is_never_taken(s3, images
         convert(images, url, overwrite=True, **OLD)
     assert files(s3, "packer-test/gaps-named.partial") == theirs and read_all(url)[0][0] == (3, 8, 8)
     assert len(read_all(url + ".partial")) == 20 and not staging_folder(url).exists()
+
+
+@pytest.mark.parametrize("how", ["file-url pattern", "local pattern", "file-url list", "local list", "local folder"])
+def test_a_file_url_upload_in_progress_is_refused_however_its_shards_are_named(tmp_path, images, monkeypatch, how):
+    """Bug: a file:// DST is uploaded into its final folder, marker first, as an object store's
+    is, but only URLs with a network scheme were checked for the marker: its shards, by a brace
+    pattern or a list (file:// or the local path), were read as foreign shards mid-upload."""
+    folder = tmp_path / "fresh"
+    url = f"file://{folder}"
+    given = {"file-url pattern": f"{url}/shard-{{000000..000001}}.tar", "local pattern": f"{folder}/shard-{{000000..000001}}.tar",
+             "file-url list": [f"{url}/shard-000000.tar"], "local list": [f"{folder}/shard-000000.tar"], "local folder": str(folder)}[how]
+    seen = []
+
+    def check(writer):
+        seen.append(sorted(os.listdir(folder)))
+        with pytest.raises(IncompleteDatasetError, match=f"^{folder}: an unfinished upload by packer .it holds {UPLOAD_MARKER}"):
+            StreamingShards(given)
+
+    failing_after(monkeypatch, 2, check)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        convert(images, url, **NEW)
+    assert seen == [[UPLOAD_MARKER, "shard-000000.tar", "shard-000001.tar"]]
