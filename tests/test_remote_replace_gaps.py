@@ -66,3 +66,38 @@ def test_a_file_url_upload_in_progress_is_refused_however_its_shards_are_named(t
     with pytest.raises(RuntimeError, match="disk on fire"):
         convert(images, url, **NEW)
     assert seen == [[UPLOAD_MARKER, "shard-000000.tar", "shard-000001.tar"]]
+
+
+def _marker_deletion_fails(monkeypatch, s3, root: str, times: int) -> None:
+    """The store refuses to delete ``root``'s marker ``times`` times (all other calls pass)."""
+    import packer.remote as remote
+
+    real, failed = s3.rm_file, []
+
+    def rm_file(path, **kwargs):
+        if path == f"{root}/{UPLOAD_MARKER}" and len(failed) < times:
+            failed.append(path)
+            raise ConnectionError("connection reset by peer")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(s3, "rm_file", rm_file)
+
+
+def test_a_fresh_upload_whose_marker_cannot_be_deleted_is_complete_and_says_so(s3, images, monkeypatch, caplog):
+    """Bug: the marker's deletion failing after the metadata record was stored said 'publishing
+    the upload failed; --resume publishes it again', and --resume then said 'already complete,
+    nothing to resume', leaving the journal in the staging folder for good. The dataset is
+    complete (readers take it by its metadata): the run succeeds and names the object left."""
+    url = "s3://packer-test/gaps-marker"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    _marker_deletion_fails(monkeypatch, s3, "packer-test/gaps-marker", times=1)
+    with caplog.at_level("WARNING", logger="packer"):
+        convert(images, url, **NEW)
+    monkeypatch.undo()
+    said = [r.getMessage() for r in caplog.records if UPLOAD_MARKER in r.getMessage()]
+    assert said == [f"{url}/{UPLOAD_MARKER}: could not delete it (connection reset by peer); the dataset is complete and "
+                    "readers take it (its metadata is there): delete that object yourself"]
+    assert len(read_all(url)) == 20 and not staging_folder(url).exists()
+    convert(images, url, overwrite=True, **OLD)  # (the marker is packer's: replaced with the dataset)
+    assert UPLOAD_MARKER not in files(s3, "packer-test/gaps-marker") and read_all(url)[0][0] == (3, 12, 12)

@@ -7,6 +7,7 @@ once it is whole (:func:`replace_with`)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -55,7 +56,7 @@ class RemoteShards:
         url, final = url.rstrip("/"), final.rstrip("/")
         marker = (UPLOAD_MARKER, marker_bytes())
         if url == final:
-            return Uploader(url, marker=marker, publish=lambda fs, root: fs.rm_file(f"{root}/{UPLOAD_MARKER}"))
+            return Uploader(url, marker=marker, publish=lambda fs, root: _drop_marker(fs, root, url))
         if not url.startswith(final):  # pragma: no cover - packer/remote.py stores beside final only
             raise ValueError(f"{url}: not beside {final}")
         suffix = len(url) - len(final)  # (its path in the filesystem: the final one's and the suffix)
@@ -109,6 +110,17 @@ class RemoteShards:
             if refusal is not None:
                 raise OutputExistsError(refusal)
         return False
+
+
+def _drop_marker(fs: Any, root: str, url: str) -> None:
+    """Publish a fresh upload at ``url``: its metadata record is stored, so readers take it; the
+    marker goes. A marker that cannot be deleted is said and left: nothing is left to publish
+    (``--resume`` would find the dataset complete), and an ``--overwrite`` replaces it."""
+    try:
+        fs.rm_file(f"{root}/{UPLOAD_MARKER}")
+    except OSError as exc:
+        logging.getLogger("packer").warning("%s/%s: could not delete it (%s); the dataset is complete and readers take it "
+                                            "(its metadata is there): delete that object yourself", url, UPLOAD_MARKER, exc)
 
 
 def replace_with(fs: Any, staged: str, root: str) -> None:
