@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 
 import pytest
 
@@ -68,6 +70,96 @@ def test_a_file_url_upload_in_progress_is_refused_however_its_shards_are_named(t
     assert seen == [[UPLOAD_MARKER, "shard-000000.tar", "shard-000001.tar"]]
 
 
+def _uploader_with_one_file(tmp_path, **kwargs):
+    from packer.remote import Uploader
+
+    uploader = Uploader(f"file://{tmp_path / 'out'}", marker=(UPLOAD_MARKER, b"{}\n"), **kwargs)
+    (tmp_path / "shard-000000.tar").write_bytes(b"shard")
+    return uploader
+
+
+def test_a_stop_fails_a_flush_waiting_in_another_thread(tmp_path):
+    """Mutant (Uploader.flush waiting without 'not self._stopped'): a flush in another thread (a
+    checkpoint's) waited for the upload in progress, here held back 30 s, though stop() had come."""
+    release = threading.Event()
+    uploader = _uploader_with_one_file(tmp_path)
+    real = uploader.fs
+
+    class Held:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def put_file(self, *args, **kwargs):
+            release.wait(30)
+            return real.put_file(*args, **kwargs)
+
+    uploader.fs = Held()
+    uploader.put(tmp_path / "shard-000000.tar")
+    raised = []
+
+    def flush():
+        try:
+            uploader.flush()
+        except OutputError as exc:
+            raised.append(str(exc))
+
+    waiting = threading.Thread(target=flush)
+    waiting.start()
+    time.sleep(0.2)
+    uploader.stop()
+    waiting.join(5)
+    release.set()
+    assert not waiting.is_alive() and raised == [f"file://{tmp_path / 'out'}: the uploader is closed"]
+
+
+def test_a_discard_after_publishing_began_keeps_what_is_stored(tmp_path):
+    """Mutant (Uploader.discard without its 'if self.publishing' return): a publish that failed
+    was followed by the removal of the whole upload, which --resume was told to publish again."""
+    def fail(fs, root):
+        raise ConnectionError("connection reset by peer")
+
+    uploader = _uploader_with_one_file(tmp_path, publish=fail)
+    uploader.put(tmp_path / "shard-000000.tar")
+    with pytest.raises(OutputError, match="publishing the upload failed .*--resume publishes it again"):
+        uploader.publish()
+    uploader.discard()
+    assert sorted(os.listdir(tmp_path / "out")) == [UPLOAD_MARKER, "shard-000000.tar"]
+
+
+@pytest.mark.parametrize("exc, expected", [(PermissionError("access denied"), OutputError), (KeyboardInterrupt(), KeyboardInterrupt)])
+def test_storing_the_marker_fails_in_one_line_and_an_interrupt_stays_one(tmp_path, monkeypatch, exc, expected):
+    """Mutant (Uploader._store_marker turning every exception into OutputError): a Ctrl-C as the
+    marker was stored said 'cannot store there (...)'. The store's own error is one line; either
+    way no upload thread is left running."""
+    import fsspec.implementations.local as local
+    from packer.remote import Uploader
+
+    def fail(self, path, value, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(local.LocalFileSystem, "pipe_file", fail)
+    before = threading.active_count()
+    with pytest.raises(expected) as raised:
+        Uploader(f"file://{tmp_path / 'out'}", marker=(UPLOAD_MARKER, b"{}\n"))
+    if expected is OutputError:
+        assert str(raised.value) == f"file://{tmp_path / 'out'}: cannot store there (access denied)"
+    assert threading.active_count() == before
+
+
+def test_an_overwrite_removes_an_interrupted_overwrites_partial_even_where_url_is_gone(s3, images):
+    """Mutant (_store_url not removing URL.partial on --overwrite): the new run's writer empties
+    it when it stores there, but where the old dataset at URL is gone (or unfinished) the new one
+    goes to URL, and an interrupted --overwrite's URL.partial (its marker and a shard) was left."""
+    url = "s3://packer-test/gaps-gone"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    s3.pipe({f"packer-test/gaps-gone.partial/{UPLOAD_MARKER}": b"{}\n", "packer-test/gaps-gone.partial/shard-000000.tar": bytes(1024)})
+    with pytest.raises(OutputError, match=r"gaps-gone.partial; --resume carries it on, --overwrite starts over"):
+        convert(images, url, **NEW)
+    convert(images, url, overwrite=True, **NEW)
+    s3.invalidate_cache()
+    assert not s3.exists("packer-test/gaps-gone.partial") and len(read_all(url)) == 20
+
+
 def _marker_deletion_fails(monkeypatch, s3, root: str, times: int) -> None:
     """The store refuses to delete ``root``'s marker ``times`` times (all other calls pass)."""
     import packer.remote as remote
@@ -101,3 +193,77 @@ def test_a_fresh_upload_whose_marker_cannot_be_deleted_is_complete_and_says_so(s
     assert len(read_all(url)) == 20 and not staging_folder(url).exists()
     convert(images, url, overwrite=True, **OLD)  # (the marker is packer's: replaced with the dataset)
     assert UPLOAD_MARKER not in files(s3, "packer-test/gaps-marker") and read_all(url)[0][0] == (3, 12, 12)
+
+
+def test_a_replace_cut_short_as_its_marker_goes_is_done_again_by_resume(s3, images, monkeypatch):
+    """Mutant (replace_with deleting URL.partial before the marker at URL): the marker's deletion
+    failing then left no URL.partial for --resume, which said 'already complete, nothing to
+    resume', and the marker stayed in the finished dataset for good."""
+    url = "s3://packer-test/gaps-cut"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    convert(images, url, **OLD)
+    _marker_deletion_fails(monkeypatch, s3, "packer-test/gaps-cut", times=1)
+    with pytest.raises(OutputError, match=r"publishing the upload failed .*--resume publishes it again"):
+        convert(images, url, overwrite=True, **NEW)
+    monkeypatch.undo()
+    convert(images, url, resume=True, **NEW)
+    s3.invalidate_cache()
+    assert UPLOAD_MARKER not in files(s3, "packer-test/gaps-cut") and not s3.exists("packer-test/gaps-cut.partial")
+    assert read_all(url)[0][0] == (3, 8, 8) and len(read_all(url)) == 20 and not staging_folder(url).exists()
+
+
+@pytest.mark.parametrize("finished_old", [False, True])
+def test_a_resume_without_a_journal_leaves_none_of_the_earlier_runs_shards(s3, images, tmp_path, finished_old):
+    """Mutant (ShardWriter._open not removing what the sink holds): a --resume on another machine
+    (no journal here: it starts over) of an upload interrupted there, whose shards outnumber
+    this run's, left the extra ones beside the new metadata (and --overwrite then refused them as
+    files packer did not write); at URL.partial they were copied over the old dataset with the rest."""
+    from test_remote import assert_same_output
+
+    url, root = f"s3://packer-test/gaps-elsewhere-{finished_old}", f"packer-test/gaps-elsewhere-{finished_old}"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    if finished_old:
+        convert(images, url, **OLD)
+    staged = root + (".partial" if finished_old else "")
+    s3.pipe({f"{staged}/{UPLOAD_MARKER}": b"{}\n", **{f"{staged}/shard-{i:06d}.tar": bytes(1024) for i in range(5)}})
+    convert(images, url, resume=True, **NEW)
+    assert_same_output(s3, root, convert(images, tmp_path / "local", **NEW).dst)
+    s3.invalidate_cache()
+    assert not s3.exists(root + ".partial")
+
+
+def test_an_upload_in_progress_is_refused_given_as_a_list_of_its_urls(s3, images, monkeypatch):
+    """Mutant (resolve_shards checking the marker only for a brace pattern, not a list of URLs):
+    StreamingShards took a list of an unfinished upload's shards as foreign shards."""
+    url = "s3://packer-test/gaps-listed"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    seen = []
+
+    def check(writer):
+        with pytest.raises(IncompleteDatasetError, match=f"^{url}: an unfinished upload by packer .it holds {UPLOAD_MARKER}"):
+            StreamingShards([f"{url}/shard-000000.tar", f"{url}/shard-000001.tar"])
+        seen.append(True)
+
+    failing_after(monkeypatch, 2, check)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        convert(images, url, **NEW)
+    assert seen == [True]
+
+
+def test_the_marker_is_the_documented_object(s3, images, monkeypatch):
+    """Mutants (UPLOAD_MARKER renamed; marker_bytes without the pid): docs/FORMATS.md names the
+    object packer-uploading.json and its JSON fields, which other packer versions and a user
+    looking at the folder go by; every other test used the constant."""
+    import json
+    import socket
+
+    url = "s3://packer-test/gaps-marked"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    seen = []
+    failing_after(monkeypatch, 1, lambda writer: seen.append(json.loads(s3.cat("packer-test/gaps-marked/packer-uploading.json"))))
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        convert(images, url, **NEW)
+    (record,) = seen
+    assert sorted(record) == ["host", "packer_upload", "pid", "started"]
+    assert record["packer_upload"] == "in progress" and record["host"] == socket.gethostname() and record["pid"] == os.getpid()
+    assert record["started"].endswith("+00:00")
