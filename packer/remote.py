@@ -293,6 +293,12 @@ class RemoteDestination(Protocol):
         ...
 
     @staticmethod
+    def held_elsewhere(fs: Any, root: str) -> str | None:
+        """Why what is at ``root`` must be left as it is: an upload another machine is storing
+        there, or stopped storing (the clause to say); ``None``: nothing says so."""
+        ...
+
+    @staticmethod
     def is_staged(fs: Any, root: str) -> bool:
         """Whether what is at ``root`` (``URL.partial``) is the new dataset an ``--overwrite``
         stores there (``--resume`` carries it on, ``--overwrite`` removes it); asked only where
@@ -330,6 +336,11 @@ def _store_url(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool
     beside = url + PARTIAL_SUFFIX
     in_the_way = False  # someone else's (a finished dataset of that name too): left, refused where needed
     if not remote.replaced_whole():
+        for place in (url, beside):  # (this machine's lock cannot see another machine's conversion)
+            fs, root = dst_filesystem(place)
+            held = remote.held_elsewhere(fs, root.rstrip("/")) if _exists(fs, root.rstrip("/"), dst) else None
+            if held is not None:
+                raise OutputError(f"{dst}: {place} {held}")
         fs, root = dst_filesystem(beside)
         if _exists(fs, root.rstrip("/"), dst):
             in_the_way = not remote.is_staged(fs, root.rstrip("/"))

@@ -267,3 +267,34 @@ def test_the_marker_is_the_documented_object(s3, images, monkeypatch):
     assert sorted(record) == ["host", "packer_upload", "pid", "started"]
     assert record["packer_upload"] == "in progress" and record["host"] == socket.gethostname() and record["pid"] == os.getpid()
     assert record["started"].endswith("+00:00")
+
+
+def test_an_upload_another_machine_is_storing_is_left_to_it(s3, images):
+    """Machine B's --overwrite or journal-less --resume deleted machine A's upload in progress at
+    the URL, or at URL.partial (a helper session's design read): this machine's lock cannot see
+    A's conversion. The marker names its host: another host's upload is refused, whatever the
+    flags, naming it and how to take it over; nothing of it is touched."""
+    import json
+
+    for place in ("s3://packer-test/gaps-elsewhere", "s3://packer-test/gaps-elsewhere-b"):
+        url = place
+        if place.endswith("-b"):  # an --overwrite from the other machine storing the new dataset beside
+            convert(images, url, **OLD)
+            root = "packer-test/gaps-elsewhere-b.partial"
+        else:
+            root = "packer-test/gaps-elsewhere"
+        shutil.rmtree(staging_folder(url), ignore_errors=True)
+        marker = {"packer_upload": "in progress", "host": "node-7-elsewhere", "pid": 4242, "started": "2026-11-28T13:05:00+00:00"}
+        s3.pipe({f"{root}/{UPLOAD_MARKER}": json.dumps(marker).encode(), f"{root}/shard-000000.tar": b"\0" * 1024})
+        before = files(s3, root)
+        for flags in ({}, {"overwrite": True}, {"resume": True}):
+            with pytest.raises(OutputError, match=rf"^{url}: s3://{root} holds an upload from another machine \(node-7-elsewhere, pid "
+                                                  rf"4242, started 2026-11-28T13:05:00\+00:00\), running there or interrupted there: "
+                                                  rf"finish it there \(packer convert --resume\), or remove "
+                                                  rf"{root.rsplit('/', 1)[-1]}/{UPLOAD_MARKER} to take it over from here$"):
+                convert(images, url, **NEW, **flags)
+            assert files(s3, root) == before
+        s3.rm_file(f"{root}/{UPLOAD_MARKER}")  # taken over: this machine's --overwrite replaces it
+        s3.pipe({f"{root}/{UPLOAD_MARKER}": json.dumps({**marker, "host": __import__("socket").gethostname()}).encode()})
+        convert(images, url, overwrite=True, **NEW)
+        assert len(read_all(url)) == 20

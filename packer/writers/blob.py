@@ -92,6 +92,10 @@ class RemoteBlob:
             return False
 
     @staticmethod
+    def held_elsewhere(fs: Any, root: str) -> str | None:
+        return None  # (a multipart upload is invisible until complete: nothing to find)
+
+    @staticmethod
     def is_staged(fs: Any, root: str) -> bool:
         return False  # (never asked: a blob is replaced whole, never stored beside)
 

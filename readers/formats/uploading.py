@@ -17,7 +17,7 @@ import json
 import os
 import socket
 
-__all__ = ["UPLOAD_MARKER", "marker_bytes", "upload_refusal"]
+__all__ = ["UPLOAD_MARKER", "marker_bytes", "upload_refusal", "uploader_elsewhere"]
 
 #: The marker object's name in the folder being uploaded (a JSON object, :func:`marker_bytes`).
 UPLOAD_MARKER = "packer-uploading.json"
@@ -35,3 +35,17 @@ def upload_refusal(folder: str) -> str:
     metadata record."""
     return (f"{folder.rstrip('/')}: an unfinished upload by packer (it holds {UPLOAD_MARKER} and no metadata "
             "record yet); read it once its conversion finishes, or finish it with packer convert --resume")
+
+
+def uploader_elsewhere(raw: bytes) -> str | None:
+    """Who stored the marker ``raw`` when that is another machine (``"node-7, pid 4242, started
+    2026-11-28T13:05:00+00:00"``): its conversion may be running there, and this machine's lock
+    cannot tell; ``None`` when it is this machine's, or says no host."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    host = record.get("host") if isinstance(record, dict) else None
+    if not isinstance(host, str) or not host or host == socket.gethostname():
+        return None
+    return f"{host}, pid {record.get('pid', '?')}, started {record.get('started', '?')}"

@@ -11,7 +11,7 @@ import logging
 import re
 from typing import Any
 
-from readers.formats.uploading import UPLOAD_MARKER, marker_bytes
+from readers.formats.uploading import UPLOAD_MARKER, marker_bytes, uploader_elsewhere
 from readers.formats.webdataset import META_FILE, ShardStore, parse_metadata
 from readers.schema import Metadata
 
@@ -75,6 +75,19 @@ class RemoteShards:
             return True
         names = [str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)]
         return (staged or UPLOAD_MARKER in names) and all(name.endswith(".tar") or name in ShardStore.own_names for name in names)
+
+    @staticmethod
+    def held_elsewhere(fs: Any, root: str) -> str | None:
+        """An upload whose marker names another machine: running there, or interrupted there,
+        where its journal is (``--resume`` or ``--overwrite`` here would delete its shards)."""
+        try:
+            who = uploader_elsewhere(fs.cat(f"{root}/{UPLOAD_MARKER}"))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        if who is None:
+            return None
+        return (f"holds an upload from another machine ({who}), running there or interrupted there: finish it there "
+                f"(packer convert --resume), or remove {root.rsplit('/', 1)[-1]}/{UPLOAD_MARKER} to take it over from here")
 
     @staticmethod
     def is_staged(fs: Any, root: str) -> bool:
