@@ -31,6 +31,7 @@ __all__ = [
     "PackedDataset",
     "PackedFormatError",
     "IncompleteDatasetError",
+    "DatasetReplacedError",
     "CorruptSampleError",
     "UnsupportedVersionError",
     "FORMAT_VERSION",
@@ -60,6 +61,7 @@ _EXPORTS = {
     "Metadata": "readers.schema",
     "PackedFormatError": "readers.schema",
     "IncompleteDatasetError": "readers.schema",
+    "DatasetReplacedError": "readers.schema",
     "CorruptSampleError": "readers.checksums",
     "UnsupportedVersionError": "readers.schema",
     "FORMAT_VERSION": "readers.schema",
@@ -91,4 +93,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from .loader import Loader
     from .sampler import ResumableSampler
     from .lmdb import LMDBDataset
-    from .schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
+    from .schema import FORMAT_VERSION, DatasetReplacedError, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError

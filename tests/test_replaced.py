@@ -12,8 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer import ImageOptions, StorageOptions, convert
-from readers import open_dataset
-from readers.schema import DatasetReplacedError
+from readers import DatasetReplacedError, open_dataset
 from readers.webdataset import StreamingShards
 
 OLD, NEW = ImageOptions(size=8), ImageOptions(size=12)
