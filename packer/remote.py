@@ -201,10 +201,9 @@ class Uploader:
 
     # -- lifetime ---------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop now (an interrupted run): queued files are dropped and a :meth:`flush` waiting
-        fails; uploads in progress are left to their threads, never waited for (a slow store kept
-        a Ctrl-C waiting minutes: an HF walkthrough). No checkpoint lists their files, so a
-        resumed run deletes what they store; the process's end ends them."""
+        """Stop now (an interrupted run): queued files are dropped and a :meth:`flush` waiting fails;
+        uploads in progress are left to their threads, never waited for (a slow store kept a Ctrl-C
+        waiting minutes). No checkpoint lists their files: a resumed run deletes what they store."""
         with self._cond:
             self._closed = self._stopped = True
             self._queue.clear()
@@ -338,11 +337,11 @@ def _store_url(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool
     if not remote.replaced_whole():
         for place in (url, beside):  # (this machine's lock cannot see another machine's conversion)
             fs, root = dst_filesystem(place)
-            held = remote.held_elsewhere(fs, root.rstrip("/")) if _exists(fs, root.rstrip("/"), dst) else None
+            there = _exists(fs, root.rstrip("/"), dst)
+            held = remote.held_elsewhere(fs, root.rstrip("/")) if there else None
             if held is not None:
                 raise OutputError(f"{dst}: {place} {held}")
-        fs, root = dst_filesystem(beside)
-        if _exists(fs, root.rstrip("/"), dst):
+        if there:  # (the last place looked at: URL.partial)
             in_the_way = not remote.is_staged(fs, root.rstrip("/"))
             if not in_the_way:
                 if resume:
@@ -363,8 +362,12 @@ def _exists(fs: Any, root: str, dst: str) -> bool:
     try:
         return bool(fs.exists(root))
     except Exception as exc:  # noqa: BLE001 - (said in one line)
-        said = (str(exc).splitlines() or [repr(exc)])[0]
-        raise OutputError(f"{dst}: cannot look there ({type(exc).__name__}: {said}); check the URL and the credentials") from None
+        raise _cannot_look(dst, exc) from None
+
+
+def _cannot_look(dst: str, exc: Exception) -> OutputError:  # (a backend's own error looking at dst, in one line)
+    return OutputError(f"{dst}: cannot look there ({type(exc).__name__}: {(str(exc).splitlines() or [repr(exc)])[0]}); "
+                       "check the URL and the credentials")
 
 
 def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrite: bool, resume: bool) -> bool:
@@ -380,8 +383,7 @@ def _check_remote_dst(url: str, dst: str, remote: RemoteDestination, *, overwrit
     except PackerError:  # (an OutputExistsError of its own)
         raise
     except Exception as exc:  # noqa: BLE001 - a backend's own errors (credentials: PermissionError; a bad URL): one line
-        said = (str(exc).splitlines() or [repr(exc)])[0]
-        raise OutputError(f"{dst}: cannot look there ({type(exc).__name__}: {said}); check the URL and the credentials") from None
+        raise _cannot_look(dst, exc) from None
     unfinished = remote.unfinished(fs, root)
     if resume and unfinished:
         return False

@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import h5py
 import numpy as np
 
-from .._process import HandleCache, PerProcess, check_unreplaced, file_key, opened_key
+from .._process import HandleCache, PerProcess, file_key, opened_key, replaced_error
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
 from .base import Record, Store, dataset_path, magic_mismatch
 from .hdf5_rows import H5_ERRORS, MappedRows
@@ -340,7 +340,7 @@ def open_shared_file(path: str, expected: tuple[int, ...] | None = None) -> _Sha
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such HDF5 dataset") from None
     if expected is not None and key != expected:
-        check_unreplaced(path, expected, path)
+        raise replaced_error(path)
 
     def open_file() -> _SharedFile:
         try:

@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 import lmdb
 import numpy as np
 
-from .._process import HandleCache, PerProcess, check_unreplaced, file_key, opened_key
+from .._process import HandleCache, PerProcess, file_key, opened_key, replaced_error
 from ..checksums import CHECKSUM_DTYPE
 from .names import decode_source_names
 from ..schema import IncompleteDatasetError, Metadata, PackedFormatError
@@ -299,7 +299,7 @@ def open_shared_env(path: str, expected: tuple[int, ...] | None = None) -> _Shar
             raise FileNotFoundError(f"{path}: no such LMDB dataset") from None
         raise PackedFormatError(f"{path}: not an LMDB dataset (no {DATA_FILE} inside)") from None
     if expected is not None and key != expected:
-        check_unreplaced(os.path.join(path, DATA_FILE), expected, path)
+        raise replaced_error(path)
 
     def open_env() -> _SharedEnv:
         try:
