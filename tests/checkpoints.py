@@ -13,8 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-#: A child running ``packer ARGS`` with a checkpoint every 20 ms (HDF5, untimed: every sample).
-CHILD = "import sys, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; j.UNTIMED_CHECKPOINT_INPUTS = 1; from packer.cli import cli; cli(sys.argv[1:])"
+#: A child running ``packer ARGS`` with a checkpoint every 20 ms (HDF5, untimed: every sample),
+#: pausing 0.3 s after each: the kill 0.1 s after the first lands before the conversion can finish
+#: (a small blob conversion once finished in that 0.1 s and took its journal with it, in CI).
+CHILD = ("import sys, time, packer.writers.journal as j; j.CHECKPOINT_SECONDS = 0.02; j.UNTIMED_CHECKPOINT_INPUTS = 1; "
+         "commit = j.Journal.commit; j.Journal.commit = lambda *a, **k: (commit(*a, **k), time.sleep(0.3))[0]; "
+         "from packer.cli import cli; cli(sys.argv[1:])")
 
 
 def convert_until_checkpoint(
@@ -33,6 +37,7 @@ def convert_until_checkpoint(
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.005)
     time.sleep(0.1)
+    assert proc.poll() is None, f"the conversion ended before it could be stopped: {proc.communicate()}"
     os.killpg(proc.pid, sig)
     proc.communicate(timeout=timeout)  # reaps it and closes the pipes
     return json.loads(journal.read_text())["inputs"]

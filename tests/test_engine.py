@@ -61,7 +61,7 @@ def test_text_resume_after_sigkill_gives_the_uninterrupted_result(corpus, tmp_pa
     saved = convert_until_checkpoint(args, journal_path(dst.with_name("t.lmdb.partial")) / "journal.json")
     assert 0 < saved < LINES
     refused = CliRunner().invoke(cli, args)  # a plain re-run does not silently start over
-    assert refused.exit_code == 1 and f"saved {saved:,} inputs" in refused.stderr and "--resume" in refused.stderr
+    assert refused.exit_code == 1 and f"saved {saved:,} input" in refused.stderr and "--resume" in refused.stderr
     with inputs_converted(monkeypatch, packer.parallel) as converted:
         report = convert(corpus, dst, text=TextOptions(lines=True), workers=2, resume=True)
     assert sum(converted) == LINES - saved and report.resumed == saved
@@ -209,7 +209,7 @@ def test_a_plain_rerun_refuses_to_discard_a_checkpoint_unless_overwrite(corpus, 
     dst = tmp_path / "t.blob"
     args = ["convert", str(corpus), str(dst), "--lines", "-j", "2", "-q"]
     saved = convert_until_checkpoint(args, journal_path(dst.with_name("t.blob.partial")) / "journal.json")
-    with pytest.raises(OutputExistsError, match=f"saved {saved:,} inputs.*--resume.*--overwrite"):
+    with pytest.raises(OutputExistsError, match=f"saved {saved:,} inputs?;.*--resume.*--overwrite"):
         convert(corpus, dst, text=TextOptions(lines=True), workers=1)
     report = convert(corpus, dst, text=TextOptions(lines=True), workers=1, overwrite=True)
     assert report.written == LINES and report.resumed == 0
