@@ -16,19 +16,15 @@
   ``--resume`` works: a checkpoint lists only shards already uploaded, the journal stays in the
   staging folder (the same path for the same user and URL), and the resumed run keeps those
   shards and deletes any uploaded after the checkpoint.
-* DST, blob to ``s3://``: streamed by S3 multipart upload (packer/multipart.py). Its 4 KiB
-  header at offset 0 is written last, but parts may be sent in any order: the first 8 MiB stay
-  local and go up last, the rest goes up as checkpoints make it durable, and its local disk
-  blocks are then released. The object appears whole when the upload completes. ``--resume``
-  carries on the same upload.
-* DST, blob to any other URL (``gs://``, ``file://``, ...): staged whole and uploaded when
-  finished (``--resume`` works from the local journal); a blob is meant to fit one reader's
-  RAM, so one machine's disk holds it too.
-* SRC: streamed, never copied whole. The image folder at the URL is listed once (the same
-  rules as a local folder) and each worker reads its inputs' bytes through fsspec
-  (packer/sources/remote.py), whether DST is local or a URL; ``--resume`` works (the
-  fingerprint comes from the listing). Skipped inputs are recorded by their path relative to
-  SRC, as for a local SRC, and the metadata's ``source`` is the URL.
+* DST, blob: to ``s3://`` streamed by S3 multipart upload (packer/multipart.py: the first 8 MiB,
+  with the header written last, go up last; the rest as checkpoints make it durable, its local
+  blocks then released; the object appears whole when the upload completes); to any other URL
+  staged whole and uploaded when finished (a blob fits one reader's RAM, so one machine's disk
+  holds it too). ``--resume`` works for both.
+* SRC: streamed, never copied whole. The image folder at the URL is listed once (a local
+  folder's rules) and each worker reads its inputs' bytes through fsspec (packer/sources/remote.py);
+  ``--resume`` works (the fingerprint comes from the listing). Skipped inputs are recorded by their
+  path relative to SRC, and the metadata's ``source`` is the URL.
 
 An existing remote DST is refused unless ``overwrite`` (or, for an unfinished WebDataset upload
 without its metadata, ``resume``; an interrupted ``--overwrite``'s ``URL.partial`` too).
@@ -95,15 +91,14 @@ class Uploader:
     """The WebDataset writer's sink for a URL DST (:class:`~packer.writers.webdataset.ShardSink`).
 
     :meth:`put` queues a finished local file; ``threads`` background threads upload each under
-    its name below ``url`` and then delete the local copy. At most ``max_pending`` files wait or
+    its name below ``url``, then delete the local copy. At most ``max_pending`` files wait or
     upload at once: past that :meth:`put` blocks, so a conversion faster than the network waits
     instead of filling the local disk. ``marker``: ``(name, bytes)`` stored first, neither listed
-    by :meth:`stored` nor removed until :meth:`publish` (the format's ``publish`` removes it).
-    Call :meth:`close` when done (or :meth:`discard`).
-    """
+    by :meth:`stored` nor removed until :meth:`publish` (the format's ``publish`` removes it; what
+    it returns is :meth:`clean_up`'s). Call :meth:`close` when done (or :meth:`discard`)."""
 
     def __init__(self, url: str, *, max_pending: int = MAX_PENDING, threads: int = UPLOAD_THREADS,
-                 marker: tuple[str, bytes] | None = None, publish: Callable[[Any, str], None] | None = None) -> None:
+                 marker: tuple[str, bytes] | None = None, publish: Callable[[Any, str], Callable[[], None] | None] | None = None) -> None:
         if max_pending < 1 or threads < 1:
             raise ValueError(f"max_pending and threads must be positive, got {max_pending}, {threads}")
         self.url = url.rstrip("/")
@@ -111,7 +106,7 @@ class Uploader:
         self.root = root.rstrip("/")
         self.max_pending = max_pending
         self._marker = marker[0] if marker else None
-        self._on_publish = publish
+        self._on_publish, self._clean_up = publish, None
         #: Whether :meth:`publish` began: what is stored is then whole, and never discarded.
         self.publishing = False
         self._local = _is_local(self.fs)  # a local folder must exist before files go in (object stores: no folders)
@@ -195,9 +190,14 @@ class Uploader:
         self.publishing = True
         try:
             if self._on_publish is not None:
-                self._on_publish(self.fs, self.root)
+                self._clean_up = self._on_publish(self.fs, self.root)
         except OSError as exc:
             raise OutputError(f"{self.url}: publishing the upload failed ({exc}); it is whole there: --resume publishes it again") from None
+
+    def clean_up(self) -> None:
+        """What :meth:`publish` left for once the journal is gone (a staged copy's removal)."""
+        if self._clean_up is not None:
+            self._clean_up()
 
     # -- lifetime ---------------------------------------------------------------------------
     def stop(self) -> None:

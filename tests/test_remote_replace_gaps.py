@@ -298,3 +298,38 @@ def test_an_upload_another_machine_is_storing_is_left_to_it(s3, images):
         s3.pipe({f"{root}/{UPLOAD_MARKER}": json.dumps({**marker, "host": __import__("socket").gethostname()}).encode()})
         convert(images, url, overwrite=True, **NEW)
         assert len(read_all(url)) == 20
+
+
+def test_a_clean_up_cut_short_after_publishing_keeps_the_new_dataset(s3, images, monkeypatch, caplog):
+    """Bug: URL.partial was removed as part of publishing, in one call and any order; cut short
+    once it had lost shards but not its metadata record, --resume published it again, which
+    removed the new dataset's shards at URL as old ones that URL.partial no longer held. It is
+    removed once the journal is gone now (a failure is said: the dataset is complete), its
+    marker last, so a later --overwrite knows it for packer's and removes it."""
+    import packer.remote as remote
+
+    url, staged = "s3://packer-test/gaps-clean", "packer-test/gaps-clean.partial"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    convert(images, url, **OLD)
+    real_rm = s3.rm
+
+    def rm_then_fail(path, *args, **kwargs):
+        paths = [path] if isinstance(path, str) else list(path)
+        if any(p.rstrip("/").startswith(staged) for p in paths):
+            s3.invalidate_cache()
+            objects = sorted(o for p in paths for o in (s3.find(p) if p.rstrip("/") == staged else [p]))
+            real_rm(objects[:-1])  # all but the last went; then the connection
+            raise ConnectionError("connection reset by peer")
+        return real_rm(path, *args, **kwargs)
+
+    monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(s3, "rm", rm_then_fail)
+    convert(images, url, overwrite=True, **NEW)
+    monkeypatch.undo()
+    said = [r.getMessage() for r in caplog.records if "staged copy could not be removed" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("s3://packer-test/gaps-clean.partial: the dataset is complete")
+    assert UPLOAD_MARKER in files(s3, staged) and not staging_folder(url).exists()  # no journal: nothing publishes again
+    assert read_all(url)[0][0] == (3, 8, 8) and len(read_all(url)) == 20
+    convert(images, url, overwrite=True, **OLD)  # removes the leftover, known for packer's by its marker
+    s3.invalidate_cache()
+    assert not s3.exists(staged) and read_all(url)[0][0] == (3, 12, 12) and len(read_all(url)) == 20

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, Callable
 
 from readers.formats.uploading import UPLOAD_MARKER, marker_bytes, uploader_elsewhere
 from readers.formats.webdataset import META_FILE, ShardStore, parse_metadata
@@ -52,7 +52,8 @@ class RemoteShards:
     @staticmethod
     def sink(url: str, final: str) -> Uploader:
         """Stores the marker first; publishing removes it (``url`` is ``final``) or copies the
-        whole upload over the dataset at ``final`` (:func:`replace_with`)."""
+        whole upload over the dataset at ``final`` (:func:`replace_with`), and its clean-up then
+        removes ``url``."""
         url, final = url.rstrip("/"), final.rstrip("/")
         marker = (UPLOAD_MARKER, marker_bytes())
         if url == final:
@@ -60,7 +61,7 @@ class RemoteShards:
         if not url.startswith(final):  # pragma: no cover - packer/remote.py stores beside final only
             raise ValueError(f"{url}: not beside {final}")
         suffix = len(url) - len(final)  # (its path in the filesystem: the final one's and the suffix)
-        return Uploader(url, marker=marker, publish=lambda fs, root: replace_with(fs, root, root[:-suffix]))
+        return Uploader(url, marker=marker, publish=lambda fs, root: replace_with(fs, root, root[:-suffix], url))
 
     @staticmethod
     def unfinished(fs: Any, root: str) -> bool:
@@ -136,12 +137,15 @@ def _drop_marker(fs: Any, root: str, url: str) -> None:
                                             "(its metadata is there): delete that object yourself", url, UPLOAD_MARKER, exc)
 
 
-def replace_with(fs: Any, staged: str, root: str) -> None:
+def replace_with(fs: Any, staged: str, root: str, url: str = "") -> Callable[[], None]:
     """Make the whole upload at ``staged`` (its metadata record stored) the dataset at ``root``,
     which it replaces: the marker goes to ``root`` and its metadata record goes (no reader takes
     it from here on), every file of ``staged`` is copied over (server-side where the store can),
-    the old files it has not replaced go, the metadata record is copied last, then the marker and
-    ``staged`` go. Cut short anywhere, it is done again whole (by ``--resume``)."""
+    the old files it has not replaced go, the metadata record is copied last, then the marker.
+    Cut short anywhere, it is done again whole (by ``--resume``). Returns the removal of
+    ``staged``, for once the conversion's journal is gone: done again with ``staged`` part
+    removed, the old files it would remove were the new dataset's shards that ``staged`` no
+    longer held. ``url``: ``staged``'s, to name it."""
     def names(folder: str) -> set[str]:
         fs.invalidate_cache(folder)
         return {str(name).rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(folder, detail=False)} if fs.exists(folder) else set()
@@ -157,4 +161,19 @@ def replace_with(fs: Any, staged: str, root: str) -> None:
         fs.rm([f"{root}/{name}" for name in stale])
     fs.copy(f"{staged}/{META_FILE}", f"{root}/{META_FILE}")
     fs.rm_file(f"{root}/{UPLOAD_MARKER}")
-    fs.rm(staged, recursive=True)
+    return lambda: _remove_staged(fs, staged, names(staged), url or staged)
+
+
+def _remove_staged(fs: Any, staged: str, held: set[str], url: str) -> None:
+    """Remove a published upload's ``staged`` folder, its marker last: one cut short is still
+    known for packer's (:meth:`RemoteShards.is_staged`), and a later ``--overwrite`` removes it.
+    A failure is said, not raised: the dataset it replaced is whole."""
+    try:
+        rest = sorted(held - {UPLOAD_MARKER})
+        if rest:
+            fs.rm([f"{staged}/{name}" for name in rest])
+        if fs.exists(staged):
+            fs.rm(staged, recursive=True)
+    except OSError as exc:
+        logging.getLogger("packer").warning("%s: the dataset is complete, but its staged copy could not be removed (%s): "
+                                            "delete it yourself (an --overwrite of the dataset removes it too)", url, exc)

@@ -100,6 +100,9 @@ class ShardSink(Protocol):
         """Everything is stored, the metadata record last: make it the destination (raise what
         failed; what is stored stays, whole, for ``--resume`` to publish again)."""
 
+    def clean_up(self) -> None:
+        """After :meth:`publish`, once the journal is gone: remove what only publishing needed."""
+
     @property
     def publishing(self) -> bool:
         """Whether :meth:`publish` began."""
@@ -413,6 +416,12 @@ class ShardWriter(PieceWriter):
         if self.sink is not None and self._journal is not None and self._seen is not None:
             self._deferred = True
         super()._last_checkpoint_now()
+
+    def finish(self, meta: Metadata) -> None:
+        """As a local run's; then a sink cleans up, the journal gone (the dataset is complete)."""
+        super().finish(meta)
+        if self.sink is not None:
+            self.sink.clean_up()
 
     def suspend(self) -> None:
         """As a local run's; a sink stops first, its uploads in progress not waited for (nor by a
