@@ -41,6 +41,7 @@ from .placement import Placed, Placement, PlacingWriter
 from .preprocess.task import SOURCE_CHANGED, Encoded, Failed
 from .progress import progress_bar
 from .report import ConversionReport, human_bytes
+from .touched import resume_touched_source
 from .writers import get_writer
 from .writers.base import Writer, partial_path
 from .writers.piece_writer import PieceWriter, Written
@@ -184,6 +185,8 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
     extra = {"sink": sink} if sink is not None else {}
     fingerprint = job.fingerprint(fmt, Path(dst), dataclasses.asdict(storage or StorageOptions()), options.on_error)
     started = time.perf_counter()
+    if options.resume:  # a source only touched since the interrupted run: its converted inputs compared, not refused
+        resume_touched_source(job, partial_path(Path(dst)), fingerprint, run_map, workers=workers, timeout=options.timeout, what=str(dst))
     writer = writer_class(dst, storage, fingerprint=fingerprint, resume=options.resume, **extra)
     resumed_at = (0, 0)  # samples and payload bytes a resumed run found written (not in this run's rate)
     units: list[int] = []  # how many work units (inputs, or a piece writer's pieces) this run mapped

@@ -42,7 +42,7 @@ from .sources.images import ImageFolder, scan_image_folder, warn_one_class_of_cl
 from .sources.remote import is_source_url, remote_chunksize, store_answers
 from .sources.rules import warn_of_empty_classes
 from .writers.base import Writer
-from .writers.journal import conversion_fingerprint
+from .writers.fingerprint import conversion_fingerprint
 
 __all__ = ["Job", "ImageJob", "image_job", "resolve_kind", "check_kind_options", "changed_fields", "source_fields", "ENLARGEMENT"]
 

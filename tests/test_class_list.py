@@ -83,7 +83,7 @@ def test_resume_names_a_changed_class_list(splits, tmp_path):
     """--classes given, then left out on --resume: the refusal names it, where it said the source
     folder had changed (a review)."""
     from packer.jobs import image_job
-    from packer.writers.journal import fingerprint_difference
+    from packer.writers.fingerprint import fingerprint_difference
 
     def fingerprint(source: SourceOptions) -> dict:
         return image_job(splits / "val", ImageOptions(size=8), source).fingerprint("lmdb", tmp_path / "r.lmdb", {}, "skip")

@@ -111,7 +111,8 @@ def test_a_resume_after_the_corpus_changed_says_to_put_it_back(tmp_path, change)
     refused = CliRunner().invoke(cli, [*args, "--resume"])
     assert refused.exit_code != 0 and ("the source folder changed since the interrupted run (files added, removed or modified): its top "
                                        "folder has files modified (a.txt modified since the interrupted run listed them); put the source "
-                                       "back as it was to finish it (a file touched, or rewritten with the same bytes, counts as modified: "
+                                       "back as it was to finish it (a file of a remote source or a text corpus touched, or rewritten with the "
+                                       "same bytes, counts as modified: "
                                        "its modification time differs), or with --overwrite instead of --resume") in refused.stderr, refused.stderr
 
 

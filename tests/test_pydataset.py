@@ -469,7 +469,7 @@ def test_a_reading_error_names_no_memory_address(tmp_path):
 def test_a_refused_resume_says_the_dataset_changed_not_its_digests(tmp_path):
     """A Hugging Face dataset changed since the interrupted run: the refusal said "dataset was
     datasets:abc123 in the interrupted run, now datasets:..." (an HF walkthrough)."""
-    from packer.writers.journal import fingerprint_difference
+    from packer.writers.fingerprint import fingerprint_difference
 
     def fingerprint(dataset) -> dict:
         return image_job(dataset, ImageOptions(size=16), SourceOptions(image_column="img", label_column="fine")).fingerprint(

@@ -188,7 +188,7 @@ def test_the_journal_rows_stay_raw_little_endian_int64(tmp_path):
 def test_a_refused_resume_names_every_option_that_changed():
     """Sorted by name, the first difference alone could be one the user never set (a default
     that followed the one they changed)."""
-    from packer.writers.journal import fingerprint_difference
+    from packer.writers.fingerprint import fingerprint_difference
 
     old = {"--size": [224, 224], "--resize-mode": "center-crop", "--grayscale": False, "--quality": None}
     new = {"--size": [128, 128], "--resize-mode": "shorter", "--grayscale": True, "--quality": None}
@@ -211,7 +211,7 @@ def test_a_run_that_failed_at_a_bad_input_resumes_skipping(tmp_path, image_folde
     only --overwrite went on, discarding the checkpoint (a data-safety walkthrough). A fail-mode
     checkpoint skipped nothing, so skip mode would have saved the same: it resumes, and the
     result is what one skip-mode run makes; the other way round stays refused."""
-    from packer.writers.journal import fingerprint_difference
+    from packer.writers.fingerprint import fingerprint_difference
 
     assert fingerprint_difference({"--on-error": "fail"}, {"--on-error": "skip"}) is None
     assert fingerprint_difference({"--on-error": "skip"}, {"--on-error": "fail"}) == (
@@ -310,7 +310,7 @@ def test_a_refused_resume_names_the_folders_that_changed(tmp_path, image_folder)
 
 
 def test_the_folders_named_in_a_refusal_cover_every_kind_of_change():
-    from packer.writers.journal import FOLDERS_KEY, fingerprint_difference
+    from packer.writers.fingerprint import FOLDERS_KEY, fingerprint_difference
 
     old = {"listing": "a", FOLDERS_KEY: {"/d/c1": [10, "x"], "/d/c2": [3, "z"]}, "source": "/d"}
     new = {"listing": "b", FOLDERS_KEY: {"/d/c1": [10, "y"], "/d/c3": [2, "q"]}, "source": "/d"}
@@ -326,7 +326,7 @@ def test_a_file_rewritten_at_the_same_size_changes_the_listing(tmp_path):
     """A BMP of the same dimensions rewritten keeps its size: the listing stamps the modification
     time too, so --resume refuses a source changed so (a mutation sweep: no test rewrote a file in place)."""
     cv2 = pytest.importorskip("cv2")
-    from packer.writers.journal import listing_digest
+    from packer.writers.fingerprint import listing_digest
 
     path = tmp_path / "a.bmp"  # a BMP of the same dimensions always has the same size
     cv2.imwrite(str(path), np.zeros((8, 8, 3), np.uint8))
