@@ -46,7 +46,7 @@ def resume_touched_source(job: Job, tmp: Path, fingerprint: Mapping[str, Any], r
     holds from the changed folders again and adopt ``fingerprint`` when they agree (else raise
     :class:`OptionError` naming those that differ). Otherwise do nothing: the writer's resume
     then goes on, or refuses, as before."""
-    old = _interrupted_fingerprint(tmp)
+    old = _interrupted_fingerprint(tmp) if tmp.exists() else None  # (no partial output: nothing to resume)
     if (old is None or job.kind != "image" or job.stage is not None or not fingerprint.get(SIZES_KEY)
             or old.get(SIZES_KEY) != fingerprint.get(SIZES_KEY)):
         return
