@@ -222,7 +222,7 @@ def _job(src: Any, kind: str | None, image: ImageOptions | None, text: TextOptio
          workers: int | None) -> Job:
     """The job for ``src``: images (a folder, an archive, a dataset...) or a text corpus, refusing
     the other kind's options."""
-    if resolve_kind(src, kind) == "image":
+    if resolve_kind(src, kind, text_given=text is not None) == "image":
         if text is not None:
             named = ", ".join(changed_fields(text)) or "text=TextOptions()"
             from .sources.datasets import describe_dataset, is_python_dataset

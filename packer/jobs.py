@@ -361,11 +361,12 @@ def _dataset_job(dataset: Any, image: ImageOptions, source: SourceOptions) -> Im
     return ImageJob(folder.source, folder.items, task, [], image, folder=folder, identity=identity)
 
 
-def resolve_kind(src: str | Path, kind: str | None) -> str:
-    """``kind`` if given, else ``"text"`` when SRC is a corpus (text files and no images), else ``"image"``."""
+def resolve_kind(src: str | Path, kind: str | None, text_given: bool = False) -> str:
+    """``kind`` if given, else ``"text"`` when SRC is a corpus (text files and no images, or no images and ``text_given``), else ``"image"``."""
     from .sources.text import is_text_corpus
-
+    from .sources.rules import holds_no_images
     from .sources.datasets import is_python_dataset
+    from .sources.shards import is_shard_folder
 
     if is_python_dataset(src):
         if kind not in (None, "image"):
@@ -381,11 +382,10 @@ def resolve_kind(src: str | Path, kind: str | None) -> str:
         src = local_path(src)
     if parquet_image_source(src) is not None:  # (Parquet files are a text corpus unless they hold images)
         return "image"
-    from .sources.shards import is_shard_folder
-
     if not is_source_url(str(src)) and is_shard_folder(src):  # (img2dataset writes a .parquet of captions beside each shard)
         return "image"
-    return "text" if not is_source_url(str(src)) and Path(src).exists() and is_text_corpus(src) else "image"
+    local = not is_source_url(str(src)) and Path(src).exists()  # (text options given for a folder of neither: a corpus)
+    return "text" if local and (is_text_corpus(src) or text_given and holds_no_images(src)) else "image"
 
 
 def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (), text: Sequence[str] = ()) -> None:
@@ -396,7 +396,7 @@ def check_kind_options(src: Any, kind: str | None, *, image: Sequence[str] = (),
         return
     if text and isinstance(src, (str, os.PathLike)) and not is_source_url(str(src)) and not os.path.lexists(local_path(str(src))):
         raise SourceError(f"{src}: no such folder or file")  # (not "text options do not apply to an image folder")
-    if resolve_kind(src, kind) == "image":
+    if resolve_kind(src, kind, text_given=bool(text)) == "image":
         if text:
             raise OptionError(f"{src}: text options ({', '.join(text)}) do not apply to an image folder; drop them, or pass --kind text")
     elif image:

@@ -197,3 +197,31 @@ def test_repeatable_options_and_help_are_not_refused(tmp_path, sources):
     assert context.params["formats"] == ("blob", "lmdb")
     assert run("convert", images, tmp_path / "i.blob", "--size", "8", "--size", "9", "--help").exit_code == 0
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("files", [{}, {"notes.md": "not a document\n"}, {"sub/notes.md": "x\n"}])
+@pytest.mark.parametrize("name", ["tokenizer", "lines", "eos"])
+def test_text_options_for_a_folder_of_neither_images_nor_text_say_it_holds_no_text(tmp_path, files, name):
+    """A folder holding no images and no text files (empty, notes only) given text options is a
+    corpus without documents: it was called 'an image folder' ('drop them, or pass --kind
+    text'), and dropping them said 'must be a folder of images' (a text walkthrough)."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    line = one_line_error(run("convert", folder, tmp_path / "t.blob", *TEXT_TYPED[name], "-q"), code=1)
+    assert line == f"Error: {folder}: no .txt, .jsonl, .ndjson or .parquet files found"
+    with pytest.raises(Exception, match=r"no \.txt, \.jsonl, \.ndjson or \.parquet files found"):
+        __import__("packer").convert(folder, tmp_path / "p.blob", text=TextOptions())
+    assert not (tmp_path / "t.blob").exists() and not (tmp_path / "p.blob").exists()
+
+
+def test_text_options_for_a_folder_holding_an_unread_image_or_an_archive_still_say_image_folder(tmp_path):
+    """Only a folder of neither is read as a corpus: one holding a .heic or a .tar is an image source."""
+    for extra in ("x.heic", "shards.tar"):
+        folder = tmp_path / extra.split(".")[1]
+        folder.mkdir()
+        (folder / extra).write_bytes(b"\0" * 16)
+        line = one_line_error(run("convert", folder, tmp_path / "t.blob", "--lines", "-q"))
+        assert line == f"Error: {folder}: text options (--lines) do not apply to an image folder; drop them, or pass --kind text"

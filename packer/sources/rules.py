@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 from readers.schema import Skipped
 
 __all__ = ["IMAGE_EXTENSIONS", "ARCHIVE_SUFFIXES", "SYSTEM_FOLDERS", "UNREAD_IMAGE_EXTENSIONS", "is_hidden", "is_image_name", "image_order",
-           "unread_images", "unread_archive", "warn_of_empty_classes"]
+           "unread_images", "unread_archive", "warn_of_empty_classes", "holds_no_images"]
 
 #: Image file extensions (any case) that are converted.
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"})
@@ -39,6 +39,21 @@ def is_hidden(name: str) -> bool:
 def is_image_name(name: str) -> bool:
     """A file that is converted: not hidden, with an image extension (any case)."""
     return not is_hidden(name) and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def holds_no_images(root: object) -> bool:
+    """Whether the local folder ``root`` holds, at any depth, no image (converted or not) and no
+    archive: neither images nor text (empty, notes only). Text options given for it name a
+    corpus, so it is read as one and said to hold no text files (it was called an image folder,
+    and dropping the options led to 'must be a folder of images': a text walkthrough)."""
+    if not isinstance(root, (str, os.PathLike)) or not os.path.isdir(root):
+        return False
+    for _folder, folders, files in os.walk(root):
+        folders[:] = [f for f in folders if not is_hidden(f)]
+        if any(os.path.splitext(n)[1].lower() in IMAGE_EXTENSIONS.union(UNREAD_IMAGE_EXTENSIONS) or n.lower().endswith(ARCHIVE_SUFFIXES)
+               for n in files if not is_hidden(n)):
+            return False
+    return True
 
 
 def unread_images(folder: str, names: Iterable[str]) -> list[Skipped]:
