@@ -464,3 +464,17 @@ def test_a_utf16_or_binary_json_lines_file_is_skipped_whole(tmp_path: Path) -> N
     (tmp_path / "c" / "b.jsonl").write_text('{"text": "kept"}\n', encoding="utf-8")
     docs, skipped = _converted(tmp_path / "c", tmp_path / "c.blob")
     assert docs == ["kept"] and skipped == [("a.jsonl", "binary file (contains NUL bytes), not text")]
+
+
+def test_a_compressed_copy_left_out_in_a_subfolder_is_named_by_its_path(tmp_path: Path, caplog) -> None:
+    """The warning named the copy by its bare name (``part-0.jsonl.gz``), not which of the
+    corpus's folders holds it (a text walkthrough: nested shards of one name in every folder)."""
+    import gzip
+
+    for folder in ("en", "de"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "part-0.jsonl").write_text('{"text": "one"}\n', encoding="utf-8")
+    (tmp_path / "de" / "part-0.jsonl.gz").write_bytes(gzip.compress(b'{"text": "one"}\n'))
+    corpus = scan_text(tmp_path)
+    assert [d.source for d in corpus.docs] == ["de/part-0.jsonl:1", "en/part-0.jsonl:1"]
+    assert "de/part-0.jsonl.gz is left out: the same file uncompressed lies beside it (gzip -k keeps both)" in caplog.text

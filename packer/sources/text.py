@@ -111,7 +111,7 @@ def _text_files(root: Path, quiet: bool = False) -> tuple[list[Path], int]:
                 json_files += 1
             elif not (name.lower() in METADATA_JSON or (dirpath == str(root) and _is_note(name))):
                 others.append(os.path.join(dirpath, name))
-    found, copies = _without_compressed_copies(_each_file_once(root, found, quiet))
+    found, copies = _without_compressed_copies(root, _each_file_once(root, found, quiet))
     if quiet:
         return sorted(found, key=lambda p: p.relative_to(root).as_posix()), images
     if copies:
@@ -216,12 +216,13 @@ def _json_name(name: str) -> bool:
 METADATA_JSON = frozenset({"dataset_infos.json", "dataset_info.json", "state.json", "dataset_dict.json"})
 
 
-def _without_compressed_copies(paths: list[Path]) -> tuple[list[Path], list[str]]:
+def _without_compressed_copies(root: Path, paths: list[Path]) -> tuple[list[Path], list[str]]:
     """``paths`` less each compressed file whose uncompressed file lies beside it (``a.jsonl``
-    and ``a.jsonl.gz``: the same documents twice), and those left out."""
+    and ``a.jsonl.gz``: the same documents twice), and those left out, relative to ``root`` (the
+    bare name did not say which folder's ``part-0.jsonl.gz`` it was)."""
     plain = {str(path) for path in paths if codec_of(path.name) is None}
     copies = [path for path in paths if codec_of(path.name) is not None and str(path.with_suffix("")) in plain]
-    return [path for path in paths if path not in copies], [path.name for path in copies]
+    return [path for path in paths if path not in copies], [path.relative_to(root).as_posix() for path in copies]
 
 
 #: What to do with compressed files packer does not read.
