@@ -30,6 +30,7 @@ that passes (no spaces at all) is tokenised whole.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -220,12 +221,26 @@ def _load_huggingface(path: Path) -> Tokenizer:
         plain = {token.content for token in backend.get_added_tokens_decoder().values() if not token.special}
     except AttributeError:  # pragma: no cover - tokenizers before 0.14
         plain = set()
-    eos = next((vocab[name] for name in EOS_NAMES if name in vocab and name not in plain), None)
+    configured = _configured_eos(path)  # the model's own choice first, as transformers' AutoTokenizer takes it
+    names = ([configured] if configured is not None else []) + list(EOS_NAMES)
+    eos = next((vocab[name] for name in names if name in vocab and name not in plain), None)
     tokenizer = Tokenizer("huggingface", str(path), vocab_size, eos, backend)
     tokenizer.plain_eos_names = [name for name in EOS_NAMES if name in plain]
     if type(backend.model).__name__ in CUTTABLE_MODELS:
         tokenizer.cuts = cuts_of(backend.pre_tokenizer)
     return tokenizer
+
+
+def _configured_eos(path: Path) -> str | None:
+    """The ``eos_token`` of the ``tokenizer_config.json`` beside ``path`` (as ``save_pretrained``
+    writes it: a string, or a record with its ``content``), or ``None``."""
+    try:
+        config = json.loads((path.parent / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    token = config.get("eos_token") if isinstance(config, dict) else None
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) and token else None
 
 
 #: What :func:`cuts_of` pre-tokenizes: words, digits and punctuation between spaces, a double

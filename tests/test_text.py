@@ -449,6 +449,33 @@ def test_an_eos_name_that_is_not_a_special_token_is_not_taken(tmp_path: Path) ->
         packer.convert(src, tmp_path / "o.blob", text=TextOptions(tokenizer=str(path)), workers=1)
 
 
+def test_the_eos_token_a_tokenizer_config_names_is_taken(tmp_path: Path) -> None:
+    """A save_pretrained folder's tokenizer_config.json names the model's end-of-document token;
+    it was ignored for the first name of a fixed list ('<|endoftext|>' in a vocabulary whose model
+    ends documents with '<|eot|>'; a walkthrough), as transformers' AutoTokenizer does not."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from readers.tokenizer import load_tokenizer
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(_docs(50, 1), trainers.BpeTrainer(vocab_size=80, special_tokens=["[UNK]", BPE_EOS, "<|eot|>"]))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    assert load_tokenizer(folder).eos_id == tok.token_to_id(BPE_EOS)  # no config: the list's first
+    for written in ("<|eot|>", {"content": "<|eot|>", "special": True, "__type": "AddedToken"}):
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": written}), encoding="utf-8")
+        assert load_tokenizer(folder).eos_id == load_tokenizer(folder / "tokenizer.json").eos_id == tok.token_to_id("<|eot|>")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|not in it|>"}), encoding="utf-8")
+    assert load_tokenizer(folder).eos_id == tok.token_to_id(BPE_EOS)
+    (tmp_path / "src").mkdir()
+    src = write_texts(tmp_path / "src", {"a.txt": "alpha beta"})
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot|>"}), encoding="utf-8")
+    report = packer.convert(src, tmp_path / "o.blob", text=TextOptions(tokenizer=str(folder)), workers=1)
+    assert list(TokenDataset(report.dst)[0])[-1] == tok.token_to_id("<|eot|>")
+
+
 def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, caplog) -> None:
     """A folder of .jsonl.gz was called an image folder and .gz files beside plain ones were
     dropped without a word (an LLM user's walkthrough); gzip, bzip2, xz and zstd text files are
