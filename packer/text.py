@@ -58,6 +58,11 @@ def resolve_eos(tokenizer: Tokenizer, eos: int | str | None) -> int | None:
     assert isinstance(eos, int)
     if eos >= tokenizer.vocab_size:
         raise OptionError(f"--eos: id {eos} is outside the tokenizer's vocabulary of {tokenizer.vocab_size}")
+    text = tokenizer.text_token(eos)
+    if text is not None:  # (Megatron's --append-eod takes the tokenizer's own end-of-document token)
+        own = f"its own is {tokenizer.eos_id}" if tokenizer.eos_id is not None else "it has none: --eos none for no separator"
+        log.warning("--eos %d is an ordinary token of the tokenizer (the text %r): a document holding that text cannot be told "
+                    "from its end; pass a special token (%s)", eos, text, own)
     return eos
 
 

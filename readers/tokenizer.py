@@ -104,6 +104,18 @@ class Tokenizer:
         #: pre-tokenizer end pre-tokens (:func:`cuts_of`); none for any other tokenizer.
         self.cuts: tuple[re.Pattern[str], ...] = ()
 
+    def text_token(self, token_id: int) -> str | None:
+        """The text of ``token_id`` if it is an ordinary token, one that text tokenises to (a
+        byte, a word piece; ``None`` for a special or control token, or an id with no token)."""
+        if self.kind == "bytes":
+            return bytes([token_id]).decode("latin-1") if token_id < BYTES_EOS else None
+        if self.kind == "huggingface":
+            special = {i for i, token in self._backend.get_added_tokens_decoder().items() if token.special}
+            return None if token_id in special else self._backend.id_to_token(token_id)
+        if self._backend.IsControl(token_id) or self._backend.IsUnknown(token_id):
+            return None
+        return self._backend.IdToPiece(token_id)
+
     @property
     def cuttable(self) -> bool:
         """Whether a long text is cut into pieces at all."""

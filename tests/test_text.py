@@ -246,6 +246,12 @@ def test_sentencepiece_model_round_trip(corpus: Path, tmp_path: Path) -> None:
     check_tokens(dst, [processor.encode(text) + [processor.eos_id()] for text in _docs()], expect_tokenizer=model)
     ds = TokenDataset(dst)
     assert ds.meta.tokenizer["vocab_size"] == 60 and ds.meta.dtype == "uint16"
+    from readers.tokenizer import load_tokenizer  # --eos of an ordinary piece is said (test_an_eos_that_is_an_ordinary_token_is_said)
+
+    loaded = load_tokenizer(model)
+    assert [loaded.text_token(i) for i in range(60)] == [
+        None if processor.IsControl(i) or processor.IsUnknown(i) else processor.IdToPiece(i) for i in range(60)]
+    assert loaded.text_token(processor.eos_id()) is None and loaded.text_token(processor.unk_id()) is None
 
 
 def test_parquet_text_column(tmp_path: Path) -> None:
@@ -474,6 +480,27 @@ def test_the_eos_token_a_tokenizer_config_names_is_taken(tmp_path: Path) -> None
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot|>"}), encoding="utf-8")
     report = packer.convert(src, tmp_path / "o.blob", text=TextOptions(tokenizer=str(folder)), workers=1)
     assert list(TokenDataset(report.dst)[0])[-1] == tok.token_to_id("<|eot|>")
+
+
+def test_an_eos_that_is_an_ordinary_token_is_said(tmp_path: Path, caplog) -> None:
+    """--eos 10 with the bytes tokenizer (the newline byte) was taken without a word: every line
+    end then looked like a document's end (a walkthrough). A special token is taken silently."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    (tmp_path / "src").mkdir()
+    src = write_texts(tmp_path / "src", {"a.txt": "alpha beta"})
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(_docs(50, 1), trainers.BpeTrainer(vocab_size=80, special_tokens=["[UNK]", BPE_EOS]))
+    tok.save(str(tmp_path / "t.json"))
+    word = next(i for t, i in tok.get_vocab().items() if t.isalpha() and len(t) > 1)
+    cases = [("bytes", 10, "--eos 10 is an ordinary token of the tokenizer (the text '\\n')"), ("bytes", 256, None),
+             (str(tmp_path / "t.json"), word, f"the text {tok.id_to_token(word)!r}"), (str(tmp_path / "t.json"), tok.token_to_id(BPE_EOS), None)]
+    for n, (spec, eos, said) in enumerate(cases):
+        caplog.clear()
+        packer.convert(src, tmp_path / f"o{n}.blob", text=TextOptions(tokenizer=spec, eos=eos), workers=1)
+        warned = [r.getMessage() for r in caplog.records if "is an ordinary token" in r.getMessage()]
+        assert (warned == [] if said is None else len(warned) == 1 and said in warned[0]), (spec, eos, warned)
 
 
 def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, caplog) -> None:
