@@ -74,10 +74,10 @@ def resume_touched_source(job: Job, tmp: Path, fingerprint: Mapping[str, Any], r
                     differ.append(name)
         if differ:
             more = f" and {len(differ) - MAX_NAMED:,} more" if len(differ) > MAX_NAMED else ""
+            verb, back = ("converts", "it back as it was") if len(differ) == 1 else ("convert", "them back as they were")
             raise OptionError(f"--resume: the source folder changed since the interrupted run: {', '.join(differ[:MAX_NAMED])}{more} "
-                              f"convert{'s' if len(differ) == 1 else ''} differently now; put {'it back as it was' if len(differ) == 1 else 'them back as they were'} "
-                              "to finish it, or run with --overwrite instead of "
-                              "--resume to discard it and start over")
+                              f"{verb} differently now; put {back} to finish it, or run with --overwrite instead of --resume to "
+                              "discard it and start over")
         Journal(tmp, fingerprint).adopt_fingerprint()
         if items:
             log.warning("--resume: the %s convert%s as before: resuming", f"{len(items):,} input" + ("s" if len(items) != 1 else ""),
