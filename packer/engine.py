@@ -200,8 +200,9 @@ def run(job: Job, fmt: str, dst: Path, *, storage: StorageOptions | None, option
                 inputs = len(job.items) + len(job.skipped)  # those the scan already refused too
                 if not inputs:  # ("none of the 0 documents": a corpus of blank lines said nothing of why)
                     raise InputError(f"{job.source}: no {job.noun}s to convert" + (" (its files are empty or hold blank lines only)" if job.noun == "document" else ""))
-                what = f"{job.noun}s" if job.items else "inputs"  # (2 Parquet files skipped whole were '2 documents')
-                raise InputError(f"{job.source}: none of the {inputs:,} {what} could be converted{because}")
+                what = job.noun if job.items else "input"  # (2 Parquet files skipped whole were '2 documents')
+                said = f"none of the {inputs:,} {what}s could be converted" if inputs > 1 else f"its one {what} could not be converted"
+                raise InputError(f"{job.source}: {said}{because}")
             writer.finish(Metadata(
                 format=fmt, count=writer.count, source=job.source, skipped=tuple(skipped), tool_version=__version__,
                 created=datetime.now(timezone.utc).isoformat(timespec="seconds"), extra=writer.extra(), **job.metadata_fields(writer),

@@ -209,7 +209,7 @@ def test_bad_files_are_skipped_warned_and_recorded(tmp_path):
 def test_all_inputs_bad_is_an_error(tmp_path):
     write(tmp_path / "src/a/x.jpg", b"nope")
     result = run("convert", tmp_path / "src", tmp_path / "o.lmdb", "-q")
-    assert result.exit_code == 1 and "none of the 1 images could be converted" in result.stderr
+    assert result.exit_code == 1 and "src: its one image could not be converted (first: a/x.jpg: " in result.stderr
     assert "warning" not in result.stderr  # --quiet: the error line only
     assert not (tmp_path / "o.lmdb").exists()
 
