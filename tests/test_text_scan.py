@@ -462,8 +462,13 @@ def test_a_utf16_or_binary_json_lines_file_is_skipped_whole(tmp_path: Path) -> N
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.jsonl").write_bytes("".join(f'{{"text": "d{i}"}}\n' for i in range(50)).encode("utf-16"))
     (tmp_path / "c" / "b.jsonl").write_text('{"text": "kept"}\n', encoding="utf-8")
+    (tmp_path / "c" / "c.txt").write_bytes(bytes(range(256)) * 4)  # binary: no byte-order mark
+    (tmp_path / "c" / "d.txt").write_bytes("plain words\n".encode("utf-16-be"))  # no byte-order mark: said as binary
     docs, skipped = _converted(tmp_path / "c", tmp_path / "c.blob")
-    assert docs == ["kept"] and skipped == [("a.jsonl", "binary file (contains NUL bytes), not text")]
+    # UTF-16 was said as binary: by its byte-order mark, what to do instead (a walkthrough)
+    utf16 = "UTF-16 text (by its byte-order mark), not UTF-8: convert it first (iconv -f UTF-16 -t UTF-8)"
+    binary = "binary file (contains NUL bytes), not text"
+    assert docs == ["kept"] and skipped == [("a.jsonl", utf16), ("c.txt", binary), ("d.txt", binary)]
 
 
 def test_a_compressed_copy_left_out_in_a_subfolder_is_named_by_its_path(tmp_path: Path, caplog) -> None:

@@ -345,7 +345,8 @@ def _document_rows(path: Path, file: TextFile, index: int, by_line: bool, found:
                 return f"{codec}-compressed data under a plain name: name it {path.name}{suffix} to have it read"
         nuls = block[:_SNIFF].count(b"\x00")
         if nuls and (file.kind != "json" or nuls > max(2, len(block[:_SNIFF]) // 100)):  # a JSON line holding one is its line's
-            return "binary file (contains NUL bytes), not text"  # fault (its worker skips it); UTF-16 or binary is the file's
+            return ("UTF-16 text (by its byte-order mark), not UTF-8: convert it first (iconv -f UTF-16 -t UTF-8)"  # the file's
+                    if block.startswith((b"\xff\xfe", b"\xfe\xff")) else "binary file (contains NUL bytes), not text")  # fault
         if not by_line:
             size = file.size
             if file.codec is not None:  # (its decompressed size: read through)
