@@ -95,15 +95,45 @@ class TextJob(Job):
         return max(1, min(BATCH_DOCS, len(self.items) // max(1, (workers or 1) * 4)))
 
     def expected_sample_bytes(self) -> int | None:
-        """The corpus's bytes per document (its files' sizes: a compressed one's, so less) as token
-        ids: one a byte with ``bytes``, one per 4 bytes with a trained tokenizer (English text's
-        usual), ``dtype``'s size each. An estimate: an output cut by bytes stays within them."""
+        """About a stored document's bytes: the mean of up to :data:`SIZE_PROBE` documents spread
+        over the corpus (those in uncompressed text files), tokenised here as the workers would.
+        Else the corpus's bytes per document (its files' sizes: a compressed one's, so less) as
+        token ids, one a byte with ``bytes``, one per 4 bytes with a trained tokenizer. An
+        estimate: an output cut by bytes stays within them (the file sizes put a JSON record's
+        keys in every document: shards of --shard-bytes came out a third full, a walkthrough)."""
+        itemsize = np.dtype(self.dtype).itemsize
+        probed = self._probed_tokens()
+        if probed is not None:
+            return max(1, round(probed)) * itemsize
         files = getattr(self.items, "files", None)  # (the corpus's files: not each document made, for millions)
         sizes = {file.path: file.size for file in files} if files is not None else {}
         if not self.items or not sizes:
             return None
         per_byte = 1.0 if self.spec == "bytes" else 0.25
-        return max(1, int(sum(sizes.values()) / len(self.items) * per_byte)) * np.dtype(self.dtype).itemsize
+        return max(1, int(sum(sizes.values()) / len(self.items) * per_byte)) * itemsize
+
+    def _probed_tokens(self) -> float | None:
+        """The mean stored ids of the documents probed (EOS included): their mean size in their
+        files times the ids per byte of those read (at most :data:`SIZE_PROBE_BYTES` of them, a
+        huge one only counted), or ``None`` if none could be read."""
+        if not self.items or self.tokenizer is None:
+            return None
+        spread = np.unique(np.linspace(0, len(self.items) - 1, min(len(self.items), SIZE_PROBE)).astype(np.int64))
+        picked = [doc for doc in (self.items[int(i)] for i in spread)
+                  if isinstance(doc, DocSpan) and doc.data is None and doc.file.codec is None and doc.length > 0]
+        read: list[DocSpan] = []
+        total = 0
+        for doc in sorted(picked, key=lambda d: d.length):  # the smallest first: a huge one is only counted
+            total += doc.length
+            if total > SIZE_PROBE_BYTES:
+                break
+            read.append(doc)
+        pairs = [(doc, text) for doc, text in zip(read, document_texts(read) if read else []) if isinstance(text, str)]
+        if not pairs:
+            return None
+        per_byte = sum(len(self.tokenizer.encode(text)) for _, text in pairs) / sum(doc.length for doc, _ in pairs)
+        cap = self.text.max_tokens or float("inf")
+        return sum(min(doc.length * per_byte, cap) for doc in picked) / len(picked) + (self.eos is not None)
 
     def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
         assert self.tokenizer is not None
@@ -144,6 +174,9 @@ class TextJob(Job):
 
 #: Before the conversion starts, the first records of this many files, this many of each, are
 #: read to see that ``--text-field`` names a field the corpus has.
+#: Documents read and tokenised to estimate a stored document's size (``--shard-bytes``).
+SIZE_PROBE = 64
+SIZE_PROBE_BYTES = 1 << 20
 FIELD_PROBE_FILES, FIELD_PROBE_RECORDS = 20, 5
 #: Records read spread over the corpus, when none of the first ones has the field, before it is refused.
 FIELD_PROBE_SPREAD = 200

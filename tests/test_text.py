@@ -601,6 +601,24 @@ def test_shard_bytes_alone_sizes_text_shards(tmp_path):
     assert small.written == 3000 and len(counts) > 3 and max(counts) > 1 and sum(counts) == 3000
 
 
+def test_shard_bytes_fills_text_shards_whatever_else_the_records_hold(tmp_path):
+    """Documents were sized from the files' bytes: records holding other fields (a URL, a
+    language, scores) made each look several times its text, and --shard-bytes shards came out
+    a third full (a walkthrough). Documents spread over the corpus are tokenised to size them."""
+    import tarfile
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    meta = {"url": "https://example.com/" + "x" * 200, "lang": "en", "score": 0.5}
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document number {i} " * 4, **meta}) + "\n" for i in range(3000)))
+    limit = 40_000
+    packer.convert(corpus, tmp_path / "s" / "p-%06d.tar", storage=packer.StorageOptions(shard_bytes=limit), workers=2)
+    shards = sorted((tmp_path / "s").glob("p-*.tar"))
+    members = [sum(m.size for m in tarfile.open(shard).getmembers()) for shard in shards]  # the tar library's account
+    # (each worker's piece ends in a smaller shard, README's --shard-bytes: the median is a full one)
+    assert len(shards) > 3 and max(members) <= limit and sorted(members)[len(members) // 2] >= 0.8 * limit, members
+
+
 def test_random_windows_reach_the_last_start_and_work_with_exactly_one_block(tmp_path):
     """The last start is drawn too, and a stream of exactly one block reads (a mutation sweep)."""
     import packer
