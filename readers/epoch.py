@@ -237,7 +237,7 @@ def check_fingerprint(saved: Any, mine: Mapping[str, Any], owner: str) -> None:
             return f"the indices {fingerprint['subset']}" if "subset" in fingerprint else "the whole dataset"
 
         raise ResumeError(f"load_state_dict: the state is of other samples: it was saved over {what(saved)}, this {owner} reads {what(mine)}")
-    for key, value in mine.items():
+    for key, value in sorted(mine.items(), key=lambda item: item[0] != "items"):  # (what an index names decides the count)
         if key in saved and saved[key] != value:
             raise ResumeError(
                 f"load_state_dict: the state is of another dataset: it was saved over {key}={saved[key]!r}, "

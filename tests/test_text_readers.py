@@ -288,6 +288,10 @@ def test_a_resume_state_over_other_blocks_is_refused_naming_them(converted):
             Loader(other, batch_size=2).load_state_dict(saved)
         with pytest.raises(ResumeError, match="items="):
             ResumableSampler(other, 2).load_state_dict(saved)
+    # another block size: another count of blocks too, and the size is what is named (it was 'samples=...')
+    with pytest.raises(ResumeError, match=r"saved over items='blocks of 4 tokens, random windows of seed 0', this loader reads "
+                                          r"items='blocks of 8 tokens, random windows of seed 0'"):
+        Loader(TokenDataset(path, block_size=8, random_windows=True, seed=0), batch_size=2).load_state_dict(saved)
 
 
 def test_random_windows_are_drawn_afresh_each_epoch_and_again_for_a_resume(converted):
