@@ -503,6 +503,18 @@ def test_an_eos_that_is_an_ordinary_token_is_said(tmp_path: Path, caplog) -> Non
         assert (warned == [] if said is None else len(warned) == 1 and said in warned[0]), (spec, eos, warned)
 
 
+def test_an_expected_tokenizer_of_another_kind_is_named_plainly(bpe: Path, corpus: Path, tmp_path: Path) -> None:
+    """expect_tokenizer='bytes' over a BPE dataset said 'not bytes (sha256 bytes)' (a walkthrough)."""
+    dst = _convert(corpus, tmp_path / "b.blob", "blob", tokenizer=str(bpe)).dst
+    with pytest.raises(TokenizerError, match=r"huggingface tokenizer 'tokenizer.json' \(sha256 [0-9a-f]{64}\), not the bytes tokenizer: use the tokenizer"):
+        TokenDataset(dst, expect_tokenizer="bytes")
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    digest = hashlib.sha256(b"{}").hexdigest()
+    with pytest.raises(TokenizerError, match=rf"not {re.escape(str(other))} \(sha256 {digest}\): use"):
+        TokenDataset(dst, expect_tokenizer=other)
+
+
 def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, caplog) -> None:
     """A folder of .jsonl.gz was called an image folder and .gz files beside plain ones were
     dropped without a word (an LLM user's walkthrough); gzip, bzip2, xz and zstd text files are

@@ -54,7 +54,8 @@ def check_tokenizer(meta: Metadata, expect: str | os.PathLike[str], *, where: st
     if not ok:
         raise TokenizerError(
             f"{where}: was tokenised with {record.get('kind')} tokenizer {record.get('name')!r} "
-            f"(sha256 {record.get('sha256') or '-'}), not {text} (sha256 {got}): use the tokenizer it was made with"
+            f"(sha256 {record.get('sha256') or '-'}), not {'the bytes tokenizer' if text == 'bytes' else f'{text} (sha256 {got})'}: "
+            "use the tokenizer it was made with"
         )
 
 
