@@ -105,7 +105,7 @@ def _image_type(out: Path) -> str:
 
 def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None = None, chars: int = 2000) -> str:
     """The first ``count`` documents of the text dataset at ``path``, each under a
-    ``--- document i (n tokens)`` line, decoded with its recorded tokenizer (or ``tokenizer``,
+    ``--- document i (n tokens, from SOURCE)`` line (its recorded source name, where there is one), decoded with its recorded tokenizer (or ``tokenizer``,
     checked against the recorded sha256), each cut after ``chars`` characters (0: whole) with a
     line saying how many more there are (a book printed whole filled the terminal)."""
     if count < 1:
@@ -114,13 +114,15 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
         raise OptionError(f"--chars: must be 0 (whole documents) or more, got {chars}")
     if tokenizer is not None and str(tokenizer) != "bytes" and not Path(tokenizer).is_file():  # (it said '[Errno 2] ...')
         raise OptionError(f"--tokenizer {tokenizer}: no such file (the tokenizer.json or .model the dataset was converted with)")
-    meta = open_store(path).meta
+    opened = open_store(path)
+    meta = opened.meta
     if meta.kind != "text":
         raise PackerError(f"{path}: an {meta.kind} dataset ({meta.count:,} samples) has no documents to print: "
                           f"see a contact sheet of its samples with: packer preview {path}")
     try:
         store = TokenStore(path)
         eos = (meta.tokenizer or {}).get("eos_id")
+        names = opened.source_names() or []  # (a dataset written before names were recorded: none)
         parts = []
         for i in range(min(count, len(store))):
             ids = store.document(i)
@@ -128,7 +130,8 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
             text = store.decode(ids[:-1] if ends else ids, tokenizer)
             if chars and len(text) > chars:
                 text = f"{text[:chars]}\n[... {len(text) - chars:,} more characters; --chars 0 prints whole documents]"
-            parts.append(f"--- document {i} ({len(ids):,} tokens)\n{text}")
+            source = f", from {names[i]}" if i < len(names) else ""
+            parts.append(f"--- document {i} ({len(ids):,} tokens{source})\n{text}")
     except TokenizerError as exc:
         raise PackerError(str(exc)) from None
     return "\n".join(parts)

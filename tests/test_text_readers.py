@@ -189,7 +189,9 @@ def test_document_preview_and_head_print_the_decoded_documents(converted, fmt):
     shown = document_preview(path, count=2)
     texts = list(TEXTS.values())
     # each document as it was, its EOS not shown (the bytes tokenizer's decode makes it a newline: one character more)
-    assert shown == f"--- document 0 ({len(DOCS[0])} tokens)\n{texts[0]}\n--- document 1 ({len(DOCS[1])} tokens)\n{texts[1]}"
+    names = list(TEXTS)  # each document's source, as the conversion recorded it (`packer head` did not say: a walkthrough)
+    assert shown == (f"--- document 0 ({len(DOCS[0])} tokens, from {names[0]})\n{texts[0]}\n"
+                     f"--- document 1 ({len(DOCS[1])} tokens, from {names[1]})\n{texts[1]}")
     head = CliRunner().invoke(cli, ["head", str(path), "-n", "3"])
     assert head.exit_code == 0 and all(text in head.output for text in texts)
 
