@@ -6,8 +6,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def example_runner(tmp_path: Path, name: str, *fixed: str) -> Callable[..., str]:
+    """``run(*args)``: the example ``name`` with ``fixed`` and ``args`` in ``tmp_path`` (one thread
+    of torch, temporary files there), its stdout; a failure shows its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+
+    def run(*args: str) -> str:
+        result = subprocess.run([sys.executable, str(ROOT / "examples" / name), *fixed, *args], capture_output=True, text=True,
+                                timeout=240, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    return run
 
 
 def test_train_classifier_runs_a_few_steps(tmp_path):
@@ -42,13 +57,7 @@ def test_train_classifier_takes_a_grayscale_dataset(tmp_path):
 def test_train_classifier_checkpoints_and_resumes_its_loader(tmp_path):
     """Stopped after 3 steps (batches of 16 of 72 samples), restarted with batches of 8: it carries
     on from the checkpoint's loader state, the rest of epoch 0 (24 samples: 3 steps of 8), then epoch 1."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    script = [sys.executable, str(ROOT / "examples" / "train_classifier.py"), "--device", "cpu", "--checkpoint", "ckpt.pt"]
-
-    def run(*args: str) -> str:
-        result = subprocess.run([*script, *args], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
+    run = example_runner(tmp_path, "train_classifier.py", "--device", "cpu", "--checkpoint", "ckpt.pt")
 
     first = run("--steps", "3")
     assert "resumed" not in first and "stopped after 3 steps" in first and (tmp_path / "ckpt.pt").exists()
@@ -132,13 +141,7 @@ def test_pretrain_tokens_learns_and_a_resumed_run_is_the_uninterrupted_one(tmp_p
     """The text path end to end: a corpus tokenised into a blob, a causal model trained on random
     windows; stopped at step 10 and run again to 20 from its checkpoint, it ends at the loss of a
     run that went to 20 at once (the loader's windows, the model and the optimizer continue)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    script = [sys.executable, str(ROOT / "examples" / "pretrain_tokens.py"), "--block-size", "32", "--batch-size", "16"]
-
-    def run(*args: str) -> str:
-        result = subprocess.run([*script, *args], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
+    run = example_runner(tmp_path, "pretrain_tokens.py", "--block-size", "32", "--batch-size", "16")
 
     straight = run("--steps", "20")
     assert "packed 4,000 documents" in straight
