@@ -30,7 +30,7 @@ from .executors import EXECUTORS
 from .info import describe, read_metadata, streamed_as
 from .interrupts import interruptible
 from .jobs import changed_fields, check_kind_options
-from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, TextOptions, SourceOptions
+from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, AUTO_BOS, TextOptions, SourceOptions
 from .parallel import DEFAULT_ITEM_TIMEOUT, keep_freed_memory
 from .report import one_line
 from .sources.text import refuse_text_field_without_records
@@ -46,7 +46,7 @@ EXIT_INTERRUPTED = 130
 #: ``convert``'s options that apply to one kind of source only (as click names them): typed on
 #: the command line for the other kind, at any value (the default too), they are refused.
 IMAGE_OPTIONS = ("size", "resize", "resize_mode", "grayscale", "encoding", "quality", "max_pixels", "decode_device")
-TEXT_OPTIONS = ("tokenizer", "lines", "text_field", "eos", "max_tokens")
+TEXT_OPTIONS = ("tokenizer", "lines", "text_field", "eos", "max_tokens", "bos")
 
 
 class _UserError(click.ClickException):
@@ -188,6 +188,7 @@ def cli() -> None:
 @click.option("--text-field", default="text", show_default=True, help="Text: the field of JSON Lines records / Parquet rows.")
 @click.option("--eos", metavar="ID|none", help="Text: end-of-document id (default: the tokenizer's own; 256 for bytes).")
 @click.option("--max-tokens", type=click.IntRange(1), help="Text: keep at most this many tokens of each document (EOS is added after them).")
+@click.option("--bos", metavar="ID|auto", help="Text: an id put before every document (auto: the tokenizer's own, as <s>; default: none).")
 @label_file_options
 @click.option("--overwrite", is_flag=True, help="Replace DST if it is a packer dataset (never another file or folder).")
 @click.option("--resume", is_flag=True, help="Carry on an interrupted conversion (same SRC, DST and options) from its last checkpoint.")
@@ -214,18 +215,9 @@ def convert(
     shard_size: int | None,
     shard_bytes: str | None,
     kind: str | None,
-    tokenizer: str,
-    lines: bool,
-    text_field: str,
-    eos: str | None,
-    max_tokens: int | None,
-    labels: str | None,
-    path_column: str | None,
-    label_column: str | None,
-    image_column: str | None,
-    split_column: str | None,
-    split: str | None,
-    classes: str | None,
+    tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None, bos: str | None,
+    labels: str | None, path_column: str | None, label_column: str | None, image_column: str | None, split_column: str | None,
+    split: str | None, classes: str | None,
     overwrite: bool,
     resume: bool,
     executor: str,
@@ -254,7 +246,7 @@ def convert(
     if typed_image:
         image = ImageOptions(size=size, resize=resize, resize_mode=resize_mode, grayscale=grayscale, encoding=encoding, quality=quality,
                              max_pixels=max_pixels, decode_device=decode_device)
-    text = _text_options(tokenizer, lines, text_field, eos, max_tokens) if typed_text or kind == "text" else None
+    text = _text_options(tokenizer, lines, text_field, eos, max_tokens, bos) if typed_text or kind == "text" else None
     if "--text-field" in typed_text and Path(local_path(str(src))).exists():  # (typed as its default too: refused alike)
         refuse_text_field_without_records(Path(local_path(str(src))))
     keep_freed_memory()  # this process receives and writes every sample: see packer/parallel.py
@@ -293,14 +285,17 @@ def _given(*names: str) -> bool:
     return any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in names)
 
 
-def _text_options(tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None) -> TextOptions:
-    """The text options, ``--eos`` parsed: an invalid value is an :class:`OptionError` (exit 2)."""
-    value: int | str | None = eos
-    if eos is not None and eos != NO_EOS:
-        if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", eos):
-            raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {eos!r}")
-        value = int(eos)  # a negative one: refused by TextOptions, as from Python
-    return TextOptions(tokenizer=tokenizer, lines=lines, text_field=text_field, eos=value, max_tokens=max_tokens)
+def _text_options(tokenizer: str, lines: bool, text_field: str, eos: str | None, max_tokens: int | None, bos: str | None) -> TextOptions:
+    """The text options, ``--eos`` and ``--bos`` parsed: an invalid value is an :class:`OptionError` (exit 2)."""
+    def token(option: str, value: str | None, word: str) -> int | str | None:
+        if value is None or value == word:
+            return value
+        if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+            raise OptionError(f"{option}: must be a token id >= 0 or {word!r}, got {value!r}")
+        return int(value)  # a negative one: refused by TextOptions, as from Python
+
+    return TextOptions(tokenizer=tokenizer, lines=lines, text_field=text_field, eos=token("--eos", eos, NO_EOS), max_tokens=max_tokens,
+                       bos=token("--bos", bos, AUTO_BOS))
 
 
 @cli.command()

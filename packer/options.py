@@ -19,7 +19,7 @@ from .errors import OptionError
 from .preprocess.geometry import FIXED_SIZE_MODES, RESIZE_MODES
 
 __all__ = [
-    "ImageOptions", "StorageOptions", "TextOptions", "SourceOptions", "RunOptions", "NO_EOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
+    "ImageOptions", "StorageOptions", "TextOptions", "SourceOptions", "RunOptions", "NO_EOS", "AUTO_BOS", "parse_size", "ON_ERROR", "DEFAULT_MAX_PIXELS",
     "DEFAULT_QUALITY", "DEFAULT_ITEM_TIMEOUT", "COMPRESSIONS", "EXECUTORS", "DECODE_DEVICES",
 ]
 
@@ -229,6 +229,8 @@ class StorageOptions:
 
 #: ``--eos none``: store documents back to back with no separator token.
 NO_EOS = "none"
+#: ``--bos auto``: put the tokenizer's own beginning-of-document token before every document.
+AUTO_BOS = "auto"
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,8 @@ class TextOptions:
     ``lines``: one document per non-empty line of ``.txt`` files. ``text_field``: the string
     field of ``.jsonl`` records and Parquet rows. ``eos``: separator id after every document;
     ``None`` = the tokenizer's own EOS (``bytes``: 256), ``"none"`` = no separator.
-    ``max_tokens``: keep at most this many tokens of each document (before its EOS).
+    ``max_tokens``: keep at most this many tokens of each document (before its EOS). ``bos``:
+    an id put before every document, ``"auto"`` = the tokenizer's own, ``None`` = none.
     """
 
     tokenizer: str = "bytes"
@@ -247,6 +250,7 @@ class TextOptions:
     text_field: str = "text"
     eos: int | str | None = None
     max_tokens: int | None = None
+    bos: int | str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, (str, os.PathLike)) or not str(self.tokenizer):
@@ -259,22 +263,25 @@ class TextOptions:
             raise OptionError(f"--eos: must be a token id >= 0 or {NO_EOS!r}, got {self.eos!r}")
         if self.max_tokens is not None and (as_int(self.max_tokens) or 0) <= 0:
             raise OptionError(f"--max-tokens: must be a positive integer, got {self.max_tokens!r}")
-        for name in ("eos", "max_tokens"):  # a numpy integer (from a config) as Python's: the metadata is JSON
+        if self.bos is not None and self.bos != AUTO_BOS and (as_int(self.bos) is None or as_int(self.bos) < 0):
+            raise OptionError(f"--bos: must be a token id >= 0 or {AUTO_BOS!r} (the tokenizer's own), got {self.bos!r}")
+        for name in ("eos", "max_tokens", "bos"):  # a numpy integer (from a config) as Python's: the metadata is JSON
             if as_int(getattr(self, name)) is not None:
                 object.__setattr__(self, name, as_int(getattr(self, name)))
 
     def describe(self) -> dict[str, Any]:
         """The options as recorded in the metadata's ``preprocessing``."""
-        return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens}
+        bos = {"bos": self.bos} if self.bos is not None else {}  # (recorded only when given: older records and fingerprints lack it)
+        return {"lines": self.lines, "text_field": self.text_field, "max_tokens": self.max_tokens, **bos}
 
     @classmethod
     def from_record(cls, record: dict[str, Any], tokenizer: dict[str, Any]) -> "TextOptions":
         """The options :meth:`describe` recorded, with the metadata's ``tokenizer`` record (its
-        ``path``, and its ``eos_id``: ``None`` recorded ``--eos none``)."""
+        ``path``, its ``eos_id``: ``None`` recorded ``--eos none``; its ``bos_id``, where there is one)."""
         eos = tokenizer.get("eos_id")
         return cls(tokenizer=tokenizer.get("path") or "bytes", lines=bool(record.get("lines")),
                    text_field=record.get("text_field", "text"), eos=NO_EOS if eos is None else eos,
-                   max_tokens=record.get("max_tokens"))
+                   max_tokens=record.get("max_tokens"), bos=tokenizer.get("bos_id"))
 
 
 @dataclass(frozen=True)

@@ -121,13 +121,14 @@ def document_preview(path: str | Path, *, count: int = 3, tokenizer: str | None 
                           f"see a contact sheet of its samples with: packer preview {path}")
     try:
         store = TokenStore(path)
-        eos = (meta.tokenizer or {}).get("eos_id")
+        eos, bos = (meta.tokenizer or {}).get("eos_id"), (meta.tokenizer or {}).get("bos_id")
         names = opened.source_names() or []  # (a dataset written before names were recorded: none)
         parts = []
         for i in range(min(count, len(store))):
             ids = store.document(i)
             ends = eos is not None and len(ids) > 0 and int(ids[-1]) == eos  # its end-of-document id: not text (bytes showed a newline)
-            text = store.decode(ids[:-1] if ends else ids, tokenizer)
+            begins = bos is not None and len(ids) > 0 and int(ids[0]) == bos  # (its --bos: not text either)
+            text = store.decode(ids[int(begins) : len(ids) - int(ends)], tokenizer)
             if chars and len(text) > chars:
                 text = f"{text[:chars]}\n[... {len(text) - chars:,} more characters; --chars 0 prints whole documents]"
             source = f", from {names[i]}" if i < len(names) else ""

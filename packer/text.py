@@ -24,7 +24,7 @@ from readers.tokenizer import Tokenizer, TokenizerError, load_tokenizer, token_d
 
 from .errors import OptionError
 from .jobs import Job
-from .options import NO_EOS, TextOptions
+from .options import AUTO_BOS, NO_EOS, TextOptions
 from .preprocess.tokenize import TokenizeTask
 from .report import ConversionReport, TextConversionReport
 from .sources.text import scan_text
@@ -56,14 +56,34 @@ def resolve_eos(tokenizer: Tokenizer, eos: int | str | None) -> int | None:
             )
         return tokenizer.eos_id
     assert isinstance(eos, int)
-    if eos >= tokenizer.vocab_size:
-        raise OptionError(f"--eos: id {eos} is outside the tokenizer's vocabulary of {tokenizer.vocab_size}")
-    text = tokenizer.text_token(eos)
-    if text is not None:  # (Megatron's --append-eod takes the tokenizer's own end-of-document token)
-        own = f"its own is {tokenizer.eos_id}" if tokenizer.eos_id is not None else "it has none: --eos none for no separator"
-        log.warning("--eos %d is an ordinary token of the tokenizer (the text %r): a document holding that text cannot be told "
-                    "from its end; pass a special token (%s)", eos, text, own)
-    return eos
+    return _checked_id(tokenizer, "--eos", eos, "end", "--eos none for no separator", tokenizer.eos_id)
+
+
+def resolve_bos(tokenizer: Tokenizer, bos: int | str | None) -> int | None:
+    """The id put before every document: none, the tokenizer's own (``"auto"``), or explicit; checked."""
+    if bos is None:
+        return None
+    if bos == AUTO_BOS:
+        if tokenizer.bos_id is None:
+            raise OptionError(f"--bos auto: the tokenizer {tokenizer.path or tokenizer.kind} has no beginning-of-document token "
+                              "(a special token such as <s>): pass --bos ID, or leave --bos out")
+        return tokenizer.bos_id
+    assert isinstance(bos, int)
+    return _checked_id(tokenizer, "--bos", bos, "beginning", "leave --bos out for none", tokenizer.bos_id)
+
+
+def _checked_id(tokenizer: Tokenizer, option: str, token: int, where: str, none: str, own: int | None) -> int:
+    """``token``, refused outside the vocabulary, and said when it is an ordinary token (a
+    document holding its text could not be told from its ``where``: Megatron's --append-eod
+    takes the tokenizer's own)."""
+    if token >= tokenizer.vocab_size:
+        raise OptionError(f"{option}: id {token} is outside the tokenizer's vocabulary of {tokenizer.vocab_size}")
+    text = tokenizer.text_token(token)
+    if text is not None:
+        log.warning("%s %d is an ordinary token of the tokenizer (the text %r): a document holding that text cannot be told "
+                    "from its %s; pass a special token (%s)", option, token, text, where,
+                    f"its own is {own}" if own is not None else f"it has none: {none}")
+    return token
 
 
 @dataclass
@@ -77,6 +97,7 @@ class TextJob(Job):
     text: TextOptions = field(default_factory=TextOptions)
     tokenizer: Tokenizer | None = None
     eos: int | None = None
+    bos: int | None = None
     dtype: str = "uint16"
     spec: str = "bytes"
     paths: list[str] = field(default_factory=list)
@@ -133,11 +154,12 @@ class TextJob(Job):
             return None
         per_byte = sum(len(self.tokenizer.encode(text)) for _, text in pairs) / sum(doc.length for doc, _ in pairs)
         cap = self.text.max_tokens or float("inf")
-        return sum(min(doc.length * per_byte, cap) for doc in picked) / len(picked) + (self.eos is not None)
+        return sum(min(doc.length * per_byte, cap) for doc in picked) / len(picked) + (self.eos is not None) + (self.bos is not None)
 
     def fingerprint_parts(self) -> tuple[Iterable[tuple[str, int]], Mapping[str, Any], Mapping[str, str] | None]:
         assert self.tokenizer is not None
-        options = {**self.text.describe(), "tokenizer": self.tokenizer.identity(), "eos": self.eos, "dtype": self.dtype}
+        options = {**self.text.describe(), "tokenizer": self.tokenizer.identity(), "eos": self.eos, "dtype": self.dtype,
+                   **({"bos id": self.bos} if self.bos is not None else {})}
         return ((path, -1) for path in self.paths), options, None
 
     def fingerprint(self, fmt: str, dst: Path, storage: Mapping[str, Any], on_error: str) -> dict[str, Any]:
@@ -155,7 +177,8 @@ class TextJob(Job):
             "dtype": self.dtype,
             "layout": TOKEN_LAYOUT,
             "labeled": False,
-            "tokenizer": {**self.tokenizer.identity(), "eos_id": self.eos, "path": "" if self.spec == "bytes" else self.spec},
+            "tokenizer": {**self.tokenizer.identity(), "eos_id": self.eos, "path": "" if self.spec == "bytes" else self.spec,
+                          **({"bos_id": self.bos} if self.bos is not None else {})},
             "tokens": self.tokens(writer.payload_bytes),
             "preprocessing": {**self.text.describe(), **({"split": self.split} if self.split else {})},  # (the split: when given)
         }
@@ -218,7 +241,7 @@ def text_job(src: str | Path, text: TextOptions, split: str | None = None) -> Te
         tokenizer = load_tokenizer(text.tokenizer)
     except TokenizerError as exc:
         raise OptionError(f"--tokenizer: {exc}") from None
-    eos = resolve_eos(tokenizer, text.eos)
+    eos, bos = resolve_eos(tokenizer, text.eos), resolve_bos(tokenizer, text.bos)
     dtype = token_dtype(tokenizer.vocab_size)
     spec = "bytes" if tokenizer.kind == "bytes" else str(Path(tokenizer.path).resolve())
     corpus = scan_text(src, lines=text.lines, text_field=text.text_field, split=split)
@@ -227,6 +250,6 @@ def text_job(src: str | Path, text: TextOptions, split: str | None = None) -> Te
         log.warning("%s: %s left out: a text corpus converts its .txt, .jsonl, .ndjson and .parquet files only", src,
                     f"{corpus.images:,} images are" if corpus.images != 1 else "1 image is")
     return TextJob(
-        str(Path(src).resolve()), corpus.docs, TokenizeTask(spec, dtype, eos, text.max_tokens), list(corpus.skipped),
-        text=text, tokenizer=tokenizer, eos=eos, dtype=dtype, spec=spec, paths=corpus.paths, split=split,
+        str(Path(src).resolve()), corpus.docs, TokenizeTask(spec, dtype, eos, text.max_tokens, bos), list(corpus.skipped),
+        text=text, tokenizer=tokenizer, eos=eos, bos=bos, dtype=dtype, spec=spec, paths=corpus.paths, split=split,
     )

@@ -275,4 +275,7 @@ def _document_problem(meta: Metadata, shape: tuple[int, ...], payload: bytes) ->
         return f"token id {int(ids.max())} is outside the tokenizer's vocabulary of {vocab}"
     if eos is not None and (not ids.size or int(ids[-1]) != eos):
         return f"does not end with the end-of-document id {eos}"
+    bos = meta.tokenizer.get("bos_id")
+    if bos is not None and (not ids.size or int(ids[0]) != bos):
+        return f"does not begin with the beginning-of-document id {bos}"
     return ""

@@ -48,6 +48,8 @@ BYTES_EOS = 256
 BYTES_VOCAB = 257
 #: Special tokens taken as a file tokenizer's own end of document, first found wins.
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[EOS]", "<|end_of_text|>", "[SEP]")
+#: Beginning-of-document token names, in order, for ``--bos auto`` (after the configured one).
+BOS_NAMES = ("<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[BOS]", "[CLS]")
 #: A text longer than this many characters is tokenised in pieces (module docstring).
 LONG_TEXT = 1 << 18
 #: About how many characters each piece of a long text holds.
@@ -94,6 +96,8 @@ class Tokenizer:
         self.path = path
         self.vocab_size = vocab_size
         self.eos_id = eos_id
+        #: The tokenizer's own beginning-of-document token (``--bos auto``), or ``None``.
+        self.bos_id: int | None = None
         #: End-of-document names the vocabulary has as added tokens not marked special, so never taken
         #: as the EOS: a document holding the text would give that id mid-document (a walkthrough).
         self.plain_eos_names: list[str] = []
@@ -233,24 +237,26 @@ def _load_huggingface(path: Path) -> Tokenizer:
         plain = {token.content for token in backend.get_added_tokens_decoder().values() if not token.special}
     except AttributeError:  # pragma: no cover - tokenizers before 0.14
         plain = set()
-    configured = _configured_eos(path)  # the model's own choice first, as transformers' AutoTokenizer takes it
-    names = ([configured] if configured is not None else []) + list(EOS_NAMES)
-    eos = next((vocab[name] for name in names if name in vocab and name not in plain), None)
-    tokenizer = Tokenizer("huggingface", str(path), vocab_size, eos, backend)
+    def own(key: str, names: Sequence[str]) -> int | None:  # the model's own choice first, as transformers' AutoTokenizer takes it
+        configured = _configured_token(path, key)
+        return next((vocab[name] for name in [*([configured] if configured else []), *names] if name in vocab and name not in plain), None)
+
+    tokenizer = Tokenizer("huggingface", str(path), vocab_size, own("eos_token", EOS_NAMES), backend)
+    tokenizer.bos_id = own("bos_token", BOS_NAMES)
     tokenizer.plain_eos_names = [name for name in EOS_NAMES if name in plain]
     if type(backend.model).__name__ in CUTTABLE_MODELS:
         tokenizer.cuts = cuts_of(backend.pre_tokenizer)
     return tokenizer
 
 
-def _configured_eos(path: Path) -> str | None:
-    """The ``eos_token`` of the ``tokenizer_config.json`` beside ``path`` (as ``save_pretrained``
-    writes it: a string, or a record with its ``content``), or ``None``."""
+def _configured_token(path: Path, key: str) -> str | None:
+    """The ``key`` (``eos_token``, ``bos_token``) of the ``tokenizer_config.json`` beside ``path``
+    (as ``save_pretrained`` writes it: a string, or a record with its ``content``), or ``None``."""
     try:
         config = json.loads((path.parent / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    token = config.get("eos_token") if isinstance(config, dict) else None
+    token = config.get(key) if isinstance(config, dict) else None
     token = token.get("content") if isinstance(token, dict) else token
     return token if isinstance(token, str) and token else None
 
@@ -289,5 +295,7 @@ def _load_sentencepiece(path: Path) -> Tokenizer:
         backend = sentencepiece.SentencePieceProcessor(model_file=str(path))
     except Exception as exc:  # noqa: BLE001
         raise TokenizerError(f"{path}: not a SentencePiece model ({exc})") from None
-    eos = backend.eos_id()
-    return Tokenizer("sentencepiece", str(path), backend.get_piece_size(), eos if eos >= 0 else None, backend)
+    eos, bos = backend.eos_id(), backend.bos_id()
+    tokenizer = Tokenizer("sentencepiece", str(path), backend.get_piece_size(), eos if eos >= 0 else None, backend)
+    tokenizer.bos_id = bos if bos >= 0 else None
+    return tokenizer

@@ -18,7 +18,7 @@ IMAGE_TYPED = {
     "decode_device": ["--decode-device", "cpu"],
 }
 TEXT_TYPED = {"tokenizer": ["--tokenizer", "bytes"], "lines": ["--lines"], "text_field": ["--text-field", "text"],
-              "eos": ["--eos", "256"], "max_tokens": ["--max-tokens", "5"]}
+              "eos": ["--eos", "256"], "max_tokens": ["--max-tokens", "5"], "bos": ["--bos", "auto"]}
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,7 @@ def test_click_range_errors_exit_2_too(tmp_path, sources):
 
 @pytest.mark.parametrize("fields, option", [
     ({"eos": True}, "--eos"), ({"max_tokens": True}, "--max-tokens"), ({"text_field": 5}, "--text-field"),
+    ({"bos": "first"}, "--bos"), ({"bos": -1}, "--bos"),
     ({"tokenizer": None}, "--tokenizer"), ({"tokenizer": ""}, "--tokenizer"),
 ])
 def test_text_options_from_python_refuse_what_the_cli_refuses(fields, option):

@@ -252,6 +252,7 @@ def test_sentencepiece_model_round_trip(corpus: Path, tmp_path: Path) -> None:
     assert [loaded.text_token(i) for i in range(60)] == [
         None if processor.IsControl(i) or processor.IsUnknown(i) else processor.IdToPiece(i) for i in range(60)]
     assert loaded.text_token(processor.eos_id()) is None and loaded.text_token(processor.unk_id()) is None
+    assert loaded.bos_id == processor.bos_id() >= 0  # (--bos auto)
 
 
 def test_parquet_text_column(tmp_path: Path) -> None:
@@ -513,6 +514,54 @@ def test_an_expected_tokenizer_of_another_kind_is_named_plainly(bpe: Path, corpu
     digest = hashlib.sha256(b"{}").hexdigest()
     with pytest.raises(TokenizerError, match=rf"not {re.escape(str(other))} \(sha256 {digest}\): use"):
         TokenDataset(dst, expect_tokenizer=other)
+
+
+def test_bos_puts_the_tokenizers_own_or_a_given_id_before_every_document(corpus: Path, tmp_path: Path, caplog) -> None:
+    """--bos (Llama-style pretraining puts <s> first; only an EOS could be stored: a walkthrough):
+    'auto' takes the tokenizer's own (its tokenizer_config.json's bos_token, else a special <s>),
+    --max-tokens still counts the text's ids only, verify checks it, head does not print it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from packer.verify import verify
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(_docs(200, 1), trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", "<s>", BPE_EOS]))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id(BPE_EOS)
+    want = [[bos, *tok.encode(text, add_special_tokens=False).ids, eos] for text in _docs()]
+    dst = tmp_path / "b.lmdb"
+    done = CliRunner().invoke(cli, ["convert", str(corpus), str(dst), "--tokenizer", str(folder), "--bos", "auto", "-q"])
+    assert done.exit_code == 0, done.output
+    check_tokens(dst, want)  # the plain lmdb library's view, and TokenDataset's
+    assert TokenDataset(dst).meta.tokenizer["bos_id"] == bos and TokenDataset(dst).meta.preprocessing["bos"] == "auto"
+    report = verify(dst, source=corpus)
+    assert report.ok and report.compared == len(want), report.faults
+    head = CliRunner().invoke(cli, ["head", str(dst), "-n", "1"])
+    assert head.exit_code == 0 and "<s>" not in head.output and tok.decode(want[0][1:-1]) in head.output
+    short = packer.convert(corpus, tmp_path / "s.blob", text=TextOptions(tokenizer=str(folder), bos=bos, max_tokens=3), workers=1).dst
+    check_tokens(short, [[bos, *ids[1:-1][:3], eos] for ids in want])
+    stored = np.array([bos, *want[1][1:-1][:3], eos], "<u2").tobytes()  # document 1 made to begin with another id
+    data = bytearray(short.read_bytes())
+    assert data.count(stored) == 1
+    at = data.find(stored)
+    data[at : at + 2] = np.array([eos], "<u2").tobytes()
+    short.write_bytes(bytes(data))
+    said = [fault.message for fault in verify(short).faults]
+    assert len(said) == 2 and "checksum" in said[0] and said[1] == f"does not begin with the beginning-of-document id {bos}", said
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "[UNK]"}), encoding="utf-8")  # (a model's own choice)
+    from readers.tokenizer import load_tokenizer
+
+    assert load_tokenizer(folder).bos_id == tok.token_to_id("[UNK]")
+    none = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "n.blob"), "--bos", "auto", "-q"])
+    assert none.exit_code == 2 and "--bos auto: the tokenizer bytes has no beginning-of-document token" in none.output
+    bad = CliRunner().invoke(cli, ["convert", str(corpus), str(tmp_path / "x.blob"), "--bos", "first", "-q"])
+    assert bad.exit_code == 2 and "--bos: must be a token id >= 0 or 'auto', got 'first'" in bad.output
+    caplog.clear()
+    packer.convert(corpus, tmp_path / "o.blob", text=TextOptions(bos=10), workers=1)
+    assert any("--bos 10 is an ordinary token of the tokenizer (the text '\\n')" in r.getMessage() for r in caplog.records)
 
 
 def test_compressed_text_is_read_and_other_compression_is_said(tmp_path: Path, caplog) -> None:

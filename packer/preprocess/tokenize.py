@@ -39,12 +39,13 @@ def worker_tokenizer(spec: str) -> Tokenizer:
 
 @dataclass(frozen=True)
 class TokenizeTask(WorkUnit):
-    """Tokenise one document: ids (truncated to ``max_tokens``), then ``eos_id``, as ``dtype``."""
+    """Tokenise one document: ``bos_id``, ids (truncated to ``max_tokens``), then ``eos_id``, as ``dtype``."""
 
     tokenizer: str
     dtype: str
     eos_id: int | None = None
     max_tokens: int | None = None
+    bos_id: int | None = None
 
     def __call__(self, doc: Any) -> Encoded | Failed:
         return self.map([doc])[0]
@@ -84,5 +85,7 @@ class TokenizeTask(WorkUnit):
         ids = np.asarray(ids[: self.max_tokens], dtype=np.int64)
         if self.eos_id is not None:
             ids = np.append(ids, self.eos_id)
+        if self.bos_id is not None:
+            ids = np.insert(ids, 0, self.bos_id)
         payload = ids.astype(np.dtype(self.dtype).newbyteorder("<")).tobytes()
         return Encoded(TEXT_LABEL, (1, 1, len(ids)), payload, self.dtype)
