@@ -122,10 +122,10 @@ def _describe_text(path: str | Path, meta: Metadata, size: int) -> str:
         ("format", f"{meta.format}, format version {meta.format_version}, written by packer {meta.tool_version}"),
         ("created", meta.created),
         ("documents", f"{meta.count:,}"),
-        ("tokens", f"{meta.tokens:,} ({meta.tokens / max(meta.count, 1):,.1f} per document, {'EOS included' if tok.get('eos_id') is not None else 'no EOS'})"),
+        ("tokens", f"{meta.tokens:,} ({meta.tokens / max(meta.count, 1):,.1f} per document, {'EOS included' if tok.get('eos_id') is not None else 'no EOS'}{', BOS too' if tok.get('bos_id') is not None else ''})"),
         ("storage", f"{meta.dtype} {meta.layout}{_compression(meta)}"),
         ("tokenizer", " ".join(dict.fromkeys(str(tok.get(k)) for k in ("kind", "name")))  # ("bytes bytes" once)
-                      + f", vocab {tok.get('vocab_size'):,}, eos {tok.get('eos_id')}"
+                      + f", vocab {tok.get('vocab_size'):,}, eos {tok.get('eos_id')}" + (f", bos {tok['bos_id']}" if tok.get("bos_id") is not None else "")
                       + (f", sha256 {sha[:16]}..." if sha else "")),
         ("source", meta.source),
         ("on disk", f"{size:,} bytes"),

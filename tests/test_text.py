@@ -539,6 +539,8 @@ def test_bos_puts_the_tokenizers_own_or_a_given_id_before_every_document(corpus:
     assert TokenDataset(dst).meta.tokenizer["bos_id"] == bos and TokenDataset(dst).meta.preprocessing["bos"] == "auto"
     report = verify(dst, source=corpus)
     assert report.ok and report.compared == len(want), report.faults
+    info = CliRunner().invoke(cli, ["info", str(dst)])
+    assert "EOS included, BOS too)" in info.output and f"eos {eos}, bos {bos}" in info.output, info.output
     head = CliRunner().invoke(cli, ["head", str(dst), "-n", "1"])
     assert head.exit_code == 0 and "<s>" not in head.output and tok.decode(want[0][1:-1]) in head.output
     short = packer.convert(corpus, tmp_path / "s.blob", text=TextOptions(tokenizer=str(folder), bos=bos, max_tokens=3), workers=1).dst
