@@ -164,3 +164,55 @@ def test_an_input_it_skipped_that_converts_now_is_named(src, tmp_path):
     resumed = CliRunner().invoke(cli, [*_args("lmdb", src, dst), "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert _lmdb_items(dst) == _lmdb_items(convert(src, tmp_path / "ref.lmdb", **_kwargs("lmdb")).dst)
+
+
+def test_an_option_changed_as_well_is_refused_naming_it_and_nothing_is_adopted(src, tmp_path):
+    """Touched files and another --shard-size (an option no sample's checksum holds): the option
+    is named, as without the touch; comparing the inputs would find them the same and resume
+    a dataset whose first shards hold 4 samples and the rest 5."""
+    dst = tmp_path / "out.shards"
+    _interrupted("webdataset", src, dst)
+    _touch_all(src)
+    journal = journal_path(tmp_path / "out.shards.partial") / "journal.json"
+    before = journal.read_bytes()
+    args = [*_args("webdataset", src, dst), "--resume"]
+    refused = CliRunner().invoke(cli, [*args[: args.index("--shard-size")], "--shard-size", "5", *args[args.index("--shard-size") + 2 :]])
+    assert refused.exit_code != 0 and "--shard-size was 4 in the interrupted run, now 5" in refused.output, refused.output
+    assert journal.read_bytes() == before
+
+
+def test_a_conversion_that_took_the_lock_meanwhile_is_left_alone(src, tmp_path, monkeypatch):
+    """Another packer took the partial output's lock after this run's early probe (two resumes
+    started at once): the check neither loads (its load cuts the rows and names files back to
+    the checkpoint, which the other run is appending to) nor adopts; the one line names the
+    lock's holder, as the writer's does."""
+    import packer.engine as engine
+    from packer.errors import OutputError
+    from packer.locking import DestinationLock, lock_path
+
+    dst = tmp_path / "out.lmdb"
+    _interrupted("lmdb", src, dst)
+    _touch_all(src)
+    journal = journal_path(tmp_path / "out.lmdb.partial") / "journal.json"
+    before = journal.read_bytes()
+    monkeypatch.setattr(engine, "lock_holder", lambda path: None)  # (the probe ran before the other took it)
+    lock = DestinationLock(lock_path(tmp_path / "out.lmdb.partial"), str(dst)).acquire()
+    try:
+        with pytest.raises(OutputError, match=rf"\(pid {os.getpid()}\) is writing it now"):
+            convert(src, dst, resume=True, **_kwargs("lmdb"))
+    finally:
+        lock.release()
+    assert journal.read_bytes() == before
+
+
+def test_only_the_inputs_of_the_touched_folders_are_converted_again(src, tmp_path, monkeypatch):
+    dst = tmp_path / "out.lmdb"
+    saved = _interrupted("lmdb", src, dst)
+    later = time.time() + 5
+    for path in (src / "c1").glob("*.bmp"):
+        os.utime(path, (later, later))
+    with inputs_converted(monkeypatch, parallel) as sizes:
+        assert convert(src, dst, resume=True, **_kwargs("lmdb")).resumed == saved
+    again = max(0, saved - PER_CLASS)  # c1's converted inputs (c0's come first, untouched)
+    assert sum(sizes) == again + 2 * PER_CLASS - saved
+    assert _lmdb_items(dst) == _lmdb_items(convert(src, tmp_path / "ref.lmdb", **_kwargs("lmdb")).dst)
