@@ -371,3 +371,29 @@ def test_an_overwrite_killed_while_removing_its_staged_copy_is_not_published_aga
     s3.invalidate_cache()
     assert [shape for shape, _ in read_all(url)] == [(3, 8, 8)] * 20
 
+
+def test_a_staged_copy_that_cannot_be_listed_at_clean_up_is_said_and_the_run_succeeds(s3, images, monkeypatch, caplog):
+    """Listing URL.partial for its removal fails (the connection drops once the dataset is
+    published and the journal gone): the run still succeeds, the leftover is said, as a
+    removal that fails is; it failed the conversion of a complete dataset."""
+    import packer.remote as remote
+
+    url, staged = "s3://packer-test/gaps-unlisted", "packer-test/gaps-unlisted.partial"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    convert(images, url, **OLD)
+    real_ls, real_clean_up, cleaning = s3.ls, remote.Uploader.clean_up, []
+
+    def ls_failing_once_published(path, *args, **kwargs):
+        if path.rstrip("/") == staged and cleaning:
+            raise ConnectionError("connection reset by peer")
+        return real_ls(path, *args, **kwargs)
+
+    monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
+    monkeypatch.setattr(remote.Uploader, "clean_up", lambda self: (cleaning.append(1), real_clean_up(self))[1])
+    monkeypatch.setattr(s3, "ls", ls_failing_once_published)
+    convert(images, url, overwrite=True, **NEW)
+    monkeypatch.undo()
+    said = [r.getMessage() for r in caplog.records if "staged copy could not be removed" in r.getMessage()]
+    assert len(said) == 1 and "connection reset by peer" in said[0]
+    s3.invalidate_cache()
+    assert [shape for shape, _ in read_all(url)] == [(3, 8, 8)] * 20

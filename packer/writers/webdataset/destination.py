@@ -161,15 +161,16 @@ def replace_with(fs: Any, staged: str, root: str, url: str = "") -> Callable[[],
         fs.rm([f"{root}/{name}" for name in stale])
     fs.copy(f"{staged}/{META_FILE}", f"{root}/{META_FILE}")
     fs.rm_file(f"{root}/{UPLOAD_MARKER}")
-    return lambda: _remove_staged(fs, staged, names(staged), url or staged)
+    return lambda: _remove_staged(fs, staged, names, url or staged)
 
 
-def _remove_staged(fs: Any, staged: str, held: set[str], url: str) -> None:
-    """Remove a published upload's ``staged`` folder, its marker last: one cut short is still
-    known for packer's (:meth:`RemoteShards.is_staged`), and a later ``--overwrite`` removes it.
-    A failure is said, not raised: the dataset it replaced is whole."""
+def _remove_staged(fs: Any, staged: str, names: Callable[[str], set[str]], url: str) -> None:
+    """Remove a published upload's ``staged`` folder (``names`` lists a folder), its marker
+    last: one cut short is still known for packer's (:meth:`RemoteShards.is_staged`), and a
+    later ``--overwrite`` removes it. A failure, listing it too, is said, not raised: the
+    dataset it replaced is whole."""
     try:
-        rest = sorted(held - {UPLOAD_MARKER})
+        rest = sorted(names(staged) - {UPLOAD_MARKER})
         if rest:
             fs.rm([f"{staged}/{name}" for name in rest])
         if fs.exists(staged):
