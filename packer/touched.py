@@ -10,8 +10,10 @@ journal recorded (and those it skipped must fail again). All the same, the journ
 run's fingerprint and the resume goes on; any other is refused, naming them. Inputs it had not
 converted yet are converted as they are now, as in any run.
 
-The check runs before the writer opens the partial output, holding its lock; nothing is written
-unless every compared input agrees.
+The check runs before the writer opens the partial output, holding its lock. Reading the journal
+cuts its rows back to the last checkpoint (what follows was never durable, and a resume cuts it
+too); the checkpoint itself is rewritten, with the new listing, only when every compared input
+agrees.
 """
 
 from __future__ import annotations
