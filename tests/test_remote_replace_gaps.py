@@ -300,30 +300,36 @@ def test_an_upload_another_machine_is_storing_is_left_to_it(s3, images):
         assert len(read_all(url)) == 20
 
 
-def test_a_clean_up_cut_short_after_publishing_keeps_the_new_dataset(s3, images, monkeypatch, caplog):
-    """Bug: URL.partial was removed as part of publishing, in one call and any order; cut short
-    once it had lost shards but not its metadata record, --resume published it again, which
-    removed the new dataset's shards at URL as old ones that URL.partial no longer held. It is
-    removed once the journal is gone now (a failure is said: the dataset is complete), its
-    marker last, so a later --overwrite knows it for packer's and removes it."""
+def _staged_removal_cut(monkeypatch, s3, staged: str, removed, exc: BaseException) -> None:
+    """Each removal the store is asked for that touches ``staged`` deletes ``removed(objects asked for)``,
+    then raises ``exc`` (the connection drops, a Ctrl-C lands); every other call passes."""
     import packer.remote as remote
 
-    url, staged = "s3://packer-test/gaps-clean", "packer-test/gaps-clean.partial"
-    shutil.rmtree(staging_folder(url), ignore_errors=True)
-    convert(images, url, **OLD)
     real_rm = s3.rm
 
-    def rm_then_fail(path, *args, **kwargs):
+    def rm_then_cut(path, *args, **kwargs):
         paths = [path] if isinstance(path, str) else list(path)
         if any(p.rstrip("/").startswith(staged) for p in paths):
             s3.invalidate_cache()
-            objects = sorted(o for p in paths for o in (s3.find(p) if p.rstrip("/") == staged else [p]))
-            real_rm(objects[:-1])  # all but the last went; then the connection
-            raise ConnectionError("connection reset by peer")
+            real_rm(removed(sorted(o for p in paths for o in (s3.find(p) if p.rstrip("/") == staged else [p]))))
+            raise exc
         return real_rm(path, *args, **kwargs)
 
     monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
-    monkeypatch.setattr(s3, "rm", rm_then_fail)
+    monkeypatch.setattr(s3, "rm", rm_then_cut)
+
+
+def test_a_clean_up_cut_short_after_publishing_keeps_the_new_dataset(s3, images, monkeypatch, caplog):
+    """Bug: URL.partial was removed as part of publishing, in one call and any order; cut short
+    once it had lost shards, the run failed with its dataset at URL complete, and --resume was
+    refused (a shard changed since the checkpoint), its journal never to finish. (d1f6790 said
+    --resume published again and removed the new shards; the sweep of it did not reproduce that.)
+    It is removed once the journal is gone now (a failure is said: the dataset is complete), its
+    marker last, so a later --overwrite knows it for packer's and removes it."""
+    url, staged = "s3://packer-test/gaps-clean", "packer-test/gaps-clean.partial"
+    shutil.rmtree(staging_folder(url), ignore_errors=True)
+    convert(images, url, **OLD)
+    _staged_removal_cut(monkeypatch, s3, staged, lambda objects: objects[:-1], ConnectionError("connection reset by peer"))
     convert(images, url, overwrite=True, **NEW)
     monkeypatch.undo()
     said = [r.getMessage() for r in caplog.records if "staged copy could not be removed" in r.getMessage()]
@@ -341,24 +347,10 @@ def test_an_overwrite_killed_while_removing_its_staged_copy_is_not_published_aga
     publish again, and the dataset stays whole. (The removal run inside publishing, before the
     journal went, fails the first assertion; the resume after it was then refused on a shard
     changed since the checkpoint here, not published.)"""
-    import packer.remote as remote
-
     url, staged = "s3://packer-test/gaps-killed", "packer-test/gaps-killed.partial"
     shutil.rmtree(staging_folder(url), ignore_errors=True)
     convert(images, url, **OLD)
-    real_rm = s3.rm
-
-    def rm_then_interrupt(path, *args, **kwargs):
-        paths = [path] if isinstance(path, str) else list(path)
-        if any(p.rstrip("/").startswith(staged) for p in paths):
-            s3.invalidate_cache()
-            objects = sorted(o for p in paths for o in (s3.find(p) if p.rstrip("/") == staged else [p]))
-            real_rm([o for o in objects if o.endswith(".tar")][:2])  # shards went; then the Ctrl-C
-            raise KeyboardInterrupt
-        return real_rm(path, *args, **kwargs)
-
-    monkeypatch.setattr(remote, "dst_filesystem", lambda u: (s3, u.split("://", 1)[1]))
-    monkeypatch.setattr(s3, "rm", rm_then_interrupt)
+    _staged_removal_cut(monkeypatch, s3, staged, lambda objects: [o for o in objects if o.endswith(".tar")][:2], KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         convert(images, url, overwrite=True, **NEW)
     monkeypatch.undo()
