@@ -18,7 +18,6 @@ agrees.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ from .jobs import Job
 from .locking import DestinationLock, lock_path
 from .preprocess.task import Encoded
 from .writers.fingerprint import FOLDERS_KEY, SIZES_KEY, SOURCE_CHANGED, fingerprint_difference
-from .writers.journal import JOURNAL_FILE, Journal, journal_path
+from .writers.journal import Journal, saved_fingerprint
 
 __all__ = ["resume_touched_source", "MAX_NAMED"]
 
@@ -48,7 +47,7 @@ def resume_touched_source(job: Job, tmp: Path, fingerprint: Mapping[str, Any], r
     holds from the changed folders again and adopt ``fingerprint`` when they agree (else raise
     :class:`OptionError` naming those that differ). Otherwise do nothing: the writer's resume
     then goes on, or refuses, as before."""
-    old = _interrupted_fingerprint(tmp) if tmp.exists() else None  # (no partial output: nothing to resume)
+    old = saved_fingerprint(tmp) if tmp.exists() else None  # (no partial output: nothing to resume)
     if (old is None or job.kind != "image" or job.stage is not None or not fingerprint.get(SIZES_KEY)
             or old.get(SIZES_KEY) != fingerprint.get(SIZES_KEY)):
         return
@@ -92,16 +91,6 @@ def resume_touched_source(job: Job, tmp: Path, fingerprint: Mapping[str, Any], r
 def _nothing() -> Iterator[Iterator[Any]]:
     """No outcomes (no input to convert again: no pool started)."""
     yield iter(())
-
-
-def _interrupted_fingerprint(tmp: Path) -> dict[str, Any] | None:
-    """The fingerprint of the interrupted run's last checkpoint at ``tmp``, if there is one."""
-    try:
-        record = json.loads((journal_path(tmp) / JOURNAL_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
-    return fingerprint if isinstance(fingerprint, dict) else None
 
 
 def _changed_folders(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str] | None:

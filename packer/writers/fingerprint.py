@@ -41,11 +41,11 @@ def listing_digests(entries: Iterable[tuple[str, int]], stamps: Mapping[str, str
         else:
             try:
                 st = os.stat(path)
-                stamp = f"{st.st_size}:{st.st_mtime_ns}"
+                size, stamp = str(st.st_size), f"{st.st_size}:{st.st_mtime_ns}"
             except OSError:
-                stamp = "missing"
+                size = stamp = "missing"
             absolute = os.path.abspath(path)
-            sizes.update(f"{absolute}\0{label}\0{stamp.split(':')[0]}\n".encode("utf-8", "surrogateescape"))
+            sizes.update(f"{absolute}\0{label}\0{size}\n".encode("utf-8", "surrogateescape"))
         line = f"{absolute}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape")
         digest.update(line)
         given.update(f"{path}\0{label}\0{stamp}\n".encode("utf-8", "surrogateescape"))

@@ -38,6 +38,7 @@ __all__ = [
     "Checkpoint",
     "journal_path",
     "saved_inputs",
+    "saved_fingerprint",
     "ResumeRefused",
     "ROW_COLUMNS",
     "ROW_DTYPE",
@@ -271,8 +272,24 @@ class Journal:
 def saved_inputs(tmp: Path) -> int | None:
     """How many inputs the last checkpoint of the unfinished output ``tmp`` holds (``None``: no
     checkpoint, so nothing to resume)."""
+    record = _saved_record(tmp)
+    try:
+        return int(record["inputs"]) if record is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def saved_fingerprint(tmp: Path) -> dict[str, Any] | None:
+    """The fingerprint the last checkpoint of the unfinished output ``tmp`` records, if any."""
+    record = _saved_record(tmp)
+    fingerprint = record.get("fingerprint") if record is not None else None
+    return fingerprint if isinstance(fingerprint, dict) else None
+
+
+def _saved_record(tmp: Path) -> dict[str, Any] | None:
+    """The last checkpoint's record of this journal version, or ``None``."""
     try:
         data = json.loads((journal_path(tmp) / JOURNAL_FILE).read_text(encoding="utf-8"))
-        return int(data["inputs"]) if isinstance(data, dict) and data.get("version") == JOURNAL_VERSION else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) and data.get("version") == JOURNAL_VERSION else None
