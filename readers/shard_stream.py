@@ -13,7 +13,7 @@ import re
 import tarfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
@@ -31,7 +31,80 @@ from .schema import MAX_LABEL, TOKEN_DTYPES, IncompleteDatasetError, Metadata, P
 #: Names of local files taken as shards without reading their first bytes.
 TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 
-__all__ = ["decode_member", "resolve_shards", "shard_name", "shuffled", "shard_samples", "expected_shards"]
+__all__ = ["decode_member", "resolve_shards", "shard_name", "shuffled", "shard_samples", "expected_shards",
+           "ShardItems", "ShardSamples", "worker_items"]
+
+
+class ShardItems(Protocol):
+    """What :class:`~readers.webdataset.StreamingShards` yields from its shards, each shard's items
+    in order: samples (:class:`ShardSamples`) or a text dataset's token blocks
+    (:class:`~readers.token_stream.TokenBlocks`). Counts, positions and padding are in items."""
+
+    #: Items per shard file name, from the metadata (``None`` without: unknown).
+    counts: dict[str, int] | None
+    #: Token ids per block (``None``: the items are samples).
+    block_size: int | None
+
+    def read(self, urls: Sequence[str], cache: Any, check: Callable[[], None] | None) -> Iterator[Any]:
+        """The items of ``urls``, in order, still encoded (what the shuffle buffer holds)."""
+        ...
+
+    def decode(self, item: Any) -> tuple[Any, Any]:
+        """An item as it is yielded: ``(sample, label)``, or a block's ``(x, y)``."""
+        ...
+
+
+class ShardSamples:
+    """:class:`ShardItems` of one sample per tar key: ``(image or document, label)``."""
+
+    block_size = None
+
+    def __init__(self, meta: Metadata | None) -> None:
+        self.meta = meta
+        self.counts = None if meta is None else dict(zip(meta.extra["shards"], meta.extra["shard_counts"]))
+
+    def read(self, urls: Sequence[str], cache: Any, check: Callable[[], None] | None) -> Iterator[Any]:
+        return shard_samples(urls, cache, expected_shards(self.meta), check)
+
+    def decode(self, item: Any) -> tuple[Any, Any]:
+        encoded, label = item
+        return decode_member(*encoded, self.meta), label
+
+
+def worker_items(items: ShardItems, urls: list[str], cache: Any, check: Callable[[], None] | None, skip: int,
+                 own: int | None, share: int | None, rng: random.Random | None, buffer: int) -> Iterator[Any]:
+    """A worker's encoded items from position ``skip`` to ``share``: its ``own`` items of ``urls``
+    (through a shuffle buffer of ``buffer`` drawn from ``rng``, unless ``None``; truncated when
+    ``share`` is smaller), then, when ``share`` is larger, repeats of its items in stored order
+    from its first shard on (the padding). Positions before ``skip`` were handed out before a
+    restart: read, not decoded again."""
+    end = own if share is None or own is None else min(own, share)
+    if end is None or skip < end:
+        n, rest = 0, urls
+        if skip and rng is None and items.counts is not None:  # whole shards already read are not opened
+            while rest and n + items.counts.get(shard_name(rest[0]), skip + 1) <= skip:
+                n += items.counts[shard_name(rest[0])]
+                rest = rest[1:]
+        stream = items.read(rest, cache, check)
+        if rng is not None:
+            stream = shuffled(stream, buffer, rng)
+        for item in stream:
+            if end is not None and n >= end:
+                break
+            if n >= skip:
+                yield item
+            n += 1
+    n = own or 0
+    while share is not None and n < share:  # the padding (equal_batches pads only workers with items)
+        before = n
+        for item in items.read(urls, cache, check):
+            if n >= share:
+                break
+            if n >= skip:
+                yield item
+            n += 1
+        if n == before:
+            raise PackedFormatError(f"{urls[0] if urls else 'StreamingShards'}: no samples to pad with, the metadata counts {own}")
 
 
 def decode_member(data: np.ndarray, ext: str, url: str, name: str, meta: Metadata | None) -> torch.Tensor:

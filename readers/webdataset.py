@@ -10,7 +10,8 @@
 
 Samples are ``(uint8 tensor (C, H, W), int label)``; a text dataset's samples (``kind:
 "text"`` in the metadata) are each document's token ids, a 1-D tensor of the stored dtype
-(uint16/uint32, as :class:`~readers.tokens.TokenDataset` serves documents), with label -1.
+(uint16/uint32, as :class:`~readers.tokens.TokenDataset` serves documents), with label -1, or
+with ``block_size`` training blocks ``(x, y)`` cut within each shard (``readers/token_stream.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from .epoch import (EpochCursor, ResumeError, check_batch_size, check_fingerprin
 from .shard_plan import ShardPlan, rank_shares, uneven_split, worker_position
 from .shared_cursor import SharedCursor
 from .formats.webdataset import ShardStore
-from .schema import PackedFormatError
-from .shard_stream import decode_member, expected_shards, replaced_check, resolve_shards, shard_name, shard_samples, shuffled
+from .shard_stream import replaced_check, resolve_shards, shard_name, worker_items
+from .token_stream import stream_items
 
 __all__ = ["ShardDataset", "StreamingShards"]
 
@@ -60,6 +61,16 @@ class StreamingShards(IterableDataset):
     Samples are ``(image, label)``, or for a text dataset ``(token ids, -1)``: each document's
     ids as a 1-D uint16/uint32 tensor (lengths differ: ``DataLoader(batch_size=None)`` or a
     collate function that pads).
+
+    ``block_size=N`` (a text dataset only): items are training blocks ``(x, y)``, ``N`` token ids
+    and their next-token targets (``w[:-1], w[1:]`` of a window of ``N + 1``), uint16/uint32 as
+    :class:`~readers.tokens.TokenDataset`'s. Within each shard the documents (each ending with its
+    EOS) are one token stream and block ``j`` is its tokens ``[j*N, j*N + N + 1)``; blocks never
+    cross shards and a shard's tail shorter than a window is dropped: ``(tokens - 1) // N`` blocks
+    a shard, counted from the metadata's ``shard_tokens`` (a local folder written before it: from
+    its member index; a remote one is refused). Everything below then counts blocks: the split,
+    padding, ``len()``, the shuffle buffer and resume positions. ``transform`` is refused with it
+    (an item is a pair): apply it to the batches.
 
     Every epoch each process computes the same shard order (:class:`~readers.shard_plan.ShardPlan`:
     shuffled with ``seed`` and the epoch when ``shuffle``), takes every ``world_size``-th shard
@@ -134,8 +145,11 @@ class StreamingShards(IterableDataset):
         batch_size: int | None = None,
         drop_last: bool = False,
         num_workers: int = 0,
+        block_size: int | None = None,
     ) -> None:
         self.urls, self.meta = resolve_shards(urls_or_path)
+        self.items = stream_items(self.meta, self.urls, block_size, transform)  # samples, or token blocks
+        self.block_size = self.items.block_size
         self._unreplaced = replaced_check(self.urls, self.meta)  # (a folder replaced mid-epoch: an error, never two datasets mixed)
         if batch_size is not None:
             batch_size = check_batch_size(batch_size)
@@ -213,7 +227,7 @@ class StreamingShards(IterableDataset):
 
     def _every_share(self, epoch: int, workers: int) -> tuple[list[list[int]], list[list[int]]]:
         """:meth:`_shares` for every rank: ``[rank][worker]`` samples read, and yielded."""
-        counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
+        counts = self.items.counts or {}
         try:
             natural = [[sum(counts[shard_name(url)] for url in part) for part in rank] for rank in self.plan.split(self.urls, epoch, workers)]
         except KeyError as exc:
@@ -336,8 +350,8 @@ class StreamingShards(IterableDataset):
 
     def _settings(self) -> dict[str, Any]:
         """The settings that decide the order, as a saved state records them."""
-        return {"seed": self.seed, "shuffle": self.shuffle, "buffer": self.buffer, "rank": self.rank,
-                "world_size": self.world_size, "shards": len(self.urls), "batch_size": self.batch_size, "drop_last": self.drop_last}
+        return {"seed": self.seed, "shuffle": self.shuffle, "buffer": self.buffer, "rank": self.rank, "world_size": self.world_size,
+                "shards": len(self.urls), "batch_size": self.batch_size, "drop_last": self.drop_last, "block_size": self.block_size}
 
     @property
     def classes(self) -> list[str]:
@@ -385,8 +399,9 @@ class StreamingShards(IterableDataset):
         if self.meta is not None:
             natural, shares = self._shares(num_workers)
             own, share = natural[worker], shares[worker]
-        for encoded, label in self._positions(urls, worker, skip, own, share):
-            sample = decode_member(*encoded, self.meta)
+        rng = self.plan.sample_rng(self.epoch, worker) if self.shuffle else None
+        for item in worker_items(self.items, urls, self.cache, self._unreplaced, skip, own, share, rng, self.buffer):
+            sample, label = self.items.decode(item)
             yield (self.transform(sample) if self.transform is not None else sample), label
         self._shared.finished(loader_worker)
 
@@ -409,42 +424,9 @@ class StreamingShards(IterableDataset):
                 "epoch's end, and len(DataLoader) is not the count): pass the DataLoader's batch_size and num_workers to "
                 "StreamingShards (batch_size=1 for a DataLoader with batch_size=None or 1)", stacklevel=3)
 
-    def _positions(self, urls: list[str], worker: int, skip: int, own: int | None, share: int | None) -> Iterator[Any]:
-        """The worker's encoded samples from position ``skip`` to ``share``: its ``own`` samples
-        (shuffled or not; truncated when ``share`` is smaller), then, when ``share`` is larger,
-        repeats of its samples in stored order from its first shard on (the padding). Positions
-        before ``skip`` were handed out before a restart: read, not decoded again."""
-        end = own if share is None or own is None else min(own, share)
-        if end is None or skip < end:
-            n, rest = 0, urls
-            if skip and not self.shuffle and self.meta is not None:  # whole shards already read are not opened
-                counts = dict(zip(self.meta.extra["shards"], self.meta.extra["shard_counts"]))
-                while rest and n + counts.get(shard_name(rest[0]), skip + 1) <= skip:
-                    n += counts[shard_name(rest[0])]
-                    rest = rest[1:]
-            samples = shard_samples(rest, self.cache, expected_shards(self.meta), self._unreplaced)
-            if self.shuffle:
-                samples = shuffled(samples, self.buffer, self.plan.sample_rng(self.epoch, worker))
-            for sample in samples:
-                if end is not None and n >= end:
-                    break
-                if n >= skip:
-                    yield sample
-                n += 1
-        n = own or 0
-        while share is not None and n < share:  # the padding (equal_batches pads only workers with samples)
-            before = n
-            for sample in shard_samples(urls, self.cache, expected_shards(self.meta), self._unreplaced):
-                if n >= share:
-                    break
-                if n >= skip:
-                    yield sample
-                n += 1
-            if n == before:
-                raise PackedFormatError(f"{urls[0] if urls else 'StreamingShards'}: no samples to pad with, the metadata counts {own}")
-
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({len(self.urls)} shards, shuffle={self.shuffle}, buffer={self.buffer}, "
-            f"seed={self.seed}, rank={self.rank}/{self.world_size}, epoch={self.epoch})"
+            f"seed={self.seed}, rank={self.rank}/{self.world_size}, epoch={self.epoch}"
+            f"{'' if self.block_size is None else f', block_size={self.block_size}'})"
         )

@@ -57,6 +57,7 @@ __all__ = [
     "sample_key",
     "tar_header",
     "read_metadata", "parse_metadata",
+    "SHARD_TOKENS", "shard_tokens",
     "check_pattern",
     "iter_tar",
 ]
@@ -84,6 +85,9 @@ DEFAULT_PATTERN = "shard-%06d.tar"
 #: Member extension of the image of a sample, by metadata ``encoding`` (from the encoding table).
 EXTENSIONS: dict[str, str] = {name: encoding.extension for name, encoding in ENCODINGS.items()}
 LABEL_EXTENSION = "cls"
+#: ``extra`` key of a text dataset's token ids per shard (EOS included), parallel to ``shard_counts``;
+#: datasets written before it lack it (:func:`shard_tokens` computes it from their index).
+SHARD_TOKENS = "shard_tokens"
 #: Sample keys: the zero-padded sample index (fixed width: keys sort in sample order).
 KEY_FORMAT = "%010d"
 RECORD = 20 * BLOCK  # tar files end with zero blocks up to a multiple of this, as tarfile writes
@@ -110,6 +114,14 @@ def index_array(records: np.ndarray) -> np.ndarray:
 def record_shapes(records: np.ndarray) -> np.ndarray:
     """The (count, 3) int64 (C, H, W) shapes of records with the :data:`SHAPE_COLUMNS` fields."""
     return np.stack([np.asarray(records[name], np.int64) for name in SHAPE_COLUMNS], axis=1).reshape(len(records), 3)
+
+
+def shard_tokens(records: np.ndarray, shards: int) -> list[int]:
+    """Token ids per shard of a text dataset, from its index records: a document's ``width`` is its
+    token count (its shape is ``(1, 1, n)``)."""
+    out = np.zeros(shards, np.int64)
+    np.add.at(out, np.asarray(records["shard"], np.int64), np.asarray(records["width"], np.int64))
+    return [int(n) for n in out]
 
 
 def sample_key(index: int) -> str:
@@ -187,6 +199,12 @@ def parse_metadata(raw: bytes, where: str) -> Metadata:
         raise PackedFormatError(f"{folder}: metadata 'extra' does not list the shards and their sample counts")
     if sum(counts) != meta.count:
         raise PackedFormatError(f"{folder}: metadata 'count' is {meta.count:,}, its shards' sample counts add up to {sum(counts):,}")
+    tokens = extra.get(SHARD_TOKENS)
+    if tokens is not None and not (isinstance(tokens, list) and len(tokens) == len(shards) and meta.kind == "text"
+                                   and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in tokens)):
+        raise PackedFormatError(f"{folder}: metadata '{SHARD_TOKENS}' is not a text dataset's token count of each of its {len(shards)} shards")
+    if tokens is not None and sum(tokens) != meta.tokens:
+        raise PackedFormatError(f"{folder}: metadata 'tokens' is {meta.tokens:,}, its shards' token counts add up to {sum(tokens):,}")
     return meta
 
 
@@ -311,6 +329,9 @@ class ShardStore(Store):
             where, rows = f"shard {name}", np.flatnonzero(index["shard"] == number)
             if len(rows) != self.meta.extra["shard_counts"][number]:  # (StreamingShards plans ranks by the metadata's counts)
                 yield where, f"the metadata says it holds {self.meta.extra['shard_counts'][number]} samples, the index {len(rows)}"
+            tokens = self.meta.extra.get(SHARD_TOKENS)
+            if tokens is not None and tokens[number] != int(index["width"][rows].sum()):  # (StreamingShards' blocks count on it)
+                yield where, f"the metadata says it holds {tokens[number]:,} tokens, the index {int(index['width'][rows].sum()):,}"
             try:
                 data = self._files.get().map(number)
             except (OSError, PackedFormatError) as exc:

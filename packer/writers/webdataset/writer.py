@@ -21,8 +21,8 @@ from readers.formats.webdataset import (
     INDEX_FILE,
     INDEX_COLUMNS,
     META_FILE,
-    SOURCES_FILE,
-    check_pattern,
+    SHARD_TOKENS, SOURCES_FILE,
+    check_pattern, shard_tokens,
     index_array,
 )
 from readers.formats.npy import npy_header
@@ -383,8 +383,9 @@ class ShardWriter(PieceWriter):
         }
 
     def _write_metadata(self, meta: Metadata) -> None:
-        meta = dataclasses.replace(meta, extra={**meta.extra, **self.extra()})
         rows = np.concatenate(self._index) if self._index else np.empty(0, ROW_DTYPE)
+        tokens = {SHARD_TOKENS: shard_tokens(rows, len(self.shards))} if meta.kind == "text" else {}  # (StreamingShards' blocks)
+        meta = dataclasses.replace(meta, extra={**meta.extra, **self.extra(), **tokens})
         np.save(self.tmp / INDEX_FILE, index_array(rows), allow_pickle=False)  # the plain (count, 7) int64 array
         np.save(self.tmp / CHECKSUM_FILE, self.checksum_array(), allow_pickle=False)
         names = self.source_names_bytes()
