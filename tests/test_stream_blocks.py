@@ -43,11 +43,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:StreamingShards. 11 shards over 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """31 documents of 2 to 70 letters (3 to 71 tokens with the EOS), 3 per shard: 11 shards of
-    unequal token counts, some of them shorter than a block of 8 + 1."""
+    unequal token counts, one of exactly 8 + 1 tokens, one of 8."""
     rng = random.Random(5)
     lengths = [rng.randrange(2, 71) for _ in range(31)]
-    lengths[27:30] = [2, 2, 2]  # shard 9: 9 tokens, exactly one window; shard 10: one document of 3 tokens, none
-    lengths[30] = 2
+    lengths[27:30] = [2, 2, 2]  # shard 9: 9 tokens, exactly one window; shard 10: one document of 8 tokens, none (8 // 8
+    lengths[30] = 7  # would count one: a block needs its next-token target)
     texts = {f"d{i:03d}.txt": "".join(chr(97 + rng.randrange(26)) for _ in range(n)) for i, n in enumerate(lengths)}
     root = tmp_path_factory.mktemp("blocks")
     (root / "corpus").mkdir()
@@ -88,8 +88,9 @@ def windows(items) -> list[tuple[int, ...]]:
 
 def test_the_shards_hold_blocks_of_unequal_counts(shards):
     """The fixture is what the tests need: shards with 0, 1 and many blocks."""
-    per_shard = [(len(np.concatenate(d)) - 1) // BLOCK for d in shard_documents(shards).values()]
-    assert len(per_shard) == 11 and 0 in per_shard and 1 in per_shard and max(per_shard) > 5
+    tokens = [len(np.concatenate(d)) for d in shard_documents(shards).values()]
+    per_shard = [(n - 1) // BLOCK for n in tokens]
+    assert len(per_shard) == 11 and 0 in per_shard and 1 in per_shard and max(per_shard) > 5 and BLOCK in tokens
 
 
 def test_the_metadata_records_each_shards_tokens(shards):
