@@ -97,6 +97,9 @@ def test_the_metadata_records_each_shards_tokens(shards):
     meta = json.loads((shards / META).read_text())
     tokens = [sum(len(d) for d in docs) for docs in shard_documents(shards).values()]
     assert meta["extra"]["shard_tokens"] == tokens and sum(tokens) == meta["tokens"]
+    index = np.load(shards / "packer-index.npy", allow_pickle=False)  # docs/FORMATS.md's recipe for older datasets
+    shard_count = len(meta["extra"]["shards"])
+    assert np.bincount(index[:, 0], weights=index[:, 6], minlength=shard_count).astype(np.int64).tolist() == tokens
 
 
 def test_one_stream_yields_every_block_in_order(shards):
