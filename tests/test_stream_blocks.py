@@ -188,6 +188,21 @@ def test_a_shard_whose_tokens_are_not_the_metadatas_is_an_error(shards, tmp_path
     assert result.exit_code != 0 and f"the metadata says it holds {tokens[0]} tokens, the index {tokens[0] - 8}" in result.output
 
 
+@pytest.mark.parametrize("tokens, error", [
+    (lambda t: t[:-1], r"metadata 'shard_tokens' is not a text dataset's token count of each of its 11 shards"),
+    (lambda t: [t[0] + 1, *t[1:]], r"metadata 'tokens' is \d+, its shards' token counts add up to \d+"),
+])
+def test_shard_tokens_that_do_not_fit_the_metadata_are_refused(shards, tmp_path, tokens, error):
+    bad = tmp_path / "bad"
+    shutil.copytree(shards, bad)
+    meta = json.loads((bad / META).read_text())
+    meta["extra"]["shard_tokens"] = tokens(meta["extra"]["shard_tokens"])
+    (bad / META).write_text(json.dumps(meta))
+    for read in (lambda: StreamingShards(bad), lambda: StreamingShards(bad, block_size=BLOCK)):
+        with pytest.raises(PackedFormatError, match=rf"^{bad}: {error}$"):
+            read()
+
+
 def test_refusals_are_one_line(shards, image_folder, tmp_path):
     for bad, error in ((0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError), ("8", TypeError)):
         with pytest.raises(error, match=r"^StreamingShards: block_size must be a positive integer, got"):
