@@ -124,13 +124,14 @@ def rank_shares(counts: Sequence[Sequence[int]], batch_size: int, drop_last: boo
 
 
 def uneven_split(shards: int, natural: Sequence[Sequence[int]], shares: Sequence[Sequence[int]], batch_size: int,
-                 drop_last: bool) -> str | None:
+                 drop_last: bool, unit: str = "samples") -> str | None:
     """Why equal batches from whole shards are a poor split, or ``None``: where they repeat or
     drop more than a tenth of an epoch's samples. Beyond what the same streams split by sample
     would, too few shards per stream are the cause; else whole batches per stream are, said where
     they repeat samples (a migrant's walkthrough: such repeats went unsaid where a split by sample
     repeated as many), not where ``drop_last`` asked for short batches to be dropped.
-    ``natural``/``shares``: ``[rank][worker]`` samples read and yielded (:func:`rank_shares`)."""
+    ``natural``/``shares``: ``[rank][worker]`` samples read and yielded (:func:`rank_shares`);
+    ``unit``: what they count, as the message names it (a text dataset's ``"blocks"``)."""
     world_size, workers = len(natural), len(natural[0]) if natural else 1
     streams = world_size * workers
     total, yielded = sum(map(sum, natural)), sum(map(sum, shares))
@@ -146,11 +147,11 @@ def uneven_split(shards: int, natural: Sequence[Sequence[int]], shares: Sequence
                    f"x {workers} DataLoader worker{'s' if workers > 1 else ''})")
     if abs(yielded - total) - abs(baseline - total) <= total / 10:  # (drop_last asked for a stream's short batch to go)
         return None if drop_last else (
-            f"{streams_are} {'each yield' if streams > 1 else 'yields'} whole batches of {batch_size}, which leave epoch 0 with {what} of {total:,} samples "
+            f"{streams_are} {'each yield' if streams > 1 else 'yields'} whole batches of {batch_size}, which leave epoch 0 with {what} of {total:,} {unit} "
             f"({abs(yielded - total) / total:.0%}) however the {shards} shards are split; use a smaller batch_size or fewer "
             "DataLoader workers (drop_last=True drops a stream's short batch instead), or read them map-style (Loader(ShardDataset(folder)))")
     return (f"{shards} shards over {streams_are}: equal batches from whole shards leave epoch 0 with "
-            f"{what} of {total:,} samples ({abs(yielded - total) / total:.0%}; split by sample, {abs(baseline - total):,}); use "
+            f"{what} of {total:,} {unit} ({abs(yielded - total) / total:.0%}; split by sample, {abs(baseline - total):,}); use "
             "about 10 shards per stream (a smaller --shard-size), or read them map-style (Loader(ShardDataset(folder)))")
 
 

@@ -69,8 +69,8 @@ class StreamingShards(IterableDataset):
     cross shards and a shard's tail shorter than a window is dropped: ``(tokens - 1) // N`` blocks
     a shard, counted from the metadata's ``shard_tokens`` (a local folder written before it: from
     its member index; a remote one is refused). Everything below then counts blocks: the split,
-    padding, ``len()``, the shuffle buffer and resume positions. ``transform`` is refused with it
-    (an item is a pair): apply it to the batches.
+    padding, ``len()``, the shuffle buffer and resume positions (a state of another ``block_size``, or
+    of documents, is refused). ``transform`` is refused with it (an item is a pair): apply it to the batches.
 
     Every epoch each process computes the same shard order (:class:`~readers.shard_plan.ShardPlan`:
     shuffled with ``seed`` and the epoch when ``shuffle``), takes every ``world_size``-th shard
@@ -239,7 +239,8 @@ class StreamingShards(IterableDataset):
         """Warn (rank 0, once, at construction) where too few shards per stream make equal
         batches repeat or drop much of epoch 0 (:func:`~readers.shard_plan.uneven_split`)."""
         workers = max(1, self.num_workers)
-        message = uneven_split(len(self.urls), *self._every_share(0, workers), self.batch_size or 1, self.drop_last)
+        message = uneven_split(len(self.urls), *self._every_share(0, workers), self.batch_size or 1, self.drop_last,
+                               "samples" if self.block_size is None else f"blocks of {self.block_size} tokens")
         if message is not None:
             warnings.warn(f"StreamingShards: {message}", stacklevel=3)
 
