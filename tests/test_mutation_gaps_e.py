@@ -115,7 +115,7 @@ def sixteen(tmp_path_factory):
 def test_a_resume_past_whole_shards_does_not_open_them(sixteen, monkeypatch):
     """Mutant (``n + count < skip``): a position exactly at a shard's end opened and read that
     shard again, to skip all of it."""
-    import readers.webdataset as module
+    import readers.shard_stream as module  # (ShardSamples.read, StreamingShards' samples, calls it there)
 
     opened = []
     real = module.shard_samples
