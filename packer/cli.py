@@ -16,18 +16,17 @@ from pathlib import Path
 
 import click
 
-from readers.formats import refuse_remote
 from readers.formats.base import local_path
 from readers.schema import ENCODINGS, KINDS, PackedFormatError
 
 from . import api
 from ._version import __version__
-from .cli_command import escape_unencodable, OnceCommand
+from .cli_command import dataset_or_url, escape_unencodable, local_dataset, OnceCommand
 from .doctor_cli import doctor as doctor_command
 from .engine import UNPRINTED_SKIP, Interrupted
 from .errors import OptionError, PackerError
 from .executors import EXECUTORS
-from .info import describe, read_metadata, streamed_as
+from .info import dataset_info, read_metadata, streamed_as
 from .interrupts import interruptible
 from .jobs import changed_fields, check_kind_options
 from .options import COMPRESSIONS, DECODE_DEVICES, DEFAULT_MAX_PIXELS, ON_ERROR, ImageOptions, StorageOptions, NO_EOS, AUTO_BOS, TextOptions, SourceOptions
@@ -272,13 +271,6 @@ def convert(
         raise _UserError(f"interrupted; nothing was written to {dst}", EXIT_INTERRUPTED) from None
 
 
-def _dataset_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:
-    """A dataset PATH: a ``file://`` URL (as ``packer convert`` takes for DST) is its local path;
-    another URL is refused naming it as given."""
-    refuse_remote(value)
-    return Path(local_path(value))
-
-
 def _given(*names: str) -> bool:
     """Whether any of the current command's options ``names`` was set on the command line."""
     ctx = click.get_current_context()
@@ -299,7 +291,7 @@ def _text_options(tokenizer: str, lines: bool, text_field: str, eos: str | None,
 
 
 @cli.command()
-@click.argument("path", type=click.Path(), callback=_dataset_arg)
+@click.argument("path", type=click.Path(), callback=local_dataset)
 @click.option("-n", "count", type=click.IntRange(1), default=3, show_default=True, help="Documents to print.")
 @click.option("--tokenizer", help="Tokenizer file, if not where it was at conversion.")
 @click.option("--chars", type=click.IntRange(0), default=2000, show_default=True, help="Characters printed of each document (0: all).")
@@ -316,20 +308,21 @@ def head(path: Path, count: int, tokenizer: str | None, chars: int) -> None:
 
 
 @cli.command()
-@click.argument("path", type=click.Path(), callback=_dataset_arg)
+@click.argument("path", type=click.Path(), callback=dataset_or_url)
 @click.option("--json", "as_json", is_flag=True, help="Print the metadata as JSON.")
-def info(path: Path, as_json: bool) -> None:
-    """Show what a packed dataset holds and how it was made.
+def info(path: Path | str, as_json: bool) -> None:
+    """Show what a packed dataset holds and how it was made (PATH may be the URL of a WebDataset or blob).
 
     \b
-    Example:
+    Examples:
       packer info train.lmdb
+      packer info s3://bucket/train
     """
-    click.echo(describe(path, read_metadata(path), as_json=as_json))
+    click.echo(dataset_info(path, as_json=as_json))
 
 
 @cli.command()
-@click.argument("path", type=click.Path(), callback=_dataset_arg)
+@click.argument("path", type=click.Path(), callback=local_dataset)
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("preview.png"), show_default=True, help="Image file to write (.png, .jpg, or another type Pillow writes).")
 @click.option("--count", "-n", type=click.IntRange(1, 1024), default=16, show_default=True, help="Number of random samples (a text dataset: its first 3 documents, unless given).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random samples.")
@@ -391,17 +384,18 @@ def bench(src: str, sample: int, size: str | None, resize: int | None, resize_mo
 
 
 @cli.command()
-@click.argument("path", type=click.Path(), callback=_dataset_arg)
+@click.argument("path", type=click.Path(), callback=dataset_or_url)
 @click.option("--source", metavar="SRC", help="Also redo the recorded preprocessing on this source (what convert took as SRC: a folder, URL, archive or WebDataset shards) and compare every sample (a text dataset: its corpus, tokenised again).")
 @label_file_options
 @click.option("--quick", is_flag=True, help="Skip decoding jpeg/png samples (checksums and structure are still checked).")
 @click.option("--workers", "-j", type=click.IntRange(1), help="Processes for --source (default: all cores).")
 @click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="With --source of a text dataset: its tokenizer file, where the recorded one has moved (the same file: its sha256 is checked).")
-def verify(path: Path, source: str | None, labels: str | None, path_column: str | None, label_column: str | None,
+def verify(path: Path | str, source: str | None, labels: str | None, path_column: str | None, label_column: str | None,
            image_column: str | None, split_column: str | None, split: str | None, classes: str | None, quick: bool, workers: int | None,
            tokenizer_file: str | None) -> None:
-    """Check a packed dataset: metadata, structure, every sample's checksum and decode.
+    """Check a packed dataset: metadata, structure, every sample's checksum and decode (PATH
+    may be the URL of a WebDataset or blob: read in place, never copied whole).
 
     Prints each fault (sample index and shard) and exits non-zero if there is any.
 

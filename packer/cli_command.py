@@ -11,10 +11,15 @@ them (:data:`PEER_OPTIONS`)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-__all__ = ["OnceCommand", "PEER_OPTIONS", "escape_unencodable"]
+from readers.formats import refuse_remote
+from readers.formats.base import local_path
+from readers.remote import is_url
+
+__all__ = ["OnceCommand", "PEER_OPTIONS", "escape_unencodable", "local_dataset", "dataset_or_url"]
 
 _NO_MAX_RESOLUTION = ("packer has no max_resolution (FFCV's, which shrinks larger images): --size N --resize-mode shorter "
                       "stores the shorter side at N (shapes vary), --size N a fixed N x N; --max-pixels skips larger images instead")
@@ -84,3 +89,19 @@ def escape_unencodable() -> None:
     for stream in (sys.stdout, sys.stderr):
         if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+
+
+def local_dataset(ctx: click.Context, _param: click.Parameter, value: str) -> Path:
+    """The dataset PATH of a command that reads local paths (``packer head``, ``preview``): a
+    ``file://`` URL (as ``packer convert`` takes for DST) is its local path; another URL is
+    refused naming it as given, and the commands that take one."""
+    refuse_remote(value, instead=f"packer {ctx.info_name} reads datasets from local paths (or file:// URLs): copy the dataset "
+                                 "to a local disk first (packer info and packer verify take its URL)")
+    return Path(local_path(value))
+
+
+def dataset_or_url(_ctx: click.Context, _param: click.Parameter, value: str) -> Path | str:
+    """The dataset PATH of ``packer info`` and ``packer verify``: a URL other than ``file://``, as
+    given (a WebDataset folder or a blob there is read in place: readers/formats/remote.py); else
+    a local path (a ``file://`` URL's)."""
+    return value if is_url(value) else Path(local_path(value))

@@ -1,4 +1,5 @@
-"""``packer info``: a packed dataset's metadata, for a person or as JSON."""
+"""``packer info``: a packed dataset's metadata, for a person or as JSON; of a local path, or
+of a WebDataset or blob at a URL (read in place: readers/formats/remote.py), alike."""
 
 from __future__ import annotations
 
@@ -8,18 +9,29 @@ from pathlib import Path
 
 from readers.formats import open_store
 from readers.formats.base import dataset_path
+from readers.formats.remote import is_remote, open_remote_store
+from readers.formats.remote_shards import folder_url
 from readers.formats.webdataset import read_metadata as read_shard_metadata
 from readers.schema import Metadata
 
 from .report import MAX_LISTED, one_line
 from .writers.webdataset import brace_pattern
 
-__all__ = ["read_metadata", "describe", "disk_usage", "streamed_as"]
+__all__ = ["read_metadata", "dataset_info", "describe", "disk_usage", "streamed_as"]
 
 
 def read_metadata(path: str | Path) -> Metadata:
     """Open any packed dataset (without torch) and return its validated metadata."""
     return open_store(path).meta
+
+
+def dataset_info(path: str | Path, *, as_json: bool = False) -> str:
+    """``packer info PATH``: :func:`describe` of the dataset at a local path, or at a URL (its
+    size: the bytes stored there, as its listing says)."""
+    if is_remote(path):
+        store = open_remote_store(str(path))
+        return describe(path, store.meta, as_json=as_json, size=store.stored_bytes())
+    return describe(path, read_metadata(path), as_json=as_json)
 
 
 def disk_usage(path: str | Path) -> int:
@@ -30,9 +42,10 @@ def disk_usage(path: str | Path) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(p) for f in files)
 
 
-def describe(path: str | Path, meta: Metadata, *, as_json: bool = False) -> str:
-    """Render ``meta`` as aligned text (or JSON with the on-disk size added)."""
-    size = disk_usage(path)
+def describe(path: str | Path, meta: Metadata, *, as_json: bool = False, size: int | None = None) -> str:
+    """Render ``meta`` as aligned text (or JSON with the on-disk size added); ``size``: the
+    dataset's bytes (default: :func:`disk_usage` of the local ``path``)."""
+    size = disk_usage(path) if size is None else size
     if as_json:
         data = meta.to_dict()
         data["path"] = str(path)
@@ -78,7 +91,7 @@ def streamed_as(path: str | Path) -> str | None:
 def _shards(path: str | Path, meta: Metadata) -> str:
     """The ``shards`` row: how many, and the brace pattern webdataset reads them by."""
     count = len(meta.extra.get("shards") or [])
-    braces = brace_pattern(str(dataset_path(path)), meta)
+    braces = brace_pattern(folder_url(path) if is_remote(path) else str(dataset_path(path)), meta)  # type: ignore[arg-type]
     return f"{count:,}" + (f": {braces}" if braces else "")
 
 

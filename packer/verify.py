@@ -42,6 +42,7 @@ import numpy as np
 from readers.checksums import sample_checksum, sha256_of_checksums
 from readers.formats import detect_format, store_class
 from readers.formats.base import Store
+from readers.formats.remote import detect_remote, is_remote, open_remote
 from readers.schema import Metadata, PackedFormatError
 
 from .options import SourceOptions
@@ -70,7 +71,8 @@ class Fault:
 class VerifyReport:
     """What :func:`verify` checked and found."""
 
-    path: Path
+    #: The dataset's local path, or its URL as given.
+    path: Path | str
     #: The format the path was recognised as (a recognised dataset may still fail to open).
     format: str = ""
     #: Whether the dataset opened (its metadata read and checked against the storage): if not,
@@ -152,9 +154,10 @@ def verify(
 
             read_class_list(source_options.classes)
     started = time.perf_counter()
-    report = VerifyReport(Path(path), format=detect_format(path))  # not a dataset, or missing: raised
-    try:
-        store = store_class(report.format)(path)
+    remote = is_remote(path)  # (a URL: read in place, readers/formats/remote.py)
+    report = VerifyReport(path if remote else Path(path), format=detect_remote(path) if remote else detect_format(path))  # type: ignore[arg-type]
+    try:  # (above: not a dataset, an unfinished one, or missing: raised)
+        store = open_remote(path, report.format) if remote else store_class(report.format)(path)  # type: ignore[arg-type]
     except PackedFormatError as exc:  # recognised (by name or first bytes), but damaged: a fault
         report.add("dataset", str(exc))
         report.seconds = time.perf_counter() - started

@@ -27,7 +27,8 @@ from urllib.parse import unquote, urlparse
 
 from .quantities import byte_count
 
-__all__ = ["is_url", "open_shard", "open_http", "http_request", "read_url", "ShardCache", "GOPEN_SCHEMES", "STALL_SECONDS"]
+__all__ = ["is_url", "open_shard", "open_http", "http_request", "read_url", "url_size", "url_listing", "read_url_range", "ShardCache",
+           "GOPEN_SCHEMES", "STALL_SECONDS"]
 
 #: Schemes the webdataset library's ``gopen`` opens itself (the rest go to fsspec).
 GOPEN_SCHEMES = frozenset({"", "file", "pipe", "http", "https"})
@@ -120,15 +121,18 @@ def open_http(url: str) -> BinaryIO:
     apart, then twice as long each time (a 4xx answer is not tried again; a 404 is a
     ``FileNotFoundError``; nothing for :data:`STALL_SECONDS` is an ``OSError`` at once);
     ``user:password@`` in the URL is sent as basic authentication."""
+    return io.BufferedReader(_HTTPBody(url, _http_response(url, http_request(url))), 1 << 20)  # type: ignore[return-value]
+
+
+def _http_response(url: str, request: Any) -> Any:
+    """urllib's response to ``request`` (of ``url``), tried as :func:`open_http` says."""
     import urllib.error
     import urllib.request
 
-    request = http_request(url)
     for attempt in range(HTTP_TRIES):
         last = attempt == HTTP_TRIES - 1
         try:
-            response = urllib.request.urlopen(request, timeout=STALL_SECONDS)  # noqa: S310 - a URL the user gave
-            return io.BufferedReader(_HTTPBody(url, response), 1 << 20)  # type: ignore[return-value]
+            return urllib.request.urlopen(request, timeout=STALL_SECONDS)  # noqa: S310 - a URL the user gave
         except urllib.error.HTTPError as exc:
             error = FileNotFoundError if exc.code == 404 else OSError
             if exc.code < 500 or last:
@@ -154,8 +158,60 @@ def read_url(url: str) -> bytes | None:
     try:
         with fs.open(path, "rb") as handle:
             return handle.read()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def url_size(url: str) -> int | None:
+    """Bytes of the object at ``url`` (http(s): a HEAD request's Content-Length); ``None`` when
+    there is none (a folder of an object store has no size: ``None`` too)."""
+    if urlparse(url).scheme in ("http", "https"):
+        try:
+            response = _http_response(url, http_request(url, "HEAD"))
+        except FileNotFoundError:
+            return None
+        with response:
+            length = response.headers.get("Content-Length")
+        return int(length) if length is not None and length.isdigit() else None
+    fs, path = _fsspec().core.url_to_fs(url)  # type: ignore[attr-defined]
+    fs.invalidate_cache(path)  # (s3fs keeps listings: an object replaced since would keep its old size)
+    try:
+        info = fs.info(path)
     except FileNotFoundError:
         return None
+    return int(info["size"]) if info.get("type") == "file" else None
+
+
+def url_listing(folder_url: str) -> dict[str, int] | None:
+    """Name -> bytes of each object right under the folder ``folder_url`` ({} when there is none);
+    ``None`` where folders are not listed (http(s): a server's index page is no listing)."""
+    if urlparse(folder_url).scheme in ("http", "https"):
+        return None
+    fs, path = _fsspec().core.url_to_fs(folder_url.rstrip("/"))  # type: ignore[attr-defined]
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries if e.get("type") == "file"}
+
+
+def read_url_range(url: str, offset: int, length: int) -> bytes:
+    """Bytes ``offset:offset + length`` of the object at ``url`` (fewer past its end), by one
+    ranged read: an fsspec ``cat_file`` range, an http(s) ``Range`` request (a server that
+    ignores it is refused in one line unless ``offset`` is 0: only the bytes asked for are read)."""
+    if length <= 0:
+        return b""
+    if urlparse(url).scheme not in ("http", "https"):
+        fs, path = _fsspec().core.url_to_fs(url)  # type: ignore[attr-defined]
+        return bytes(fs.cat_file(path, start=offset, end=offset + length))
+    request = http_request(url)
+    request.add_header("Range", f"bytes={offset}-{offset + length - 1}")
+    with io.BufferedReader(_HTTPBody(url, response := _http_response(url, request)), 1 << 20) as body:
+        if response.status != 206 and offset:
+            raise OSError(f"{url}: the server does not answer range requests (HTTP {response.status} to one); "
+                          "a blob is read by ranges: copy it to a local disk, or serve it with a server that does")
+        return body.read(length)
 
 
 #: Seconds after which an untouched partial download in a cache is a killed reader's leftover.

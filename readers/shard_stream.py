@@ -24,7 +24,7 @@ from .codecs import decode_image
 from .formats import PARTIAL_SUFFIX, check_format
 from .formats.base import dataset_path, local_path, refuse_other_pattern
 from .formats.npy import parse_npy
-from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, parse_metadata, read_metadata
+from .formats.webdataset import LABEL_EXTENSION, META_FILE, ShardStore, iter_tar, read_metadata
 from .formats.uploading import UPLOAD_MARKER, upload_refusal
 from .schema import MAX_LABEL, TOKEN_DTYPES, IncompleteDatasetError, Metadata, PackedFormatError
 
@@ -186,15 +186,12 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
         urls = [str(folder / name) for name in meta.extra["shards"]]
         _check_local(iter(urls))  # a shard the metadata lists but the folder lacks: one line now, not mid-epoch
         return urls, meta
-    from .remote import is_url, read_url
+    from .formats.remote_shards import shard_metadata
+    from .remote import is_url
 
     if isinstance(source, str) and is_url(source) and not source.endswith(".tar") and "{" not in source:
         folder_url = source.rstrip("/")  # a remote shard folder: its metadata lists the shards
-        raw = read_url(f"{folder_url}/{META_FILE}")
-        if raw is None:
-            _refuse_unfinished_upload(folder_url)
-            raise IncompleteDatasetError(f"{folder_url}: no {META_FILE}: the upload did not finish or this is not a packer shard folder")
-        meta = parse_metadata(raw, folder_url)
+        meta = shard_metadata(folder_url)
         return [f"{folder_url}/{name}" for name in meta.extra["shards"]], meta
     if isinstance(source, str):
         from webdataset.shardlists import expand_urls
@@ -207,10 +204,7 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
     meta = None
     remote_folders = {url.rsplit("/", 1)[0] for url in urls if is_url(url)}
     if len(remote_folders) == 1 and all(is_url(u) for u in urls):
-        raw = read_url(f"{next(iter(remote_folders))}/{META_FILE}")
-        if raw is None:  # foreign shards, or packer's being uploaded (its marker)
-            _refuse_unfinished_upload(next(iter(remote_folders)))
-        meta = parse_metadata(raw, next(iter(remote_folders))) if raw is not None else None
+        meta = shard_metadata(next(iter(remote_folders)), required=False)  # (None: foreign shards; packer's being uploaded: refused)
     if len(folders) == 1 and all(not urlparse(u).scheme for u in urls):
         folder = Path(next(iter(folders)) or ".")
         if (folder / META_FILE).exists():
@@ -218,18 +212,10 @@ def resolve_shards(source: str | Path | Sequence[str]) -> tuple[list[str], Metad
     return urls, meta
 
 
-def _refuse_unfinished_upload(folder_url: str) -> None:
-    """Refuse, in one line, shards in a folder at a URL that holds packer's upload marker: an
-    upload in progress, or one interrupted (readers/formats/uploading.py)."""
-    from .remote import read_url
-
-    if read_url(f"{folder_url}/{UPLOAD_MARKER}") is not None:
-        raise IncompleteDatasetError(upload_refusal(folder_url))
-
-
 def _refuse_unfinished_local(folder: str) -> None:
-    """:func:`_refuse_unfinished_upload` for a local folder: a ``file://`` DST is uploaded into
-    its final folder, marker first, as an object store's is."""
+    """Refuse, in one line, a local folder holding packer's upload marker and no metadata record
+    (``readers.formats.remote_shards.shard_metadata`` refuses a URL's): a ``file://`` DST is
+    uploaded into its final folder, marker first, as an object store's is."""
     if os.path.exists(os.path.join(folder, UPLOAD_MARKER)) and not os.path.exists(os.path.join(folder, META_FILE)):
         raise IncompleteDatasetError(upload_refusal(folder))
 

@@ -93,15 +93,18 @@ def open_store(path: str | Path) -> Store:
     return store_class(detect_format(path))(path)
 
 
-def refuse_remote(path: str | Path) -> None:
+#: What a reader given a URL does instead (:func:`refuse_remote`).
+_REMOTE_INSTEAD = ("packed datasets are opened from local paths (or file:// URLs): stream WebDataset shards from a URL "
+                   "with readers.StreamingShards, or copy the dataset to a local disk first")
+
+
+def refuse_remote(path: str | Path, *, instead: str = _REMOTE_INSTEAD) -> None:
     """Raise one line naming ``path`` as given when it is a URL other than ``file://`` (``Path``
-    would fold its ``//`` into one, and the error would name another path)."""
+    would fold its ``//`` into one, and the error would name another path), then ``instead``:
+    what to do (a command of ``packer`` that does not take URLs says which do)."""
     scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", path) if isinstance(path, str) else None
     if scheme is not None and scheme.group(1).lower() != "file":
-        raise PackedFormatError(
-            f"{path}: a {scheme.group(1)}:// URL; packed datasets are opened from local paths (or file:// URLs): stream "
-            "WebDataset shards from a URL with readers.StreamingShards, or copy the dataset to a local disk first"
-        )
+        raise PackedFormatError(f"{path}: a {scheme.group(1)}:// URL; {instead}")
 
 
 def _existing(path: str | Path) -> Path:

@@ -143,12 +143,7 @@ class Store:
     in_memory: bool = False
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
-        self.path = dataset_path(path)
-        if not self.path.exists():
-            raise missing_dataset(self.path)
-        reason = self.mismatch(self.path)
-        if reason is not None:
-            raise PackedFormatError(f"{self.path}: {reason}")
+        self.path = self._locate(path)
         self._payload_offsets_cache: np.ndarray | None = None
         self._crcs: np.ndarray | None = None  # the stored checksums, loaded on the first verified read
         self._names: list[str] | None = None  # the source names, loaded on the first source_name()
@@ -163,6 +158,17 @@ class Store:
         return state
 
     # -- what a format supplies ---------------------------------------------------------
+    def _locate(self, path: str | Path) -> Path:
+        """The dataset's :attr:`path` (a shard pattern: its folder), which must exist and look like
+        this format; a store of a dataset at a URL (``readers/formats/remote.py``) keeps the URL."""
+        located = dataset_path(path)
+        if not located.exists():
+            raise missing_dataset(located)
+        reason = self.mismatch(located)
+        if reason is not None:
+            raise PackedFormatError(f"{located}: {reason}")
+        return located
+
     @classmethod
     def mismatch(cls, path: Path) -> str | None:
         """Why ``path`` (which exists) does not look like this format, from its name or first
@@ -256,10 +262,16 @@ class Store:
         """What the dataset holds that its format did not write, sorted: names in its folder (a
         user's notes put there); a format stored as one file that others can add to (HDF5) names
         what was added inside. What ``--overwrite`` must not delete."""
-        if not self.path.is_dir():
+        listed = self._folder_names()
+        if listed is None:
             return []
-        names = set(os.listdir(self.path)) - self.own_names - set(self._written_names())
+        names = set(listed) - self.own_names - set(self._written_names())
         return sorted(name for name in names if name != ".DS_Store" and not name.startswith(".nfs"))  # (Finder's, NFS's own)
+
+    def _folder_names(self) -> list[str] | None:
+        """The names in the dataset's folder; ``None`` for a dataset stored as one file (or a
+        folder that cannot be listed: one at an http(s) URL)."""
+        return os.listdir(self.path) if self.path.is_dir() else None
 
     def _written_names(self) -> list[str]:
         """Names beside :attr:`own_names` that this dataset's conversion wrote (its shards)."""

@@ -28,20 +28,21 @@ by every process) or copies it once into anonymous shared memory (``in_memory=Tr
 ``memfd``): a forked DataLoader worker inherits that mapping, and a spawned one receives its
 file descriptor (``multiprocessing``'s ``DupFd``) when the dataset is pickled by
 ``multiprocessing``'s ``ForkingPickler``, so the pixels exist once in RAM however many workers
-read them. A plain ``pickle.dumps`` carries only the path: the receiving process loads its own
-copy on first use.
+read them (``readers/formats/blob_memory.py``). A plain ``pickle.dumps`` carries only the path:
+the receiving process loads its own copy on first use.
+
+A blob at a URL is read by ranges (``readers/formats/remote_blob.py``) through the functions here
+that parse its sections from any :data:`RangeReader`: :func:`read_blob_metadata`,
+:func:`blob_index`, :func:`blob_checksums`, :func:`blob_source_names`.
 """
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import struct
-import threading
 import weakref
 from dataclasses import dataclass
-from multiprocessing.reduction import DupFd, ForkingPickler
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -49,9 +50,9 @@ import numpy as np
 
 from .._process import PerProcess, check_unreplaced, opened_key, replaced_error, rerunning_parent_script
 from ..checksums import CHECKSUM_DTYPE
-from ..machine import available_memory
 from ..schema import FORMAT_VERSION, IncompleteDatasetError, Metadata, PackedFormatError, UnsupportedVersionError
 from .base import Record, Store, magic_mismatch
+from .blob_memory import MemoryCopy, shared_copy
 from .names import decode_source_names
 
 __all__ = [
@@ -68,6 +69,11 @@ __all__ = [
     "OFFSET_DTYPE",
     "SHAPE_DTYPE",
     "align",
+    "RangeReader",
+    "read_blob_metadata",
+    "blob_checksums",
+    "blob_source_names",
+    "blob_index",
 ]
 
 #: First bytes of a finished blob (written last).
@@ -178,17 +184,12 @@ class BlobStore(Store):
         if not self.path.is_file():
             raise PackedFormatError(f"{where}: not a blob (a blob is a single file)")
         with open(self.path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            header = BlobHeader.unpack(handle.read(HEADER.size + SOURCES_HEADER.size), where=where, file_size=size)
-            meta_offset, meta_length = header.sections["metadata"]
-            if meta_length == 0:
-                raise IncompleteDatasetError(f"{where}: no metadata record: the conversion did not finish; convert again")
-            handle.seek(meta_offset)
-            raw = handle.read(meta_length)
-        meta = Metadata.from_json(raw, where=where).expect_format("blob", where=where)
-        _check_sections(header, meta, where)
-        self.header = header
+            self.header, meta = read_blob_metadata(_reader(handle), os.fstat(handle.fileno()).st_size, where)
         return meta
+
+    def _read_range(self, offset: int, length: int) -> bytes:
+        with open(self.path, "rb") as handle:
+            return _reader(handle)(offset, length)
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         view = self._view.get()
@@ -213,22 +214,10 @@ class BlobStore(Store):
         out[...] = self._view.get().data[start:stop]
 
     def stored_checksums(self) -> np.ndarray | None:
-        if not self.meta.checksum:
-            return None
-        offset, length = self.header.sections["checksums"]  # type: ignore[union-attr]
-        with open(self.path, "rb") as handle:
-            handle.seek(offset)
-            raw = handle.read(length)
-        return np.frombuffer(raw, CHECKSUM_DTYPE)  # length checked against the count on open
+        return blob_checksums(self.header, self.meta, self._read_range)  # type: ignore[arg-type]
 
     def source_names(self) -> list[str] | None:
-        offset, length = self.header.sources  # type: ignore[union-attr]
-        if length == 0:
-            return None
-        with open(self.path, "rb") as handle:
-            handle.seek(offset)
-            raw = handle.read(length)
-        return decode_source_names(raw, self.meta.count, where=f"{self.path} (sources)")
+        return blob_source_names(self.header, self.meta, self._read_range, str(self.path))  # type: ignore[arg-type]
 
     has_pixel_arrays = True
 
@@ -247,6 +236,58 @@ class BlobStore(Store):
             return
         np.take(view.images, indices, axis=0, out=out, mode="clip")  # indices are checked already
         np.take(view.labels, indices, out=labels, mode="clip")
+
+
+#: Reads ``length`` bytes of a blob at ``offset`` (from a local file, or a URL's ranged reads).
+RangeReader = Callable[[int, int], bytes]
+
+
+def _reader(handle) -> RangeReader:
+    """A :data:`RangeReader` of the open file ``handle``."""
+    def read(offset: int, length: int) -> bytes:
+        handle.seek(offset)
+        return handle.read(length)
+
+    return read
+
+
+def read_blob_metadata(read: RangeReader, size: int, where: str) -> tuple[BlobHeader, Metadata]:
+    """The checked header and metadata record of the blob of ``size`` bytes that ``read`` reads
+    (``where`` names it in errors): its header page and metadata section only."""
+    header = BlobHeader.unpack(read(0, HEADER.size + SOURCES_HEADER.size), where=where, file_size=size)
+    meta_offset, meta_length = header.sections["metadata"]
+    if meta_length == 0:
+        raise IncompleteDatasetError(f"{where}: no metadata record: the conversion did not finish; convert again")
+    meta = Metadata.from_json(read(meta_offset, meta_length), where=where).expect_format("blob", where=where)
+    _check_sections(header, meta, where)
+    return header, meta
+
+
+def blob_checksums(header: BlobHeader, meta: Metadata, read: RangeReader) -> np.ndarray | None:
+    """The stored per-sample checksums (``None``: the metadata records none)."""
+    if not meta.checksum:
+        return None
+    return np.frombuffer(read(*header.sections["checksums"]), CHECKSUM_DTYPE)  # length checked against the count on open
+
+
+def blob_source_names(header: BlobHeader, meta: Metadata, read: RangeReader, where: str) -> list[str] | None:
+    """Each sample's source name (``None``: the blob has no ``sources`` section)."""
+    offset, length = header.sources
+    return None if length == 0 else decode_source_names(read(offset, length), meta.count, where=f"{where} (sources)")
+
+
+def blob_index(header: BlobHeader, meta: Metadata, read: RangeReader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(labels (N,), offsets (N + 1,) of each payload in the data section, shapes (N, 3))``,
+    read from their sections (made from the metadata for fixed-shape raw storage, which stores
+    neither offsets nor shapes)."""
+    def section(name: str, dtype: np.dtype) -> np.ndarray:
+        return np.frombuffer(read(*header.sections[name]), dtype)
+
+    labels = section("labels", LABEL_DTYPE)
+    if meta.fixed_shape and meta.encoding == "raw":
+        offsets = np.arange(meta.count + 1, dtype=np.int64) * int(meta.sample_nbytes or 0)
+        return labels, offsets, np.tile(np.asarray(meta.shape, np.int64), (meta.count, 1))
+    return labels, section("offsets", OFFSET_DTYPE), section("shapes", SHAPE_DTYPE).reshape(-1, 3)
 
 
 def _check_sections(header: BlobHeader, meta: Metadata, where: str) -> None:
@@ -334,108 +375,3 @@ class _MapFile:
             check_unreplaced(self.path, self.key, self.path)
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mapped, np.uint8)
-
-
-class MemoryCopy:
-    """The whole file, copied once into anonymous shared memory (a Linux ``memfd``).
-
-    Call it for a read-only uint8 array of the file's bytes. A forked process inherits the
-    mapping; ``ForkingPickler`` (what spawned DataLoader workers are started with) sends the
-    memfd's descriptor, and the receiver maps the same pages; plain pickle sends the path only,
-    and the receiver loads its own copy when first called.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd = -1
-        self._map: mmap.mmap | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> np.ndarray:
-        if self._map is None:
-            with self._lock:
-                if self._map is None:
-                    self._load()
-        return np.frombuffer(self._map, np.uint8)  # type: ignore[arg-type]
-
-    def _load(self) -> None:
-        if not hasattr(os, "memfd_create"):  # pragma: no cover - not Linux
-            raise PackedFormatError(
-                f"{self.path}: sharing an in-memory blob with workers needs Linux (memfd_create); "
-                "use in_memory=False to map the file instead"
-            )
-        with open(self.path, "rb", buffering=0) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            available = available_memory()
-            if available is not None and size > available:  # (loading it would be killed for memory, or fail mid-way)
-                raise PackedFormatError(self._no_room(f"{_amount(size)}, more than the {_amount(available)} of memory this "
-                                                      "machine has available"))
-            try:
-                fd = os.memfd_create(f"packer-blob:{os.path.basename(self.path)}", os.MFD_CLOEXEC)
-            except OSError as exc:
-                raise PackedFormatError(self._no_room(f"no memory to load it into ({exc.strerror})")) from None
-            try:
-                os.ftruncate(fd, size)
-                with mmap.mmap(fd, size, access=mmap.ACCESS_WRITE) as target:
-                    view, position = memoryview(target), 0
-                    while position < size:
-                        got = handle.readinto(view[position : position + (64 << 20)])
-                        if not got:
-                            raise PackedFormatError(f"{self.path}: the file shrank while being loaded; open it again")
-                        position += got
-                    view.release()
-                self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-            except BaseException as exc:
-                os.close(fd)
-                if isinstance(exc, OSError) and exc.errno in (errno.ENOMEM, errno.ENOSPC):  # (a ulimit, a full /dev/shm)
-                    raise PackedFormatError(self._no_room(f"no memory to load it into ({exc.strerror})")) from None
-                raise
-        self._own(fd)
-
-    def _no_room(self, why: str) -> str:
-        return (f"{self.path}: cannot be read from memory: {why}; read it mapped, RAMDataset(path, in_memory=False) "
-                "(its pages come from the page cache), or convert to LMDB or HDF5")
-
-    def _own(self, fd: int) -> None:
-        """Keep ``fd`` open while this copy lives: a ``weakref.finalize`` closes it when the copy is
-        collected, or at interpreter exit before module globals are torn down (a ``__del__``
-        then found ``os`` already gone)."""
-        self._fd = fd
-        weakref.finalize(self, os.close, fd)
-
-    def __reduce__(self):
-        return (MemoryCopy, (self.path,))
-
-    def _reduce_shared(self):
-        """ForkingPickler's reduction: the memfd travels as a descriptor, not as bytes."""
-        self()  # loaded, so there is something to share
-        return (_attach, (self.path, len(self._map), DupFd(self._fd)))  # type: ignore[arg-type]
-
-
-def _amount(size: int) -> str:
-    return f"{size / 1e9:,.1f} GB" if size >= 1e8 else f"{size / 1e6:,.1f} MB"
-
-
-def _attach(path: str, size: int, dupfd) -> MemoryCopy:
-    """Rebuild a :class:`MemoryCopy` in the receiving process over the sent memfd."""
-    copy = MemoryCopy(path)
-    copy._own(dupfd.detach())
-    copy._map = mmap.mmap(copy._fd, size, access=mmap.ACCESS_READ)
-    return copy
-
-
-ForkingPickler.register(MemoryCopy, MemoryCopy._reduce_shared)  # our own class only, like torch's tensors
-
-_copies: "weakref.WeakValueDictionary[tuple[int, int, int, int], MemoryCopy]" = weakref.WeakValueDictionary()
-_copies_lock = threading.Lock()
-
-
-def shared_copy(path: str) -> MemoryCopy:
-    """The in-memory copy of ``path`` for this process: one per unchanged file, shared by stores."""
-    st = os.stat(path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    with _copies_lock:
-        copy = _copies.get(key)
-        if copy is None:
-            copy = _copies[key] = MemoryCopy(path)
-        return copy

@@ -18,6 +18,7 @@ index) and :func:`iter_tar` (streaming). Nothing here imports torch or the webda
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import re
@@ -49,6 +50,8 @@ __all__ = [
     "index_array",
     "record_shapes",
     "load_index",
+    "index_from_bytes",
+    "shard_size_fault",
     "CHECKSUM_FILE",
     "SOURCES_FILE",
     "DEFAULT_PATTERN",
@@ -224,12 +227,39 @@ class ShardStore(Store):
         return list(self.meta.extra["shards"])
 
     def __init__(self, path: str | Path, *, verify: bool | None = None) -> None:
-        key = opened_key(dataset_path(path) / META_FILE)  # (the dataset read: checked as each process and shard opens)
+        key = self._opened_key(path)  # (the dataset read: checked as each process and shard opens)
         super().__init__(path, verify=verify)
         self.shards: tuple[str, ...] = tuple(self.meta.extra["shards"])
         refuse_other_pattern(path, self.path, self.shards)
-        self._files = PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"]), key))
+        self._files = self._shard_files(key)
         self._check_files()
+
+    # -- where the files are: a local folder here; a URL's, readers/formats/remote_shards.py -----
+    def _opened_key(self, path: str | Path) -> tuple[int, ...] | None:
+        """What identifies the metadata record about to be read (``readers/_process.py``)."""
+        return opened_key(dataset_path(path) / META_FILE)
+
+    def _shard_files(self, key: tuple[int, ...] | None) -> PerProcess:
+        """This process's index and shard bytes (``.get()``: an object with ``index`` and ``map(shard)``)."""
+        return PerProcess(_ShardFiles(str(self.path), self.shards, tuple(self.meta.extra["shard_sizes"]), key))
+
+    def _read_file(self, name: str) -> bytes:
+        """The bytes of the file ``name`` beside the shards (``FileNotFoundError`` when missing)."""
+        return (self.path / name).read_bytes()
+
+    def _index_rows(self) -> int:
+        """How many samples the member index holds."""
+        return len(load_index(self.path))
+
+    def _shard_sizes(self) -> list[int | None]:
+        """Each shard's size in bytes, in :attr:`shards` order (``None``: missing)."""
+        sizes: list[int | None] = []
+        for name in self.shards:
+            try:
+                sizes.append((self.path / name).stat().st_size)
+            except FileNotFoundError:
+                sizes.append(None)
+        return sizes
 
     @classmethod
     def mismatch(cls, path: Path) -> str | None:
@@ -246,18 +276,14 @@ class ShardStore(Store):
         return read_metadata(self.path)
 
     def _check_files(self) -> None:
-        index = load_index(self.path)
-        if len(index) != self.meta.count:
+        rows = self._index_rows()
+        if rows != self.meta.count:
             raise PackedFormatError(
-                f"{self.path / INDEX_FILE}: has shape ({len(index)}, {len(INDEX_COLUMNS)}), expected "
+                f"{self.path}/{INDEX_FILE}: has shape ({rows}, {len(INDEX_COLUMNS)}), expected "
                 f"({self.meta.count}, {len(INDEX_COLUMNS)}): the folder is corrupt; convert again"
             )
-        faults = []
-        for name, size in zip(self.shards, self.meta.extra["shard_sizes"]):
-            try:
-                _check_shard_size(self.path / name, size)
-            except PackedFormatError as exc:
-                faults.append(str(exc))
+        found = zip(self.shards, self._shard_sizes(), self.meta.extra["shard_sizes"])
+        faults = [fault for name, size, expected in found if (fault := shard_size_fault(f"{self.path}/{name}", size, expected))]
         if len(faults) > 1:  # every damaged shard in one line (packer verify reported the first only)
             shown = "; ".join(faults[:5]) + (f"; and {len(faults) - 5:,} more" if len(faults) > 5 else "")
             raise PackedFormatError(f"{len(faults):,} of {len(self.shards):,} shards are missing or damaged: {shown}")
@@ -266,27 +292,29 @@ class ShardStore(Store):
 
     def stored_checksums(self) -> np.ndarray | None:
         if not self.meta.checksum:  # (a checksum file beside it: the metadata was edited, and verify passed damaged pixels)
-            if (self.path / CHECKSUM_FILE).exists():
-                raise PackedFormatError(f"{self.path / META_FILE}: says no checksums are stored, but {CHECKSUM_FILE} is there")
-            return None
+            try:
+                self._read_file(CHECKSUM_FILE)
+            except FileNotFoundError:
+                return None
+            raise PackedFormatError(f"{self.path}/{META_FILE}: says no checksums are stored, but {CHECKSUM_FILE} is there")
         try:
-            values = np.load(self.path / CHECKSUM_FILE, allow_pickle=False)
+            values = np.load(io.BytesIO(self._read_file(CHECKSUM_FILE)), allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise PackedFormatError(f"{self.path / CHECKSUM_FILE}: cannot read the checksums ({exc})") from None
+            raise PackedFormatError(f"{self.path}/{CHECKSUM_FILE}: cannot read the checksums ({exc})") from None
         if values.dtype != CHECKSUM_DTYPE or values.shape != (self.meta.count,):
             raise PackedFormatError(
-                f"{self.path / CHECKSUM_FILE}: expected uint32 ({self.meta.count},), got {values.dtype} {values.shape}"
+                f"{self.path}/{CHECKSUM_FILE}: expected uint32 ({self.meta.count},), got {values.dtype} {values.shape}"
             )
         return values
 
     def source_names(self) -> list[str] | None:
         try:
-            raw = (self.path / SOURCES_FILE).read_bytes()
+            raw = self._read_file(SOURCES_FILE)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise PackedFormatError(f"{self.path / SOURCES_FILE}: cannot read the source names ({exc})") from None
-        return decode_source_names(raw, self.meta.count, where=str(self.path / SOURCES_FILE))
+            raise PackedFormatError(f"{self.path}/{SOURCES_FILE}: cannot read the source names ({exc})") from None
+        return decode_source_names(raw, self.meta.count, where=f"{self.path}/{SOURCES_FILE}")
 
     def _records(self, indices: Sequence[int]) -> Iterator[Record]:
         files = self._files.get()
@@ -322,7 +350,7 @@ class ShardStore(Store):
         """Every shard is a valid tar holding, in order, each of its samples' ``KEY.EXT`` and
         ``KEY.cls`` members, at the offsets and sizes of the member index, with the index's
         labels; a ``.npy`` member's header gives the sample's shape and dtype."""
-        yield from wids_faults(self.path, self.meta)
+        yield from wids_faults(self._read_file, self.meta)
         index = self._files.get().index
         extension, dtype, shapes = EXTENSIONS[self.meta.encoding], self.meta.dtype, record_shapes(index).tolist()
         for number, name in enumerate(self.shards):
@@ -363,28 +391,43 @@ def load_index(folder: str | Path) -> np.ndarray:
     """The member index of a shard folder as (count,) records of :data:`INDEX_DTYPE`
     (memory-mapped read-only); a missing or malformed index raises naming the file."""
     folder = Path(folder)
+    return _checked_index(lambda: np.load(folder / INDEX_FILE, mmap_mode="r", allow_pickle=False), str(folder))
+
+
+def index_from_bytes(raw: bytes | None, folder: str) -> np.ndarray:
+    """:func:`load_index` of the bytes of the member index of the shard folder ``folder`` (a
+    URL's; ``None``: it has none), in memory."""
+    def read() -> np.ndarray:
+        if raw is None:
+            raise FileNotFoundError(folder)
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+
+    return _checked_index(read, folder)
+
+
+def _checked_index(read, folder: str) -> np.ndarray:
+    """The records of the index ``read()`` loads, checked (errors name ``folder``'s index)."""
     try:
-        index = np.load(folder / INDEX_FILE, mmap_mode="r", allow_pickle=False)
+        index = read()
     except FileNotFoundError:
         raise IncompleteDatasetError(f"{folder}: no {INDEX_FILE}: the folder is incomplete; convert again") from None
     except ValueError as exc:
-        raise PackedFormatError(f"{folder / INDEX_FILE}: not a valid .npy index ({exc}); convert again") from None
+        raise PackedFormatError(f"{folder}/{INDEX_FILE}: not a valid .npy index ({exc}); convert again") from None
     if index.dtype != np.int64 or index.ndim != 2 or index.shape[1] != len(INDEX_COLUMNS) or not index.flags.c_contiguous:
         raise PackedFormatError(
-            f"{folder / INDEX_FILE}: expected a (count, {len(INDEX_COLUMNS)}) int64 array, got {index.dtype} {index.shape}; convert again"
+            f"{folder}/{INDEX_FILE}: expected a (count, {len(INDEX_COLUMNS)}) int64 array, got {index.dtype} {index.shape}; convert again"
         )
     return index_records(index)
 
 
-def _check_shard_size(path: Path, expected: int) -> None:
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise PackedFormatError(f"{path}: shard is missing; the folder is incomplete, convert again") from None
+def shard_size_fault(where: str, size: int | None, expected: int) -> str | None:
+    """What is wrong with the shard ``where`` of ``size`` bytes (``None``: missing), which the
+    metadata records as ``expected`` bytes; ``None`` when nothing is."""
+    if size is None:
+        return f"{where}: shard is missing; the folder is incomplete, convert again"
     if size != expected:
-        raise PackedFormatError(
-            f"{path}: shard has {size:,} bytes, the metadata says {expected:,}: it is truncated or was changed; convert again"
-        )
+        return f"{where}: shard has {size:,} bytes, the metadata says {expected:,}: it is truncated or was changed; convert again"
+    return None
 
 
 class _ShardFiles:
@@ -408,7 +451,7 @@ class _ShardFiles:
             with open(path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
                 if size != self.sizes[shard]:
-                    _check_shard_size(path, self.sizes[shard])
+                    raise PackedFormatError(shard_size_fault(str(path), size, self.sizes[shard]))
                 data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             check_unreplaced(Path(self.folder) / META_FILE, self.key, self.folder)  # (after: the shard opened is this dataset's)
             self._maps[shard] = data

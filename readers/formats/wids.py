@@ -11,8 +11,7 @@ Layout: docs/FORMATS.md, *WebDataset*."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..schema import Metadata
 
@@ -29,15 +28,16 @@ def wids_index(pattern: str, shards: Sequence[str], counts: Sequence[int], sizes
     return json.dumps({"wids_version": 1, "name": name, "shardlist": shardlist}, indent=1).encode("ascii") + b"\n"
 
 
-def wids_faults(folder: Path, meta: Metadata) -> Iterator[tuple[str, str]]:
+def wids_faults(read: Callable[[str], bytes], meta: Metadata) -> Iterator[tuple[str, str]]:
     """``(where, what)`` for a wids index the metadata records that is missing, unreadable or
-    lists other shards, counts or sizes than the metadata's (nothing for a dataset written before it)."""
+    lists other shards, counts or sizes than the metadata's (nothing for a dataset written before
+    it); ``read(name)``: the bytes of the file ``name`` beside the shards (a local folder's, a URL's)."""
     if meta.extra.get("wids_index") != WIDS_FILE:
         return
     extra = meta.extra
     expected = json.loads(wids_index(str(extra.get("shard_pattern") or ""), extra["shards"], extra["shard_counts"], extra["shard_sizes"]))
     try:
-        found = json.loads((folder / WIDS_FILE).read_bytes())
+        found = json.loads(read(WIDS_FILE))
     except FileNotFoundError:
         yield WIDS_FILE, "missing: the metadata records it"
         return
