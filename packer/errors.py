@@ -3,7 +3,7 @@ message as one line (no traceback) and exits with :attr:`PackerError.exit_code`.
 
 from __future__ import annotations
 
-__all__ = ["PackerError", "OptionError", "SourceError", "OutputExistsError", "OutputError", "InputError", "SourceChangedError"]
+__all__ = ["PackerError", "OptionError", "SourceError", "OutputExistsError", "OutputError", "InputError", "SourceChangedError", "DatasetReadError"]
 
 
 class PackerError(Exception):
@@ -39,3 +39,7 @@ class InputError(PackerError):
 class SourceChangedError(InputError):
     """The source changed under the conversion: it stops, and its checkpoint is not kept (a
     ``--resume`` would be refused: the source is not the one it converted)."""
+
+
+class DatasetReadError(PackerError):
+    """A packed dataset at a URL cannot be read (the network, the credentials, a missing fsspec backend)."""

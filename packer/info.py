@@ -3,9 +3,11 @@ of a WebDataset or blob at a URL (read in place: readers/formats/remote.py), ali
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 from readers.formats import open_store
 from readers.formats.base import dataset_path
@@ -14,10 +16,11 @@ from readers.formats.remote_shards import folder_url
 from readers.formats.webdataset import read_metadata as read_shard_metadata
 from readers.schema import Metadata
 
+from .errors import DatasetReadError
 from .report import MAX_LISTED, one_line
 from .writers.webdataset import brace_pattern
 
-__all__ = ["read_metadata", "dataset_info", "describe", "disk_usage", "streamed_as"]
+__all__ = ["read_metadata", "dataset_info", "remote_reads", "describe", "disk_usage", "streamed_as"]
 
 
 def read_metadata(path: str | Path) -> Metadata:
@@ -29,9 +32,27 @@ def dataset_info(path: str | Path, *, as_json: bool = False) -> str:
     """``packer info PATH``: :func:`describe` of the dataset at a local path, or at a URL (its
     size: the bytes stored there, as its listing says)."""
     if is_remote(path):
-        store = open_remote_store(str(path))
-        return describe(path, store.meta, as_json=as_json, size=store.stored_bytes())
+        with remote_reads(path):
+            store = open_remote_store(str(path))
+            return describe(path, store.meta, as_json=as_json, size=store.stored_bytes())
     return describe(path, read_metadata(path), as_json=as_json)
+
+
+@contextlib.contextmanager
+def remote_reads(path: str | Path) -> Iterator[None]:
+    """Reads of the dataset at ``path``: where it is a URL, one that fails (a server that does not
+    answer, refused credentials, a missing fsspec backend) is a :class:`DatasetReadError` naming
+    it, in one line (a missing object is said where it is found missing)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except (OSError, ImportError) as exc:
+        if not is_remote(path):
+            raise
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise DatasetReadError(f"{path}: cannot be read ({type(exc).__name__}: {first}); check the URL, the network "
+                               "and the credentials") from None
 
 
 def disk_usage(path: str | Path) -> int:

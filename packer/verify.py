@@ -1,5 +1,9 @@
 """``packer verify``: check a packed dataset end to end, and optionally against its source.
 
+The dataset is a local path, or the URL of a WebDataset or blob ``packer convert`` wrote there,
+checked in place, alike (readers/formats/remote.py: its objects read one at a time, never
+copied whole to local disk; a URL that cannot be read stops it with one line).
+
 What is checked (each problem becomes a :class:`Fault` naming the sample index and, for
 WebDataset, the shard; a path that is not a packer dataset, or is missing, is not a fault but
 the error ``packer info`` gives for it, and a recognised dataset that does not open, truncated
@@ -45,6 +49,7 @@ from readers.formats.base import Store
 from readers.formats.remote import detect_remote, is_remote, open_remote
 from readers.schema import Metadata, PackedFormatError
 
+from .info import remote_reads
 from .options import SourceOptions
 from .sources.parquet_images import asked_once
 from .verify_source import JPEG_TOLERANCE, check_source_applies, compare_source, copies
@@ -153,6 +158,13 @@ def verify(
             from .sources.class_list import read_class_list
 
             read_class_list(source_options.classes)
+    with remote_reads(path):  # (a URL that cannot be read, now or midway: one line)
+        return _verify(path, source, quick, workers, source_options, tokenizer)
+
+
+def _verify(path: str | Path, source: str | Path | None, quick: bool, workers: int | None, source_options: SourceOptions | None,
+            tokenizer: str | Path | None) -> VerifyReport:
+    """:func:`verify`, its arguments checked."""
     started = time.perf_counter()
     remote = is_remote(path)  # (a URL: read in place, readers/formats/remote.py)
     report = VerifyReport(path if remote else Path(path), format=detect_remote(path) if remote else detect_format(path))  # type: ignore[arg-type]

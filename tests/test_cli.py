@@ -350,13 +350,14 @@ def test_progress_in_a_log_is_whole_lines(monkeypatch):
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8765/shards", "s3://bucket/train.lmdb"])
 def test_a_remote_url_is_named_with_what_reads_it(url):
     """open_dataset("http://host/shards") said "http:/host/shards: no such packed dataset" (the //
-    folded by Path; a walkthrough): the URL is named as it was given, with the reader that streams it."""
+    folded by Path; a walkthrough): the URL is named as it was given, with the reader that streams it.
+    (packer info and verify read a URL in place: tests/test_remote_info.py; head does not.)"""
     from readers import open_dataset
     from readers.schema import PackedFormatError
 
     with pytest.raises(PackedFormatError, match=rf"^{re.escape(url)}: a \w+:// URL; .*readers.StreamingShards"):
         open_dataset(url)
-    result = run("info", url)
+    result = run("head", url)
     assert result.exit_code == 1 and result.output.strip().startswith(f"Error: {url}: a "), result.output
 
 

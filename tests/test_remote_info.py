@@ -183,8 +183,7 @@ def test_a_flipped_byte_in_a_remote_blob_names_the_sample(s3, pairs, tmp_path):
     url = copy_of(s3, url, tmp_path)
     key = url.removeprefix("s3://")
     blob = s3.cat(key)
-    *_, = header = struct.unpack("<8sIIQ12Q", blob[:120])
-    data_offset = header[4]
+    data_offset = struct.unpack("<8sIIQ12Q", blob[:120])[4]  # (the data section's offset)
     sample_bytes = 3 * 16 * 16
     s3.pipe(key, flip(blob, data_offset + 7 * sample_bytes + 10))  # sample 7
     s3.invalidate_cache()
@@ -228,6 +227,12 @@ def test_an_upload_in_progress_is_refused_in_one_line(s3, pairs, tmp_path):
     s3.rm(f"{key}/packer.json")
     s3.pipe(f"{key}/packer-uploading.json", b'{"packer_upload": "in progress"}\n')
     s3.invalidate_cache()
+    from readers.schema import IncompleteDatasetError
+    from readers.webdataset import StreamingShards
+
+    for given in (url, f"{url}/shard-{{000000..000004}}.tar"):  # (StreamingShards reads the same record, the same way)
+        with pytest.raises(IncompleteDatasetError, match=f"^{url}: an unfinished upload by packer"):
+            StreamingShards(given)
     for command in ("info", "verify"):
         result = run(command, url)
         assert result.exit_code == 1
@@ -282,3 +287,59 @@ def test_info_and_verify_of_a_static_http_folder(pairs):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_server_that_does_not_answer_is_one_line(monkeypatch):
+    import socket
+
+    import readers.remote
+
+    monkeypatch.setattr(readers.remote, "RETRY_DELAY", 0.01)
+    with socket.socket() as free:
+        free.bind((LOOPBACK, 0))
+        port = free.getsockname()[1]
+    url = f"http://{LOOPBACK}:{port}/shards"
+    for command in ("info", "verify"):
+        result = run(command, url)
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith(f"Error: {url}: cannot be read (OSError: {url}/packer.json: cannot be read (") and "refused" in result.output
+
+
+def test_files_packer_did_not_write_are_said_as_locally(s3, pairs, tmp_path):
+    """A user's notes in the folder (a note) and a .tar among the shards (a fault), found by
+    the folder's listing; info counts their bytes as the local info does."""
+    import shutil
+
+    local, url = pairs["webdataset"]
+    url = copy_of(s3, url, tmp_path)
+    local_copy = tmp_path / "local"
+    shutil.copytree(local, local_copy)
+    for name, data in (("notes.txt", b"my notes\n"), ("extra.tar", bytes(1024))):
+        s3.pipe(f"{url.removeprefix('s3://')}/{name}", data)
+        (local_copy / name).write_bytes(data)
+    s3.invalidate_cache()
+    there, here = run("verify", url), run("verify", str(local_copy))
+    assert there.exit_code == here.exit_code == 1
+    said = lambda text: [line for line in text.splitlines() if line.startswith(("fault:", "note:"))]
+    assert said(same_dataset(there.output, local_copy, url)) == said(here.output)
+    assert "fault: extra.tar: a .tar packer did not write" in there.output and "(notes.txt)" in there.output
+    there, here = run("info", url, "--json"), run("info", str(local_copy), "--json")
+    assert json.loads(there.output)["bytes_on_disk"] == json.loads(here.output)["bytes_on_disk"]
+
+
+def test_a_blob_without_its_header_is_said_unfinished_as_locally(s3, pairs, tmp_path):
+    """The header page is written last: a .blob object without it is an unfinished conversion
+    (a copy cut short, a staged upload stopped), a dataset fault, not 'no packer dataset'."""
+    local, url = pairs["blob"]
+    url = copy_of(s3, url, tmp_path)
+    key = url.removeprefix("s3://")
+    blob = s3.cat(key)
+    s3.pipe(key, bytes(4096) + blob[4096:])
+    s3.invalidate_cache()
+    local_copy = tmp_path / "local.blob"
+    local_copy.write_bytes(bytes(4096) + blob[4096:])
+    there, here = run("verify", url), run("verify", str(local_copy))
+    assert there.exit_code == here.exit_code == 1
+    assert f"fault: dataset: {url}: no blob header: the conversion did not finish" in there.output
+    faults = lambda text: [line for line in text.splitlines() if line.startswith("fault:")]
+    assert faults(same_dataset(there.output, local_copy, url)) == faults(here.output)
