@@ -21,7 +21,8 @@ from packer.errors import InputError
 from packer.writers.webdataset import ShardWriter
 from readers import IncompleteDatasetError, PackedFormatError, ShardDataset, StreamingShards, UnsupportedVersionError
 from readers.formats import open_store
-from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, sample_key, tar_header
+from readers.formats.tar import tar_header
+from readers.formats.webdataset import CHECKSUM_FILE, INDEX_FILE, META_FILE, SOURCES_FILE, sample_key
 from readers.formats.wids import WIDS_FILE
 
 

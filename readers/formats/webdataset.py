@@ -22,7 +22,6 @@ import io
 import mmap
 import os
 import re
-import tarfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -58,7 +57,6 @@ __all__ = [
     "EXTENSIONS",
     "LABEL_EXTENSION",
     "sample_key",
-    "tar_header",
     "read_metadata", "parse_metadata",
     "SHARD_TOKENS", "shard_tokens",
     "check_pattern",
@@ -141,34 +139,6 @@ def check_pattern(pattern: str) -> str:
         zeros = re.sub(r"%([1-9][0-9]*)d", r"%0\1d", pattern)
         raise PackedFormatError(f"{pattern!r}: pads the shard number with spaces; pad it with zeros, for example {zeros}")
     return pattern
-
-
-#: The fixed fields of :func:`tar_header` after the name (mode 0644, uid and gid 0) and after
-#: the checksum (a regular file, no link, ustar magic and version 00, no owner, no device numbers,
-#: no prefix), as ``tarfile`` writes them.
-_TAR_MODE_IDS = b"0000644\x00" + b"0000000\x00" * 2
-_TAR_REST = b"0" + bytes(100) + b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
-#: The checksum adds the header's bytes with its own field as 8 spaces.
-_TAR_FIXED_SUM = sum(_TAR_MODE_IDS) + sum(b"00000000000\x00") + 8 * ord(" ") + sum(_TAR_REST)
-
-
-def tar_header(name: str, size: int) -> bytes:
-    """The 512-byte ustar header of a regular file (mode 0644, mtime 0, no owner): deterministic.
-
-    Byte for byte what ``tarfile`` writes (``TarInfo.tobuf(USTAR_FORMAT)``), built directly for
-    ASCII names of at most 100 bytes (every sample's): ``tarfile``'s general path is slower, and
-    it runs twice per sample in every WebDataset worker. Other names go through ``tarfile``."""
-    raw = name.encode("ascii", "strict")
-    if len(raw) <= 100 and 0 <= size < 8**11:
-        size_field = b"%011o\x00" % size
-        checksum = _TAR_FIXED_SUM + sum(raw) + sum(size_field)
-        return b"".join((raw, bytes(100 - len(raw)), _TAR_MODE_IDS, size_field, b"00000000000\x00", b"%06o\x00 " % checksum, _TAR_REST))
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mode = 0o644
-    info.mtime = 0
-    info.uname = info.gname = ""
-    return info.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
 
 
 def read_metadata(folder: str | Path) -> Metadata:

@@ -19,7 +19,8 @@ import numpy as np
 
 from readers.encodings import get_encoding
 from readers.formats.npy import npy_header, sample_array_shape
-from readers.formats.webdataset import BLOCK, INDEX_DTYPE, LABEL_EXTENSION, RECORD, sample_key, tar_header
+from readers.formats.tar import tar_header
+from readers.formats.webdataset import BLOCK, INDEX_DTYPE, LABEL_EXTENSION, RECORD, sample_key
 
 from ...preprocess.task import Encoded
 from ...files import WriteBehind, read_ahead
