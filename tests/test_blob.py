@@ -186,7 +186,7 @@ def test_a_blob_larger_than_the_memory_available_is_one_line_before_loading(imag
     import errno
     import os
 
-    import readers.formats.blob as blob
+    import readers.formats.blob_memory as blob  # (the shared-memory copy, where the memory is checked)
 
     dst = convert(image_folder, tmp_path / "d.blob", image=ImageOptions(size=16), workers=1).dst
     size = os.path.getsize(dst)
