@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import tempfile
 from datetime import datetime
 import signal
 from pathlib import Path
@@ -12,6 +15,7 @@ import pytest
 from packer import ImageOptions, convert
 from packer.samples import make_image_folder
 from loopback import LOOPBACK, free_port, restart_worker_server
+from unprivileged import SHARED_TMP
 
 # A shell starts a background job (`pytest ... &` in a script) with SIGINT ignored, and Python
 # then never raises KeyboardInterrupt: the Ctrl-C tests would fail for how the suite was started.
@@ -23,6 +27,61 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 for _signum in (signal.SIGHUP, signal.SIGTERM):
     if signal.getsignal(_signum) == signal.SIG_IGN:
         signal.signal(_signum, signal.SIG_DFL)
+
+#: Tests that start a Ray instance of their own (``ray.init``, ``--executor ray``): under
+#: pytest-xdist (README: the test command) they run one at a time, on one worker, as Ray instances
+#: on one machine share its ports and its temporary folder's ``ray/session_latest``.
+RAY_TESTS = re.compile(r"tests/test_(quiet_)?ray\.py::|::test_(\w*_)?ray(_|\b)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if RAY_TESTS.search(item.nodeid):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_temp_folder():
+    """Under pytest-xdist each worker process gets a temporary folder of its own (``TMPDIR``,
+    which the conversions' children inherit): a conversion to a URL stages in a folder named by
+    its URL under it (``packer/remote.py``, ``staging_folder``), and tests of two workers
+    converting to the same bucket path would otherwise take the same folder's lock. A short
+    name beside the usual one: a forkserver's socket (``pymp-*/listener-*``) in a benchmark's
+    folder in it must stay within the 107 bytes of a Unix socket's name; Ray keeps the usual
+    folder (``RAY_TMPDIR``) for its sockets."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield None
+        return
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "RAY_TMPDIR", SHARED_TMP)}
+    folder = tempfile.mkdtemp(prefix=f"pk-{os.environ['PYTEST_XDIST_WORKER']}-")
+    os.environ.setdefault("RAY_TMPDIR", tempfile.gettempdir())
+    os.environ[SHARED_TMP] = tempfile.gettempdir()  # (tests/unprivileged.py: other users enter folders made there)
+    os.environ["TMPDIR"], tempfile.tempdir = folder, None
+    yield Path(folder)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = None
+    for entry in Path(folder).iterdir():  # (multiprocessing removes its own pymp-* folder as the process exits)
+        if not entry.name.startswith("pymp-"):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    import multiprocessing.util
+
+    # then the folder, after multiprocessing's own clean-up (exit priority -100) at exit
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder,), kwargs={"ignore_errors": True}, exitpriority=-200)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A report's captured output and log as UTF-8 that can be sent: pytest-xdist sends each
+    report from its worker as UTF-8, and a test of names that are not (``b"caf\\xe9"``, read
+    back as surrogates) logs them; unsent, the run stopped with an internal error."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [(title, text.encode("utf-8", "backslashreplace").decode("utf-8")) for title, text in report.sections]
+
 
 CLASSES = 3
 PER_CLASS = 6

@@ -13,6 +13,10 @@ from typing import Any, Callable, Iterator
 #: The conventional "nobody" ids.
 NOBODY = 65534
 
+#: The machine's temporary folder, where a test runs with one of its own (tests/conftest.py,
+#: ``worker_temp_folder``, inside pytest's folder that only we may enter).
+SHARED_TMP = "PACKER_TESTS_SHARED_TMP"
+
 
 def _child(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
     if os.geteuid() == 0:
@@ -43,7 +47,7 @@ def run_unprivileged(fn: Callable[..., Any], *args: Any) -> Any:
 @contextmanager
 def world_readable_dir() -> Iterator[Path]:
     """A fresh folder that an unprivileged user can enter (pytest's tmp_path is private to us)."""
-    path = Path(tempfile.mkdtemp(prefix="packer-test-"))
+    path = Path(tempfile.mkdtemp(prefix="packer-test-", dir=os.environ.get(SHARED_TMP)))
     path.chmod(0o755)
     try:
         yield path
