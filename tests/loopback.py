@@ -3,8 +3,13 @@ server (the ``s3`` fixture lives in conftest.py and uses these)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.server
 import socket
+import threading
+from pathlib import Path
+from typing import Iterator
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,3 +34,22 @@ class HTTPServer(http.server.ThreadingHTTPServer):
     default of 5, the connects of a worker reading ahead are dropped and retried after 1 s."""
 
     request_queue_size = 128
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """http.server's static files, with no request log in the test output."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def served(directory: Path) -> Iterator[str]:
+    """``directory`` served by http.server on 127.0.0.1 (a thread): its base URL; stopped after."""
+    server = HTTPServer((LOOPBACK, 0), functools.partial(QuietHandler, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -4,9 +4,7 @@ from S3, HTTP and file:// URLs as SRC."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import http.server
 import json
 import os
 import shutil
@@ -14,7 +12,6 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -29,7 +26,7 @@ from readers.formats import open_store
 from readers.webdataset import StreamingShards
 from checkpoints import convert_until_checkpoint, inputs_converted
 
-from loopback import LOOPBACK, HTTPServer
+from loopback import LOOPBACK, HTTPServer, QuietHandler, served
 
 
 @pytest.fixture(scope="module")
@@ -39,28 +36,11 @@ def shards(image_folder, tmp_path_factory) -> Path:
     return dst
 
 
-@contextlib.contextmanager
-def served(directory: Path) -> Iterator[str]:
-    """``directory`` served by http.server on 127.0.0.1 (a thread): its base URL; stopped after."""
-    server = HTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(directory)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://{LOOPBACK}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.fixture(scope="module")
 def http_root(shards):
     """``shards``' parent served over HTTP for the module."""
     with served(shards.parent) as url:
         yield url
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # noqa: D102 - no request log in test output
-        pass
 
 
 def pixels(stream) -> list[bytes]:
@@ -836,7 +816,7 @@ def test_an_http_src_with_names_that_are_not_utf8_loses_no_image(image_folder, t
     assert report.written == 4 and not report.skipped
 
 
-class _Stalling(_QuietHandler):
+class _Stalling(QuietHandler):
     """Lists folders, and answers no request for an image (a stopped server: the kernel accepts)."""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name

@@ -6,12 +6,9 @@ the same dataset converted to a local path."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import struct
 import tarfile
-import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from click.testing import CliRunner
 
 from packer import ImageOptions, StorageOptions, convert
 from packer.cli import cli
-from loopback import LOOPBACK, HTTPServer
+from loopback import LOOPBACK, served
 
 BUCKET = "packer-test"
 OPTIONS = dict(image=ImageOptions(size=16), workers=1)
@@ -268,25 +265,15 @@ def test_verify_a_url_against_its_source(pairs, image_folder):
     assert "18 compared with the source" in result.output
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # noqa: D102
-        pass
-
-
 def test_info_and_verify_of_a_static_http_folder(pairs):
     local, _ = pairs["webdataset"]
-    server = HTTPServer((LOOPBACK, 0), functools.partial(_Quiet, directory=str(local.parent)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://{LOOPBACK}:{server.server_address[1]}/{local.name}"
+    with served(local.parent) as root:
+        url = f"{root}/{local.name}"
         there, here = run("info", url, "--json"), run("info", str(local), "--json")
         assert there.exit_code == 0, there.output
         assert json.loads(same_dataset(there.output, local, url)) == json.loads(here.output)
         result = run("verify", url)
         assert result.exit_code == 0 and "18 of 18 samples checked, checksums matched" in result.output, result.output
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_server_that_does_not_answer_is_one_line(monkeypatch):

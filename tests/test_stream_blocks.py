@@ -8,18 +8,13 @@ concatenated and cut into windows of ``N + 1`` every ``N`` tokens, its tail drop
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import http.server
 import io
 import json
 import random
 import shutil
 import tarfile
-import threading
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -32,7 +27,7 @@ from packer import ImageOptions, StorageOptions
 from packer.cli import cli
 from readers import PackedFormatError, StreamingShards
 from corpora import write_texts
-from loopback import LOOPBACK, HTTPServer
+from loopback import served
 
 BLOCK = 8
 META = "packer.json"
@@ -231,23 +226,6 @@ def test_without_block_size_documents_stream_as_before(shards):
 
 
 # -- over HTTP ----------------------------------------------------------------------------------
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # noqa: D102 - no request log in test output
-        pass
-
-
-@contextlib.contextmanager
-def served(directory: Path) -> Iterator[str]:
-    """``directory`` served by http.server on 127.0.0.1 (a thread), as tests/test_remote.py serves shards."""
-    server = HTTPServer((LOOPBACK, 0), functools.partial(_QuietHandler, directory=str(directory)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://{LOOPBACK}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_blocks_stream_over_http_and_old_remote_metadata_is_refused(shards, without_tokens, tmp_path):
     with served(shards.parent) as root:
         stream = StreamingShards(f"{root}/shards/", block_size=BLOCK, cache_dir=tmp_path / "cache")
